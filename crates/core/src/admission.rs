@@ -1,0 +1,187 @@
+//! The one admission gate every transport's registrations pass through.
+
+mod audit;
+mod error;
+mod validate;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+pub use audit::AdmissionAudit;
+pub use error::{AdmissionError, RefusalKind};
+pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES};
+
+use crate::address::normalise_task_queue;
+use crate::delivery::WorkerDelivery;
+use crate::events::WorkerEvent;
+use crate::namespace::{NamespacePolicy, NamespaceRecord, Placement};
+use crate::registry::{Registry, RegistrationToken};
+use crate::registration::{CallerIdentity, Registration};
+use crate::worker::Worker;
+
+impl Registry {
+    /// Admits a worker: the only way into the registry, shared by every transport.
+    ///
+    /// In order: validate the request's shape; check that `caller` is granted every namespace;
+    /// apply the namespace policy (mint unknown namespaces under `Open`, refuse them under
+    /// `Closed`); enforce pinned placement for every namespace; settle capacity (required
+    /// and non-zero when the transport's registration carries it, otherwise unknown until
+    /// [`Registry::set_advertised_capacity`]); then insert, emit `Connected` and wake parked
+    /// selections. Any refusal refuses the whole registration and changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use switchyard_core::{AdmissionError, CallerIdentity, DeliveryError, Registration,
+    /// #     Registry, TransportName, WorkerDelivery, WorkerMessage};
+    /// # struct Leg;
+    /// # impl WorkerDelivery for Leg {
+    /// #     fn transport(&self) -> TransportName { TransportName::from_static("doc") }
+    /// #     fn is_connected(&self) -> bool { true }
+    /// #     fn registration_carries_capacity(&self) -> bool { true }
+    /// #     fn deliver(&self, _: WorkerMessage) -> Result<(), DeliveryError> { Ok(()) }
+    /// # }
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let registry = Registry::default();
+    /// let caller = CallerIdentity::granted("team-a", ["billing"]);
+    /// let mut registration = Registration {
+    ///     namespaces: ["billing".to_owned()].into(),
+    ///     activity_types: ["charge".to_owned()].into(),
+    ///     max_concurrency: Some(8),
+    ///     ..Registration::default()
+    /// };
+    /// let token = registry.admit(&caller, registration.clone(), Arc::new(Leg)).await?;
+    /// assert!(registry.is_registered(token.worker_id()));
+    ///
+    /// registration.namespaces = ["payroll".to_owned()].into();
+    /// let refused = registry.admit(&caller, registration, Arc::new(Leg)).await;
+    /// assert!(matches!(refused, Err(AdmissionError::NamespaceNotGranted { .. })));
+    /// # Ok::<(), AdmissionError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn admit(
+        &self,
+        caller: &CallerIdentity,
+        registration: Registration,
+        delivery: Arc<dyn WorkerDelivery>,
+    ) -> Result<RegistrationToken, AdmissionError> {
+        match self.run_gate(caller, registration.clone(), delivery).await {
+            Ok(token) => Ok(token),
+            Err(error) => {
+                metrics::counter!("switchyard_admission_refusals_total", "reason" => error.label())
+                    .increment(1);
+                self.inner.audit.refused(&caller.principal, &registration.identity, &error);
+                Err(error)
+            }
+        }
+    }
+
+    async fn run_gate(
+        &self,
+        caller: &CallerIdentity,
+        registration: Registration,
+        delivery: Arc<dyn WorkerDelivery>,
+    ) -> Result<RegistrationToken, AdmissionError> {
+        validate::validate(&registration)?;
+        if let Some(namespace) =
+            registration.namespaces.iter().find(|ns| !caller.grant.allows(ns.as_str()))
+        {
+            return Err(AdmissionError::NamespaceNotGranted {
+                principal: caller.principal.clone(),
+                namespace: namespace.clone(),
+            });
+        }
+        self.apply_namespace_policy(&registration).await?;
+        let capacity = if delivery.registration_carries_capacity() {
+            let stated = registration.max_concurrency.ok_or(AdmissionError::MissingCapacity)?;
+            Some(NonZeroU32::new(stated).ok_or(AdmissionError::ZeroCapacity)?)
+        } else {
+            None
+        };
+        Ok(self.insert(caller, registration, delivery, capacity))
+    }
+
+    /// Steps three and four: refuse unknown namespaces under `Closed`, enforce `Pinned`
+    /// placement, and only then mint unknown namespaces under `Open`, so a refused
+    /// registration creates nothing.
+    async fn apply_namespace_policy(&self, registration: &Registration) -> Result<(), AdmissionError> {
+        let store = &self.inner.store;
+        let mut unknown = Vec::new();
+        for namespace in &registration.namespaces {
+            match store.get(namespace).await? {
+                Some(record) => check_placement(&record, registration)?,
+                None if self.inner.policy == NamespacePolicy::Closed => {
+                    return Err(AdmissionError::UnknownNamespace { namespace: namespace.clone() });
+                }
+                None => unknown.push(namespace.clone()),
+            }
+        }
+        for name in unknown {
+            let record = NamespaceRecord { name, placement: Placement::Unplaced };
+            let stored = store.create_if_absent(record).await?;
+            check_placement(&stored, registration)?;
+        }
+        Ok(())
+    }
+
+    fn insert(
+        &self,
+        caller: &CallerIdentity,
+        registration: Registration,
+        delivery: Arc<dyn WorkerDelivery>,
+        capacity: Option<NonZeroU32>,
+    ) -> RegistrationToken {
+        let Registration { namespaces, task_queue, node, activity_types, identity, .. } =
+            registration;
+        let task_queue = normalise_task_queue(&task_queue).to_owned();
+        let worker = {
+            let mut state = self.inner.lock();
+            let id = state.mint_id();
+            let worker = Worker::new(
+                id,
+                namespaces,
+                task_queue,
+                node,
+                activity_types,
+                identity,
+                caller.principal.clone(),
+                delivery,
+            );
+            state.insert(worker.clone(), capacity);
+            worker
+        };
+        for namespace in worker.namespaces() {
+            metrics::gauge!(
+                "switchyard_workers_connected",
+                "transport" => worker.transport().as_str().to_owned(),
+                "namespace" => namespace.clone()
+            )
+            .increment(1.0);
+        }
+        tracing::info!(worker = %worker.id(), transport = %worker.transport(),
+            namespaces = ?worker.namespaces(), task_queue = worker.task_queue(),
+            capacity = capacity.map(NonZeroU32::get), "worker admitted");
+        self.inner.emit(WorkerEvent::Connected {
+            worker: worker.id(),
+            transport: worker.transport().clone(),
+            namespaces: worker.namespaces().clone(),
+            task_queue: worker.task_queue().to_owned(),
+            node: worker.node().cloned(),
+        });
+        self.inner.wake();
+        RegistrationToken::new(Arc::clone(&self.inner), worker.id())
+    }
+}
+
+fn check_placement(record: &NamespaceRecord, registration: &Registration) -> Result<(), AdmissionError> {
+    let Placement::Pinned(nodes) = &record.placement else { return Ok(()) };
+    if registration.node.as_ref().is_some_and(|node| nodes.contains(node)) {
+        return Ok(());
+    }
+    Err(AdmissionError::PlacementViolated {
+        namespace: record.name.clone(),
+        node: registration.node.clone(),
+        required: nodes.iter().cloned().collect(),
+    })
+}

@@ -1,0 +1,78 @@
+//! Rate-limited logging of admission refusals, shared by every transport.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::AdmissionError;
+use crate::address::WorkerId;
+
+/// Most distinct `(principal, identity, reason)` keys remembered; past it, expired keys are
+/// forgotten first and then the table is cleared, so a peer cycling identities cannot grow it.
+const MAX_KEYS: usize = 4096;
+
+/// Logs a refusal the first time it is seen in a window; identical repeats (same principal,
+/// identity and reason) within the window are only counted.
+#[derive(Debug)]
+pub struct AdmissionAudit {
+    window: Duration,
+    seen: Mutex<HashMap<String, Instant>>,
+    refusals: AtomicU64,
+    logged: AtomicU64,
+}
+
+impl AdmissionAudit {
+    pub(crate) fn new(window: Duration) -> Self {
+        Self {
+            window,
+            seen: Mutex::new(HashMap::new()),
+            refusals: AtomicU64::new(0),
+            logged: AtomicU64::new(0),
+        }
+    }
+
+    /// Records a refused registration; returns true if it was logged (not suppressed).
+    pub fn refused(&self, principal: &str, identity: &str, error: &AdmissionError) -> bool {
+        self.refusals.fetch_add(1, Ordering::Relaxed);
+        let key = format!("{principal}\u{0}{identity}\u{0}{error}");
+        let now = Instant::now();
+        let fresh = {
+            let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if seen.len() >= MAX_KEYS {
+                seen.retain(|_, at| now.saturating_duration_since(*at) < self.window);
+                if seen.len() >= MAX_KEYS {
+                    seen.clear();
+                }
+            }
+            match seen.get(&key) {
+                Some(at) if now.saturating_duration_since(*at) < self.window => false,
+                _ => {
+                    seen.insert(key, now);
+                    true
+                }
+            }
+        };
+        if fresh {
+            self.logged.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(principal, identity, reason = error.label(), %error, "registration refused");
+        }
+        fresh
+    }
+
+    pub(crate) fn refused_announcement(&self, worker: WorkerId, error: &AdmissionError) {
+        self.refused("-", &worker.to_string(), error);
+    }
+
+    /// Refusals recorded so far.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::Relaxed)
+    }
+
+    /// Refusals actually logged so far.
+    pub fn logged(&self) -> u64 {
+        self.logged.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,75 @@
+//! Worker lifecycle events, published on a bounded broadcast channel.
+
+use std::collections::BTreeSet;
+
+use crate::address::{Node, WorkerId};
+use crate::delivery::TransportName;
+use crate::eligibility::DispatchExclusion;
+
+/// Why a worker left the registry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DisconnectReason {
+    /// Its connection ended (closed, reset, or the registration token dropped).
+    Disconnect,
+    /// It was silent for the whole heartbeat window.
+    Timeout,
+    /// It finished a drain, or was drained on a transport without a drain channel.
+    Drained,
+}
+
+impl DisconnectReason {
+    /// A short lowercase word for logs and the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disconnect => "disconnect",
+            Self::Timeout => "timeout",
+            Self::Drained => "drained",
+        }
+    }
+}
+
+/// Something that happened to a worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WorkerEvent {
+    /// A worker passed the admission gate.
+    Connected {
+        /// Its id.
+        worker: WorkerId,
+        /// Its transport.
+        transport: TransportName,
+        /// The namespaces it serves.
+        namespaces: BTreeSet<String>,
+        /// Its task queue.
+        task_queue: String,
+        /// Its node.
+        node: Option<Node>,
+    },
+    /// A worker left; emitted exactly once per worker.
+    Disconnected {
+        /// Its id.
+        worker: WorkerId,
+        /// Why.
+        reason: DisconnectReason,
+    },
+    /// The liveness prober excluded a worker from selection.
+    Excluded {
+        /// Its id.
+        worker: WorkerId,
+        /// The exclusion.
+        exclusion: DispatchExclusion,
+    },
+    /// A previously excluded worker is eligible again.
+    Recovered {
+        /// Its id.
+        worker: WorkerId,
+    },
+    /// A worker announced (or re-announced) its capacity.
+    CapacityAnnounced {
+        /// Its id.
+        worker: WorkerId,
+        /// The new capacity.
+        capacity: u32,
+    },
+}

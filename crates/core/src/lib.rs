@@ -1,0 +1,40 @@
+//! Switchyard core: the transport-agnostic heart of the worker gateway.
+//!
+//! Workers reach core through a transport that implements [`WorkerDelivery`]; every
+//! registration passes the one admission gate ([`Registry::admit`]); every dispatch picks its
+//! worker through the one selection path ([`Registry::select_and_reserve`]), round-robin per
+//! `(namespace, task queue, activity type)`, never beyond a worker's advertised capacity.
+//! Core knows no wire format and no socket library.
+#![forbid(unsafe_code)]
+
+mod address;
+mod admission;
+mod arrival;
+mod delivery;
+mod eligibility;
+mod events;
+mod namespace;
+mod registration;
+mod registry;
+mod worker;
+
+pub use address::{ActivityKey, DEFAULT_TASK_QUEUE, Node, PoolAddress, WorkerId, normalise_task_queue};
+pub use admission::{
+    AdmissionAudit, AdmissionError, MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES,
+    RefusalKind,
+};
+pub use arrival::WorkerArrival;
+pub use delivery::{
+    ActivityTask, CancelReason, DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage,
+};
+pub use eligibility::{DispatchExclusion, Eligibility};
+pub use events::{DisconnectReason, WorkerEvent};
+pub use namespace::{
+    InMemoryNamespaceStore, NamespacePolicy, NamespaceRecord, NamespaceStore, Placement, StoreError,
+};
+pub use registration::{CallerIdentity, NamespaceGrant, Registration};
+pub use registry::{
+    DEFAULT_EVENT_CAPACITY, DepartureObserver, DispatchReservation, PoolCensus, Registry,
+    RegistryBuilder, RegistrationToken, UnservedReason, WorkerExplanation,
+};
+pub use worker::{Worker, WorkerSnapshot};

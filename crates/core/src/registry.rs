@@ -1,0 +1,408 @@
+//! The connected-worker registry: who is registered, who may take work, and the one selection.
+//!
+//! One lock guards all of it ([`state::State`]). Selection ([`Registry::select_and_reserve`])
+//! chooses and claims a slot in one critical section; listing ([`Registry::workers_for`]) reads
+//! the same eligible sets and advances the same cursor. Nothing inserts a worker except the
+//! admission gate ([`Registry::admit`]).
+
+mod census;
+mod explain;
+mod reservation;
+mod rotation;
+pub(crate) mod state;
+mod token;
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::{Notify, broadcast};
+use tokio::time::Instant;
+
+pub use census::{PoolCensus, UnservedReason};
+pub use explain::WorkerExplanation;
+pub use reservation::DispatchReservation;
+pub use token::RegistrationToken;
+
+use crate::address::{WorkerId, normalise_task_queue};
+use crate::admission::AdmissionAudit;
+use crate::arrival::WorkerArrival;
+use crate::delivery::{DeliveryError, WorkerMessage};
+use crate::eligibility::DispatchExclusion;
+use crate::events::{DisconnectReason, WorkerEvent};
+use crate::namespace::{InMemoryNamespaceStore, NamespacePolicy, NamespaceStore};
+use crate::worker::{Worker, WorkerSnapshot};
+
+/// Default size of the event broadcast channel; a receiver that lags further loses events.
+pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
+
+/// A callback told, outside the registry lock, each time a worker leaves.
+pub type DepartureObserver = Arc<dyn Fn(WorkerId, DisconnectReason) + Send + Sync>;
+
+/// The process-wide registry of connected workers; cheap to clone (all clones share state).
+#[derive(Clone)]
+pub struct Registry {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    state: Mutex<state::State>,
+    arrivals: Arc<Notify>,
+    events: broadcast::Sender<WorkerEvent>,
+    pub(crate) store: Arc<dyn NamespaceStore>,
+    pub(crate) policy: NamespacePolicy,
+    pub(crate) audit: AdmissionAudit,
+    observers: Mutex<Vec<DepartureObserver>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("workers", &self.inner.lock().workers.len()).finish()
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::builder().build()
+    }
+}
+
+/// Builds a [`Registry`].
+pub struct RegistryBuilder {
+    store: Arc<dyn NamespaceStore>,
+    policy: NamespacePolicy,
+    event_capacity: usize,
+    audit_window: std::time::Duration,
+}
+
+impl RegistryBuilder {
+    /// The namespace store the gate consults (default: an empty in-memory store).
+    pub fn namespace_store(mut self, store: Arc<dyn NamespaceStore>) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// What to do with unknown namespaces (default: [`NamespacePolicy::Open`]).
+    pub fn namespace_policy(mut self, policy: NamespacePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Size of the event broadcast channel (default [`DEFAULT_EVENT_CAPACITY`]).
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.event_capacity = capacity.max(1);
+        self
+    }
+
+    /// How long an identical refusal stays quiet in the logs after it was logged once
+    /// (default 60 s).
+    pub fn audit_window(mut self, window: std::time::Duration) -> Self {
+        self.audit_window = window;
+        self
+    }
+
+    /// Builds the registry.
+    pub fn build(self) -> Registry {
+        let (events, _) = broadcast::channel(self.event_capacity);
+        Registry {
+            inner: Arc::new(Inner {
+                state: Mutex::new(state::State::default()),
+                arrivals: Arc::new(Notify::new()),
+                events,
+                store: self.store,
+                policy: self.policy,
+                audit: AdmissionAudit::new(self.audit_window),
+                observers: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, state::State> {
+        // Nothing panics while holding the lock, and every mutation keeps the state consistent
+        // step by step, so a poisoned lock still guards valid data.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn wake(&self) {
+        self.arrivals.notify_waiters();
+    }
+
+    pub(crate) fn emit(&self, event: WorkerEvent) {
+        // No receiver is not an error: events are for whoever listens.
+        let _ = self.events.send(event);
+    }
+
+    /// Frees one slot of `worker` (no-op once the worker has left) and wakes parked selections.
+    pub(crate) fn release(&self, worker: WorkerId) {
+        {
+            let mut state = self.lock();
+            let Some(entry) = state.workers.get_mut(&worker) else { return };
+            entry.in_flight = entry.in_flight.saturating_sub(1);
+            state.refresh(worker);
+        }
+        self.wake();
+    }
+
+    pub(crate) fn deregister(&self, worker: WorkerId, reason: DisconnectReason) -> bool {
+        let removed = self.lock().remove(worker, Instant::now());
+        let Some(entry) = removed else { return false };
+        let w = &entry.worker;
+        for namespace in w.namespaces() {
+            metrics::gauge!(
+                "switchyard_workers_connected",
+                "transport" => w.transport().as_str().to_owned(),
+                "namespace" => namespace.clone()
+            )
+            .decrement(1.0);
+        }
+        tracing::info!(worker = %worker, transport = %w.transport(), reason = reason.as_str(),
+            in_flight = entry.in_flight, "worker deregistered");
+        self.emit(WorkerEvent::Disconnected { worker, reason });
+        let observers = self.observers.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        for observer in observers {
+            observer(worker, reason);
+        }
+        true
+    }
+}
+
+impl Registry {
+    /// Starts building a registry.
+    pub fn builder() -> RegistryBuilder {
+        RegistryBuilder {
+            store: Arc::new(InMemoryNamespaceStore::new()),
+            policy: NamespacePolicy::Open,
+            event_capacity: DEFAULT_EVENT_CAPACITY,
+            audit_window: std::time::Duration::from_secs(60),
+        }
+    }
+
+    /// Chooses the next eligible worker of `(namespace, task_queue, activity_type)` in
+    /// round-robin order (only workers on `node` when given) and claims one of its slots.
+    ///
+    /// Choice and claim happen under one lock, so concurrent callers never claim more slots
+    /// than a worker advertised. Dropping the reservation frees the slot.
+    pub fn select_and_reserve(
+        &self,
+        namespace: &str,
+        task_queue: &str,
+        activity_type: &str,
+        node: Option<&str>,
+    ) -> Option<(Worker, DispatchReservation)> {
+        let task_queue = normalise_task_queue(task_queue);
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        let rotation = state.rotation(namespace, task_queue, activity_type)?;
+        let workers = &state.workers;
+        let chosen = rotation.in_turn(node).find(|id| {
+            workers.get(id).is_some_and(|entry| entry.worker.delivery().is_connected())
+        })?;
+        if let Some(rotation) = state.rotation_mut(namespace, task_queue, activity_type) {
+            rotation.advance(chosen);
+        }
+        let entry = state.workers.get_mut(&chosen)?;
+        entry.in_flight += 1;
+        let worker = entry.worker.clone();
+        state.refresh(chosen);
+        drop(guard);
+        Some((worker, DispatchReservation::new(Arc::clone(&self.inner), chosen)))
+    }
+
+    /// The eligible workers of `(namespace, task_queue, activity_type)` (on `node` when given)
+    /// in rotation order, starting with the one whose turn it is; the cursor moves past it.
+    pub fn workers_for(
+        &self,
+        namespace: &str,
+        task_queue: &str,
+        activity_type: &str,
+        node: Option<&str>,
+    ) -> Vec<Worker> {
+        let task_queue = normalise_task_queue(task_queue);
+        let mut guard = self.inner.lock();
+        let state = &mut *guard;
+        let Some(rotation) = state.rotation(namespace, task_queue, activity_type) else {
+            return Vec::new();
+        };
+        let listed: Vec<Worker> = rotation
+            .in_turn(node)
+            .filter_map(|id| state.workers.get(&id))
+            .filter(|entry| entry.worker.delivery().is_connected())
+            .map(|entry| entry.worker.clone())
+            .collect();
+        if let Some(first) = listed.first() {
+            let first = first.id();
+            if let Some(rotation) = state.rotation_mut(namespace, task_queue, activity_type) {
+                rotation.advance(first);
+            }
+        }
+        listed
+    }
+
+    /// A subscription that resolves on the next wake after this call (see [`WorkerArrival`]).
+    pub fn worker_arrival(&self) -> WorkerArrival {
+        WorkerArrival::new(Arc::clone(&self.inner.arrivals))
+    }
+
+    /// Sets the capacity of a worker whose transport announces it after registration. Growing
+    /// wakes parked selections; shrinking below the in-flight count cancels nothing.
+    pub fn set_advertised_capacity(
+        &self,
+        worker: WorkerId,
+        max_concurrency: u32,
+    ) -> Result<(), crate::AdmissionError> {
+        let capacity = match NonZeroU32::new(max_concurrency) {
+            Some(capacity) => capacity,
+            None => {
+                self.inner.audit.refused_announcement(worker, &crate::AdmissionError::ZeroCapacity);
+                return Err(crate::AdmissionError::ZeroCapacity);
+            }
+        };
+        {
+            let mut state = self.inner.lock();
+            let entry =
+                state.workers.get_mut(&worker).ok_or(crate::AdmissionError::UnknownWorker)?;
+            entry.capacity = Some(capacity);
+            state.refresh(worker);
+        }
+        tracing::debug!(worker = %worker, capacity = capacity.get(), "capacity announced");
+        self.inner.emit(WorkerEvent::CapacityAnnounced { worker, capacity: capacity.get() });
+        self.inner.wake();
+        Ok(())
+    }
+
+    /// Replaces the whole map of liveness exclusions (workers absent from `exclusions` are no
+    /// longer excluded), then wakes parked selections.
+    pub fn set_dispatch_ineligible(&self, exclusions: HashMap<WorkerId, DispatchExclusion>) {
+        let mut changed = Vec::new();
+        {
+            let mut state = self.inner.lock();
+            let previous = std::mem::take(&mut state.exclusions);
+            state.exclusions =
+                exclusions.into_iter().filter(|(id, _)| state.workers.contains_key(id)).collect();
+            let mut touched: Vec<WorkerId> =
+                previous.keys().chain(state.exclusions.keys()).copied().collect();
+            touched.sort_unstable();
+            touched.dedup();
+            for id in touched {
+                let before = previous.get(&id).copied();
+                let after = state.exclusions.get(&id).copied();
+                if before != after {
+                    changed.push((id, after));
+                }
+                state.refresh(id);
+            }
+        }
+        for (worker, after) in changed {
+            self.inner.emit(match after {
+                Some(exclusion) => WorkerEvent::Excluded { worker, exclusion },
+                None => WorkerEvent::Recovered { worker },
+            });
+        }
+        self.inner.wake();
+    }
+
+    /// The current liveness exclusions.
+    pub fn dispatch_exclusions(&self) -> HashMap<WorkerId, DispatchExclusion> {
+        self.inner.lock().exclusions.clone()
+    }
+
+    /// Removes a worker, with a reason; emits one [`WorkerEvent::Disconnected`]. Returns false
+    /// if it was not registered (deregistration is idempotent).
+    pub fn deregister(&self, worker: WorkerId, reason: DisconnectReason) -> bool {
+        self.inner.deregister(worker, reason)
+    }
+
+    /// Fences a worker out of selection, then asks its transport to drain it. A transport with
+    /// no drain channel gets the worker deregistered instead. Returns false for an unknown id.
+    pub fn drain_worker(&self, worker: WorkerId) -> bool {
+        let delivery = {
+            let mut state = self.inner.lock();
+            let Some(entry) = state.workers.get_mut(&worker) else { return false };
+            entry.draining = true;
+            let delivery = Arc::clone(entry.worker.delivery());
+            state.refresh(worker);
+            delivery
+        };
+        if !delivery.supports_drain() {
+            tracing::error!(worker = %worker, transport = %delivery.transport(),
+                "transport has no drain channel; deregistering the worker instead");
+            self.deregister(worker, DisconnectReason::Drained);
+            return true;
+        }
+        match delivery.deliver(WorkerMessage::Drain) {
+            Ok(()) => tracing::info!(worker = %worker, "drain requested"),
+            Err(DeliveryError::Closed) => {
+                self.deregister(worker, DisconnectReason::Disconnect);
+            }
+            Err(error) => {
+                tracing::warn!(worker = %worker, %error, "drain request not delivered; worker stays fenced");
+            }
+        }
+        true
+    }
+
+    /// Drains every registered worker; returns how many were asked.
+    pub fn broadcast_drain(&self) -> usize {
+        let ids: Vec<WorkerId> = self.inner.lock().workers.keys().copied().collect();
+        ids.into_iter().filter(|id| self.drain_worker(*id)).count()
+    }
+
+    /// True while `worker` is registered.
+    pub fn is_registered(&self, worker: WorkerId) -> bool {
+        self.inner.lock().workers.contains_key(&worker)
+    }
+
+    /// The registered worker with this id.
+    pub fn worker(&self, worker: WorkerId) -> Option<WorkerSnapshot> {
+        let state = self.inner.lock();
+        state.workers.get(&worker).map(|entry| snapshot(&state, entry))
+    }
+
+    /// Every registered worker, ordered by id.
+    pub fn workers(&self) -> Vec<WorkerSnapshot> {
+        let state = self.inner.lock();
+        let mut all: Vec<WorkerSnapshot> =
+            state.workers.values().map(|entry| snapshot(&state, entry)).collect();
+        all.sort_by_key(|s| s.worker.id());
+        all
+    }
+
+    /// How many workers are registered.
+    pub fn len(&self) -> usize {
+        self.inner.lock().workers.len()
+    }
+
+    /// True when no worker is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Subscribes to worker events. A receiver that falls more than the channel's capacity
+    /// behind gets `Lagged` and loses the oldest events.
+    pub fn subscribe_events(&self) -> broadcast::Receiver<WorkerEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Registers a callback run (outside the lock) every time a worker leaves; the dispatcher
+    /// uses it to re-dispatch the worker's tasks.
+    pub fn observe_departures(&self, observer: DepartureObserver) {
+        self.inner.observers.lock().unwrap_or_else(PoisonError::into_inner).push(observer);
+    }
+
+    /// The admission audit shared by every transport.
+    pub fn admission_audit(&self) -> &AdmissionAudit {
+        &self.inner.audit
+    }
+}
+
+fn snapshot(state: &state::State, entry: &state::WorkerEntry) -> WorkerSnapshot {
+    WorkerSnapshot {
+        worker: entry.worker.clone(),
+        capacity: entry.capacity.map(NonZeroU32::get),
+        in_flight: entry.in_flight,
+        eligibility: state.standing(entry),
+        connected_at: entry.connected_at,
+    }
+}

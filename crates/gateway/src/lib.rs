@@ -1,0 +1,2 @@
+//! The embeddable Switchyard gateway (work in progress).
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! gRPC worker transport for Switchyard (work in progress).
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! QUIC push transport for Switchyard (work in progress).
+#![forbid(unsafe_code)]
