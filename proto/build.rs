@@ -15,7 +15,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("switchyard_descriptor.bin"),
         prost::Message::encode_to_vec(&descriptors),
     )?;
-    tonic_prost_build::configure().bytes(".").compile_fds(descriptors)?;
+    tonic_prost_build::configure()
+        .bytes(".")
+        .compile_fds(descriptors)?;
     Ok(())
 }
 

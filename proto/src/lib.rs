@@ -5,7 +5,13 @@
 //! needed). Everything lives in package `switchyard.v1`, re-exported here as [`v1`].
 
 /// Package `switchyard.v1`: worker, producer and operator messages and services.
-#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic, rust_2018_idioms)]
+#[allow(
+    missing_docs,
+    unreachable_pub,
+    clippy::all,
+    clippy::pedantic,
+    rust_2018_idioms
+)]
 pub mod v1 {
     tonic::include_proto!("switchyard.v1");
 }

@@ -148,6 +148,9 @@ mod tests {
     #[test]
     fn empty_node_is_none() {
         assert_eq!(Node::new(""), None);
-        assert_eq!(Node::new("n1").map(|n| n.as_str().to_owned()), Some("n1".to_owned()));
+        assert_eq!(
+            Node::new("n1").map(|n| n.as_str().to_owned()),
+            Some("n1".to_owned())
+        );
     }
 }

@@ -15,8 +15,8 @@ use crate::address::normalise_task_queue;
 use crate::delivery::WorkerDelivery;
 use crate::events::WorkerEvent;
 use crate::namespace::{NamespacePolicy, NamespaceRecord, Placement};
-use crate::registry::{Registry, RegistrationToken};
 use crate::registration::{CallerIdentity, Registration};
+use crate::registry::{RegistrationToken, Registry};
 use crate::worker::Worker;
 
 impl Registry {
@@ -71,7 +71,9 @@ impl Registry {
             Err(error) => {
                 metrics::counter!("switchyard_admission_refusals_total", "reason" => error.label())
                     .increment(1);
-                self.inner.audit.refused(&caller.principal, &registration.identity, &error);
+                self.inner
+                    .audit
+                    .refused(&caller.principal, &registration.identity, &error);
                 Err(error)
             }
         }
@@ -84,8 +86,10 @@ impl Registry {
         delivery: Arc<dyn WorkerDelivery>,
     ) -> Result<RegistrationToken, AdmissionError> {
         validate::validate(&registration)?;
-        if let Some(namespace) =
-            registration.namespaces.iter().find(|ns| !caller.grant.allows(ns.as_str()))
+        if let Some(namespace) = registration
+            .namespaces
+            .iter()
+            .find(|ns| !caller.grant.allows(ns.as_str()))
         {
             return Err(AdmissionError::NamespaceNotGranted {
                 principal: caller.principal.clone(),
@@ -94,7 +98,9 @@ impl Registry {
         }
         self.apply_namespace_policy(&registration).await?;
         let capacity = if delivery.registration_carries_capacity() {
-            let stated = registration.max_concurrency.ok_or(AdmissionError::MissingCapacity)?;
+            let stated = registration
+                .max_concurrency
+                .ok_or(AdmissionError::MissingCapacity)?;
             Some(NonZeroU32::new(stated).ok_or(AdmissionError::ZeroCapacity)?)
         } else {
             None
@@ -105,20 +111,28 @@ impl Registry {
     /// Steps three and four: refuse unknown namespaces under `Closed`, enforce `Pinned`
     /// placement, and only then mint unknown namespaces under `Open`, so a refused
     /// registration creates nothing.
-    async fn apply_namespace_policy(&self, registration: &Registration) -> Result<(), AdmissionError> {
+    async fn apply_namespace_policy(
+        &self,
+        registration: &Registration,
+    ) -> Result<(), AdmissionError> {
         let store = &self.inner.store;
         let mut unknown = Vec::new();
         for namespace in &registration.namespaces {
             match store.get(namespace).await? {
                 Some(record) => check_placement(&record, registration)?,
                 None if self.inner.policy == NamespacePolicy::Closed => {
-                    return Err(AdmissionError::UnknownNamespace { namespace: namespace.clone() });
+                    return Err(AdmissionError::UnknownNamespace {
+                        namespace: namespace.clone(),
+                    });
                 }
                 None => unknown.push(namespace.clone()),
             }
         }
         for name in unknown {
-            let record = NamespaceRecord { name, placement: Placement::Unplaced };
+            let record = NamespaceRecord {
+                name,
+                placement: Placement::Unplaced,
+            };
             let stored = store.create_if_absent(record).await?;
             check_placement(&stored, registration)?;
         }
@@ -132,8 +146,14 @@ impl Registry {
         delivery: Arc<dyn WorkerDelivery>,
         capacity: Option<NonZeroU32>,
     ) -> RegistrationToken {
-        let Registration { namespaces, task_queue, node, activity_types, identity, .. } =
-            registration;
+        let Registration {
+            namespaces,
+            task_queue,
+            node,
+            activity_types,
+            identity,
+            ..
+        } = registration;
         let task_queue = normalise_task_queue(&task_queue).to_owned();
         let worker = {
             let mut state = self.inner.lock();
@@ -148,6 +168,11 @@ impl Registry {
                 caller.principal.clone(),
                 delivery,
             );
+            if self.inner.opening_probation {
+                state
+                    .exclusions
+                    .insert(id, crate::DispatchExclusion::OpeningProbation);
+            }
             state.insert(worker.clone(), capacity);
             worker
         };
@@ -174,9 +199,18 @@ impl Registry {
     }
 }
 
-fn check_placement(record: &NamespaceRecord, registration: &Registration) -> Result<(), AdmissionError> {
-    let Placement::Pinned(nodes) = &record.placement else { return Ok(()) };
-    if registration.node.as_ref().is_some_and(|node| nodes.contains(node)) {
+fn check_placement(
+    record: &NamespaceRecord,
+    registration: &Registration,
+) -> Result<(), AdmissionError> {
+    let Placement::Pinned(nodes) = &record.placement else {
+        return Ok(());
+    };
+    if registration
+        .node
+        .as_ref()
+        .is_some_and(|node| nodes.contains(node))
+    {
         return Ok(());
     }
     Err(AdmissionError::PlacementViolated {

@@ -74,9 +74,10 @@ impl Eligibility {
         }
         match capacity {
             None => Self::CapacityUnannounced,
-            Some(capacity) if in_flight >= capacity.get() => {
-                Self::AtCapacity { in_flight, capacity: capacity.get() }
-            }
+            Some(capacity) if in_flight >= capacity.get() => Self::AtCapacity {
+                in_flight,
+                capacity: capacity.get(),
+            },
             Some(_) => Self::Eligible,
         }
     }
@@ -89,7 +90,10 @@ impl fmt::Display for Eligibility {
             Self::ServesOtherActivity => f.write_str("serves other activity types"),
             Self::OtherNode { node: Some(node) } => write!(f, "on other node {node}"),
             Self::OtherNode { node: None } => f.write_str("advertises no node"),
-            Self::AtCapacity { in_flight, capacity } => {
+            Self::AtCapacity {
+                in_flight,
+                capacity,
+            } => {
                 write!(f, "at capacity {in_flight}/{capacity}")
             }
             Self::CapacityUnannounced => f.write_str("capacity unannounced"),
@@ -113,15 +117,36 @@ mod tests {
     fn precedence_is_fixed() {
         let probation = Some(DispatchExclusion::OpeningProbation);
         let lost = Some(DispatchExclusion::ReachabilityLost);
-        assert_eq!(Eligibility::derive(true, false, None, cap(2), 1), Eligibility::Eligible);
+        assert_eq!(
+            Eligibility::derive(true, false, None, cap(2), 1),
+            Eligibility::Eligible
+        );
         assert_eq!(
             Eligibility::derive(true, false, None, cap(2), 2),
-            Eligibility::AtCapacity { in_flight: 2, capacity: 2 }
+            Eligibility::AtCapacity {
+                in_flight: 2,
+                capacity: 2
+            }
         );
-        assert_eq!(Eligibility::derive(true, false, None, None, 0), Eligibility::CapacityUnannounced);
-        assert_eq!(Eligibility::derive(true, false, probation, None, 0), Eligibility::OnProbation);
-        assert_eq!(Eligibility::derive(true, false, lost, cap(2), 2), Eligibility::Unreachable);
-        assert_eq!(Eligibility::derive(true, true, lost, cap(2), 0), Eligibility::Draining);
-        assert_eq!(Eligibility::derive(false, true, lost, cap(2), 0), Eligibility::Disconnected);
+        assert_eq!(
+            Eligibility::derive(true, false, None, None, 0),
+            Eligibility::CapacityUnannounced
+        );
+        assert_eq!(
+            Eligibility::derive(true, false, probation, None, 0),
+            Eligibility::OnProbation
+        );
+        assert_eq!(
+            Eligibility::derive(true, false, lost, cap(2), 2),
+            Eligibility::Unreachable
+        );
+        assert_eq!(
+            Eligibility::derive(true, true, lost, cap(2), 0),
+            Eligibility::Draining
+        );
+        assert_eq!(
+            Eligibility::derive(false, true, lost, cap(2), 0),
+            Eligibility::Disconnected
+        );
     }
 }

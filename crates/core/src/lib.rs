@@ -11,30 +11,41 @@ mod address;
 mod admission;
 mod arrival;
 mod delivery;
+mod dispatcher;
 mod eligibility;
 mod events;
+mod handle;
+mod liveness;
 mod namespace;
+mod outcome;
 mod registration;
 mod registry;
 mod worker;
 
-pub use address::{ActivityKey, DEFAULT_TASK_QUEUE, Node, PoolAddress, WorkerId, normalise_task_queue};
+pub use address::{
+    ActivityKey, DEFAULT_TASK_QUEUE, Node, PoolAddress, WorkerId, normalise_task_queue,
+};
 pub use admission::{
-    AdmissionAudit, AdmissionError, MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES,
-    RefusalKind,
+    AdmissionAudit, AdmissionError, MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES, RefusalKind,
 };
 pub use arrival::WorkerArrival;
 pub use delivery::{
     ActivityTask, CancelReason, DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage,
 };
+pub use dispatcher::{DispatchConfig, Dispatcher, RefusedCounts, UnservedAddress, UnservedQueue};
 pub use eligibility::{DispatchExclusion, Eligibility};
 pub use events::{DisconnectReason, WorkerEvent};
+pub use handle::{Core, CoreConfig};
+pub use liveness::{Liveness, LivenessConfig, LivenessTracker, TickActions};
 pub use namespace::{
     InMemoryNamespaceStore, NamespacePolicy, NamespaceRecord, NamespaceStore, Placement, StoreError,
 };
+pub use outcome::{
+    ActivityOutcome, ActivityRequest, CancelError, CompletionRefused, DispatchError, TaskResult,
+};
 pub use registration::{CallerIdentity, NamespaceGrant, Registration};
 pub use registry::{
-    DEFAULT_EVENT_CAPACITY, DepartureObserver, DispatchReservation, PoolCensus, Registry,
-    RegistryBuilder, RegistrationToken, UnservedReason, WorkerExplanation,
+    DEFAULT_EVENT_CAPACITY, DepartureObserver, DispatchReservation, PoolCensus, RegistrationToken,
+    Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
 pub use worker::{Worker, WorkerSnapshot};

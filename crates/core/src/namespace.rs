@@ -51,8 +51,10 @@ pub trait NamespaceStore: Send + Sync + 'static {
 
     /// Stores `record` unless one with that name exists; returns the record now stored. Must be
     /// atomic: concurrent callers for one name all see the same single record.
-    async fn create_if_absent(&self, record: NamespaceRecord)
-    -> Result<NamespaceRecord, StoreError>;
+    async fn create_if_absent(
+        &self,
+        record: NamespaceRecord,
+    ) -> Result<NamespaceRecord, StoreError>;
 }
 
 /// A [`NamespaceStore`] held in memory (the default, and the reference for other stores).
@@ -83,7 +85,9 @@ impl InMemoryNamespaceStore {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, NamespaceRecord>> {
-        self.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -99,7 +103,8 @@ impl NamespaceStore for InMemoryNamespaceStore {
     ) -> Result<NamespaceRecord, StoreError> {
         let mut map = self.lock();
         let stored = map.entry(record.name.clone()).or_insert_with(|| {
-            self.creations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.creations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             record
         });
         Ok(stored.clone())

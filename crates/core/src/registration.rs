@@ -52,7 +52,10 @@ pub struct CallerIdentity {
 impl CallerIdentity {
     /// A caller granted every namespace (development mode, trusted embedding).
     pub fn trusted(principal: impl Into<String>) -> Self {
-        Self { principal: principal.into(), grant: NamespaceGrant::All }
+        Self {
+            principal: principal.into(),
+            grant: NamespaceGrant::All,
+        }
     }
 
     /// A caller granted exactly the listed namespaces.

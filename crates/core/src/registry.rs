@@ -53,11 +53,14 @@ pub(crate) struct Inner {
     pub(crate) policy: NamespacePolicy,
     pub(crate) audit: AdmissionAudit,
     observers: Mutex<Vec<DepartureObserver>>,
+    pub(crate) opening_probation: bool,
 }
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry").field("workers", &self.inner.lock().workers.len()).finish()
+        f.debug_struct("Registry")
+            .field("workers", &self.inner.lock().workers.len())
+            .finish()
     }
 }
 
@@ -73,9 +76,17 @@ pub struct RegistryBuilder {
     policy: NamespacePolicy,
     event_capacity: usize,
     audit_window: std::time::Duration,
+    opening_probation: bool,
 }
 
 impl RegistryBuilder {
+    /// Admit new workers on [`DispatchExclusion::OpeningProbation`] (default: false). A
+    /// liveness prober that lifts probation must be running when this is on.
+    pub fn opening_probation(mut self, on: bool) -> Self {
+        self.opening_probation = on;
+        self
+    }
+
     /// The namespace store the gate consults (default: an empty in-memory store).
     pub fn namespace_store(mut self, store: Arc<dyn NamespaceStore>) -> Self {
         self.store = store;
@@ -113,6 +124,7 @@ impl RegistryBuilder {
                 policy: self.policy,
                 audit: AdmissionAudit::new(self.audit_window),
                 observers: Mutex::new(Vec::new()),
+                opening_probation: self.opening_probation,
             }),
         }
     }
@@ -138,7 +150,9 @@ impl Inner {
     pub(crate) fn release(&self, worker: WorkerId) {
         {
             let mut state = self.lock();
-            let Some(entry) = state.workers.get_mut(&worker) else { return };
+            let Some(entry) = state.workers.get_mut(&worker) else {
+                return;
+            };
             entry.in_flight = entry.in_flight.saturating_sub(1);
             state.refresh(worker);
         }
@@ -160,7 +174,11 @@ impl Inner {
         tracing::info!(worker = %worker, transport = %w.transport(), reason = reason.as_str(),
             in_flight = entry.in_flight, "worker deregistered");
         self.emit(WorkerEvent::Disconnected { worker, reason });
-        let observers = self.observers.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let observers = self
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         for observer in observers {
             observer(worker, reason);
         }
@@ -176,6 +194,7 @@ impl Registry {
             policy: NamespacePolicy::Open,
             event_capacity: DEFAULT_EVENT_CAPACITY,
             audit_window: std::time::Duration::from_secs(60),
+            opening_probation: false,
         }
     }
 
@@ -197,7 +216,9 @@ impl Registry {
         let rotation = state.rotation(namespace, task_queue, activity_type)?;
         let workers = &state.workers;
         let chosen = rotation.in_turn(node).find(|id| {
-            workers.get(id).is_some_and(|entry| entry.worker.delivery().is_connected())
+            workers
+                .get(id)
+                .is_some_and(|entry| entry.worker.delivery().is_connected())
         })?;
         if let Some(rotation) = state.rotation_mut(namespace, task_queue, activity_type) {
             rotation.advance(chosen);
@@ -207,7 +228,10 @@ impl Registry {
         let worker = entry.worker.clone();
         state.refresh(chosen);
         drop(guard);
-        Some((worker, DispatchReservation::new(Arc::clone(&self.inner), chosen)))
+        Some((
+            worker,
+            DispatchReservation::new(Arc::clone(&self.inner), chosen),
+        ))
     }
 
     /// The eligible workers of `(namespace, task_queue, activity_type)` (on `node` when given)
@@ -255,19 +279,26 @@ impl Registry {
         let capacity = match NonZeroU32::new(max_concurrency) {
             Some(capacity) => capacity,
             None => {
-                self.inner.audit.refused_announcement(worker, &crate::AdmissionError::ZeroCapacity);
+                self.inner
+                    .audit
+                    .refused_announcement(worker, &crate::AdmissionError::ZeroCapacity);
                 return Err(crate::AdmissionError::ZeroCapacity);
             }
         };
         {
             let mut state = self.inner.lock();
-            let entry =
-                state.workers.get_mut(&worker).ok_or(crate::AdmissionError::UnknownWorker)?;
+            let entry = state
+                .workers
+                .get_mut(&worker)
+                .ok_or(crate::AdmissionError::UnknownWorker)?;
             entry.capacity = Some(capacity);
             state.refresh(worker);
         }
         tracing::debug!(worker = %worker, capacity = capacity.get(), "capacity announced");
-        self.inner.emit(WorkerEvent::CapacityAnnounced { worker, capacity: capacity.get() });
+        self.inner.emit(WorkerEvent::CapacityAnnounced {
+            worker,
+            capacity: capacity.get(),
+        });
         self.inner.wake();
         Ok(())
     }
@@ -275,14 +306,36 @@ impl Registry {
     /// Replaces the whole map of liveness exclusions (workers absent from `exclusions` are no
     /// longer excluded), then wakes parked selections.
     pub fn set_dispatch_ineligible(&self, exclusions: HashMap<WorkerId, DispatchExclusion>) {
+        self.publish_verdicts(exclusions, None);
+    }
+
+    /// Like [`Registry::set_dispatch_ineligible`], for a prober whose view of the registry
+    /// ends at `newest_known`: workers admitted after it keep the exclusion they have (their
+    /// opening probation), so a verdict computed before they arrived cannot clear it.
+    pub fn publish_verdicts(
+        &self,
+        exclusions: HashMap<WorkerId, DispatchExclusion>,
+        newest_known: Option<WorkerId>,
+    ) {
         let mut changed = Vec::new();
         {
             let mut state = self.inner.lock();
             let previous = std::mem::take(&mut state.exclusions);
-            state.exclusions =
-                exclusions.into_iter().filter(|(id, _)| state.workers.contains_key(id)).collect();
-            let mut touched: Vec<WorkerId> =
-                previous.keys().chain(state.exclusions.keys()).copied().collect();
+            let kept = previous
+                .iter()
+                .filter(|(id, _)| newest_known.is_some_and(|newest| **id > newest))
+                .map(|(id, exclusion)| (*id, *exclusion));
+            state.exclusions = exclusions
+                .into_iter()
+                .filter(|(id, _)| newest_known.is_none_or(|newest| *id <= newest))
+                .chain(kept)
+                .filter(|(id, _)| state.workers.contains_key(id))
+                .collect();
+            let mut touched: Vec<WorkerId> = previous
+                .keys()
+                .chain(state.exclusions.keys())
+                .copied()
+                .collect();
             touched.sort_unstable();
             touched.dedup();
             for id in touched {
@@ -319,7 +372,9 @@ impl Registry {
     pub fn drain_worker(&self, worker: WorkerId) -> bool {
         let delivery = {
             let mut state = self.inner.lock();
-            let Some(entry) = state.workers.get_mut(&worker) else { return false };
+            let Some(entry) = state.workers.get_mut(&worker) else {
+                return false;
+            };
             entry.draining = true;
             let delivery = Arc::clone(entry.worker.delivery());
             state.refresh(worker);
@@ -357,14 +412,20 @@ impl Registry {
     /// The registered worker with this id.
     pub fn worker(&self, worker: WorkerId) -> Option<WorkerSnapshot> {
         let state = self.inner.lock();
-        state.workers.get(&worker).map(|entry| snapshot(&state, entry))
+        state
+            .workers
+            .get(&worker)
+            .map(|entry| snapshot(&state, entry))
     }
 
     /// Every registered worker, ordered by id.
     pub fn workers(&self) -> Vec<WorkerSnapshot> {
         let state = self.inner.lock();
-        let mut all: Vec<WorkerSnapshot> =
-            state.workers.values().map(|entry| snapshot(&state, entry)).collect();
+        let mut all: Vec<WorkerSnapshot> = state
+            .workers
+            .values()
+            .map(|entry| snapshot(&state, entry))
+            .collect();
         all.sort_by_key(|s| s.worker.id());
         all
     }
@@ -388,7 +449,11 @@ impl Registry {
     /// Registers a callback run (outside the lock) every time a worker leaves; the dispatcher
     /// uses it to re-dispatch the worker's tasks.
     pub fn observe_departures(&self, observer: DepartureObserver) {
-        self.inner.observers.lock().unwrap_or_else(PoisonError::into_inner).push(observer);
+        self.inner
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(observer);
     }
 
     /// The admission audit shared by every transport.

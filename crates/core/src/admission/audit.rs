@@ -40,7 +40,10 @@ impl AdmissionAudit {
         let key = format!("{principal}\u{0}{identity}\u{0}{error}");
         let now = Instant::now();
         let fresh = {
-            let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut seen = self
+                .seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if seen.len() >= MAX_KEYS {
                 seen.retain(|_, at| now.saturating_duration_since(*at) < self.window);
                 if seen.len() >= MAX_KEYS {

@@ -15,7 +15,11 @@ pub const MAX_ACTIVITY_TYPES: usize = 1024;
 /// Checks a registration's shape: non-empty sets, bounded sizes, bounded clean names.
 pub(crate) fn validate(registration: &Registration) -> Result<(), AdmissionError> {
     check_set("namespaces", &registration.namespaces, MAX_NAMESPACES)?;
-    check_set("activity_types", &registration.activity_types, MAX_ACTIVITY_TYPES)?;
+    check_set(
+        "activity_types",
+        &registration.activity_types,
+        MAX_ACTIVITY_TYPES,
+    )?;
     check_name("task_queue", &registration.task_queue)?;
     if let Some(node) = &registration.node {
         check_name("node", node.as_str())?;
@@ -31,19 +35,32 @@ fn check_required_name(field: &'static str, value: &str) -> Result<(), Admission
     check_name(field, value)
 }
 
-fn check_set(field: &'static str, set: &BTreeSet<String>, max: usize) -> Result<(), AdmissionError> {
+fn check_set(
+    field: &'static str,
+    set: &BTreeSet<String>,
+    max: usize,
+) -> Result<(), AdmissionError> {
     if set.is_empty() {
         return Err(AdmissionError::Empty { field });
     }
     if set.len() > max {
-        return Err(AdmissionError::TooMany { field, count: set.len(), max });
+        return Err(AdmissionError::TooMany {
+            field,
+            count: set.len(),
+            max,
+        });
     }
-    set.iter().try_for_each(|name| check_required_name(field, name))
+    set.iter()
+        .try_for_each(|name| check_required_name(field, name))
 }
 
 fn check_name(field: &'static str, value: &str) -> Result<(), AdmissionError> {
     if value.len() > MAX_NAME_BYTES {
-        return Err(AdmissionError::TooLong { field, len: value.len(), max: MAX_NAME_BYTES });
+        return Err(AdmissionError::TooLong {
+            field,
+            len: value.len(),
+            max: MAX_NAME_BYTES,
+        });
     }
     if value.chars().any(char::is_control) {
         return Err(AdmissionError::ControlCharacter { field });
@@ -76,13 +93,28 @@ mod tests {
     fn empty_sets_are_refused_by_field() {
         let mut r = valid();
         r.namespaces.clear();
-        assert_eq!(validate(&r), Err(AdmissionError::Empty { field: "namespaces" }));
+        assert_eq!(
+            validate(&r),
+            Err(AdmissionError::Empty {
+                field: "namespaces"
+            })
+        );
         let mut r = valid();
         r.activity_types.clear();
-        assert_eq!(validate(&r), Err(AdmissionError::Empty { field: "activity_types" }));
+        assert_eq!(
+            validate(&r),
+            Err(AdmissionError::Empty {
+                field: "activity_types"
+            })
+        );
         let mut r = valid();
         r.namespaces.insert(String::new());
-        assert_eq!(validate(&r), Err(AdmissionError::Empty { field: "namespaces" }));
+        assert_eq!(
+            validate(&r),
+            Err(AdmissionError::Empty {
+                field: "namespaces"
+            })
+        );
     }
 
     #[test]
@@ -93,17 +125,36 @@ mod tests {
         r.activity_types.insert("a".repeat(MAX_NAME_BYTES + 1));
         assert_eq!(
             validate(&r),
-            Err(AdmissionError::TooLong { field: "activity_types", len: 256, max: 255 })
+            Err(AdmissionError::TooLong {
+                field: "activity_types",
+                len: 256,
+                max: 255
+            })
         );
         let mut r = valid();
         r.task_queue = "q".repeat(256);
-        assert!(matches!(validate(&r), Err(AdmissionError::TooLong { field: "task_queue", .. })));
+        assert!(matches!(
+            validate(&r),
+            Err(AdmissionError::TooLong {
+                field: "task_queue",
+                ..
+            })
+        ));
         let mut r = valid();
         r.node = Node::new("n".repeat(256));
-        assert!(matches!(validate(&r), Err(AdmissionError::TooLong { field: "node", .. })));
+        assert!(matches!(
+            validate(&r),
+            Err(AdmissionError::TooLong { field: "node", .. })
+        ));
         let mut r = valid();
         r.identity = "i".repeat(256);
-        assert!(matches!(validate(&r), Err(AdmissionError::TooLong { field: "identity", .. })));
+        assert!(matches!(
+            validate(&r),
+            Err(AdmissionError::TooLong {
+                field: "identity",
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -114,13 +165,21 @@ mod tests {
         r.namespaces.insert("one-more".to_owned());
         assert_eq!(
             validate(&r),
-            Err(AdmissionError::TooMany { field: "namespaces", count: 65, max: 64 })
+            Err(AdmissionError::TooMany {
+                field: "namespaces",
+                count: 65,
+                max: 64
+            })
         );
         let mut r = valid();
         r.activity_types = (0..=MAX_ACTIVITY_TYPES).map(|i| format!("a{i}")).collect();
         assert!(matches!(
             validate(&r),
-            Err(AdmissionError::TooMany { field: "activity_types", count: 1025, .. })
+            Err(AdmissionError::TooMany {
+                field: "activity_types",
+                count: 1025,
+                ..
+            })
         ));
     }
 
@@ -128,6 +187,11 @@ mod tests {
     fn control_characters_are_refused() {
         let mut r = valid();
         r.namespaces.insert("bad\nname".to_owned());
-        assert_eq!(validate(&r), Err(AdmissionError::ControlCharacter { field: "namespaces" }));
+        assert_eq!(
+            validate(&r),
+            Err(AdmissionError::ControlCharacter {
+                field: "namespaces"
+            })
+        );
     }
 }

@@ -130,7 +130,10 @@ impl PoolCensus {
                 self.pool_workers, self.activity_workers
             ),
             UnservedReason::AllAtCapacity => {
-                format!("all {} compatible worker(s) are at capacity", self.at_capacity)
+                format!(
+                    "all {} compatible worker(s) are at capacity",
+                    self.at_capacity
+                )
             }
             UnservedReason::CapacityUnannounced => format!(
                 "{} compatible worker(s) have not announced their capacity",
@@ -169,7 +172,11 @@ impl Registry {
             ..PoolCensus::default()
         };
         if let Some(rotation) = state.rotation(namespace, task_queue, activity_type) {
-            for entry in rotation.members.iter().filter_map(|id| state.workers.get(id)) {
+            for entry in rotation
+                .members
+                .iter()
+                .filter_map(|id| state.workers.get(id))
+            {
                 census.activity_workers += 1;
                 if node.is_some_and(|n| entry.worker.node().map(|w| w.as_str()) != Some(n)) {
                     continue;

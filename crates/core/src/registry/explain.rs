@@ -35,11 +35,16 @@ impl Registry {
                 let eligibility = if !worker.activity_types().contains(activity_type) {
                     Eligibility::ServesOtherActivity
                 } else if node.is_some_and(|n| worker.node().map(|w| w.as_str()) != Some(n)) {
-                    Eligibility::OtherNode { node: worker.node().cloned() }
+                    Eligibility::OtherNode {
+                        node: worker.node().cloned(),
+                    }
                 } else {
                     state.standing(entry)
                 };
-                WorkerExplanation { worker: worker.clone(), eligibility }
+                WorkerExplanation {
+                    worker: worker.clone(),
+                    eligibility,
+                }
             })
             .collect()
     }

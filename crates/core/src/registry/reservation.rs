@@ -34,6 +34,8 @@ impl Drop for DispatchReservation {
 
 impl std::fmt::Debug for DispatchReservation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DispatchReservation").field("worker", &self.worker).finish()
+        f.debug_struct("DispatchReservation")
+            .field("worker", &self.worker)
+            .finish()
     }
 }

@@ -40,7 +40,10 @@ impl Rotation {
         if eligible {
             self.eligible.insert(id);
             if let Some(node) = node {
-                self.eligible_by_node.entry(node.clone()).or_default().insert(id);
+                self.eligible_by_node
+                    .entry(node.clone())
+                    .or_default()
+                    .insert(id);
             }
         } else {
             self.eligible.remove(&id);
@@ -57,10 +60,7 @@ impl Rotation {
 
     /// Eligible workers (optionally only those on `node`) in rotation order, starting after the
     /// cursor and wrapping around.
-    pub(crate) fn in_turn<'a>(
-        &'a self,
-        node: Option<&str>,
-    ) -> impl Iterator<Item = WorkerId> + 'a {
+    pub(crate) fn in_turn<'a>(&'a self, node: Option<&str>) -> impl Iterator<Item = WorkerId> + 'a {
         let set = match node {
             None => Some(&self.eligible),
             Some(node) => self.eligible_by_node.get(node),
@@ -70,7 +70,9 @@ impl Rotation {
             // Ids start at 1, so `..=0` is the empty wrap-around when nothing was chosen yet.
             let start = cursor.map_or(Bound::Unbounded, Bound::Excluded);
             let wrap_end = cursor.unwrap_or(WorkerId::from_raw(0));
-            set.range((start, Bound::Unbounded)).chain(set.range(..=wrap_end)).copied()
+            set.range((start, Bound::Unbounded))
+                .chain(set.range(..=wrap_end))
+                .copied()
         })
     }
 
@@ -95,9 +97,15 @@ mod tests {
             r.join(id(n));
             r.set_eligible(id(n), None, true);
         }
-        assert_eq!(r.in_turn(None).collect::<Vec<_>>(), vec![id(1), id(2), id(3)]);
+        assert_eq!(
+            r.in_turn(None).collect::<Vec<_>>(),
+            vec![id(1), id(2), id(3)]
+        );
         r.advance(id(2));
-        assert_eq!(r.in_turn(None).collect::<Vec<_>>(), vec![id(3), id(1), id(2)]);
+        assert_eq!(
+            r.in_turn(None).collect::<Vec<_>>(),
+            vec![id(3), id(1), id(2)]
+        );
         r.set_eligible(id(3), None, false);
         assert_eq!(r.in_turn(None).collect::<Vec<_>>(), vec![id(1), id(2)]);
     }

@@ -50,7 +50,12 @@ impl State {
         WorkerId::from_raw(self.next_worker_id)
     }
 
-    pub(crate) fn rotation(&self, namespace: &str, task_queue: &str, activity: &str) -> Option<&Rotation> {
+    pub(crate) fn rotation(
+        &self,
+        namespace: &str,
+        task_queue: &str,
+        activity: &str,
+    ) -> Option<&Rotation> {
         self.pools.get(namespace)?.get(task_queue)?.get(activity)
     }
 
@@ -60,7 +65,10 @@ impl State {
         task_queue: &str,
         activity: &str,
     ) -> Option<&mut Rotation> {
-        self.pools.get_mut(namespace)?.get_mut(task_queue)?.get_mut(activity)
+        self.pools
+            .get_mut(namespace)?
+            .get_mut(task_queue)?
+            .get_mut(activity)
     }
 
     pub(crate) fn queue(&self, namespace: &str, task_queue: &str) -> Option<&QueueRotations> {
@@ -89,7 +97,8 @@ impl State {
                 .or_default();
             for activity in worker.activity_types() {
                 queue.entry(activity.clone()).or_default().join(id);
-                let key = ActivityKey::new(namespace.as_str(), worker.task_queue(), activity.as_str());
+                let key =
+                    ActivityKey::new(namespace.as_str(), worker.task_queue(), activity.as_str());
                 if let Some(nodes) = self.departures.get_mut(&key) {
                     nodes.remove(&worker.node().cloned());
                     if nodes.is_empty() {
@@ -116,7 +125,9 @@ impl State {
         self.exclusions.remove(&id);
         let worker = &entry.worker;
         for namespace in worker.namespaces() {
-            let Some(queues) = self.pools.get_mut(namespace.as_str()) else { continue };
+            let Some(queues) = self.pools.get_mut(namespace.as_str()) else {
+                continue;
+            };
             if let Some(queue) = queues.get_mut(worker.task_queue()) {
                 for activity in worker.activity_types() {
                     if let Some(rotation) = queue.get_mut(activity.as_str()) {
@@ -125,8 +136,15 @@ impl State {
                             queue.remove(activity.as_str());
                         }
                     }
-                    let key = ActivityKey::new(namespace.as_str(), worker.task_queue(), activity.as_str());
-                    self.departures.entry(key).or_default().insert(worker.node().cloned(), now);
+                    let key = ActivityKey::new(
+                        namespace.as_str(),
+                        worker.task_queue(),
+                        activity.as_str(),
+                    );
+                    self.departures
+                        .entry(key)
+                        .or_default()
+                        .insert(worker.node().cloned(), now);
                 }
                 if queue.is_empty() {
                     queues.remove(worker.task_queue());
@@ -144,17 +162,25 @@ impl State {
         if self.departures.len() <= DEPARTURE_MEMORY {
             return;
         }
-        let mut ages: Vec<Instant> =
-            self.departures.values().filter_map(|nodes| nodes.values().max().copied()).collect();
+        let mut ages: Vec<Instant> = self
+            .departures
+            .values()
+            .filter_map(|nodes| nodes.values().max().copied())
+            .collect();
         ages.sort_unstable();
-        let Some(cutoff) = ages.get(ages.len() / 2).copied() else { return };
-        self.departures.retain(|_, nodes| nodes.values().any(|at| *at > cutoff));
+        let Some(cutoff) = ages.get(ages.len() / 2).copied() else {
+            return;
+        };
+        self.departures
+            .retain(|_, nodes| nodes.values().any(|at| *at > cutoff));
     }
 
     /// Re-derives a worker's standing and updates its rotations' eligible sets if it changed.
     /// Returns true when the worker became selectable.
     pub(crate) fn refresh(&mut self, id: WorkerId) -> bool {
-        let Some(entry) = self.workers.get(&id) else { return false };
+        let Some(entry) = self.workers.get(&id) else {
+            return false;
+        };
         let selectable = self.standing(entry).is_eligible();
         if selectable == entry.selectable {
             return false;
@@ -162,7 +188,8 @@ impl State {
         let worker = entry.worker.clone();
         for namespace in worker.namespaces() {
             for activity in worker.activity_types() {
-                if let Some(rotation) = self.rotation_mut(namespace, worker.task_queue(), activity) {
+                if let Some(rotation) = self.rotation_mut(namespace, worker.task_queue(), activity)
+                {
                     rotation.set_eligible(id, worker.node(), selectable);
                 }
             }
@@ -176,7 +203,12 @@ impl State {
     /// Every worker id of a `(namespace, task queue)` pool, whatever activity it serves.
     pub(crate) fn pool_members(&self, namespace: &str, task_queue: &str) -> BTreeSet<WorkerId> {
         self.queue(namespace, task_queue)
-            .map(|queue| queue.values().flat_map(|r| r.members.iter().copied()).collect())
+            .map(|queue| {
+                queue
+                    .values()
+                    .flat_map(|r| r.members.iter().copied())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }

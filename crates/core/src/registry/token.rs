@@ -19,7 +19,11 @@ pub struct RegistrationToken {
 
 impl RegistrationToken {
     pub(crate) fn new(inner: Arc<Inner>, worker: WorkerId) -> Self {
-        Self { inner, worker, done: false }
+        Self {
+            inner,
+            worker,
+            done: false,
+        }
     }
 
     /// The admitted worker's id.
@@ -38,13 +42,16 @@ impl RegistrationToken {
 impl Drop for RegistrationToken {
     fn drop(&mut self) {
         if !self.done {
-            self.inner.deregister(self.worker, DisconnectReason::Disconnect);
+            self.inner
+                .deregister(self.worker, DisconnectReason::Disconnect);
         }
     }
 }
 
 impl std::fmt::Debug for RegistrationToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegistrationToken").field("worker", &self.worker).finish()
+        f.debug_struct("RegistrationToken")
+            .field("worker", &self.worker)
+            .finish()
     }
 }

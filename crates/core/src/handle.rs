@@ -1,0 +1,120 @@
+//! [`Core`]: one registry, one dispatcher and one liveness prober, shared by every transport.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::address::WorkerId;
+use crate::delivery::TaskId;
+use crate::dispatcher::{DispatchConfig, Dispatcher};
+use crate::liveness::{Liveness, LivenessConfig};
+use crate::outcome::{CompletionRefused, TaskResult};
+use crate::registry::{Registry, RegistryBuilder};
+
+/// Settings for [`Core::start`].
+#[derive(Clone, Debug, Default)]
+pub struct CoreConfig {
+    /// Dispatcher settings.
+    pub dispatch: DispatchConfig,
+    /// Liveness settings.
+    pub liveness: LivenessConfig,
+}
+
+/// The process-wide state every transport plugs into; cheap to clone.
+///
+/// Transports admit workers through [`Core::registry`] and hand everything a worker sends back
+/// through the entry points here: [`Core::complete`], [`Core::cancel_acknowledged`],
+/// [`Core::record_pong`] and [`Core::record_frame`].
+#[derive(Clone)]
+pub struct Core {
+    registry: Registry,
+    dispatcher: Dispatcher,
+    liveness: Liveness,
+    prober: Arc<ProberTask>,
+}
+
+struct ProberTask(JoinHandle<()>);
+
+impl Drop for ProberTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// Builds the registry from `registry` (with opening probation on, since a prober runs),
+    /// the dispatcher and the prober, and starts the prober on the current tokio runtime.
+    pub fn start(registry: RegistryBuilder, config: CoreConfig) -> Self {
+        let registry = registry.opening_probation(true).build();
+        let dispatcher = Dispatcher::new(registry.clone(), config.dispatch);
+        let liveness = Liveness::new(registry.clone(), config.liveness);
+        let prober = Arc::new(ProberTask(liveness.spawn()));
+        Self {
+            registry,
+            dispatcher,
+            liveness,
+            prober,
+        }
+    }
+
+    /// The registry (admission gate, selection, census).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The dispatcher (dispatch, cancel, unserved queues, shutdown).
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    /// The liveness prober.
+    pub fn liveness(&self) -> &Liveness {
+        &self.liveness
+    }
+
+    /// A worker's result for `task`; see [`Dispatcher::complete`].
+    pub fn complete(
+        &self,
+        worker: WorkerId,
+        task: TaskId,
+        result: TaskResult,
+    ) -> Result<(), CompletionRefused> {
+        self.liveness.record_frame(worker);
+        self.dispatcher.complete(worker, task, result)
+    }
+
+    /// A worker stopped a cancelled task; see [`Dispatcher::cancel_acknowledged`].
+    pub fn cancel_acknowledged(
+        &self,
+        worker: WorkerId,
+        task: TaskId,
+    ) -> Result<(), CompletionRefused> {
+        self.liveness.record_frame(worker);
+        self.dispatcher.cancel_acknowledged(worker, task)
+    }
+
+    /// A worker answered ping `seq`.
+    pub fn record_pong(&self, worker: WorkerId, seq: u64) {
+        self.liveness.record_pong(worker, seq);
+    }
+
+    /// Any other frame arrived from a worker (keeps it from being judged silent).
+    pub fn record_frame(&self, worker: WorkerId) {
+        self.liveness.record_frame(worker);
+    }
+
+    /// Graceful shutdown; see [`Dispatcher::shutdown`]. The prober stops afterwards.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.dispatcher.shutdown(grace).await;
+        self.prober.0.abort();
+    }
+}

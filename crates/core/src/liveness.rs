@@ -1,0 +1,181 @@
+//! Liveness: pings every worker on its task path and publishes who may be dispatched to.
+//!
+//! [`LivenessTracker`] holds the decisions as plain data driven by `now`; [`Liveness`] is the
+//! thin async driver that sends pings through each worker's delivery, feeds answers back in,
+//! publishes the whole exclusion map and deregisters silent workers.
+
+mod config;
+mod tracker;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::broadcast::error::RecvError;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+pub use config::LivenessConfig;
+pub use tracker::{LivenessTracker, TickActions};
+
+use crate::address::WorkerId;
+use crate::delivery::WorkerMessage;
+use crate::events::{DisconnectReason, WorkerEvent};
+use crate::registry::Registry;
+
+/// Handle on the liveness prober; transports report pongs and frames here.
+#[derive(Clone)]
+pub struct Liveness {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    config: LivenessConfig,
+    tracker: Mutex<LivenessTracker>,
+}
+
+impl std::fmt::Debug for Liveness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Liveness")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Liveness {
+    /// A prober for `registry`, not yet running (see [`Liveness::spawn`]).
+    pub fn new(registry: Registry, config: LivenessConfig) -> Self {
+        let tracker = Mutex::new(LivenessTracker::new(config.clone()));
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                config,
+                tracker,
+            }),
+        }
+    }
+
+    /// The configuration in force (transports tell workers the ping interval).
+    pub fn config(&self) -> &LivenessConfig {
+        &self.inner.config
+    }
+
+    fn tracker(&self) -> MutexGuard<'_, LivenessTracker> {
+        self.inner
+            .tracker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Any frame arrived from `worker`.
+    pub fn record_frame(&self, worker: WorkerId) {
+        self.tracker().record_frame(worker, Instant::now());
+    }
+
+    /// `worker` answered ping `seq`; lifting probation or completing recovery is published at
+    /// once, so a new worker on loopback is eligible within a round trip or two.
+    pub fn record_pong(&self, worker: WorkerId, seq: u64) {
+        let changed = self.tracker().record_pong(worker, seq, Instant::now());
+        if changed {
+            tracing::debug!(worker = %worker, "worker proven reachable");
+            self.publish();
+        }
+    }
+
+    fn publish(&self) {
+        let (exclusions, newest) = {
+            let tracker = self.tracker();
+            (tracker.exclusions(), tracker.workers().max())
+        };
+        self.inner.registry.publish_verdicts(exclusions, newest);
+    }
+
+    fn send_pings(&self, pings: impl IntoIterator<Item = (WorkerId, u64)>) {
+        for (worker, seq) in pings {
+            let Some(snapshot) = self.inner.registry.worker(worker) else {
+                continue;
+            };
+            // A refused ping is simply never answered; it counts as missed when it expires.
+            if let Err(error) = snapshot
+                .worker
+                .delivery()
+                .deliver(WorkerMessage::Ping { seq })
+            {
+                tracing::trace!(worker = %worker, %error, "ping not delivered");
+            }
+        }
+    }
+
+    fn admit(&self, worker: WorkerId) {
+        let pings = self.tracker().add_worker(worker, Instant::now());
+        self.send_pings(pings.into_iter().map(|seq| (worker, seq)));
+    }
+
+    /// Brings the tracker in line with the registry (after missed events).
+    fn reconcile(&self) {
+        let registered: std::collections::HashSet<WorkerId> = self
+            .inner
+            .registry
+            .workers()
+            .iter()
+            .map(|s| s.worker.id())
+            .collect();
+        let gone: Vec<WorkerId> = self
+            .tracker()
+            .workers()
+            .filter(|id| !registered.contains(id))
+            .collect();
+        for id in gone {
+            self.tracker().remove_worker(id);
+        }
+        for id in registered {
+            self.admit(id);
+        }
+    }
+
+    fn round(&self) {
+        let actions = self.tracker().tick(Instant::now());
+        for worker in &actions.newly_lost {
+            tracing::warn!(worker = %worker, "worker unreachable: pings on its task path unanswered");
+        }
+        for worker in actions.timed_out {
+            tracing::warn!(worker = %worker, "worker silent for the heartbeat window; deregistering");
+            self.inner
+                .registry
+                .deregister(worker, DisconnectReason::Timeout);
+        }
+        self.send_pings(actions.pings);
+        self.publish();
+    }
+
+    /// Starts the prober on the current tokio runtime; it runs until the handle is aborted.
+    pub fn spawn(&self) -> JoinHandle<()> {
+        let liveness = self.clone();
+        let mut events = self.inner.registry.subscribe_events();
+        // Workers admitted before the prober started.
+        liveness.reconcile();
+        tokio::spawn(async move {
+            let period = liveness
+                .inner
+                .config
+                .ping_interval
+                .min(liveness.inner.config.ping_timeout)
+                / 2;
+            let mut ticker = tokio::time::interval(period.max(std::time::Duration::from_millis(1)));
+            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    event = events.recv() => match event {
+                        Ok(WorkerEvent::Connected { worker, .. }) => liveness.admit(worker),
+                        Ok(WorkerEvent::Disconnected { worker, .. }) => {
+                            liveness.tracker().remove_worker(worker);
+                        }
+                        Ok(_) => {}
+                        Err(RecvError::Lagged(_)) => liveness.reconcile(),
+                        Err(RecvError::Closed) => break,
+                    },
+                    _ = ticker.tick() => liveness.round(),
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,327 @@
+//! Liveness verdicts as plain data: fed pings, pongs, frames and the current time.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tokio::time::Instant;
+
+use super::LivenessConfig;
+use crate::address::WorkerId;
+use crate::eligibility::DispatchExclusion;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Standing {
+    /// Not yet proven (new): `answered` pings in a row so far.
+    Probation { answered: u32 },
+    /// Proven and answering.
+    Healthy,
+    /// Lost; `answered` pings in a row so far towards a fresh probation.
+    Lost { answered: u32 },
+}
+
+#[derive(Debug)]
+struct Probe {
+    standing: Standing,
+    /// Outstanding pings by sequence, with when they were sent.
+    outstanding: BTreeMap<u64, Instant>,
+    misses: u32,
+    last_frame: Instant,
+    last_ping: Option<Instant>,
+}
+
+/// What one [`LivenessTracker::tick`] asks the driver to do.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TickActions {
+    /// Pings to send now: worker and sequence.
+    pub pings: Vec<(WorkerId, u64)>,
+    /// Workers silent for the whole heartbeat window: deregister them as `Timeout`.
+    pub timed_out: Vec<WorkerId>,
+    /// Workers newly excluded this tick.
+    pub newly_lost: Vec<WorkerId>,
+}
+
+/// Per-worker ping bookkeeping and the verdicts derived from it.
+#[derive(Debug)]
+pub struct LivenessTracker {
+    config: LivenessConfig,
+    probes: HashMap<WorkerId, Probe>,
+    next_seq: u64,
+}
+
+impl LivenessTracker {
+    /// An empty tracker.
+    pub fn new(config: LivenessConfig) -> Self {
+        Self {
+            config,
+            probes: HashMap::new(),
+            next_seq: 1,
+        }
+    }
+
+    /// Starts tracking a new worker on opening probation; returns the probation pings to send
+    /// at once, back to back.
+    pub fn add_worker(&mut self, worker: WorkerId, now: Instant) -> Vec<u64> {
+        if self.probes.contains_key(&worker) {
+            return Vec::new();
+        }
+        self.probes.insert(
+            worker,
+            Probe {
+                standing: Standing::Probation { answered: 0 },
+                outstanding: BTreeMap::new(),
+                misses: 0,
+                last_frame: now,
+                last_ping: None,
+            },
+        );
+        (0..self.config.probation_pings.max(1))
+            .map(|_| self.ping(worker, now))
+            .collect()
+    }
+
+    /// Stops tracking a worker.
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        self.probes.remove(&worker);
+    }
+
+    /// Workers being tracked.
+    pub fn workers(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        self.probes.keys().copied()
+    }
+
+    fn ping(&mut self, worker: WorkerId, now: Instant) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let Some(probe) = self.probes.get_mut(&worker) {
+            probe.outstanding.insert(seq, now);
+            probe.last_ping = Some(now);
+        }
+        seq
+    }
+
+    /// Any frame from the worker: it is not silent.
+    pub fn record_frame(&mut self, worker: WorkerId, now: Instant) {
+        if let Some(probe) = self.probes.get_mut(&worker) {
+            probe.last_frame = now;
+        }
+    }
+
+    /// An answer to ping `seq`. Returns true when the worker's exclusion changed (probation
+    /// lifted or recovery completed), so the caller republishes verdicts. An answer to a ping
+    /// never sent, already answered or already counted as missed changes nothing.
+    pub fn record_pong(&mut self, worker: WorkerId, seq: u64, now: Instant) -> bool {
+        let needed = self.config.probation_pings.max(1);
+        let Some(probe) = self.probes.get_mut(&worker) else {
+            return false;
+        };
+        probe.last_frame = now;
+        if probe.outstanding.remove(&seq).is_none() {
+            return false;
+        }
+        probe.misses = 0;
+        let (next, changed) = match probe.standing {
+            Standing::Healthy => (Standing::Healthy, false),
+            Standing::Probation { answered } if answered + 1 >= needed => (Standing::Healthy, true),
+            Standing::Probation { answered } => (
+                Standing::Probation {
+                    answered: answered + 1,
+                },
+                false,
+            ),
+            Standing::Lost { answered } if answered + 1 >= needed => (Standing::Healthy, true),
+            Standing::Lost { answered } => (
+                Standing::Lost {
+                    answered: answered + 1,
+                },
+                false,
+            ),
+        };
+        probe.standing = next;
+        changed
+    }
+
+    /// Expires overdue pings, decides who is lost or silent, and schedules the next pings.
+    pub fn tick(&mut self, now: Instant) -> TickActions {
+        let mut actions = TickActions::default();
+        let config = &self.config;
+        let mut due = Vec::new();
+        for (worker, probe) in &mut self.probes {
+            let overdue: Vec<u64> = probe
+                .outstanding
+                .iter()
+                .filter(|(_, sent)| now.saturating_duration_since(**sent) >= config.ping_timeout)
+                .map(|(seq, _)| *seq)
+                .collect();
+            for seq in overdue {
+                probe.outstanding.remove(&seq);
+                probe.misses += 1;
+                // A miss during probation or recovery restarts it: no flapping back on one
+                // answer among misses.
+                match &mut probe.standing {
+                    Standing::Probation { answered } | Standing::Lost { answered } => *answered = 0,
+                    Standing::Healthy => {}
+                }
+            }
+            if probe.misses >= config.miss_threshold
+                && !matches!(probe.standing, Standing::Lost { .. })
+            {
+                probe.standing = Standing::Lost { answered: 0 };
+                actions.newly_lost.push(*worker);
+            }
+            if now.saturating_duration_since(probe.last_frame) >= config.heartbeat_window {
+                actions.timed_out.push(*worker);
+                continue;
+            }
+            let ping_due = probe
+                .last_ping
+                .is_none_or(|at| now.saturating_duration_since(at) >= config.ping_interval);
+            if ping_due {
+                due.push(*worker);
+            }
+        }
+        for worker in &actions.timed_out {
+            self.probes.remove(worker);
+        }
+        for worker in due {
+            let seq = self.ping(worker, now);
+            actions.pings.push((worker, seq));
+        }
+        actions
+    }
+
+    /// The whole exclusion map, for [`crate::Registry::publish_verdicts`].
+    pub fn exclusions(&self) -> HashMap<WorkerId, DispatchExclusion> {
+        self.probes
+            .iter()
+            .filter_map(|(id, probe)| match probe.standing {
+                Standing::Healthy => None,
+                Standing::Probation { .. } => Some((*id, DispatchExclusion::OpeningProbation)),
+                Standing::Lost { .. } => Some((*id, DispatchExclusion::ReachabilityLost)),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn config() -> LivenessConfig {
+        LivenessConfig {
+            ping_interval: Duration::from_secs(1),
+            ping_timeout: Duration::from_secs(3),
+            probation_pings: 2,
+            miss_threshold: 3,
+            heartbeat_window: Duration::from_secs(10),
+        }
+    }
+
+    fn w(n: u64) -> WorkerId {
+        WorkerId::from_raw(n)
+    }
+
+    #[test]
+    fn probation_lifts_after_n_answers_sent_back_to_back() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        let pings = tracker.add_worker(w(1), t0);
+        assert_eq!(pings.len(), 2, "both probation pings go out at once");
+        assert_eq!(
+            tracker.exclusions().get(&w(1)),
+            Some(&DispatchExclusion::OpeningProbation)
+        );
+        assert!(!tracker.record_pong(w(1), pings[0], t0));
+        assert_eq!(
+            tracker.exclusions().get(&w(1)),
+            Some(&DispatchExclusion::OpeningProbation)
+        );
+        assert!(tracker.record_pong(w(1), pings[1], t0));
+        assert!(tracker.exclusions().is_empty());
+    }
+
+    #[test]
+    fn unknown_sequences_change_nothing() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        let pings = tracker.add_worker(w(1), t0);
+        assert!(!tracker.record_pong(w(1), 999, t0));
+        assert!(!tracker.record_pong(w(1), 999, t0));
+        assert!(!tracker.record_pong(w(1), pings[0], t0));
+        assert!(
+            !tracker.record_pong(w(1), pings[0], t0),
+            "a duplicate pong is not a second answer"
+        );
+        assert_eq!(
+            tracker.exclusions().get(&w(1)),
+            Some(&DispatchExclusion::OpeningProbation)
+        );
+    }
+
+    fn healthy(tracker: &mut LivenessTracker, worker: WorkerId, now: Instant) {
+        for seq in tracker.add_worker(worker, now) {
+            tracker.record_pong(worker, seq, now);
+        }
+        assert!(tracker.exclusions().is_empty());
+    }
+
+    #[test]
+    fn k_misses_mark_lost_and_recovery_needs_full_probation() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        healthy(&mut tracker, w(1), t0);
+        let mut now = t0;
+        let mut sent = Vec::new();
+        // Ticks send pings that go unanswered; frames keep arriving so it is not silent.
+        for _ in 0..6 {
+            now += Duration::from_secs(1);
+            tracker.record_frame(w(1), now);
+            let actions = tracker.tick(now);
+            sent.extend(actions.pings.iter().map(|(_, s)| *s));
+            if !actions.newly_lost.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(
+            tracker.exclusions().get(&w(1)),
+            Some(&DispatchExclusion::ReachabilityLost)
+        );
+        // One answer among misses does not restore it.
+        now += Duration::from_secs(1);
+        let actions = tracker.tick(now);
+        let (_, seq) = actions.pings[0];
+        assert!(!tracker.record_pong(w(1), seq, now));
+        assert_eq!(
+            tracker.exclusions().get(&w(1)),
+            Some(&DispatchExclusion::ReachabilityLost)
+        );
+        // A miss resets the count; two fresh answers in a row restore it.
+        now += Duration::from_secs(4);
+        tracker.record_frame(w(1), now);
+        let actions = tracker.tick(now);
+        let (_, a) = actions.pings[0];
+        assert!(!tracker.record_pong(w(1), a, now));
+        now += Duration::from_secs(1);
+        let actions = tracker.tick(now);
+        let (_, b) = actions.pings[0];
+        assert!(tracker.record_pong(w(1), b, now));
+        assert!(tracker.exclusions().is_empty());
+    }
+
+    #[test]
+    fn silence_for_the_window_times_out_but_frames_prevent_it() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        healthy(&mut tracker, w(1), t0);
+        healthy(&mut tracker, w(2), t0);
+        let mut now = t0;
+        let mut timed_out = Vec::new();
+        for _ in 0..10 {
+            now += Duration::from_secs(1);
+            tracker.record_frame(w(2), now);
+            timed_out.extend(tracker.tick(now).timed_out);
+        }
+        assert_eq!(timed_out, vec![w(1)]);
+        assert_eq!(tracker.workers().collect::<Vec<_>>(), vec![w(2)]);
+    }
+}
