@@ -1,0 +1,4 @@
+//! The `linkem` command line.
+#![forbid(unsafe_code)]
+
+fn main() {}
