@@ -6,16 +6,23 @@
 //! UDP alike.
 //!
 //! The emulation itself ([`Link`]) is plain data driven by the current time; the rest is
-//! setup ([`Topology`]), a thin async driver ([`forward`]) and small UDP probes ([`probe`])
+//! setup ([`Topology`]), a thin async driver ([`forward()`]) and small UDP probes ([`probe`])
 //! that the tests and scripts run inside the namespaces.
 #![forbid(unsafe_code)]
 
 mod config;
+mod forward;
 mod link;
+pub mod probe;
 mod profile;
+mod topology;
 mod units;
 
 pub use config::{ConfigError, DEFAULT_HOLD_LIMIT, DEFAULT_MTU, LinkConfig};
+pub use forward::{DirectionReport, ForwardError, forward};
 pub use link::{Link, LinkStats, Verdict};
 pub use profile::Profile;
+pub use topology::{
+    InterfaceAddr, SideSpec, Topology, TopologyError, TopologySpec, remove_namespaces,
+};
 pub use units::{Loss, Rate, UnitError, parse_duration};
