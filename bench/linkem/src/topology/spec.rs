@@ -106,7 +106,7 @@ impl TopologySpec {
             });
         }
         let (a, b) = (self.a.address, self.b.address);
-        if a.prefix != b.prefix || a.prefix > 30 || a.network() != b.network() || a.addr == b.addr {
+        if a.prefix != b.prefix || a.prefix < 30 || a.network() != b.network() || a.addr == b.addr {
             return Err(TopologyError::NotOneSubnet { a, b });
         }
         if self.mtu < 576 {
