@@ -22,20 +22,25 @@ pub const DEFAULT_HOLD_LIMIT: usize = 16_384;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LinkConfig {
     /// One-way propagation delay.
-    #[serde(serialize_with = "serialize_micros")]
+    #[serde(rename = "delay_us", serialize_with = "serialize_micros")]
     pub delay: Duration,
     /// Half-width of the uniform jitter added to `delay`.
-    #[serde(serialize_with = "serialize_micros")]
+    #[serde(rename = "jitter_us", serialize_with = "serialize_micros")]
     pub jitter: Duration,
     /// Probability that a packet is lost.
+    #[serde(rename = "loss_percent")]
     pub loss: Loss,
     /// Bottleneck rate; `None` for no rate limit.
+    #[serde(rename = "rate_bps")]
     pub rate: Option<Rate>,
     /// Token-bucket depth in bytes: the most that can leave back to back at once.
+    #[serde(rename = "burst_bytes")]
     pub burst: u32,
     /// Bottleneck queue size in packets; a packet arriving at a full queue is dropped.
+    #[serde(rename = "queue_packets")]
     pub queue_limit: usize,
     /// Most packets held at once (queued plus on the wire).
+    #[serde(rename = "hold_limit_packets")]
     pub hold_limit: usize,
     /// Whether jitter may deliver packets out of order.
     pub reorder: bool,

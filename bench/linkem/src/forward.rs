@@ -45,6 +45,28 @@ pub enum ForwardError {
 /// out; the wait between is a Tokio timer, so a packet leaves no earlier than the link says
 /// and usually within the timer's millisecond resolution after. A failed write is counted
 /// and the packet dropped, as a real link would; a failed read ends forwarding.
+///
+/// # Examples
+///
+/// ```no_run
+/// use switchyard_linkem::{Link, Profile, Topology, TopologySpec, forward};
+/// use tokio_util::sync::CancellationToken;
+///
+/// async fn emulate(
+///     spec: TopologySpec,
+///     stop: CancellationToken,
+/// ) -> Result<(), Box<dyn std::error::Error>> {
+///     let topology = Topology::create(spec)?;
+///     let (a, b) = (topology.device_a(), topology.device_b());
+///     let there = Link::new(Profile::Lossy.config(), 1, 0)?;
+///     let back = Link::new(Profile::Lossy.config(), 1, 1)?;
+///     let (there, back) =
+///         tokio::join!(forward(a, b, there, &stop), forward(b, a, back, &stop));
+///     println!("{:?} {:?}", there?, back?);
+///     topology.teardown()?;
+///     Ok(())
+/// }
+/// ```
 pub async fn forward(
     from: &AsyncDevice,
     to: &AsyncDevice,

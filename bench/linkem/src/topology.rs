@@ -1,9 +1,9 @@
 //! Two network namespaces joined only through the emulator's two TUN devices.
 //!
 //! ```text
-//!   netns A (e.g. sy-gw)                                        netns B (e.g. sy-wk)
-//!   lo + tun A 10.77.0.1/30 ──fd A──▶ linkem ──fd B──▶ tun B 10.77.0.2/30 + lo
-//!                          ◀──────── (one Link per direction) ◀──────
+//!  netns A (sy-gw)           the emulator's process               netns B (sy-wk)
+//!  lo                        (stays in its own netns)             lo
+//!  tun A 10.77.0.1/30 <-fd A-> Link A->B, Link B->A <-fd B-> tun B 10.77.0.2/30
 //! ```
 //!
 //! The emulator creates both TUN devices in its own namespace, moves each into its namespace
