@@ -47,8 +47,7 @@ impl Profile {
         };
         LinkConfig {
             delay: Duration::from_millis(one_way_ms),
-            // The literals above are within [0, 100].
-            loss: Loss::from_percent(loss_percent).unwrap_or(Loss::NONE),
+            loss: Loss::clamped_percent(loss_percent),
             rate,
             queue_limit,
             ..LinkConfig::unimpaired()

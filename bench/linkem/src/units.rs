@@ -86,6 +86,11 @@ impl Loss {
         }
     }
 
+    /// `percent` per cent, clamped into `[0, 100]`: for figures fixed in the code.
+    pub(crate) fn clamped_percent(percent: f64) -> Self {
+        Self(percent.clamp(0.0, 100.0) / 100.0)
+    }
+
     /// The probability that one packet is lost, in `[0, 1]`.
     pub const fn probability(self) -> f64 {
         self.0
