@@ -217,7 +217,7 @@ fn help_documents_every_flag_and_profile() {
     assert!(help.contains("cleanup"));
 }
 
-/// Whether this process may create namespaces and TUN devices; says why not if it may not.
+/// Whether this process can create namespaces and TUN devices; says why not if it cannot.
 fn can_emulate() -> bool {
     let root = std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -227,11 +227,19 @@ fn can_emulate() -> bool {
             line.split_whitespace().nth(2).map(|uid| uid == "0")
         })
         .unwrap_or(false);
-    let ok = root && Path::new("/dev/net/tun").exists();
-    if !ok {
+    if !(root && Path::new("/dev/net/tun").exists()) {
         eprintln!("skipped: needs root and /dev/net/tun");
+        return false;
     }
-    ok
+    let ip_runs = Command::new(ip_program())
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ip_runs {
+        eprintln!("skipped: needs iproute2's `ip`");
+        return false;
+    }
+    true
 }
 
 /// iproute2's `ip`, wherever the distribution put it.
