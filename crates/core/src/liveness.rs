@@ -5,6 +5,8 @@
 //! publishes the whole exclusion map and deregisters silent workers.
 
 mod config;
+#[cfg(test)]
+mod tests;
 mod tracker;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -18,6 +20,7 @@ pub use tracker::{LivenessTracker, TickActions};
 
 use crate::address::WorkerId;
 use crate::delivery::WorkerMessage;
+use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::registry::Registry;
 
@@ -74,11 +77,21 @@ impl Liveness {
     /// `worker` answered ping `seq`; lifting probation or completing recovery is published at
     /// once, so a new worker on loopback is eligible within a round trip or two.
     pub fn record_pong(&self, worker: WorkerId, seq: u64) {
-        let changed = self.tracker().record_pong(worker, seq, Instant::now());
-        if changed {
-            tracing::debug!(worker = %worker, "worker proven reachable");
-            self.publish();
+        let (before, changed) = {
+            let mut tracker = self.tracker();
+            let before = tracker.exclusion(worker);
+            (before, tracker.record_pong(worker, seq, Instant::now()))
+        };
+        if !changed {
+            return;
         }
+        match before {
+            Some(DispatchExclusion::ReachabilityLost) => {
+                tracing::info!(worker = %worker, "worker reachable again after a full probation");
+            }
+            _ => tracing::debug!(worker = %worker, "opening probation passed"),
+        }
+        self.publish();
     }
 
     fn publish(&self) {

@@ -39,12 +39,17 @@ pub(crate) struct TaskTable {
 }
 
 impl TaskTable {
-    pub(crate) fn insert(&mut self, task: TaskId, pending: PendingTask) {
+    /// Tracks `task` on the worker its reservation holds. Tracking a task again replaces the
+    /// first entry, which is handed back (dropping it frees that slot), so a task tracked twice
+    /// holds one slot.
+    pub(crate) fn insert(&mut self, task: TaskId, pending: PendingTask) -> Removed {
+        let replaced = self.remove(task);
         self.by_worker
             .entry(pending.reservation.worker())
             .or_default()
             .insert(task);
         self.pending.insert(task, pending);
+        replaced
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -188,15 +188,20 @@ impl LivenessTracker {
         actions
     }
 
+    /// The exclusion `worker` stands under now (`None` when healthy or untracked).
+    pub fn exclusion(&self, worker: WorkerId) -> Option<DispatchExclusion> {
+        match self.probes.get(&worker)?.standing {
+            Standing::Healthy => None,
+            Standing::Probation { .. } => Some(DispatchExclusion::OpeningProbation),
+            Standing::Lost { .. } => Some(DispatchExclusion::ReachabilityLost),
+        }
+    }
+
     /// The whole exclusion map, for [`crate::Registry::publish_verdicts`].
     pub fn exclusions(&self) -> HashMap<WorkerId, DispatchExclusion> {
         self.probes
-            .iter()
-            .filter_map(|(id, probe)| match probe.standing {
-                Standing::Healthy => None,
-                Standing::Probation { .. } => Some((*id, DispatchExclusion::OpeningProbation)),
-                Standing::Lost { .. } => Some((*id, DispatchExclusion::ReachabilityLost)),
-            })
+            .keys()
+            .filter_map(|id| Some((*id, self.exclusion(*id)?)))
             .collect()
     }
 }
