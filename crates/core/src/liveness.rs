@@ -94,12 +94,19 @@ impl Liveness {
         self.publish();
     }
 
+    /// Publishes the whole exclusion map. Workers admitted after the newest one the tracker
+    /// knows keep their opening probation; with an empty tracker that is every worker (ids
+    /// start at 1), never "no bound", which would clear the probation of workers whose
+    /// `Connected` event the prober has not read yet.
     fn publish(&self) {
         let (exclusions, newest) = {
             let tracker = self.tracker();
             (tracker.exclusions(), tracker.workers().max())
         };
-        self.inner.registry.publish_verdicts(exclusions, newest);
+        let newest = newest.unwrap_or(WorkerId::from_raw(0));
+        self.inner
+            .registry
+            .publish_verdicts(exclusions, Some(newest));
     }
 
     fn send_pings(&self, pings: impl IntoIterator<Item = (WorkerId, u64)>) {
