@@ -87,6 +87,14 @@ pub use harness::{BoxError, ConnectError, TransportHarness, WorkerHandle, Worker
 use crate::dispatcher::DispatchConfig;
 use crate::handle::CoreConfig;
 use crate::liveness::LivenessConfig;
+use crate::registration::CallerIdentity;
+
+/// Every caller the kit connects workers as, so a harness whose gateway authenticates from a
+/// fixed table (tokens, certificates) can provision credentials for all of them in
+/// [`TransportHarness::start`].
+pub fn callers() -> [CallerIdentity; 2] {
+    [fixture::worker_caller(), check::refused_caller()]
+}
 
 /// The core settings every check runs with: the default dispatcher and a liveness fast enough
 /// for tests on real sockets (ping every 100 ms, missed after 300 ms, three misses to exclude,

@@ -8,6 +8,8 @@ mod loss;
 
 use std::fmt;
 
+pub(crate) use admission::refused_caller;
+
 use super::fixture::Fixture;
 use super::harness::TransportHarness;
 

@@ -55,6 +55,11 @@ pub(crate) fn producer() -> CallerIdentity {
     CallerIdentity::trusted("conformance-producer")
 }
 
+/// The caller every check's valid workers connect as.
+pub(crate) fn worker_caller() -> CallerIdentity {
+    CallerIdentity::trusted("conformance-worker")
+}
+
 /// The registration every check's workers start from.
 pub(crate) fn registration(capacity: u32) -> Registration {
     Registration {
@@ -140,11 +145,7 @@ impl<'h, H: TransportHarness> Fixture<'h, H> {
         handler: Handler,
     ) -> Result<H::Worker, String> {
         let worker = self
-            .try_connect(
-                CallerIdentity::trusted("conformance-worker"),
-                registration(capacity),
-                probe.wrap(handler),
-            )
+            .try_connect(worker_caller(), registration(capacity), probe.wrap(handler))
             .await
             .map_err(|error| format!("a valid worker was not admitted: {error}"))?;
         self.wait_eligible(worker.worker_id()).await?;

@@ -15,7 +15,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Clone, Debug)]
 pub struct WorkerSpec {
     /// Who connects: the harness presents credentials its gateway maps to exactly this identity
-    /// (a token table, a client certificate, or the identity itself for in-process links).
+    /// (a token table, a client certificate, or the identity itself for in-process links). It
+    /// is always one of [`callers`](super::callers).
     pub caller: CallerIdentity,
     /// What the worker registers, passed to the transport as is (including invalid values the
     /// gateway must refuse).

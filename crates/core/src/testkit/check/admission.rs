@@ -11,8 +11,13 @@ use crate::testkit::harness::{ConnectError, TransportHarness, WorkerHandle};
 const GRANTED: &str = "conformance";
 const FORBIDDEN: &str = "conformance-forbidden";
 
+/// A caller granted only the kit's namespace.
+pub(crate) fn refused_caller() -> CallerIdentity {
+    CallerIdentity::granted("conformance-tenant", [GRANTED])
+}
+
 pub(super) async fn refusals<H: TransportHarness>(fixture: Fixture<'_, H>) -> Verdict {
-    let caller = CallerIdentity::granted("conformance-tenant", [GRANTED]);
+    let caller = refused_caller();
     let cases: [(&str, RefusalKind, &str, Registration); 4] = [
         (
             "no namespaces",
