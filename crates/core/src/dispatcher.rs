@@ -34,6 +34,7 @@ pub use config::DispatchConfig;
 pub use unserved::{UnservedAddress, UnservedQueue};
 
 use crate::address::{WorkerId, normalise_task_queue};
+use crate::admission::MAX_NAME_BYTES;
 use crate::delivery::{ActivityTask, CancelReason, DeliveryError, TaskId, WorkerMessage};
 use crate::outcome::{
     ActivityOutcome, ActivityRequest, CancelError, CompletionRefused, DispatchError, TaskResult,
@@ -154,6 +155,32 @@ impl Inner {
     }
 }
 
+/// Checks a request's names: namespace and activity type present, every name bounded.
+fn validate(request: &ActivityRequest) -> Result<(), DispatchError> {
+    let names = [
+        ("namespace", Some(&request.namespace), true),
+        ("activity_type", Some(&request.activity_type), true),
+        ("task_queue", Some(&request.task_queue), false),
+        ("node", request.node.as_ref(), false),
+        ("activity_id", request.activity_id.as_ref(), true),
+    ];
+    for (field, value, required) in names {
+        let Some(value) = value else { continue };
+        let problem = if required && value.is_empty() {
+            "empty".to_owned()
+        } else if value.len() > MAX_NAME_BYTES {
+            format!(
+                "{} bytes, more than the limit of {MAX_NAME_BYTES}",
+                value.len()
+            )
+        } else {
+            continue;
+        };
+        return Err(DispatchError::Invalid { field, problem });
+    }
+    Ok(())
+}
+
 /// Removes a pending task when the dispatch future stops waiting for any reason, including
 /// being dropped by its caller (which also sends the worker a cancel).
 struct PendingGuard<'a> {
@@ -216,24 +243,15 @@ impl Dispatcher {
 
     /// Runs one activity on a worker of its pool and returns its one outcome.
     ///
-    /// Refused up front (no outcome) when a field is empty, the caller is not granted the
-    /// namespace, or the activity id is already in flight in the namespace.
+    /// Refused up front (no outcome) when a required name is empty or any name is longer than
+    /// [`MAX_NAME_BYTES`], the caller is not granted the namespace, or the activity id is
+    /// already in flight in the namespace.
     pub async fn dispatch(
         &self,
         caller: &CallerIdentity,
         request: ActivityRequest,
     ) -> Result<ActivityOutcome, DispatchError> {
-        for (field, value) in [
-            ("namespace", &request.namespace),
-            ("activity_type", &request.activity_type),
-        ] {
-            if value.is_empty() {
-                return Err(DispatchError::Invalid {
-                    field,
-                    problem: "empty".to_owned(),
-                });
-            }
-        }
+        validate(&request)?;
         if !caller.grant.allows(&request.namespace) {
             return Err(DispatchError::NamespaceNotGranted {
                 principal: caller.principal.clone(),

@@ -130,7 +130,10 @@ impl Liveness {
         self.send_pings(pings.into_iter().map(|seq| (worker, seq)));
     }
 
-    /// Brings the tracker in line with the registry (after missed events).
+    /// Brings the tracker in line with the registry after missed events: forgets workers that
+    /// left and starts probation for workers it never saw. Offering every registered worker is
+    /// safe because [`LivenessTracker::add_worker`] ignores workers already tracked, so a
+    /// proven worker keeps its standing and gets no extra pings.
     fn reconcile(&self) {
         let registered: std::collections::HashSet<WorkerId> = self
             .inner

@@ -866,6 +866,14 @@ async fn dispatches_are_refused_up_front_for_empty_fields_and_ungranted_namespac
             ..
         })
     ));
+    let long = with_id(request("x", Duration::from_secs(1)), &"i".repeat(256));
+    assert!(matches!(
+        s.dispatcher.dispatch(&caller(), long).await,
+        Err(DispatchError::Invalid {
+            field: "activity_id",
+            ..
+        })
+    ));
     let outsider = CallerIdentity::granted("outsider", ["elsewhere"]);
     assert!(matches!(
         s.dispatcher
@@ -873,6 +881,9 @@ async fn dispatches_are_refused_up_front_for_empty_fields_and_ungranted_namespac
             .await,
         Err(DispatchError::NamespaceNotGranted { .. })
     ));
+    // Control: the longest allowed id is accepted.
+    let longest = with_id(request("x", Duration::from_millis(1)), &"i".repeat(255));
+    assert!(s.dispatcher.dispatch(&caller(), longest).await.is_ok());
 }
 
 // Rule 7: the in-flight count follows tracking and completion; a task tracked twice counts once.
