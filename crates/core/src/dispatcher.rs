@@ -434,8 +434,18 @@ impl Dispatcher {
         task: TaskId,
         result: TaskResult,
     ) -> Result<(), CompletionRefused> {
-        let (outcome, removed) = self.inner.lock_tasks().complete(worker, task, result);
-        drop(removed);
+        let taken = self.inner.lock_tasks().take_for_result(worker, task);
+        let outcome = taken.and_then(|mut pending| {
+            let signal = pending.signal.take();
+            // Free the slot before the caller hears back, so its next dispatch finds it free.
+            drop(pending);
+            // No signal: the dispatch already ended (cancel, deadline); a caller that stopped
+            // listening this instant is the same.
+            signal
+                .ok_or(CompletionRefused::Late { task })?
+                .send(Signal::Result(result))
+                .map_err(|_| CompletionRefused::Late { task })
+        });
         if let Err(refusal) = &outcome {
             self.count_refusal(refusal);
             tracing::debug!(worker = %worker, task = %task, %refusal, "result refused");

@@ -905,6 +905,35 @@ async fn the_in_flight_count_rises_on_tracking_and_falls_on_completion() {
     assert_eq!(running.await.expect("joined"), completed("x"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_is_free_before_the_caller_hears_back() {
+    // A producer dispatching one after another to a worker of capacity 1 must never find the
+    // worker still full from the previous task: one selection per dispatch, no parking.
+    const ROUNDS: u64 = 300;
+    let s = setup();
+    let mut worker = s.worker(1).await;
+    let dispatcher = s.dispatcher.clone();
+    let id = worker.id;
+    let responder = tokio::spawn(async move {
+        while let Some(message) = worker.rx.recv().await {
+            if let WorkerMessage::Task(task) = message {
+                let _ = dispatcher.complete(id, task.task_id, TaskResult::Success(task.input));
+            }
+        }
+    });
+    for round in 0..ROUNDS {
+        let outcome = s
+            .dispatcher
+            .dispatch(&caller(), request("x", Duration::from_secs(10)))
+            .await
+            .expect("accepted");
+        assert_eq!(outcome, completed("x"), "round {round}");
+    }
+    assert_eq!(s.dispatcher.selections(), ROUNDS);
+    assert_eq!(s.dispatcher.unserved_warnings(), 0);
+    responder.abort();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_task_tracked_twice_holds_one_slot() {
     let s = setup();
