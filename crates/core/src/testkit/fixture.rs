@@ -206,6 +206,21 @@ impl<'h, H: TransportHarness> Fixture<'h, H> {
         }
     }
 
+    /// Waits until no worker is registered (a refused worker of a transport that announces
+    /// capacity after registering leaves as its connection closes); false after [`STEP`].
+    pub(crate) async fn wait_empty(&mut self) -> bool {
+        let until = Instant::now() + STEP;
+        while !self.registry().is_empty() {
+            match tokio::time::timeout_at(until, self.events.recv()).await {
+                Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
+                Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => {
+                    return self.registry().is_empty();
+                }
+            }
+        }
+        true
+    }
+
     /// Dispatches `request` as the kit's producer; a refusal fails the check.
     pub(crate) async fn dispatch(
         &self,

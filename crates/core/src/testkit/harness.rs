@@ -79,7 +79,9 @@ pub trait TransportHarness: Send + Sync {
     ///
     /// Resolves once the gateway has admitted the worker and its capacity is settled (for a
     /// transport that announces capacity after registration, once the announcement was
-    /// accepted), or with [`ConnectError::Refused`] if either was refused.
+    /// accepted), or with [`ConnectError::Refused`] if either was refused. A worker refused
+    /// after admission (its capacity announcement) must leave the registry as its connection
+    /// closes; the kit allows a moment for that.
     async fn connect(
         &self,
         gateway: &Self::Gateway,

@@ -16,7 +16,7 @@ pub(crate) fn refused_caller() -> CallerIdentity {
     CallerIdentity::granted("conformance-tenant", [GRANTED])
 }
 
-pub(super) async fn refusals<H: TransportHarness>(fixture: Fixture<'_, H>) -> Verdict {
+pub(super) async fn refusals<H: TransportHarness>(mut fixture: Fixture<'_, H>) -> Verdict {
     let caller = refused_caller();
     let cases: [(&str, RefusalKind, &str, Registration); 4] = [
         (
@@ -82,7 +82,7 @@ pub(super) async fn refusals<H: TransportHarness>(fixture: Fixture<'_, H>) -> Ve
             }
         }
         ensure!(
-            fixture.registry().is_empty(),
+            fixture.wait_empty().await,
             "a refused registration ({case}) left a worker in the registry"
         );
     }

@@ -30,6 +30,23 @@ pub(super) async fn serve(
                 token.deregister(DisconnectReason::Drained);
                 return;
             }
+            Some(Frame::Capabilities {
+                max_concurrency,
+                reply,
+            }) => {
+                core.record_frame(worker);
+                let announced = core
+                    .registry()
+                    .set_advertised_capacity(worker, max_concurrency);
+                if announced.is_err() {
+                    // Refused: the worker leaves before it hears why, so a refused worker is
+                    // never seen registered once its connect has failed.
+                    token.deregister(DisconnectReason::Disconnect);
+                    let _ = reply.send(announced);
+                    return;
+                }
+                let _ = reply.send(announced);
+            }
             Some(frame) => handle(&core, worker, frame),
             None => return,
         }
@@ -46,16 +63,6 @@ fn handle(core: &Core, worker: WorkerId, frame: Frame) {
         Frame::CancelAck { task } => {
             let _ = core.cancel_acknowledged(worker, task);
         }
-        Frame::Capabilities {
-            max_concurrency,
-            reply,
-        } => {
-            core.record_frame(worker);
-            let _ = reply.send(
-                core.registry()
-                    .set_advertised_capacity(worker, max_concurrency),
-            );
-        }
-        Frame::Goodbye => {}
+        Frame::Capabilities { .. } | Frame::Goodbye => {}
     }
 }
