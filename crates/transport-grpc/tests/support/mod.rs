@@ -7,13 +7,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use switchyard_core::{
-    CallerIdentity, Core, CoreConfig, LivenessConfig, NamespaceGrant, Registry, RegistryBuilder,
-    WorkerEvent, WorkerId,
+    ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, LivenessConfig,
+    NamespaceGrant, Registry, RegistryBuilder, WorkerEvent, WorkerId,
 };
 use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use switchyard_proto::v1::{
-    GatewayFrame, Pong, RegisterWorker, WorkerFrame, gateway_frame, worker_frame,
+    ActivityResult, GatewayFrame, Pong, RegisterWorker, WorkerFrame, activity_result,
+    gateway_frame, worker_frame,
 };
 use switchyard_transport_grpc::{GrpcServerConfig, StaticDirectory, WorkerService, serve};
 use tokio::net::TcpListener;
@@ -321,6 +323,22 @@ impl RawStream {
         })
     }
 
+    /// Answers `count` pings (keeping other frames for later).
+    pub async fn answer_pings(&mut self, count: usize) {
+        within("pings", async {
+            let mut answered = 0;
+            while answered < count {
+                match self.read_one().await {
+                    Ok(Read::Frame(frame)) => self.pending.push_back(frame),
+                    Ok(Read::Answered) => answered += 1,
+                    Ok(Read::End) => panic!("stream ended while answering pings"),
+                    Err(status) => panic!("stream failed while answering pings: {status:?}"),
+                }
+            }
+        })
+        .await;
+    }
+
     /// Answers pings (keeping other frames for later) until core makes `worker` eligible.
     pub async fn until_eligible(&mut self, core: &Core, worker: WorkerId) {
         within("the worker to become eligible", async {
@@ -399,4 +417,36 @@ pub async fn disconnected(
         }
     })
     .await
+}
+
+/// A dispatch request with a generous timeout.
+pub fn request(namespace: &str, activity_type: &str, input: &'static [u8]) -> ActivityRequest {
+    ActivityRequest {
+        namespace: namespace.to_owned(),
+        task_queue: String::new(),
+        activity_type: activity_type.to_owned(),
+        node: None,
+        input: Bytes::from_static(input),
+        activity_id: None,
+        timeout: PATIENCE,
+    }
+}
+
+/// Dispatches `request` on its own task as a trusted producer.
+pub fn dispatch(core: &Core, request: ActivityRequest) -> tokio::task::JoinHandle<ActivityOutcome> {
+    let core = core.clone();
+    tokio::spawn(async move {
+        core.dispatcher()
+            .dispatch(&CallerIdentity::trusted("producer"), request)
+            .await
+            .unwrap()
+    })
+}
+
+/// A `result` frame reporting success with `output`.
+pub fn success(task_id: u64, output: &'static [u8]) -> WorkerFrame {
+    frame(worker_frame::Frame::Result(ActivityResult {
+        task_id,
+        outcome: Some(activity_result::Outcome::Output(Bytes::from_static(output))),
+    }))
 }
