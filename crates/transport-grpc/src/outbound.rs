@@ -20,10 +20,10 @@ pub(crate) enum Control {
     Close(Status),
 }
 
-/// The stream tonic sends to the worker.
+/// The response stream of a worker call (`GatewayFrame`s, then the closing status).
 ///
-/// Nothing flows before the session's [`Control::Registered`], so a ping queued by core the
-/// instant the worker is admitted can never overtake the acknowledgement. The stream ends when
+/// Nothing flows before the session hands over the acknowledgement, so a ping queued by core
+/// the instant the worker is admitted can never overtake it. The stream ends when
 /// the session says so (a status) or drops its control sender (a clean end); a closing status
 /// is sent at once, without waiting behind queued frames, since the stream is going away.
 pub struct Outbound {

@@ -1,5 +1,7 @@
 //! HTTP/2 keepalive: a peer that stops answering at the connection level is detected by the
 //! server and its worker deregistered, long before core's own heartbeat window.
+// Helpers outside #[test] functions fail the test the same way the tests do.
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 mod support;
 

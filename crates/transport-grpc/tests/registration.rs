@@ -1,5 +1,7 @@
 //! Registration over real TLS loopback streams: authentication, the admission gate's refusals
 //! and their status codes, and the first-frame rules.
+// Helpers outside #[test] functions fail the test the same way the tests do.
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 mod support;
 

@@ -1,6 +1,8 @@
 //! Tasks over raw generated clients (no SDK): the wire contract alone serves tasks; results a
 //! worker does not hold are refused without closing its stream; a stream reset mid-task sends
 //! the task to another worker.
+// Helpers outside #[test] functions fail the test the same way the tests do.
+#![allow(clippy::unwrap_used, clippy::panic)]
 
 mod support;
 
@@ -175,4 +177,22 @@ async fn a_stream_reset_mid_task_sends_the_task_to_another_worker() {
     }
     assert_eq!(later, 0, "the worker is deregistered exactly once");
     assert!(!gateway.core.registry().is_registered(holder_id));
+}
+
+#[tokio::test]
+async fn a_worker_core_lets_go_has_its_stream_closed_with_unavailable() {
+    let gateway = Gateway::start().await;
+    let (mut stream, id) = worker(&gateway, &["echo"]).await;
+    assert!(
+        gateway
+            .core
+            .registry()
+            .deregister(id, DisconnectReason::Timeout)
+    );
+    let status = stream.closing_status().await;
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        status.message(),
+        format!("worker {id} was deregistered: timeout")
+    );
 }

@@ -1,5 +1,7 @@
 //! Shared setup for the loopback tests: a test PKI, a TLS gateway, raw generated clients.
-#![allow(dead_code, unreachable_pub)]
+// Test scaffolding: a failed setup step should fail the test loudly, and each test file uses
+// a different subset of the helpers.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::panic)]
 
 use std::collections::VecDeque;
 use std::future::Future;
