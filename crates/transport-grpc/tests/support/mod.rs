@@ -20,9 +20,11 @@ use switchyard_proto::v1::{
     gateway_frame, worker_frame,
 };
 use switchyard_transport_grpc::{GrpcServerConfig, StaticDirectory, WorkerService, serve};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{
     Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
@@ -178,7 +180,14 @@ impl GatewayBuilder {
                 CERT_PRINCIPAL,
                 NamespaceGrant::Only(["billing".to_owned()].into()),
             );
-        let service = WorkerService::new(core.clone(), Arc::new(directory), self.config);
+        Gateway::serve(core, directory, self.config).await
+    }
+}
+
+impl Gateway {
+    /// Serves `core` over TLS on an ephemeral loopback port with a fresh PKI.
+    pub async fn serve(core: Core, directory: StaticDirectory, config: GrpcServerConfig) -> Self {
+        let service = WorkerService::new(core.clone(), Arc::new(directory), config);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let pki = Pki::new();
@@ -197,9 +206,7 @@ impl GatewayBuilder {
             stop: Some(stop),
         }
     }
-}
 
-impl Gateway {
     pub fn builder() -> GatewayBuilder {
         GatewayBuilder {
             registry: Registry::builder(),
@@ -451,4 +458,91 @@ pub fn success(task_id: u64, output: &'static [u8]) -> WorkerFrame {
         task_id,
         outcome: Some(activity_result::Outcome::Output(Bytes::from_static(output))),
     }))
+}
+
+/// A TCP relay in front of the gateway that can go silent or cut its connections, to play a
+/// peer that hangs (frozen: no FIN, no RST, no bytes) or crashes (severed: sockets closed).
+pub struct Proxy {
+    pub addr: SocketAddr,
+    frozen: CancellationToken,
+    severed: CancellationToken,
+}
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (frozen, severed) = (CancellationToken::new(), CancellationToken::new());
+        let (f, s) = (frozen.clone(), severed.clone());
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    () = s.cancelled() => return,
+                };
+                let Ok((client, _)) = accepted else { return };
+                // A hung or crashed peer makes no new connections either.
+                if f.is_cancelled() {
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(relay(client_read, server_write, f.clone(), s.clone()));
+                tokio::spawn(relay(server_read, client_write, f.clone(), s.clone()));
+            }
+        });
+        Self {
+            addr,
+            frozen,
+            severed,
+        }
+    }
+
+    /// Stops moving bytes in both directions; the sockets stay open.
+    pub fn freeze(&self) {
+        self.frozen.cancel();
+    }
+
+    /// Closes every relayed socket and the listener.
+    pub fn sever(&self) {
+        self.frozen.cancel();
+        self.severed.cancel();
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("https://localhost:{}", self.addr.port())
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.sever();
+    }
+}
+
+async fn relay(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: CancellationToken,
+    severed: CancellationToken,
+) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        tokio::select! {
+            () = frozen.cancelled() => break,
+            read = from.read(&mut buffer) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if to.write_all(&buffer[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            },
+        }
+    }
+    // Silent until severed: both halves are dropped (closed) only then.
+    severed.cancelled().await;
 }
