@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use switchyard_core::{
     AdmissionError, DisconnectReason, InMemoryNamespaceStore, NamespacePolicy, NamespaceRecord,
-    Node, Placement, Registry,
+    NamespaceStore, Node, Placement, Registry, StoreError,
 };
 use switchyard_proto::v1::{Pong, gateway_frame, worker_frame};
 use switchyard_transport_grpc::GrpcServerConfig;
@@ -297,4 +297,37 @@ async fn a_silent_stream_is_closed_at_the_registration_deadline() {
         stream.next_non_ping().await,
         Ok(Some(gateway_frame::Frame::RegisterAck(_)))
     ));
+}
+
+/// A namespace store that cannot be reached.
+struct BrokenStore;
+
+#[async_trait::async_trait]
+impl NamespaceStore for BrokenStore {
+    async fn get(&self, _: &str) -> Result<Option<NamespaceRecord>, StoreError> {
+        Err(StoreError("connection refused".into()))
+    }
+
+    async fn create_if_absent(&self, _: NamespaceRecord) -> Result<NamespaceRecord, StoreError> {
+        Err(StoreError("connection refused".into()))
+    }
+}
+
+#[tokio::test]
+async fn an_undecidable_registration_is_unavailable() {
+    let gateway = Gateway::builder()
+        .registry(Registry::builder().namespace_store(Arc::new(BrokenStore)))
+        .start()
+        .await;
+    let status = refusal(
+        &gateway,
+        TRUSTED_TOKEN,
+        register(&["billing"], &["echo"], Some(1)),
+    )
+    .await;
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        status.message(),
+        AdmissionError::Store(StoreError("connection refused".into())).to_string()
+    );
 }
