@@ -18,6 +18,7 @@ use switchyard_core::WorkerId;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{ClientTlsConfig, Endpoint};
+use tracing::Instrument;
 
 pub use backoff::Backoff;
 pub use link::ConnectError;
@@ -157,7 +158,11 @@ impl GrpcWorker {
                     }
                 }
             };
-            match runtime::serve(link, &self.settings, &self.permits, &self.stop).await {
+            let span = tracing::info_span!("switchyard_worker", worker = link.ack.worker_id);
+            let served = runtime::serve(link, &self.settings, &self.permits, &self.stop)
+                .instrument(span)
+                .await;
+            match served {
                 SessionEnd::Drained | SessionEnd::Stopped => return Ok(()),
                 SessionEnd::Lost(reason) => {
                     tracing::warn!(%reason, "worker stream lost; reconnecting");

@@ -156,7 +156,7 @@ impl WorkerGateway for WorkerService {
             SessionError::from(error).status()
         })?;
         let span = tracing::info_span!("grpc_worker", principal = %caller.principal, ?peer,
-            worker = tracing::field::Empty);
+            worker = tracing::field::Empty, namespaces = tracing::field::Empty);
         let (outbound, control) = Outbound::new();
         let session = Session::new(Arc::clone(&self.inner), caller, control);
         tokio::spawn(session.run(request.into_inner()).instrument(span));

@@ -59,7 +59,11 @@ impl Session {
         let queue = self.shared.config.queue_size(registration.max_concurrency);
         let (frames, pushed) = mpsc::channel(queue);
         let delivery = Arc::new(GrpcWorkerDelivery::new(frames));
-        let leg: Arc<dyn WorkerDelivery> = Arc::clone(&delivery) as _;
+        let leg: Arc<dyn WorkerDelivery> = delivery.clone();
+        tracing::Span::current().record(
+            "namespaces",
+            tracing::field::debug(&registration.namespaces),
+        );
         let admitted = core.registry().admit(&self.caller, registration, leg).await;
         let token = match admitted {
             Ok(token) => token,
