@@ -10,6 +10,10 @@ mod explain;
 mod reservation;
 mod rotation;
 pub(crate) mod state;
+#[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
+mod tests;
 mod token;
 
 use std::collections::HashMap;
@@ -146,17 +150,22 @@ impl Inner {
         let _ = self.events.send(event);
     }
 
-    /// Frees one slot of `worker` (no-op once the worker has left) and wakes parked selections.
+    /// Frees one slot of `worker` (no-op once the worker has left). Wakes parked selections
+    /// when the freed slot made the worker selectable again: a worker that already had a free
+    /// slot could not have been what a parked selection was waiting for, and waking every
+    /// parked dispatch on every completion would be a herd on the busiest path.
     pub(crate) fn release(&self, worker: WorkerId) {
-        {
+        let reopened = {
             let mut state = self.lock();
             let Some(entry) = state.workers.get_mut(&worker) else {
                 return;
             };
             entry.in_flight = entry.in_flight.saturating_sub(1);
-            state.refresh(worker);
+            state.refresh(worker)
+        };
+        if reopened {
+            self.wake();
         }
-        self.wake();
     }
 
     pub(crate) fn deregister(&self, worker: WorkerId, reason: DisconnectReason) -> bool {

@@ -37,6 +37,8 @@ impl AdmissionAudit {
     /// Records a refused registration; returns true if it was logged (not suppressed).
     pub fn refused(&self, principal: &str, identity: &str, error: &AdmissionError) -> bool {
         self.refusals.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("switchyard_admission_refusals_total", "reason" => error.label())
+            .increment(1);
         let key = format!("{principal}\u{0}{identity}\u{0}{error}");
         let now = Instant::now();
         let fresh = {

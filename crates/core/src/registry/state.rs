@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use tokio::time::Instant;
@@ -35,7 +36,6 @@ const DEPARTURE_MEMORY: usize = 4096;
 
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    next_worker_id: u64,
     pub(crate) workers: HashMap<WorkerId, WorkerEntry>,
     /// namespace → task queue → activity type → rotation; nested so lookups borrow `&str`.
     pub(crate) pools: HashMap<String, HashMap<String, QueueRotations>>,
@@ -45,9 +45,14 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// A fresh id, larger than every id this process minted before. Called under the
+    /// registry lock, so ids also rise in admission order within one registry (the liveness
+    /// watermark relies on it).
     pub(crate) fn mint_id(&mut self) -> WorkerId {
-        self.next_worker_id += 1;
-        WorkerId::from_raw(self.next_worker_id)
+        // Process-wide rather than per registry: a worker id is never reused in a process, even
+        // by a second registry (tests, an embedding that runs two gateways).
+        static NEXT_WORKER_ID: AtomicU64 = AtomicU64::new(1);
+        WorkerId::from_raw(NEXT_WORKER_ID.fetch_add(1, Ordering::Relaxed))
     }
 
     pub(crate) fn rotation(
