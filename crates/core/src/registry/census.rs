@@ -174,8 +174,8 @@ impl Registry {
         if let Some(rotation) = state.rotation(namespace, task_queue, activity_type) {
             for entry in rotation
                 .members
-                .iter()
-                .filter_map(|id| state.workers.get(id))
+                .values()
+                .filter_map(|slot| state.workers.at(*slot))
             {
                 census.activity_workers += 1;
                 if node.is_some_and(|n| entry.worker.node().map(|w| w.as_str()) != Some(n)) {

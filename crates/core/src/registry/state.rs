@@ -1,16 +1,17 @@
 //! The registry's data, guarded by one lock: workers, rotations, exclusions and departures.
 //!
 //! Every change that can alter a worker's standing goes through [`State::refresh`], which
-//! re-derives [`Eligibility`] and moves the worker in or out of its rotations' eligible sets.
+//! re-derives [`Eligibility`] and moves the worker in or out of its rotations' eligible sets;
+//! [`State::claim_next`] and [`State::listing`] read those sets and move the one cursor.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use super::rotation::Rotation;
+use super::rotation::{Members, Rotation};
+use super::workers::{Slot, WorkerEntry, WorkerTable};
 use crate::address::{ActivityKey, Node, WorkerId};
 use crate::eligibility::{DispatchExclusion, Eligibility};
 use crate::worker::Worker;
@@ -18,25 +19,13 @@ use crate::worker::Worker;
 /// Activity types of one `(namespace, task queue)` pool.
 pub(crate) type QueueRotations = HashMap<String, Rotation>;
 
-/// The mutable facts about one registered worker.
-#[derive(Debug)]
-pub(crate) struct WorkerEntry {
-    pub(crate) worker: Worker,
-    pub(crate) capacity: Option<NonZeroU32>,
-    pub(crate) in_flight: u32,
-    pub(crate) draining: bool,
-    pub(crate) connected_at: SystemTime,
-    /// Whether the worker currently sits in its rotations' eligible sets.
-    selectable: bool,
-}
-
 /// How many `(activity key, node)` departure records the registry keeps before forgetting the
 /// oldest, so caller-chosen names cannot grow it without bound.
 const DEPARTURE_MEMORY: usize = 4096;
 
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    pub(crate) workers: HashMap<WorkerId, WorkerEntry>,
+    pub(crate) workers: WorkerTable,
     /// namespace → task queue → activity type → rotation; nested so lookups borrow `&str`.
     pub(crate) pools: HashMap<String, HashMap<String, QueueRotations>>,
     pub(crate) exclusions: HashMap<WorkerId, DispatchExclusion>,
@@ -64,18 +53,6 @@ impl State {
         self.pools.get(namespace)?.get(task_queue)?.get(activity)
     }
 
-    pub(crate) fn rotation_mut(
-        &mut self,
-        namespace: &str,
-        task_queue: &str,
-        activity: &str,
-    ) -> Option<&mut Rotation> {
-        self.pools
-            .get_mut(namespace)?
-            .get_mut(task_queue)?
-            .get_mut(activity)
-    }
-
     pub(crate) fn queue(&self, namespace: &str, task_queue: &str) -> Option<&QueueRotations> {
         self.pools.get(namespace)?.get(task_queue)
     }
@@ -83,16 +60,87 @@ impl State {
     /// The standing of a registered worker, ignoring which dispatch asks.
     pub(crate) fn standing(&self, entry: &WorkerEntry) -> Eligibility {
         Eligibility::derive(
-            entry.worker.delivery().is_connected(),
+            entry.delivery.is_connected(),
             entry.draining,
-            self.exclusions.get(&entry.worker.id()).copied(),
+            self.exclusions.get(&entry.id).copied(),
             entry.capacity,
             entry.in_flight,
         )
     }
 
+    /// Chooses the next eligible, connected worker of the key in turn (on `node` when given),
+    /// claims one of its slots and moves the cursor past it.
+    pub(crate) fn claim_next(
+        &mut self,
+        namespace: &str,
+        task_queue: &str,
+        activity: &str,
+        node: Option<&str>,
+    ) -> Option<(Worker, Slot)> {
+        let Self { pools, workers, .. } = self;
+        let rotation = pools
+            .get_mut(namespace)?
+            .get_mut(task_queue)?
+            .get_mut(activity)?;
+        let (id, slot) = rotation.in_turn(node).find(|(_, slot)| {
+            workers
+                .at(*slot)
+                .is_some_and(|entry| entry.delivery.is_connected())
+        })?;
+        rotation.advance(id);
+        let entry = workers.at_mut(slot)?;
+        entry.in_flight += 1;
+        let worker = entry.worker.clone();
+        self.refresh(slot);
+        Some((worker, slot))
+    }
+
+    /// Frees one slot claimed on the worker `id` at `slot`; returns true when that made the
+    /// worker selectable again. A slot whose worker has left frees nothing.
+    pub(crate) fn release(&mut self, id: WorkerId, slot: Slot) -> bool {
+        let Some(entry) = self.workers.at_mut(slot) else {
+            return false;
+        };
+        if entry.id != id {
+            return false;
+        }
+        entry.in_flight = entry.in_flight.saturating_sub(1);
+        self.refresh(slot)
+    }
+
+    /// The eligible, connected workers of the key in turn; the cursor moves past the first.
+    pub(crate) fn listing(
+        &mut self,
+        namespace: &str,
+        task_queue: &str,
+        activity: &str,
+        node: Option<&str>,
+    ) -> Vec<Worker> {
+        let Self { pools, workers, .. } = self;
+        let Some(rotation) = pools
+            .get_mut(namespace)
+            .and_then(|queues| queues.get_mut(task_queue))
+            .and_then(|queue| queue.get_mut(activity))
+        else {
+            return Vec::new();
+        };
+        let listed: Vec<Worker> = rotation
+            .in_turn(node)
+            .filter_map(|(_, slot)| workers.at(slot))
+            .filter(|entry| entry.delivery.is_connected())
+            .map(|entry| entry.worker.clone())
+            .collect();
+        if let Some(first) = listed.first() {
+            rotation.advance(first.id());
+        }
+        listed
+    }
+
     pub(crate) fn insert(&mut self, worker: Worker, capacity: Option<NonZeroU32>) {
         let id = worker.id();
+        let slot = self
+            .workers
+            .insert(WorkerEntry::new(worker.clone(), capacity));
         for namespace in worker.namespaces() {
             let queue = self
                 .pools
@@ -101,7 +149,7 @@ impl State {
                 .entry(worker.task_queue().to_owned())
                 .or_default();
             for activity in worker.activity_types() {
-                queue.entry(activity.clone()).or_default().join(id);
+                queue.entry(activity.clone()).or_default().join(id, slot);
                 let key =
                     ActivityKey::new(namespace.as_str(), worker.task_queue(), activity.as_str());
                 if let Some(nodes) = self.departures.get_mut(&key) {
@@ -112,21 +160,12 @@ impl State {
                 }
             }
         }
-        let entry = WorkerEntry {
-            worker,
-            capacity,
-            in_flight: 0,
-            draining: false,
-            connected_at: SystemTime::now(),
-            selectable: false,
-        };
-        self.workers.insert(id, entry);
-        self.refresh(id);
+        self.refresh(slot);
     }
 
     /// Removes a worker from every rotation, pruning empty ones, and records departures.
     pub(crate) fn remove(&mut self, id: WorkerId, now: Instant) -> Option<WorkerEntry> {
-        let entry = self.workers.remove(&id)?;
+        let (_, entry) = self.workers.remove(id)?;
         self.exclusions.remove(&id);
         let worker = &entry.worker;
         for namespace in worker.namespaces() {
@@ -180,10 +219,15 @@ impl State {
             .retain(|_, nodes| nodes.values().any(|at| *at > cutoff));
     }
 
-    /// Re-derives a worker's standing and updates its rotations' eligible sets if it changed.
-    /// Returns true when the worker became selectable.
-    pub(crate) fn refresh(&mut self, id: WorkerId) -> bool {
-        let Some(entry) = self.workers.get(&id) else {
+    /// Re-derives the standing of the worker `id` and updates its rotations' eligible sets if
+    /// it changed. Returns true when the worker became selectable.
+    pub(crate) fn refresh_id(&mut self, id: WorkerId) -> bool {
+        self.workers.slot(id).is_some_and(|slot| self.refresh(slot))
+    }
+
+    /// [`State::refresh_id`] for a worker known by its slot.
+    pub(crate) fn refresh(&mut self, slot: Slot) -> bool {
+        let Some(entry) = self.workers.at(slot) else {
             return false;
         };
         let selectable = self.standing(entry).is_eligible();
@@ -191,27 +235,34 @@ impl State {
             return false;
         }
         let worker = entry.worker.clone();
+        let eligible_slot = selectable.then_some(slot);
         for namespace in worker.namespaces() {
+            let Some(queue) = self
+                .pools
+                .get_mut(namespace.as_str())
+                .and_then(|queues| queues.get_mut(worker.task_queue()))
+            else {
+                continue;
+            };
             for activity in worker.activity_types() {
-                if let Some(rotation) = self.rotation_mut(namespace, worker.task_queue(), activity)
-                {
-                    rotation.set_eligible(id, worker.node(), selectable);
+                if let Some(rotation) = queue.get_mut(activity.as_str()) {
+                    rotation.set_eligible(worker.id(), eligible_slot, worker.node());
                 }
             }
         }
-        if let Some(entry) = self.workers.get_mut(&id) {
+        if let Some(entry) = self.workers.at_mut(slot) {
             entry.selectable = selectable;
         }
         selectable
     }
 
-    /// Every worker id of a `(namespace, task queue)` pool, whatever activity it serves.
-    pub(crate) fn pool_members(&self, namespace: &str, task_queue: &str) -> BTreeSet<WorkerId> {
+    /// Every worker of a `(namespace, task queue)` pool, whatever activity it serves.
+    pub(crate) fn pool_members(&self, namespace: &str, task_queue: &str) -> Members {
         self.queue(namespace, task_queue)
             .map(|queue| {
                 queue
                     .values()
-                    .flat_map(|r| r.members.iter().copied())
+                    .flat_map(|r| r.members.iter().map(|(id, slot)| (*id, *slot)))
                     .collect()
             })
             .unwrap_or_default()
