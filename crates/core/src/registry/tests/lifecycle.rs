@@ -103,21 +103,24 @@ fn drain_fences_the_worker_before_asking_it_to_drain() {
     let id = draining.id();
     assert!(listed(&registry, "ns", "", "dev", None).contains(&id));
 
-    let standing_at_drain = Arc::new(Mutex::new(None));
+    let standing_at_drain = Arc::new(Mutex::new(Vec::new()));
     let observed = Arc::clone(&standing_at_drain);
     let observer = registry.clone();
     draining.leg.on_deliver(move |message| {
         if *message == WorkerMessage::Drain {
-            *observed.lock().unwrap() = observer.worker(id).map(|w| w.eligibility);
+            let standing = observer.worker(id).map(|w| w.eligibility);
+            observed.lock().unwrap().push(standing);
         }
     });
 
     assert!(registry.drain_worker(id));
     assert_eq!(
         *standing_at_drain.lock().unwrap(),
-        Some(Eligibility::Draining)
+        vec![Some(Eligibility::Draining)],
+        "one drain request, sent after the worker was fenced"
     );
     assert_eq!(draining.rx.try_recv().unwrap(), WorkerMessage::Drain);
+    assert!(draining.rx.try_recv().is_err(), "exactly one message");
     assert!(
         registry.is_registered(id),
         "a drained worker finishes its work before leaving"
