@@ -15,6 +15,7 @@ pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES};
 
 use crate::address::normalise_task_queue;
 use crate::delivery::WorkerDelivery;
+use crate::eligibility::DispatchExclusion;
 use crate::events::WorkerEvent;
 use crate::namespace::{NamespacePolicy, NamespaceRecord, Placement};
 use crate::registration::{CallerIdentity, Registration};
@@ -180,7 +181,7 @@ impl Registry {
             if self.inner.opening_probation {
                 state
                     .exclusions
-                    .insert(id, crate::DispatchExclusion::OpeningProbation);
+                    .insert(id, DispatchExclusion::OpeningProbation);
             }
             state.insert(worker.clone(), capacity);
             worker
@@ -203,6 +204,12 @@ impl Registry {
             task_queue: worker.task_queue().to_owned(),
             node: worker.node().cloned(),
         });
+        if self.inner.opening_probation {
+            self.inner.emit(WorkerEvent::Excluded {
+                worker: worker.id(),
+                exclusion: DispatchExclusion::OpeningProbation,
+            });
+        }
         self.inner.wake();
         RegistrationToken::new(Arc::clone(&self.inner), worker.id())
     }

@@ -168,7 +168,9 @@ impl Registry {
         let now = Instant::now();
         let state = self.inner.lock();
         let mut census = PoolCensus {
-            pool_workers: state.pool_members(namespace, task_queue).len(),
+            pool_workers: state
+                .queue(namespace, task_queue)
+                .map_or(0, |queue| queue.workers),
             ..PoolCensus::default()
         };
         if let Some(rotation) = state.rotation(namespace, task_queue, activity_type) {

@@ -16,8 +16,13 @@ use crate::address::{ActivityKey, Node, WorkerId};
 use crate::eligibility::{DispatchExclusion, Eligibility};
 use crate::worker::Worker;
 
-/// Activity types of one `(namespace, task queue)` pool.
-pub(crate) type QueueRotations = HashMap<String, Rotation>;
+/// One `(namespace, task queue)` pool: its head count and a rotation per activity type.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    /// Registered workers in the pool, whatever they run.
+    pub(crate) workers: usize,
+    pub(crate) rotations: HashMap<String, Rotation>,
+}
 
 /// How many `(activity key, node)` departure records the registry keeps before forgetting the
 /// oldest, so caller-chosen names cannot grow it without bound.
@@ -27,7 +32,7 @@ const DEPARTURE_MEMORY: usize = 4096;
 pub(crate) struct State {
     pub(crate) workers: WorkerTable,
     /// namespace → task queue → activity type → rotation; nested so lookups borrow `&str`.
-    pub(crate) pools: HashMap<String, HashMap<String, QueueRotations>>,
+    pub(crate) pools: HashMap<String, HashMap<String, Queue>>,
     pub(crate) exclusions: HashMap<WorkerId, DispatchExclusion>,
     /// When the last worker serving a key on a node left.
     pub(crate) departures: HashMap<ActivityKey, HashMap<Option<Node>, Instant>>,
@@ -50,10 +55,10 @@ impl State {
         task_queue: &str,
         activity: &str,
     ) -> Option<&Rotation> {
-        self.pools.get(namespace)?.get(task_queue)?.get(activity)
+        self.queue(namespace, task_queue)?.rotations.get(activity)
     }
 
-    pub(crate) fn queue(&self, namespace: &str, task_queue: &str) -> Option<&QueueRotations> {
+    pub(crate) fn queue(&self, namespace: &str, task_queue: &str) -> Option<&Queue> {
         self.pools.get(namespace)?.get(task_queue)
     }
 
@@ -81,6 +86,7 @@ impl State {
         let rotation = pools
             .get_mut(namespace)?
             .get_mut(task_queue)?
+            .rotations
             .get_mut(activity)?;
         let (id, slot) = rotation.in_turn(node).find(|(_, slot)| {
             workers
@@ -120,7 +126,7 @@ impl State {
         let Some(rotation) = pools
             .get_mut(namespace)
             .and_then(|queues| queues.get_mut(task_queue))
-            .and_then(|queue| queue.get_mut(activity))
+            .and_then(|queue| queue.rotations.get_mut(activity))
         else {
             return Vec::new();
         };
@@ -148,8 +154,13 @@ impl State {
                 .or_default()
                 .entry(worker.task_queue().to_owned())
                 .or_default();
+            queue.workers += 1;
             for activity in worker.activity_types() {
-                queue.entry(activity.clone()).or_default().join(id, slot);
+                queue
+                    .rotations
+                    .entry(activity.clone())
+                    .or_default()
+                    .join(id, slot);
                 let key =
                     ActivityKey::new(namespace.as_str(), worker.task_queue(), activity.as_str());
                 if let Some(nodes) = self.departures.get_mut(&key) {
@@ -173,11 +184,12 @@ impl State {
                 continue;
             };
             if let Some(queue) = queues.get_mut(worker.task_queue()) {
+                queue.workers = queue.workers.saturating_sub(1);
                 for activity in worker.activity_types() {
-                    if let Some(rotation) = queue.get_mut(activity.as_str()) {
+                    if let Some(rotation) = queue.rotations.get_mut(activity.as_str()) {
                         rotation.leave(id, worker.node());
                         if rotation.is_empty() {
-                            queue.remove(activity.as_str());
+                            queue.rotations.remove(activity.as_str());
                         }
                     }
                     let key = ActivityKey::new(
@@ -190,7 +202,7 @@ impl State {
                         .or_default()
                         .insert(worker.node().cloned(), now);
                 }
-                if queue.is_empty() {
+                if queue.workers == 0 {
                     queues.remove(worker.task_queue());
                 }
             }
@@ -245,7 +257,7 @@ impl State {
                 continue;
             };
             for activity in worker.activity_types() {
-                if let Some(rotation) = queue.get_mut(activity.as_str()) {
+                if let Some(rotation) = queue.rotations.get_mut(activity.as_str()) {
                     rotation.set_eligible(worker.id(), eligible_slot, worker.node());
                 }
             }
@@ -261,6 +273,7 @@ impl State {
         self.queue(namespace, task_queue)
             .map(|queue| {
                 queue
+                    .rotations
                     .values()
                     .flat_map(|r| r.members.iter().map(|(id, slot)| (*id, *slot)))
                     .collect()

@@ -27,9 +27,10 @@ fn the_census_separates_pool_activity_and_compatible_workers() {
         &registry,
         registration(&["default"], "general", "n1", &["greet"]),
     );
+    // Two activities, one head in the pool.
     let _settler = admit(
         &registry,
-        registration(&["default"], "general", "n1", &["settle"]),
+        registration(&["default"], "general", "n1", &["settle", "ship"]),
     );
 
     let served = registry.pool_census("default", "general", "greet", None);
@@ -219,6 +220,13 @@ async fn the_departure_age_counts_from_the_last_compatible_worker_and_clears_on_
     assert_eq!(age(None), None, "a compatible worker remains");
 
     drop(second.token);
+    assert_eq!(
+        registry
+            .pool_census("default", "general", "greet", None)
+            .pool_workers,
+        0,
+        "the pool's head count follows departures"
+    );
     tokio::time::advance(Duration::from_secs(7)).await;
     assert_eq!(
         age(None),

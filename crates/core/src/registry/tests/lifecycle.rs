@@ -235,6 +235,31 @@ fn events_announce_connection_exclusion_recovery_and_capacity() {
 }
 
 #[test]
+fn an_opening_probation_is_announced_as_an_exclusion_and_its_end_as_a_recovery() {
+    let registry = Registry::builder().opening_probation(true).build();
+    let mut events = registry.subscribe_events();
+    let worker = admit(&registry, registration(&["ns"], "", "", &["dev"]));
+    let id = worker.id();
+    assert_eq!(pick(&registry, "ns", "", "dev", None), None);
+
+    registry.publish_verdicts(HashMap::new(), Some(id));
+    assert_eq!(pick(&registry, "ns", "", "dev", None), Some(id));
+    let kinds: Vec<_> = drain_events(&mut events)
+        .into_iter()
+        .map(|event| match event {
+            WorkerEvent::Connected { .. } => "connected",
+            WorkerEvent::Excluded {
+                exclusion: DispatchExclusion::OpeningProbation,
+                ..
+            } => "probation",
+            WorkerEvent::Recovered { .. } => "recovered",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["connected", "probation", "recovered"]);
+}
+
+#[test]
 fn a_verdict_from_before_a_worker_arrived_keeps_its_probation() {
     let registry = Registry::builder().opening_probation(true).build();
     let known = admit(&registry, registration(&["ns"], "", "", &["dev"]));
