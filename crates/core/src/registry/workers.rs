@@ -15,7 +15,7 @@ use crate::delivery::WorkerDelivery;
 use crate::worker::Worker;
 
 /// Where a worker lives in the [`WorkerTable`]; valid while that worker is registered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Slot(usize);
 
 /// The mutable facts about one registered worker.
