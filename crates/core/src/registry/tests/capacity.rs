@@ -227,3 +227,28 @@ fn shrinking_capacity_below_in_flight_blocks_selection_and_cancels_nothing() {
     drop((a, b));
     assert_eq!(pick(&registry, "ns", "", "charge", None), Some(worker.id()));
 }
+
+#[test]
+fn a_reservation_outliving_its_worker_frees_nothing_on_the_slot_successor() {
+    let registry = Registry::default();
+    let mut one = registration(&["ns"], "", "", &["charge"]);
+    one.max_concurrency = Some(1);
+    let old = admit(&registry, one.clone());
+    let old_slot = registry.inner.lock().workers.slot(old.id());
+    let stale = hold(&registry, "ns", "", "charge").unwrap();
+    drop(old.token);
+
+    let new = admit(&registry, one);
+    assert_eq!(
+        registry.inner.lock().workers.slot(new.id()),
+        old_slot,
+        "the slot is reused"
+    );
+    let _held = hold(&registry, "ns", "", "charge").unwrap();
+    drop(stale);
+    assert_eq!(registry.worker(new.id()).unwrap().in_flight, 1);
+    assert!(
+        hold(&registry, "ns", "", "charge").is_none(),
+        "the successor is still full"
+    );
+}
