@@ -278,7 +278,7 @@ impl Registry {
     }
 
     /// Replaces the whole map of liveness exclusions (workers absent from `exclusions` are no
-    /// longer excluded), then wakes parked selections.
+    /// longer excluded); wakes parked selections if that changed any worker's exclusion.
     pub fn set_dispatch_ineligible(&self, exclusions: HashMap<WorkerId, DispatchExclusion>) {
         self.publish_verdicts(exclusions, None);
     }
@@ -292,6 +292,7 @@ impl Registry {
         newest_known: Option<WorkerId>,
     ) {
         let mut changed = Vec::new();
+        let mut reopened = false;
         {
             let mut state = self.inner.lock();
             let previous = std::mem::take(&mut state.exclusions);
@@ -318,16 +319,21 @@ impl Registry {
                 if before != after {
                     changed.push((id, after));
                 }
-                state.refresh_id(id);
+                reopened |= state.refresh_id(id);
             }
         }
+        let wake = reopened || !changed.is_empty();
         for (worker, after) in changed {
             self.inner.emit(match after {
                 Some(exclusion) => WorkerEvent::Excluded { worker, exclusion },
                 None => WorkerEvent::Recovered { worker },
             });
         }
-        self.inner.wake();
+        // The prober publishes every round: a round that changed nobody's standing wakes nobody.
+        // A change does wake, even one that excludes, so parked dispatches re-read their reason.
+        if wake {
+            self.inner.wake();
+        }
     }
 
     /// The current liveness exclusions.
