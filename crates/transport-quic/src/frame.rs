@@ -349,15 +349,10 @@ mod tests {
         ) {
             let mut decoder = FrameDecoder::new(max);
             decoder.push(&bytes);
-            loop {
-                match decoder.next_frame() {
-                    Ok(Some(body)) => {
-                        prop_assert!(body.len() <= max as usize);
-                        let _ = decode::<QuicLaneUp>(body.clone());
-                        let _ = decode::<QuicLaneDown>(body);
-                    }
-                    Ok(None) | Err(_) => break,
-                }
+            while let Ok(Some(body)) = decoder.next_frame() {
+                prop_assert!(body.len() <= max as usize);
+                let _ = decode::<QuicLaneUp>(body.clone());
+                let _ = decode::<QuicLaneDown>(body);
             }
         }
     }

@@ -12,7 +12,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 #[cfg(feature = "self-signed")]
-pub use self_signed::SelfSigned;
+pub use self_signed::{SelfSigned, SelfSignedError};
 
 use crate::protocol::ALPN;
 

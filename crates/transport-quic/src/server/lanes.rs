@@ -77,7 +77,7 @@ pub(crate) enum FinishError {
         held: Option<TaskId>,
     },
     /// A cancel acknowledgement for a task that was never cancelled.
-    #[error("cancel_ack for task {task}, which was not cancelled")]
+    #[error("task {task} was not cancelled")]
     NotCancelled {
         /// The task quoted.
         task: TaskId,
