@@ -233,7 +233,7 @@ impl QuicWorkerBuilder {
         }
         if self.handlers.is_empty() {
             return Err(WorkerError::Invalid(
-                "no activity handler registered".into(),
+                "activity_types is empty: register at least one activity handler".into(),
             ));
         }
         if self.max_concurrency == 0 {

@@ -35,18 +35,24 @@ struct Running {
     future: CatchUnwind<HandlerFuture>,
 }
 
-/// Serves a lane the gateway opened, on its own task, until the gateway retires it or the
-/// connection ends.
+/// Serves a lane the gateway opened, on its own task, until the gateway retires it, the
+/// connection ends, or `stop` fires (the session was dropped: the lane lets go of the
+/// connection so that dropping a worker closes it).
 pub(crate) fn spawn(
     conn: Connection,
     send: SendStream,
     recv: RecvStream,
     context: Arc<LaneContext>,
+    stop: CancellationToken,
 ) {
     let lane = send.id().index();
     tokio::spawn(
         async move {
-            match serve(send, recv, &context).await {
+            let served = tokio::select! {
+                served = serve(send, recv, &context) => served,
+                () = stop.cancelled() => Err(Fault::Gone),
+            };
+            match served {
                 Ok(()) | Err(Fault::Gone) => tracing::trace!("lane ended"),
                 Err(Fault::Close { code, reason }) => {
                     tracing::warn!(%code, %reason, "closing the gateway connection");

@@ -10,6 +10,7 @@ use switchyard_proto::v1::{
     QuicRegistered, quic_control_down, quic_control_up,
 };
 use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::lane::{self, LaneContext};
 use super::{Settings, Shared, WorkerError};
@@ -27,6 +28,8 @@ pub(crate) struct Session {
     lanes: Arc<LaneContext>,
     control_limit: u32,
     worker: WorkerId,
+    /// Stops the lane tasks when the session is dropped, even mid-serve.
+    stop_lanes: DropGuard,
 }
 
 /// How a session ended.
@@ -100,6 +103,7 @@ impl Session {
             }),
             control_limit: nonzero_or(max_control_frame_bytes, DEFAULT_MAX_CONTROL_FRAME),
             worker,
+            stop_lanes: CancellationToken::new().drop_guard(),
         };
         tracing::info!(worker = %worker, gateway = %settings.addr, "registered");
         shared.registered.send_replace(Some(worker));
@@ -121,7 +125,8 @@ impl Session {
             let fault = tokio::select! {
                 accepted = self.conn.accept_bi() => match accepted {
                     Ok((send, recv)) => {
-                        lane::spawn(self.conn.clone(), send, recv, Arc::clone(&self.lanes));
+                        let stop = self.stop_lanes.token().clone();
+                        lane::spawn(self.conn.clone(), send, recv, Arc::clone(&self.lanes), stop);
                         None
                     }
                     Err(_) => Some(Fault::Gone),

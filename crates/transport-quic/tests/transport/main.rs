@@ -3,8 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod capacity;
+mod conformance;
 mod delivery;
 mod registration;
+mod relay;
 mod spec;
 mod support;
 mod violations;
