@@ -29,9 +29,14 @@ pub fn test_config(data_dir: &std::path::Path) -> GatewayConfig {
 pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
 
 impl Interceptor for Bearer {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(token) = &self.0 {
-            request.metadata_mut().insert("authorization", token.clone());
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
         }
         Ok(request)
     }

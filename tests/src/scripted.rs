@@ -7,14 +7,14 @@ use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use switchyard_core::{
-    AdmissionError, CallerIdentity, Core, DeliveryError, Registration, RegistrationToken, TaskId,
-    TaskResult, TransportName, WorkerDelivery, WorkerId, WorkerMessage,
+    ActivityTask, AdmissionError, CallerIdentity, Core, DeliveryError, Registration,
+    RegistrationToken, TaskId, TaskResult, TransportName, WorkerDelivery, WorkerId, WorkerMessage,
 };
 use switchyard_gateway::{Listening, Transport, TransportContext, TransportError};
 use tokio::sync::mpsc;
 
 /// The transport's name as workers and metrics show it.
-pub const SCRIPTED: &str = "scripted";
+pub(crate) const SCRIPTED: &str = "scripted";
 
 /// The transport handed to the gateway builder; clones share the started core.
 #[derive(Clone, Debug, Default)]
@@ -28,7 +28,10 @@ impl Transport for ScriptedTransport {
         SCRIPTED
     }
 
-    async fn start(self: Box<Self>, context: TransportContext) -> Result<Listening, TransportError> {
+    async fn start(
+        self: Box<Self>,
+        context: TransportContext,
+    ) -> Result<Listening, TransportError> {
         let _ = self.core.set(context.core.clone());
         Ok(Listening {
             addrs: Vec::new(),
@@ -42,9 +45,16 @@ impl Transport for ScriptedTransport {
 
 /// A registration of `namespaces` on the default queue running `activities`, capacity
 /// `capacity`.
-pub fn registration(namespaces: &[&str], activities: &[&str], capacity: Option<u32>) -> Registration {
+pub fn registration(
+    namespaces: &[&str],
+    activities: &[&str],
+    capacity: Option<u32>,
+) -> Registration {
     Registration {
-        namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect::<BTreeSet<_>>(),
+        namespaces: namespaces
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect::<BTreeSet<_>>(),
         activity_types: activities.iter().map(|s| (*s).to_owned()).collect(),
         identity: "scripted-worker".to_owned(),
         max_concurrency: capacity,
@@ -95,7 +105,11 @@ impl ScriptedTransport {
         registration: Registration,
         carries_capacity: bool,
     ) -> Result<ScriptedWorker, AdmissionError> {
-        let core = self.core.get().expect("the gateway started this transport").clone();
+        let core = self
+            .core
+            .get()
+            .expect("the gateway started this transport")
+            .clone();
         let (outbox, inbox) = mpsc::channel(256);
         let leg = Arc::new(Leg {
             outbox,
@@ -128,14 +142,16 @@ impl ScriptedWorker {
 
     /// Announces capacity (for workers whose registration does not carry it).
     pub fn announce(&self, capacity: u32) -> Result<(), AdmissionError> {
-        self.core.registry().set_advertised_capacity(self.id(), capacity)
+        self.core
+            .registry()
+            .set_advertised_capacity(self.id(), capacity)
     }
 
     /// Reports a task's result.
-    pub fn complete(&self, task: TaskId, output: &'static [u8]) {
+    pub fn complete(&self, task: TaskId, output: bytes::Bytes) {
         let _ = self
             .core
-            .complete(self.id(), task, TaskResult::Success(bytes::Bytes::from_static(output)));
+            .complete(self.id(), task, TaskResult::Success(output));
     }
 
     /// Answers pings until it has answered `count`, and returns the other messages it saw.
@@ -155,19 +171,74 @@ impl ScriptedWorker {
         others
     }
 
-    /// Hands the worker to a task that answers every ping and keeps every task (never
-    /// completing it), until the worker is dropped by the gateway.
-    pub fn keep_alive_holding_tasks(mut self) -> tokio::task::JoinHandle<Vec<TaskId>> {
+    /// Hands the worker to a task that answers every ping and completes every task with its
+    /// input, until the gateway lets go of the worker.
+    pub fn serve_echo(mut self) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            let mut held = Vec::new();
             while let Some(message) = self.next().await {
                 match message {
                     WorkerMessage::Ping { seq } => self.pong(seq),
-                    WorkerMessage::Task(task) => held.push(task.task_id),
+                    WorkerMessage::Task(task) => self.complete(task.task_id, task.input),
                     _ => {}
                 }
             }
-            held
         })
+    }
+
+    /// Hands the worker to a background task that answers every ping and forwards every task
+    /// it receives (without completing it); the returned control reaches the worker, and
+    /// aborting the handle disconnects it.
+    pub fn answer_pings_in_background(
+        mut self,
+    ) -> (
+        WorkerControl,
+        mpsc::Receiver<ActivityTask>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let control = WorkerControl {
+            core: self.core.clone(),
+            id: self.id(),
+        };
+        let (tasks, received) = mpsc::channel(256);
+        let handle = tokio::spawn(async move {
+            while let Some(message) = self.next().await {
+                match message {
+                    WorkerMessage::Ping { seq } => self.pong(seq),
+                    WorkerMessage::Task(task) => {
+                        let _ = tasks.try_send(task);
+                    }
+                    _ => {}
+                }
+            }
+        });
+        (control, received, handle)
+    }
+}
+
+/// Reaches a worker whose messages a background task handles.
+#[derive(Clone, Debug)]
+pub struct WorkerControl {
+    core: Core,
+    id: WorkerId,
+}
+
+impl WorkerControl {
+    /// The worker's id.
+    pub fn id(&self) -> WorkerId {
+        self.id
+    }
+
+    /// Announces capacity (for workers whose registration does not carry it).
+    pub fn announce(&self, capacity: u32) -> Result<(), AdmissionError> {
+        self.core
+            .registry()
+            .set_advertised_capacity(self.id, capacity)
+    }
+
+    /// Reports a task's result.
+    pub fn complete(&self, task: TaskId, output: bytes::Bytes) {
+        let _ = self
+            .core
+            .complete(self.id, task, TaskResult::Success(output));
     }
 }
