@@ -5,12 +5,22 @@
 //! on the registry's arrival subscription and is listed in [`Dispatcher::unserved_queues`].
 //! Results come back through [`Dispatcher::complete`] only; a lost worker's tasks are delivered
 //! again, within the transport-loss budget.
+//!
+//! A task's reservation (its slot, counted in the registry's in-flight count) lives in the
+//! pending-task table from delivery until the worker answers, acknowledges a cancel, or
+//! leaves: a dispatch that ends early (cancel, deadline, shutdown, caller gone) stops waiting
+//! at once but leaves the slot taken, so capacity is never over-committed to a worker still
+//! running the task.
 
+mod acquire;
+mod budget;
 mod config;
 mod table;
+#[cfg(test)]
+mod tests;
 mod unserved;
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -24,18 +34,17 @@ pub use config::DispatchConfig;
 pub use unserved::{UnservedAddress, UnservedQueue};
 
 use crate::address::{WorkerId, normalise_task_queue};
+use crate::admission::MAX_NAME_BYTES;
 use crate::delivery::{ActivityTask, CancelReason, DeliveryError, TaskId, WorkerMessage};
 use crate::outcome::{
     ActivityOutcome, ActivityRequest, CancelError, CompletionRefused, DispatchError, TaskResult,
 };
 use crate::registration::CallerIdentity;
-use crate::registry::{DispatchReservation, Registry, UnservedReason};
-use crate::worker::Worker;
+use crate::registry::Registry;
+use budget::LossBudget;
 use table::{PendingTask, Signal, TaskTable};
-use unserved::{ParkTicket, UnservedBook};
+use unserved::UnservedBook;
 
-/// How long a parked dispatch keeps its last classification before it looks again.
-const RECLASSIFY_AFTER: Duration = Duration::from_secs(1);
 /// Longest pause after repeated delivery failures before selecting again.
 const MAX_DELIVERY_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -62,7 +71,7 @@ struct Inner {
     tasks: Mutex<TaskTable>,
     next_task: AtomicU64,
     /// `(namespace, activity id)` of dispatches in flight, with their cancel handles.
-    activities: Mutex<std::collections::HashMap<(String, String), CancellationToken>>,
+    activities: Mutex<HashMap<(String, String), CancellationToken>>,
     unserved: Arc<UnservedBook>,
     shutting_down: AtomicBool,
     /// Fired when shutdown starts: parked dispatches end at once.
@@ -73,6 +82,16 @@ struct Inner {
     refused_unknown: AtomicU64,
     refused_foreign: AtomicU64,
     refused_late: AtomicU64,
+    /// Selection attempts since start (each parked dispatch tries once per wake).
+    selections: AtomicU64,
+}
+
+/// How a dispatch's wait for its worker ended.
+enum Ending {
+    /// The worker answered or was lost.
+    Signal(Result<Signal, oneshot::error::RecvError>),
+    /// The dispatch stops early: send the worker this cancel reason and end with this outcome.
+    Stop(CancelReason, ActivityOutcome),
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -88,9 +107,7 @@ impl Inner {
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn lock_activities(
-        &self,
-    ) -> MutexGuard<'_, std::collections::HashMap<(String, String), CancellationToken>> {
+    fn lock_activities(&self) -> MutexGuard<'_, HashMap<(String, String), CancellationToken>> {
         self.activities
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -102,11 +119,14 @@ impl Inner {
         }
     }
 
-    /// Ends the caller's wait on `task` and asks the worker to stop it. The slot stays held
-    /// until the worker acknowledges, answers or leaves.
-    fn abandon(&self, task: TaskId, reason: CancelReason) {
+    /// Ends the caller's wait on `task` and asks the worker to stop it, over the delivery the
+    /// task went out on. The slot stays held until the worker acknowledges, answers or leaves.
+    /// False when the wait had already ended (the worker answered or left first).
+    fn abandon(&self, task: TaskId, reason: CancelReason) -> bool {
         let delivery = self.lock_tasks().detach(task);
-        let Some(delivery) = delivery else { return };
+        let Some(delivery) = delivery else {
+            return false;
+        };
         match delivery.deliver(WorkerMessage::Cancel {
             task_id: task,
             reason,
@@ -117,6 +137,7 @@ impl Inner {
                 "cancel not delivered; the slot stays held until the worker answers or leaves"),
         }
         self.ended();
+        true
     }
 
     fn worker_lost(&self, worker: WorkerId) {
@@ -134,6 +155,32 @@ impl Inner {
     }
 }
 
+/// Checks a request's names: namespace and activity type present, every name bounded.
+fn validate(request: &ActivityRequest) -> Result<(), DispatchError> {
+    let names = [
+        ("namespace", Some(&request.namespace), true),
+        ("activity_type", Some(&request.activity_type), true),
+        ("task_queue", Some(&request.task_queue), false),
+        ("node", request.node.as_ref(), false),
+        ("activity_id", request.activity_id.as_ref(), true),
+    ];
+    for (field, value, required) in names {
+        let Some(value) = value else { continue };
+        let problem = if required && value.is_empty() {
+            "empty".to_owned()
+        } else if value.len() > MAX_NAME_BYTES {
+            format!(
+                "{} bytes, more than the limit of {MAX_NAME_BYTES}",
+                value.len()
+            )
+        } else {
+            continue;
+        };
+        return Err(DispatchError::Invalid { field, problem });
+    }
+    Ok(())
+}
+
 /// Removes a pending task when the dispatch future stops waiting for any reason, including
 /// being dropped by its caller (which also sends the worker a cancel).
 struct PendingGuard<'a> {
@@ -143,7 +190,7 @@ struct PendingGuard<'a> {
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.inner.abandon(self.task, CancelReason::CallerGone);
+        let _ = self.inner.abandon(self.task, CancelReason::CallerGone);
     }
 }
 
@@ -169,7 +216,7 @@ impl Dispatcher {
             config,
             tasks: Mutex::new(TaskTable::default()),
             next_task: AtomicU64::new(1),
-            activities: Mutex::new(std::collections::HashMap::new()),
+            activities: Mutex::new(HashMap::new()),
             unserved: Arc::new(UnservedBook::default()),
             shutting_down: AtomicBool::new(false),
             stop_parked: CancellationToken::new(),
@@ -178,6 +225,7 @@ impl Dispatcher {
             refused_unknown: AtomicU64::new(0),
             refused_foreign: AtomicU64::new(0),
             refused_late: AtomicU64::new(0),
+            selections: AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&inner);
         registry.observe_departures(Arc::new(move |worker, _reason| {
@@ -195,24 +243,15 @@ impl Dispatcher {
 
     /// Runs one activity on a worker of its pool and returns its one outcome.
     ///
-    /// Refused up front (no outcome) when a field is empty, the caller is not granted the
-    /// namespace, or the activity id is already in flight in the namespace.
+    /// Refused up front (no outcome) when a required name is empty or any name is longer than
+    /// [`MAX_NAME_BYTES`], the caller is not granted the namespace, or the activity id is
+    /// already in flight in the namespace.
     pub async fn dispatch(
         &self,
         caller: &CallerIdentity,
         request: ActivityRequest,
     ) -> Result<ActivityOutcome, DispatchError> {
-        for (field, value) in [
-            ("namespace", &request.namespace),
-            ("activity_type", &request.activity_type),
-        ] {
-            if value.is_empty() {
-                return Err(DispatchError::Invalid {
-                    field,
-                    problem: "empty".to_owned(),
-                });
-            }
-        }
+        validate(&request)?;
         if !caller.grant.allows(&request.namespace) {
             return Err(DispatchError::NamespaceNotGranted {
                 principal: caller.principal.clone(),
@@ -265,8 +304,9 @@ impl Dispatcher {
         let timeout = request.timeout.min(self.inner.config.max_timeout);
         let deadline = Instant::now() + timeout;
         let wall_deadline = SystemTime::now() + timeout;
+        let mut budget =
+            LossBudget::new(self.inner.config.loss_budget, self.inner.config.loss_window);
         let mut deliveries: u32 = 0;
-        let mut losses: VecDeque<Instant> = VecDeque::new();
         let mut failed_deliveries: u32 = 0;
         loop {
             let (worker, reservation) = match self.acquire(request, deadline, cancel).await {
@@ -274,17 +314,8 @@ impl Dispatcher {
                 Err(outcome) => return outcome,
             };
             let task = TaskId::from_raw(self.inner.next_task.fetch_add(1, Ordering::Relaxed));
-            let (signal, wait) = oneshot::channel();
-            let message = WorkerMessage::Task(ActivityTask {
-                task_id: task,
-                namespace: request.namespace.clone(),
-                task_queue: normalise_task_queue(&request.task_queue).to_owned(),
-                activity_type: request.activity_type.clone(),
-                input: request.input.clone(),
-                attempt: deliveries + 1,
-                deadline: wall_deadline,
-            });
-            self.inner.lock_tasks().insert(
+            let (signal, mut wait) = oneshot::channel();
+            let replaced = self.inner.lock_tasks().insert(
                 task,
                 PendingTask {
                     delivery: Arc::clone(worker.delivery()),
@@ -292,11 +323,27 @@ impl Dispatcher {
                     signal: Some(signal),
                 },
             );
+            drop(replaced);
             let guard = PendingGuard {
                 inner: &self.inner,
                 task,
             };
-            if let Err(error) = worker.delivery().deliver(message) {
+            // A worker that left between selection and tracking was never seen holding this
+            // task by the departure observer; forget the attempt (nothing was delivered).
+            let delivered = if self.inner.registry.is_registered(worker.id()) {
+                worker.delivery().deliver(WorkerMessage::Task(ActivityTask {
+                    task_id: task,
+                    namespace: request.namespace.clone(),
+                    task_queue: normalise_task_queue(&request.task_queue).to_owned(),
+                    activity_type: request.activity_type.clone(),
+                    input: request.input.clone(),
+                    attempt: deliveries + 1,
+                    deadline: wall_deadline,
+                }))
+            } else {
+                Err(DeliveryError::Closed)
+            };
+            if let Err(error) = delivered {
                 // Attempt-neutral: the task never reached the worker.
                 let removed = self.inner.lock_tasks().remove(task);
                 drop(removed);
@@ -304,32 +351,46 @@ impl Dispatcher {
                 tracing::debug!(worker = %worker.id(), %error, "delivery refused; selecting again");
                 failed_deliveries += 1;
                 if failed_deliveries > 1 {
+                    // Every eligible worker refusing in turn (queues full): back off a little
+                    // rather than cycling through them at full speed.
                     let pause = Duration::from_millis(1 << failed_deliveries.min(7))
                         .min(MAX_DELIVERY_BACKOFF);
                     tokio::select! {
                         () = tokio::time::sleep(pause) => {}
                         () = tokio::time::sleep_until(deadline) => return self.unserved_now(request),
                         () = cancel.cancelled() => return ActivityOutcome::Cancelled,
+                        () = self.inner.stop_all.cancelled() => return ActivityOutcome::ShuttingDown,
                     }
                 }
                 continue;
             }
             failed_deliveries = 0;
             deliveries += 1;
-            tracing::trace!(worker = %worker.id(), task = %task, "task delivered");
-            let ended = tokio::select! {
-                signal = wait => signal,
+            tracing::trace!(worker = %worker.id(), task = %task, attempt = deliveries, "task delivered");
+            let ending = tokio::select! {
+                signal = &mut wait => Ending::Signal(signal),
                 () = tokio::time::sleep_until(deadline) => {
-                    self.inner.abandon(task, CancelReason::DeadlineExceeded);
-                    return ActivityOutcome::TimedOut;
+                    Ending::Stop(CancelReason::DeadlineExceeded, ActivityOutcome::TimedOut)
                 }
                 () = cancel.cancelled() => {
-                    self.inner.abandon(task, CancelReason::Requested);
-                    return ActivityOutcome::Cancelled;
+                    Ending::Stop(CancelReason::Requested, ActivityOutcome::Cancelled)
                 }
                 () = self.inner.stop_all.cancelled() => {
-                    self.inner.abandon(task, CancelReason::ShuttingDown);
-                    return ActivityOutcome::ShuttingDown;
+                    Ending::Stop(CancelReason::ShuttingDown, ActivityOutcome::ShuttingDown)
+                }
+            };
+            let ended = match ending {
+                Ending::Signal(signal) => signal,
+                Ending::Stop(reason, outcome) => {
+                    if self.inner.abandon(task, reason) {
+                        return outcome;
+                    }
+                    // The worker's answer got in first and is already in the channel: a result
+                    // decides the outcome; a loss does not resurrect a stopped dispatch.
+                    match wait.await {
+                        Ok(Signal::Result(result)) => Ok(Signal::Result(result)),
+                        _ => return outcome,
+                    }
                 }
             };
             // The entry left the table with the signal, so the guard has nothing to abandon.
@@ -342,15 +403,9 @@ impl Dispatcher {
                     return ActivityOutcome::Failed { message, retryable };
                 }
                 Ok(Signal::WorkerLost(transport)) => {
-                    let now = Instant::now();
-                    losses.push_back(now);
-                    while losses.front().is_some_and(|at| {
-                        now.saturating_duration_since(*at) > self.inner.config.loss_window
-                    }) {
-                        losses.pop_front();
-                    }
-                    if losses.len() > self.inner.config.loss_budget as usize {
-                        tracing::warn!(%transport, attempts = deliveries, "transport-loss budget exhausted");
+                    if !budget.record(Instant::now()) {
+                        tracing::warn!(%transport, attempts = deliveries,
+                            "transport-loss budget exhausted");
                         return ActivityOutcome::TransportLost {
                             transport,
                             attempts: deliveries,
@@ -369,81 +424,6 @@ impl Dispatcher {
         }
     }
 
-    /// Selects and reserves a worker, parking until one can take the dispatch or the wait
-    /// ends (deadline, cancel, shutdown).
-    async fn acquire(
-        &self,
-        request: &ActivityRequest,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<(Worker, DispatchReservation), ActivityOutcome> {
-        let registry = &self.inner.registry;
-        let task_queue = normalise_task_queue(&request.task_queue);
-        let node = request.node.as_deref().filter(|n| !n.is_empty());
-        let mut ticket: Option<ParkTicket> = None;
-        let mut classified_at: Option<Instant> = None;
-        loop {
-            let arrival = registry.worker_arrival();
-            if let Some(hit) = registry.select_and_reserve(
-                &request.namespace,
-                task_queue,
-                &request.activity_type,
-                node,
-            ) {
-                return Ok(hit);
-            }
-            let now = Instant::now();
-            if classified_at.is_none_or(|at| now.saturating_duration_since(at) >= RECLASSIFY_AFTER)
-            {
-                let census = registry.pool_census(
-                    &request.namespace,
-                    task_queue,
-                    &request.activity_type,
-                    node,
-                );
-                // A census that reads "served" while selection found nobody is a race with a
-                // slot or verdict change; it parks like probation rather than spinning.
-                let reason = census.classify().unwrap_or(UnservedReason::OnProbation);
-                match &ticket {
-                    Some(ticket) => ticket.book().reclassify(ticket.address(), reason, census),
-                    None => {
-                        let address = UnservedAddress {
-                            namespace: request.namespace.clone(),
-                            task_queue: task_queue.to_owned(),
-                            activity_type: request.activity_type.clone(),
-                            node: node.map(str::to_owned),
-                        };
-                        ticket = Some(self.inner.unserved.park(address, reason, census));
-                    }
-                }
-                classified_at = Some(now);
-            }
-            tokio::select! {
-                () = arrival => {}
-                () = tokio::time::sleep_until(deadline) => return Err(self.unserved_now(request)),
-                () = cancel.cancelled() => return Err(ActivityOutcome::Cancelled),
-                () = self.inner.stop_parked.cancelled() => return Err(ActivityOutcome::ShuttingDown),
-            }
-        }
-    }
-
-    /// The `Unserved` outcome for a dispatch whose deadline passed before any worker took it.
-    fn unserved_now(&self, request: &ActivityRequest) -> ActivityOutcome {
-        let node = request.node.as_deref().filter(|n| !n.is_empty());
-        let census = self.inner.registry.pool_census(
-            &request.namespace,
-            &request.task_queue,
-            &request.activity_type,
-            node,
-        );
-        // Served at this instant means a worker freed up just as the deadline passed.
-        let reason = census.classify().unwrap_or(UnservedReason::AllAtCapacity);
-        let detail = census
-            .describe()
-            .unwrap_or_else(|| reason.as_str().to_owned());
-        ActivityOutcome::Unserved { reason, detail }
-    }
-
     /// The single entry point for results: hands `result` to the dispatch waiting for `task`.
     ///
     /// Refused (and counted) when the task is not pending, is held by another worker, or its
@@ -454,8 +434,18 @@ impl Dispatcher {
         task: TaskId,
         result: TaskResult,
     ) -> Result<(), CompletionRefused> {
-        let (outcome, removed) = self.inner.lock_tasks().complete(worker, task, result);
-        drop(removed);
+        let taken = self.inner.lock_tasks().take_for_result(worker, task);
+        let outcome = taken.and_then(|mut pending| {
+            let signal = pending.signal.take();
+            // Free the slot before the caller hears back, so its next dispatch finds it free.
+            drop(pending);
+            // No signal: the dispatch already ended (cancel, deadline); a caller that stopped
+            // listening this instant is the same.
+            signal
+                .ok_or(CompletionRefused::Late { task })?
+                .send(Signal::Result(result))
+                .map_err(|_| CompletionRefused::Late { task })
+        });
         if let Err(refusal) = &outcome {
             self.count_refusal(refusal);
             tracing::debug!(worker = %worker, task = %task, %refusal, "result refused");
@@ -528,13 +518,25 @@ impl Dispatcher {
 
     /// Addresses with parked dispatches, with reason, census and how many wait.
     pub fn unserved_queues(&self) -> Vec<UnservedQueue> {
-        self.inner.unserved.list()
+        self.inner.unserved.list(&self.inner.registry)
     }
 
     /// Tasks delivered and not yet let go by their worker (including cancelled ones whose
     /// worker has not acknowledged).
     pub fn pending_tasks(&self) -> usize {
         self.inner.lock_tasks().len()
+    }
+
+    /// Selection attempts since start.
+    #[cfg(test)]
+    pub(crate) fn selections(&self) -> u64 {
+        self.inner.selections.load(Ordering::Relaxed)
+    }
+
+    /// Unserved episodes that logged their WARN since start.
+    #[cfg(test)]
+    pub(crate) fn unserved_warnings(&self) -> u64 {
+        self.inner.unserved.warnings()
     }
 
     /// True once [`Dispatcher::shutdown`] has started.

@@ -20,6 +20,8 @@ mod namespace;
 mod outcome;
 mod registration;
 mod registry;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 mod worker;
 
 pub use address::{

@@ -5,6 +5,8 @@
 //! publishes the whole exclusion map and deregisters silent workers.
 
 mod config;
+#[cfg(test)]
+mod tests;
 mod tracker;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -18,6 +20,7 @@ pub use tracker::{LivenessTracker, TickActions};
 
 use crate::address::WorkerId;
 use crate::delivery::WorkerMessage;
+use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::registry::Registry;
 
@@ -74,19 +77,36 @@ impl Liveness {
     /// `worker` answered ping `seq`; lifting probation or completing recovery is published at
     /// once, so a new worker on loopback is eligible within a round trip or two.
     pub fn record_pong(&self, worker: WorkerId, seq: u64) {
-        let changed = self.tracker().record_pong(worker, seq, Instant::now());
-        if changed {
-            tracing::debug!(worker = %worker, "worker proven reachable");
-            self.publish();
+        let (before, changed) = {
+            let mut tracker = self.tracker();
+            let before = tracker.exclusion(worker);
+            (before, tracker.record_pong(worker, seq, Instant::now()))
+        };
+        if !changed {
+            return;
         }
+        match before {
+            Some(DispatchExclusion::ReachabilityLost) => {
+                tracing::info!(worker = %worker, "worker reachable again after a full probation");
+            }
+            _ => tracing::debug!(worker = %worker, "opening probation passed"),
+        }
+        self.publish();
     }
 
+    /// Publishes the whole exclusion map. Workers admitted after the newest one the tracker
+    /// knows keep their opening probation; with an empty tracker that is every worker (ids
+    /// start at 1), never "no bound", which would clear the probation of workers whose
+    /// `Connected` event the prober has not read yet.
     fn publish(&self) {
         let (exclusions, newest) = {
             let tracker = self.tracker();
             (tracker.exclusions(), tracker.workers().max())
         };
-        self.inner.registry.publish_verdicts(exclusions, newest);
+        let newest = newest.unwrap_or(WorkerId::from_raw(0));
+        self.inner
+            .registry
+            .publish_verdicts(exclusions, Some(newest));
     }
 
     fn send_pings(&self, pings: impl IntoIterator<Item = (WorkerId, u64)>) {
@@ -110,7 +130,10 @@ impl Liveness {
         self.send_pings(pings.into_iter().map(|seq| (worker, seq)));
     }
 
-    /// Brings the tracker in line with the registry (after missed events).
+    /// Brings the tracker in line with the registry after missed events: forgets workers that
+    /// left and starts probation for workers it never saw. Offering every registered worker is
+    /// safe because [`LivenessTracker::add_worker`] ignores workers already tracked, so a
+    /// proven worker keeps its standing and gets no extra pings.
     fn reconcile(&self) {
         let registered: std::collections::HashSet<WorkerId> = self
             .inner

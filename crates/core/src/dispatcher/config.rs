@@ -2,16 +2,19 @@
 
 use std::time::Duration;
 
-/// How the dispatcher treats lost workers.
+/// How the dispatcher treats lost workers and long timeouts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DispatchConfig {
-    /// How many times one dispatch may lose the worker holding it and still be re-delivered
-    /// (default 3): enough to ride out a rolling restart, few enough that a task which kills
-    /// every worker it lands on stops after a handful.
+    /// How many times one dispatch may lose the worker holding it inside `loss_window` and
+    /// still be delivered again (default 3): enough to ride out a rolling restart of a pool,
+    /// few enough that a task which crashes every worker it lands on stops after four.
     pub loss_budget: u32,
-    /// The window the budget counts losses in (default 60 s).
+    /// The sliding window losses are counted in (default 60 s): longer than a rolling restart
+    /// takes to pass one task around, short enough that a long-running task that loses a
+    /// worker now and then over hours is never failed for it.
     pub loss_window: Duration,
-    /// Longest timeout a dispatch may ask for (default 1 hour); longer ones are clamped.
+    /// Longest timeout a dispatch may ask for (default 1 hour); longer ones are clamped, so a
+    /// forgotten caller cannot hold a slot for ever.
     pub max_timeout: Duration,
 }
 

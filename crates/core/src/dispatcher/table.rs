@@ -8,6 +8,7 @@ use tokio::sync::oneshot;
 use crate::address::WorkerId;
 use crate::delivery::{TaskId, TransportName, WorkerDelivery};
 use crate::outcome::{CompletionRefused, TaskResult};
+
 use crate::registry::DispatchReservation;
 
 /// What ends a task's wait.
@@ -39,12 +40,17 @@ pub(crate) struct TaskTable {
 }
 
 impl TaskTable {
-    pub(crate) fn insert(&mut self, task: TaskId, pending: PendingTask) {
+    /// Tracks `task` on the worker its reservation holds. Tracking a task again replaces the
+    /// first entry, which is handed back (dropping it frees that slot), so a task tracked twice
+    /// holds one slot.
+    pub(crate) fn insert(&mut self, task: TaskId, pending: PendingTask) -> Removed {
+        let replaced = self.remove(task);
         self.by_worker
             .entry(pending.reservation.worker())
             .or_default()
             .insert(task);
         self.pending.insert(task, pending);
+        replaced
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -67,33 +73,24 @@ impl TaskTable {
         Some(pending)
     }
 
-    /// Hands a worker's result to its caller. The entry leaves the table either way, freeing
-    /// the slot, unless the worker quoting it does not hold it.
-    pub(crate) fn complete(
+    /// Takes the entry of `task` out for the result `worker` reports. Refused, and left in
+    /// place, when nothing is pending under that id or another worker holds it. The caller
+    /// frees the slot (drops the entry) before handing the result on, so whoever hears back
+    /// finds the slot free.
+    pub(crate) fn take_for_result(
         &mut self,
         worker: WorkerId,
         task: TaskId,
-        result: TaskResult,
-    ) -> (Result<(), CompletionRefused>, Removed) {
+    ) -> Result<PendingTask, CompletionRefused> {
         match self.pending.get(&task) {
-            None => return (Err(CompletionRefused::UnknownTask { task }), None),
+            None => Err(CompletionRefused::UnknownTask { task }),
             Some(p) if p.reservation.worker() != worker => {
-                return (
-                    Err(CompletionRefused::NotHeldByWorker { task, worker }),
-                    None,
-                );
+                Err(CompletionRefused::NotHeldByWorker { task, worker })
             }
-            Some(_) => {}
+            Some(_) => self
+                .remove(task)
+                .ok_or(CompletionRefused::UnknownTask { task }),
         }
-        let mut removed = self.remove(task);
-        let outcome = match removed.as_mut().and_then(|p| p.signal.take()) {
-            // A caller that stopped listening this instant is the same as a late result.
-            Some(signal) => signal
-                .send(Signal::Result(result))
-                .map_err(|_| CompletionRefused::Late { task }),
-            None => Err(CompletionRefused::Late { task }),
-        };
-        (outcome, removed)
     }
 
     /// The worker confirmed it stopped a cancelled task: free its slot.

@@ -28,6 +28,17 @@ struct Probe {
     last_ping: Option<Instant>,
 }
 
+impl Probe {
+    /// A miss during probation or recovery restarts it: no flapping back on one answer among
+    /// misses.
+    fn restart_progress(&mut self) {
+        match &mut self.standing {
+            Standing::Probation { answered } | Standing::Lost { answered } => *answered = 0,
+            Standing::Healthy => {}
+        }
+    }
+}
+
 /// What one [`LivenessTracker::tick`] asks the driver to do.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct TickActions {
@@ -108,6 +119,10 @@ impl LivenessTracker {
     /// An answer to ping `seq`. Returns true when the worker's exclusion changed (probation
     /// lifted or recovery completed), so the caller republishes verdicts. An answer to a ping
     /// never sent, already answered or already counted as missed changes nothing.
+    ///
+    /// Pings travel the worker's ordered task path, so an answer to `seq` while an older ping
+    /// is still outstanding means the older one went unanswered: it counts as missed at once,
+    /// and probation (or recovery) progress restarts from this answer.
     pub fn record_pong(&mut self, worker: WorkerId, seq: u64, now: Instant) -> bool {
         let needed = self.config.probation_pings.max(1);
         let Some(probe) = self.probes.get_mut(&worker) else {
@@ -116,6 +131,11 @@ impl LivenessTracker {
         probe.last_frame = now;
         if probe.outstanding.remove(&seq).is_none() {
             return false;
+        }
+        let skipped = probe.outstanding.range(..seq).count();
+        if skipped > 0 {
+            probe.outstanding = probe.outstanding.split_off(&seq);
+            probe.restart_progress();
         }
         probe.misses = 0;
         let (next, changed) = match probe.standing {
@@ -154,12 +174,7 @@ impl LivenessTracker {
             for seq in overdue {
                 probe.outstanding.remove(&seq);
                 probe.misses += 1;
-                // A miss during probation or recovery restarts it: no flapping back on one
-                // answer among misses.
-                match &mut probe.standing {
-                    Standing::Probation { answered } | Standing::Lost { answered } => *answered = 0,
-                    Standing::Healthy => {}
-                }
+                probe.restart_progress();
             }
             if probe.misses >= config.miss_threshold
                 && !matches!(probe.standing, Standing::Lost { .. })
@@ -188,15 +203,20 @@ impl LivenessTracker {
         actions
     }
 
+    /// The exclusion `worker` stands under now (`None` when healthy or untracked).
+    pub fn exclusion(&self, worker: WorkerId) -> Option<DispatchExclusion> {
+        match self.probes.get(&worker)?.standing {
+            Standing::Healthy => None,
+            Standing::Probation { .. } => Some(DispatchExclusion::OpeningProbation),
+            Standing::Lost { .. } => Some(DispatchExclusion::ReachabilityLost),
+        }
+    }
+
     /// The whole exclusion map, for [`crate::Registry::publish_verdicts`].
     pub fn exclusions(&self) -> HashMap<WorkerId, DispatchExclusion> {
         self.probes
-            .iter()
-            .filter_map(|(id, probe)| match probe.standing {
-                Standing::Healthy => None,
-                Standing::Probation { .. } => Some((*id, DispatchExclusion::OpeningProbation)),
-                Standing::Lost { .. } => Some((*id, DispatchExclusion::ReachabilityLost)),
-            })
+            .keys()
+            .filter_map(|id| Some((*id, self.exclusion(*id)?)))
             .collect()
     }
 }
@@ -295,17 +315,77 @@ mod tests {
             tracker.exclusions().get(&w(1)),
             Some(&DispatchExclusion::ReachabilityLost)
         );
-        // A miss resets the count; two fresh answers in a row restore it.
-        now += Duration::from_secs(4);
+        // A miss in between resets the count; two fresh answers in a row restore it.
+        now += Duration::from_secs(1);
         tracker.record_frame(w(1), now);
-        let actions = tracker.tick(now);
-        let (_, a) = actions.pings[0];
-        assert!(!tracker.record_pong(w(1), a, now));
+        let _unanswered = tracker.tick(now).pings[0];
+        now += Duration::from_secs(1);
+        let (_, a) = tracker.tick(now).pings[0];
+        assert!(
+            !tracker.record_pong(w(1), a, now),
+            "answer, miss, answer is not two in a row"
+        );
         now += Duration::from_secs(1);
         let actions = tracker.tick(now);
         let (_, b) = actions.pings[0];
         assert!(tracker.record_pong(w(1), b, now));
         assert!(tracker.exclusions().is_empty());
+    }
+
+    #[test]
+    fn an_answer_after_a_skipped_ping_restarts_probation() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        let probation = tracker.add_worker(w(1), t0);
+        // The first probation ping goes unanswered, the second is answered.
+        assert!(!tracker.record_pong(w(1), probation[1], t0));
+        assert_eq!(
+            tracker.exclusion(w(1)),
+            Some(DispatchExclusion::OpeningProbation)
+        );
+        assert!(
+            !tracker.record_pong(w(1), probation[0], t0),
+            "the skipped ping already counted as missed"
+        );
+        let now = t0 + Duration::from_secs(1);
+        let (_, next) = tracker.tick(now).pings[0];
+        assert!(
+            tracker.record_pong(w(1), next, now),
+            "control: two answers in a row lift probation"
+        );
+        assert_eq!(tracker.exclusion(w(1)), None);
+    }
+
+    #[test]
+    fn a_loss_and_a_recovery_are_each_reported_once() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        healthy(&mut tracker, w(1), t0);
+        let mut reported = 0;
+        let mut now = t0;
+        let mut pings = Vec::new();
+        for _ in 0..20 {
+            now += Duration::from_secs(1);
+            tracker.record_frame(w(1), now);
+            let actions = tracker.tick(now);
+            reported += actions.newly_lost.len();
+            pings.extend(actions.pings.into_iter().map(|(_, seq)| seq));
+        }
+        assert_eq!(
+            tracker.exclusion(w(1)),
+            Some(DispatchExclusion::ReachabilityLost)
+        );
+        assert_eq!(reported, 1, "twenty rounds lost, one report");
+        let mut recoveries = 0;
+        for _ in 0..4 {
+            now += Duration::from_secs(1);
+            tracker.record_frame(w(1), now);
+            for (_, seq) in tracker.tick(now).pings {
+                recoveries += usize::from(tracker.record_pong(w(1), seq, now));
+            }
+        }
+        assert_eq!(recoveries, 1);
+        assert_eq!(tracker.exclusion(w(1)), None);
     }
 
     #[test]

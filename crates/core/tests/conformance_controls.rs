@@ -1,0 +1,150 @@
+//! Controls for the conformance kit: a transport that breaks one part of the contract fails
+//! the check for that part (and the kit says what went wrong).
+#![cfg(feature = "testkit")]
+// Test helpers outside `#[test]` functions assert too.
+#![allow(clippy::expect_used, clippy::panic)]
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use switchyard_core::testkit::memory::{MemoryGateway, MemoryHarness, MemoryWorker};
+use switchyard_core::testkit::{
+    BoxError, Check, ConnectError, Handler, TaskCall, TransportHarness, WorkerHandle, WorkerSpec,
+};
+use switchyard_core::{Core, TaskResult, WorkerId};
+
+/// One way a transport can get the contract wrong.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Refusals reach the worker without naming what was wrong.
+    VagueRefusals,
+    /// Outputs come back with a byte appended.
+    CorruptsOutput,
+    /// The worker advertises one more slot than it was asked to.
+    OverstatesCapacity,
+    /// Freezing does nothing: the runtime keeps answering.
+    CannotFreeze,
+}
+
+struct Faulty(Fault);
+
+struct FaultyWorker {
+    inner: MemoryWorker,
+    fault: Fault,
+}
+
+impl WorkerHandle for FaultyWorker {
+    fn worker_id(&self) -> WorkerId {
+        self.inner.id()
+    }
+
+    fn sever(&self) {
+        self.inner.sever();
+    }
+
+    fn freeze(&self) {
+        if !matches!(self.fault, Fault::CannotFreeze) {
+            self.inner.freeze();
+        }
+    }
+}
+
+#[async_trait]
+impl TransportHarness for Faulty {
+    type Gateway = MemoryGateway;
+    type Worker = FaultyWorker;
+
+    async fn start(&self, core: Core) -> Result<MemoryGateway, BoxError> {
+        MemoryHarness::new().start(core).await
+    }
+
+    async fn connect(
+        &self,
+        gateway: &MemoryGateway,
+        mut spec: WorkerSpec,
+    ) -> Result<FaultyWorker, ConnectError> {
+        match self.0 {
+            Fault::CorruptsOutput => {
+                let handler = spec.handler.clone();
+                spec.handler = Handler::new(move |call: TaskCall| {
+                    let run = handler.call(call);
+                    async move {
+                        match run.await {
+                            TaskResult::Success(out) => {
+                                TaskResult::Success(Bytes::from([&out[..], b"!"].concat()))
+                            }
+                            failure => failure,
+                        }
+                    }
+                });
+            }
+            Fault::OverstatesCapacity => {
+                spec.registration.max_concurrency =
+                    spec.registration.max_concurrency.map(|n| n + 1);
+            }
+            Fault::VagueRefusals | Fault::CannotFreeze => {}
+        }
+        let fault = self.0;
+        match MemoryHarness::new().connect(gateway, spec).await {
+            Ok(inner) => Ok(FaultyWorker { inner, fault }),
+            Err(ConnectError::Refused { kind, .. }) if matches!(fault, Fault::VagueRefusals) => {
+                Err(ConnectError::Refused {
+                    kind,
+                    message: "registration refused".to_owned(),
+                })
+            }
+            Err(error) => Err(error),
+        }
+    }
+}
+
+async fn fails(fault: Fault, check: Check, naming: &str) {
+    let failure = check
+        .run(&Faulty(fault))
+        .await
+        .expect_err("a broken transport must fail the check");
+    assert_eq!(failure.check, check);
+    assert!(
+        failure.detail.contains(naming),
+        "the failure should say {naming:?}: {failure}"
+    );
+    // Control: the same check passes on the unbroken transport.
+    check
+        .run(&MemoryHarness::new())
+        .await
+        .expect("the in-memory transport passes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vague_refusals_fail_admission_refusals() {
+    fails(
+        Fault::VagueRefusals,
+        Check::AdmissionRefusals,
+        "does not name",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_output_fails_round_trip() {
+    fails(Fault::CorruptsOutput, Check::RoundTrip, "an echo came back").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_delivery_fails_capacity_under_burst() {
+    fails(
+        Fault::OverstatesCapacity,
+        Check::CapacityUnderBurst,
+        "handlers at once with capacity 3",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_that_keeps_answering_when_frozen_fails_frozen_worker_excluded() {
+    fails(
+        Fault::CannotFreeze,
+        Check::FrozenWorkerExcluded,
+        "not marked unreachable",
+    )
+    .await;
+}
