@@ -1,9 +1,10 @@
 //! Who is calling: the principal table shared by every transport and the producer API.
 //!
-//! A caller proves who it is with a TLS client certificate (its subject common name is looked
-//! up) or a bearer token. The certificate wins when both are present. With no principal
-//! configured the gateway runs in development mode: every caller is `anonymous` and granted
-//! every namespace (configuration refuses that mode on non-loopback addresses).
+//! A caller proves who it is with a TLS client certificate (the principal it names: its
+//! subject's common name, read the same way by every transport) or a bearer token. The
+//! certificate wins when both are present. With no principal configured the gateway runs in
+//! development mode: every caller is `anonymous` and granted every namespace (configuration
+//! refuses that mode on non-loopback addresses).
 
 use std::collections::HashMap;
 
@@ -25,14 +26,14 @@ pub enum AuthError {
     #[error("client certificate subject {0:?} matches no principal")]
     UnknownSubject(String),
     /// Its certificate could not be read.
-    #[error("client certificate cannot be parsed: {0}")]
+    #[error("client certificate cannot be read: {0}")]
     BadCertificate(String),
 }
 
 /// The credentials a transport found on a connection or call.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Credentials<'a> {
-    /// Common name of the verified client certificate's subject, if one was presented.
+    /// The principal a verified client certificate names, if one was presented.
     pub cert_subject: Option<&'a str>,
     /// Bearer token, if one was presented.
     pub bearer_token: Option<&'a str>,
@@ -118,21 +119,6 @@ impl Principals {
     }
 }
 
-/// The subject common name of a DER client certificate (the first CN attribute).
-pub fn certificate_subject(der: &[u8]) -> Result<String, AuthError> {
-    let (_, certificate) = x509_parser::parse_x509_certificate(der)
-        .map_err(|error| AuthError::BadCertificate(error.to_string()))?;
-    let common_name = certificate
-        .subject()
-        .iter_common_name()
-        .next()
-        .ok_or_else(|| AuthError::BadCertificate("subject has no common name".to_owned()))?;
-    common_name
-        .as_str()
-        .map(str::to_owned)
-        .map_err(|error| AuthError::BadCertificate(error.to_string()))
-}
-
 /// The token of an `authorization` header value of the form `Bearer <token>`.
 pub fn bearer_token(header: &str) -> Option<&str> {
     let (scheme, token) = header.trim().split_once(' ')?;
@@ -208,17 +194,5 @@ mod tests {
         assert_eq!(bearer_token("Basic abc"), None);
         assert_eq!(bearer_token("Bearer "), None);
         assert_eq!(bearer_token("abc"), None);
-    }
-
-    #[test]
-    fn certificate_subject_reads_the_common_name() {
-        let mut params = rcgen::CertificateParams::new(vec!["client".to_owned()]).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "worker-7");
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        assert_eq!(certificate_subject(cert.der()).unwrap(), "worker-7");
-        assert!(certificate_subject(b"not a certificate").is_err());
     }
 }

@@ -17,9 +17,9 @@ use std::path::Path;
 pub use duration::{ConfigDuration, DurationSyntax};
 pub use error::ConfigError;
 pub use sections::{
-    DispatchSection, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,
-    NamespaceConfig, NamespacePolicyConfig, NamespacesSection, OpsSection, PrincipalConfig,
-    QuicSection, ShutdownSection, TlsSection,
+    CongestionConfig, DispatchSection, GatewayConfig, GrpcSection, LivenessSection, LogFormat,
+    LogSection, NamespaceConfig, NamespacePolicyConfig, NamespacesSection, OpsSection,
+    PrincipalConfig, QuicSection, ShutdownSection, TlsSection,
 };
 
 /// Prefix of every configuration environment variable.

@@ -26,6 +26,7 @@ use crate::auth::Principals;
 use crate::config::{GatewayConfig, NamespaceConfig, NamespacePolicyConfig};
 use crate::grpc_server::GrpcTransport;
 use crate::ops;
+use crate::quic::QuicTransport;
 use crate::readiness::Readiness;
 use crate::tls::{TlsError, TlsMaterial, resolve_data_dir};
 use crate::transport::{ListenAddr, Transport, TransportContext, TransportError};
@@ -231,7 +232,12 @@ fn builtin_transports(config: &GatewayConfig) -> Vec<Box<dyn Transport>> {
         default_timeout: config.dispatch.default_timeout.get(),
         max_in_flight_per_stream: config.dispatch.max_in_flight_per_stream,
     };
-    vec![Box::new(GrpcTransport::new(config.grpc.clone(), api))]
+    let mut transports: Vec<Box<dyn Transport>> =
+        vec![Box::new(GrpcTransport::new(config.grpc.clone(), api))];
+    if config.quic.enabled {
+        transports.push(Box::new(QuicTransport::new(config.quic.clone())));
+    }
+    transports
 }
 
 /// A running gateway; see the module documentation.

@@ -2,7 +2,8 @@
 //! service, the standard health service and server reflection.
 //!
 //! It is started through [`Transport`] like any other transport. The producer API is always
-//! mounted; `grpc.workers = false` leaves the worker service out.
+//! mounted; `grpc.workers = false` leaves the worker service out. Workers and producers are
+//! identified against the same principal table.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,11 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use switchyard_core::CallerIdentity;
+use switchyard_transport_grpc::{CallerDirectory, GrpcServerConfig, WorkerService};
+
 use crate::api::{ApiSettings, GatewayApi};
+use crate::auth::Principals;
 use crate::config::GrpcSection;
 use crate::tls::TlsMaterial;
 use crate::transport::{
@@ -47,6 +52,42 @@ fn server_tls(tls: &TlsMaterial) -> ServerTlsConfig {
             .client_auth_optional(true);
     }
     config
+}
+
+/// The worker service's settings from the gateway's `[grpc]` section.
+fn worker_config(section: &GrpcSection, principals: &Principals) -> GrpcServerConfig {
+    GrpcServerConfig {
+        registration_deadline: section.registration_deadline.get(),
+        keepalive_interval: Some(section.keepalive_interval.get()),
+        keepalive_timeout: section.keepalive_timeout.get(),
+        max_message_bytes: section.max_message_size,
+        tcp_nodelay: section.tcp_nodelay,
+        anonymous: principals
+            .is_development()
+            .then(|| CallerIdentity::trusted("anonymous")),
+        ..GrpcServerConfig::default()
+    }
+}
+
+/// The principal table as the gRPC worker service looks callers up.
+struct Directory(Arc<Principals>);
+
+impl CallerDirectory for Directory {
+    fn by_token(&self, token: &str) -> Option<CallerIdentity> {
+        self.0.by_token(token).cloned().or_else(|| {
+            self.0
+                .is_development()
+                .then(|| CallerIdentity::trusted("anonymous"))
+        })
+    }
+
+    fn by_certificate(&self, principal: &str) -> Option<CallerIdentity> {
+        self.0.by_subject(principal).cloned().or_else(|| {
+            self.0
+                .is_development()
+                .then(|| CallerIdentity::trusted("anonymous"))
+        })
+    }
 }
 
 #[async_trait]
@@ -95,10 +136,20 @@ impl Transport for GrpcTransport {
         .max_decoding_message_size(section.max_message_size)
         .max_encoding_message_size(section.max_message_size);
 
+        let workers = section.workers.then(|| {
+            WorkerService::new(
+                context.core.clone(),
+                Arc::new(Directory(Arc::clone(&context.principals))),
+                worker_config(&section, &context.principals),
+            )
+            .into_server()
+        });
+
         let router = server
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(api);
+            .add_service(api)
+            .add_optional_service(workers);
 
         let stop_accepting = context.stop_accepting.clone();
         let close = context.close.clone();

@@ -26,21 +26,23 @@ mod gateway;
 mod grpc_server;
 mod logging;
 mod ops;
+mod quic;
 mod readiness;
 mod tls;
 mod transport;
 
 pub use api::{ApiSettings, GatewayApi};
-pub use auth::{AuthError, Credentials, Principals, bearer_token, certificate_subject};
+pub use auth::{AuthError, Credentials, Principals, bearer_token};
 pub use config::{
-    CLIENT_ENV_VARS, ConfigDuration, ConfigError, DispatchSection, DurationSyntax, ENV_PREFIX,
-    GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection, NamespaceConfig,
-    NamespacePolicyConfig, NamespacesSection, OpsSection, Override, PrincipalConfig, QuicSection,
-    ShutdownSection, TlsSection, env_var_for, keys as config_keys,
+    CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionConfig, DispatchSection,
+    DurationSyntax, ENV_PREFIX, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,
+    NamespaceConfig, NamespacePolicyConfig, NamespacesSection, OpsSection, Override,
+    PrincipalConfig, QuicSection, ShutdownSection, TlsSection, env_var_for, keys as config_keys,
 };
 pub use gateway::{Gateway, GatewayBuilder, StartError};
 pub use grpc_server::GrpcTransport;
 pub use logging::{LogError, init as init_logging};
+pub use quic::QuicTransport;
 pub use readiness::{NotReady, Readiness};
 pub use tls::{TlsError, TlsMaterial, resolve_data_dir};
 pub use transport::{ListenAddr, Listening, Protocol, Transport, TransportContext, TransportError};

@@ -3,7 +3,9 @@
 use switchyard_core::CallerIdentity;
 use tonic::{Request, Status};
 
-use crate::auth::{AuthError, Credentials, Principals, bearer_token, certificate_subject};
+use switchyard_transport_grpc::certificate_principal;
+
+use crate::auth::{AuthError, Credentials, Principals, bearer_token};
 
 /// Identifies the caller of `request` from its verified client certificate or its
 /// `authorization: Bearer` metadata; UNAUTHENTICATED when neither names a principal.
@@ -16,7 +18,10 @@ pub(crate) fn identify<T>(
         .as_deref()
         .and_then(|certs| certs.first())
     {
-        Some(cert) => Some(certificate_subject(cert).map_err(unauthenticated)?),
+        Some(cert) => Some(
+            certificate_principal(cert)
+                .map_err(|error| unauthenticated(AuthError::BadCertificate(error.to_string())))?,
+        ),
         None => None,
     };
     let token = request

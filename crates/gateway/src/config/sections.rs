@@ -81,6 +81,32 @@ pub struct QuicSection {
     pub enabled: bool,
     /// UDP address the QUIC endpoint binds.
     pub listen: SocketAddr,
+    /// Congestion controller: `cubic`, `bbr` or `newreno`.
+    pub congestion: CongestionConfig,
+    /// Interval of QUIC keep-alive packets on an idle connection; `0s` sends none.
+    pub keep_alive_interval: ConfigDuration,
+    /// A connection without any packet from the peer this long is closed.
+    pub max_idle_timeout: ConfigDuration,
+    /// Round-trip time assumed before the first measurement.
+    pub initial_rtt: ConfigDuration,
+    /// Bytes one stream may receive ahead of its reader.
+    pub stream_receive_window: u32,
+    /// Bytes a whole connection may receive ahead of its readers.
+    pub receive_window: u32,
+    /// Bytes a connection buffers unacknowledged for sending.
+    pub send_window: u64,
+    /// Largest control-stream frame accepted, in bytes.
+    pub max_control_frame: u32,
+    /// Largest lane frame (task input, result output) accepted, in bytes.
+    pub max_lane_frame: u32,
+    /// Keep a worker's session when its address changes (NAT rebinding, network switch).
+    pub migration: bool,
+    /// Largest capacity a worker may announce (and so the most lanes opened toward it).
+    pub max_concurrency_limit: u32,
+    /// Time from a connection's first packet to its completed registration.
+    pub registration_timeout: ConfigDuration,
+    /// Connections still handshaking or registering at once; more are refused.
+    pub max_unregistered_connections: usize,
 }
 
 impl Default for QuicSection {
@@ -88,8 +114,34 @@ impl Default for QuicSection {
         Self {
             enabled: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
+            congestion: CongestionConfig::Cubic,
+            keep_alive_interval: ConfigDuration::secs(10),
+            max_idle_timeout: ConfigDuration::secs(30),
+            initial_rtt: ConfigDuration::millis(333),
+            stream_receive_window: 1024 * 1024,
+            receive_window: 16 * 1024 * 1024,
+            send_window: 16 * 1024 * 1024,
+            max_control_frame: 64 * 1024,
+            max_lane_frame: 4 * 1024 * 1024,
+            migration: true,
+            max_concurrency_limit: 1024,
+            registration_timeout: ConfigDuration::secs(10),
+            max_unregistered_connections: 1024,
         }
     }
+}
+
+/// QUIC congestion controller.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CongestionConfig {
+    /// CUBIC.
+    #[default]
+    Cubic,
+    /// BBR: far less sensitive to random loss.
+    Bbr,
+    /// NewReno.
+    Newreno,
 }
 
 /// `[ops]`: the operations HTTP listener (health, readiness, metrics, read-only JSON).

@@ -55,6 +55,25 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             "liveness.miss_threshold",
             config.liveness.miss_threshold as usize,
         ),
+        (
+            "quic.stream_receive_window",
+            config.quic.stream_receive_window as usize,
+        ),
+        ("quic.receive_window", config.quic.receive_window as usize),
+        ("quic.send_window", config.quic.send_window as usize),
+        (
+            "quic.max_control_frame",
+            config.quic.max_control_frame as usize,
+        ),
+        ("quic.max_lane_frame", config.quic.max_lane_frame as usize),
+        (
+            "quic.max_concurrency_limit",
+            config.quic.max_concurrency_limit as usize,
+        ),
+        (
+            "quic.max_unregistered_connections",
+            config.quic.max_unregistered_connections,
+        ),
     ];
     for (key, value) in counts {
         if value == 0 {
