@@ -78,8 +78,8 @@ pub mod tls;
 
 pub use auth::{AllowAll, AuthError, Authenticator, PeerCredentials, StaticTokens};
 pub use client::{
-    ActivityContext, ActivityError, Backoff, HandlerFuture, QuicWorker, QuicWorkerBuilder,
-    WorkerError, WorkerHandle,
+    ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicWorker,
+    QuicWorkerBuilder, WorkerError, WorkerHandle,
 };
 pub use config::{ConfigError, CongestionControl, FrameLimits, LinkSettings, ServerConfig};
 pub use protocol::{

@@ -13,7 +13,7 @@ use switchyard_proto::v1::{
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::handler::{ActivityContext, ActivityError, Handler, HandlerFuture};
+use super::handler::{ActivityContext, ActivityError, ActivityFuture, Handler};
 use super::unwind::CatchUnwind;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
@@ -34,7 +34,7 @@ struct Running {
     task_id: u64,
     cancellation: CancellationToken,
     cancelled: bool,
-    future: CatchUnwind<HandlerFuture>,
+    future: CatchUnwind<ActivityFuture>,
 }
 
 /// Serves a lane the gateway opened, on its own task, until the gateway retires it, the
@@ -143,7 +143,7 @@ async fn run(running: &mut Option<Running>) -> Result<Result<Bytes, ActivityErro
 fn start(task: QuicTask, context: &LaneContext) -> Running {
     let cancellation = CancellationToken::new();
     let activity = ActivityContext {
-        task_id: task.task_id,
+        task_id: switchyard_core::TaskId::from_raw(task.task_id),
         namespace: task.namespace,
         task_queue: task.task_queue,
         activity_type: task.activity_type,
@@ -151,10 +151,10 @@ fn start(task: QuicTask, context: &LaneContext) -> Running {
         deadline: convert::from_unix_ms(task.deadline_unix_ms),
         cancellation: cancellation.clone(),
     };
-    let future: HandlerFuture = match context.handlers.get(&activity.activity_type) {
-        Some(handler) => handler(activity, task.input),
+    let future: ActivityFuture = match context.handlers.get(&activity.activity_type) {
+        Some(handler) => handler.call(activity, task.input),
         None => {
-            let error = ActivityError::non_retryable(format!(
+            let error = ActivityError::fatal(format!(
                 "activity type {:?} is not served by this worker",
                 activity.activity_type
             ));
@@ -181,10 +181,10 @@ fn ending(
     }
     let outcome = match outcome {
         Ok(Ok(output)) => quic_result::Outcome::Output(output),
-        Ok(Err(error)) => quic_result::Outcome::Failure(Failure {
-            message: error.message,
-            retryable: error.retryable,
-        }),
+        Ok(Err(error)) => {
+            let (message, retryable) = error.into_parts();
+            quic_result::Outcome::Failure(Failure { message, retryable })
+        }
         Err(panic) => quic_result::Outcome::Failure(Failure {
             message: format!("activity panicked: {panic}"),
             retryable: false,

@@ -28,6 +28,7 @@ pub(crate) struct Session {
     lanes: Arc<LaneContext>,
     control_limit: u32,
     worker: WorkerId,
+    task_queue: String,
     /// Stops the lane tasks when the session is dropped, even mid-serve.
     stop_lanes: DropGuard,
 }
@@ -87,6 +88,7 @@ impl Session {
             worker_id,
             max_control_frame_bytes,
             max_lane_frame_bytes,
+            task_queue,
             ..
         } = registered;
         let worker = WorkerId::from_raw(worker_id);
@@ -104,11 +106,22 @@ impl Session {
             }),
             control_limit: nonzero_or(max_control_frame_bytes, DEFAULT_MAX_CONTROL_FRAME),
             worker,
+            task_queue,
             stop_lanes: CancellationToken::new().drop_guard(),
         };
         tracing::info!(worker = %worker, gateway = %settings.addr, "registered");
         shared.registered.send_replace(Some(worker));
         Ok(session)
+    }
+
+    /// The registration's id.
+    pub(crate) fn worker(&self) -> WorkerId {
+        self.worker
+    }
+
+    /// The task queue the gateway registered the worker in.
+    pub(crate) fn task_queue(&self) -> &str {
+        &self.task_queue
     }
 
     /// Serves the connection until it ends.
