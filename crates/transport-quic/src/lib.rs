@@ -72,6 +72,7 @@ mod config;
 mod convert;
 mod fault;
 pub mod frame;
+mod outbox;
 mod protocol;
 mod server;
 pub mod tls;

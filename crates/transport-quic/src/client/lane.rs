@@ -18,10 +18,13 @@ use super::unwind::CatchUnwind;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameError, FrameReader, encode_frame};
+use crate::outbox::{Item, Outbox, StreamOut};
 use crate::protocol::ErrorCode;
 
 /// What every lane of a session shares.
 pub(crate) struct LaneContext {
+    /// The connection's writer, shared by its lanes.
+    pub(crate) outbox: Outbox,
     /// The registration the lanes belong to, for logs.
     pub(crate) worker: switchyard_core::WorkerId,
     pub(crate) handlers: Arc<HashMap<String, Handler>>,
@@ -75,8 +78,9 @@ impl std::fmt::Display for LaneName {
     }
 }
 
-async fn serve(mut send: SendStream, recv: RecvStream, context: &LaneContext) -> Result<(), Fault> {
+async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Result<(), Fault> {
     let name = LaneName(send.id().index());
+    let out = StreamOut::new(send);
     let mut frames = FrameReader::new(recv, context.frame_limit);
     let mut running: Option<Running> = None;
     loop {
@@ -91,7 +95,7 @@ async fn serve(mut send: SendStream, recv: RecvStream, context: &LaneContext) ->
                         ));
                     }
                     // Retired: answer the gateway's FIN with ours.
-                    let _ = send.finish();
+                    context.outbox.push(&out, Item::Finish);
                     return Ok(());
                 };
                 match down.frame {
@@ -125,9 +129,9 @@ async fn serve(mut send: SendStream, recv: RecvStream, context: &LaneContext) ->
         };
         if let Some(up) = up {
             let frame = encode_up(up, context.frame_limit)?;
-            send.write_chunk(frame)
-                .await
-                .map_err(|error| Fault::write(error, &name))?;
+            if !context.outbox.push(&out, Item::Frame(frame)) {
+                return Err(Fault::Gone);
+            }
         }
     }
 }

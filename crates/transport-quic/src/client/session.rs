@@ -16,6 +16,7 @@ use super::lane::{self, LaneContext};
 use super::{Settings, Shared, WorkerError};
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
+use crate::outbox::Outbox;
 use crate::protocol::{DEFAULT_MAX_CONTROL_FRAME, ErrorCode, PROTOCOL_VERSION};
 
 const CONTROL: &str = "control stream";
@@ -92,11 +93,18 @@ impl Session {
             ..
         } = registered;
         let worker = WorkerId::from_raw(worker_id);
+        let closer = conn.clone();
         let session = Self {
             conn,
             control_send,
             control_reader,
             lanes: Arc::new(LaneContext {
+                outbox: Outbox::spawn(Arc::new(move |fault| {
+                    if let Fault::Close { code, reason } = fault {
+                        tracing::warn!(%code, %reason, "closing the gateway connection");
+                        close_connection(&closer, code, &reason);
+                    }
+                })),
                 worker,
                 handlers: Arc::clone(&settings.handlers),
                 frame_limit: nonzero_or(
