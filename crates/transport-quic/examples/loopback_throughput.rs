@@ -20,10 +20,9 @@ use switchyard_core::{
     Registration, RegistrationToken, Registry, TaskResult, TransportName, WorkerDelivery,
     WorkerMessage,
 };
-use switchyard_transport_quic::tls::SelfSigned;
 use switchyard_transport_quic::{
     ActivityContext, ActivityError, CongestionControl, LinkSettings, QuicServer, QuicWorker,
-    ServerConfig,
+    SelfSigned, ServerConfig,
 };
 use tokio::sync::mpsc;
 

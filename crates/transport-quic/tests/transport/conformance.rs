@@ -8,9 +8,8 @@ use switchyard_core::testkit::{
     self, BoxError, ConnectError, Handler, TaskCall, TransportHarness, WorkerHandle, WorkerSpec,
 };
 use switchyard_core::{Core, RefusalKind, TaskResult, WorkerEvent, WorkerId};
-use switchyard_transport_quic::tls::SelfSigned;
 use switchyard_transport_quic::{
-    ActivityContext, ActivityError, ActivityFuture, ErrorCode, QuicServer, QuicWorker,
+    ActivityContext, ActivityError, ActivityFuture, ErrorCode, QuicServer, QuicWorker, SelfSigned,
     ServerConfig, StaticTokens, WorkerError,
 };
 use tokio::sync::broadcast;

@@ -17,10 +17,9 @@ use switchyard_proto::v1::{
     QuicRegistered, QuicTask, quic_control_down, quic_control_up, quic_lane_down, quic_lane_up,
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
-use switchyard_transport_quic::tls::SelfSigned;
 use switchyard_transport_quic::{
     ALPN, ActivityContext, ActivityError, AllowAll, Authenticator, ErrorCode, QuicServer,
-    QuicWorker, QuicWorkerBuilder, ServerConfig,
+    QuicWorker, QuicWorkerBuilder, SelfSigned, ServerConfig,
 };
 use tokio::sync::{Mutex, broadcast, mpsc};
 
