@@ -84,7 +84,9 @@ impl RawGrpcWorker {
         let addr = gateway.gateway().addr("grpc").expect("grpc listens");
         let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
             .expect("valid endpoint")
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(gateway.ca_pem())))
+            .tls_config(
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(gateway.ca_pem())),
+            )
             .expect("tls config")
             .connect()
             .await
@@ -121,7 +123,11 @@ impl RawGrpcWorker {
                 Some(pb::GatewayFrame {
                     frame: Some(pb::gateway_frame::Frame::Ping(ping)),
                 }) => {
-                    self.send(pong(ping.seq)).await;
+                    // The call may be over already; its end is read next.
+                    let _ = self
+                        .send
+                        .send(Bytes::from(pong(ping.seq).encode_to_vec()))
+                        .await;
                 }
                 Some(frame) => return Ok(frame.frame),
                 None => return Ok(None),

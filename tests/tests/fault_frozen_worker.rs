@@ -2,6 +2,8 @@
 //! probe excludes it before the silence window deregisters it as `Timeout`; meanwhile the
 //! census says `WorkersUnreachable` and nothing is sent to it; the task it held is
 //! re-dispatched to a healthy worker and completes.
+// Helpers outside #[test] functions fail the test the same way the tests do.
+#![allow(clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -151,7 +153,10 @@ async fn frozen_worker(transport: Transport) {
         .dispatch(&CallerIdentity::trusted("producer"), request(b"fresh"))
         .await
         .expect("dispatch accepted");
-    assert_eq!(fresh, ActivityOutcome::Completed(Bytes::from_static(b"fresh")));
+    assert_eq!(
+        fresh,
+        ActivityOutcome::Completed(Bytes::from_static(b"fresh"))
+    );
     assert_eq!(
         healthy.gauge.finished(),
         1,

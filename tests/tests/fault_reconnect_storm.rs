@@ -4,6 +4,8 @@
 //! stays reserved, in-flight counts are back to zero, and every dispatch ended completed.
 //!
 //! Short variant (always on): 200 workers. Long variant (`SWITCHYARD_LONG_TESTS=1`): 1,000.
+// Helpers outside #[test] functions fail the test the same way the tests do.
+#![allow(clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! loaded with large tasks. Dispatch to the other workers (gRPC and QUIC) goes on at full
 //! speed, every dispatch they take completes, the slow worker is never handed more than its
 //! capacity, and the gateway's memory does not grow with the volume pushed past it.
+// Helpers outside #[test] functions fail the test the same way the tests do.
+#![allow(clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
 

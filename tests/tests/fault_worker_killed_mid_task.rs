@@ -6,6 +6,8 @@
 //! Short variant (always on): 12 rounds of 150 dispatches (1,800) over 8 workers. Long variant
 //! (`SWITCHYARD_LONG_TESTS=1`): 40 rounds of 500 (20,000). Each round kills one worker holding
 //! a task (alternating gRPC and QUIC, the victim drawn from a fixed seed) and replaces it.
+// Helpers outside #[test] functions fail the test the same way the tests do.
+#![allow(clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -214,11 +214,7 @@ pub fn fuzz_registered_frames(
     frames: impl IntoIterator<Item = WorkerFrame>,
 ) -> Option<SessionError> {
     let (control, _) = mpsc::channel(1);
-    let session = Session::new(
-        service.shared(),
-        CallerIdentity::trusted("fuzz"),
-        control,
-    );
+    let session = Session::new(service.shared(), CallerIdentity::trusted("fuzz"), control);
     let mut refused = 0;
     frames
         .into_iter()
