@@ -185,7 +185,7 @@ pub async fn quic_fault_worker(
         .connect()
         .await
         .expect("QUIC fault worker registers");
-    let id = worker.worker_id().expect("registered after connect");
+    let id = worker.worker_id();
     let run = tokio::spawn(async move {
         let _ = worker.run().await;
     });

@@ -316,9 +316,8 @@ async fn invalid_utf8_in_a_registration_name_is_refused_and_nothing_registers() 
     invalid_utf8_registration().await;
 }
 
-/// Finding F1: a register message that fails to decode ends the stream with OK, not INVALID_ARGUMENT (`crates/transport-grpc`, `session.rs`). Run with `--ignored`.
+/// Regression for finding F1: a register message that fails to decode gets INVALID_ARGUMENT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding F1: the gRPC transport ends the stream without a named refusal"]
 async fn invalid_utf8_registration_gets_a_named_status() {
     assert_refused(
         invalid_utf8_registration().await,
@@ -332,9 +331,8 @@ async fn a_malformed_frame_after_registration_ends_only_that_workers_stream() {
     malformed_frame_after_registration().await;
 }
 
-/// Finding F1: a frame that fails to decode ends the stream with OK, not INVALID_ARGUMENT (`crates/transport-grpc`, `session.rs`). Run with `--ignored`.
+/// Regression for finding F1: a frame that fails to decode gets INVALID_ARGUMENT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding F1: the gRPC transport ends the stream without a named refusal"]
 async fn malformed_frame_after_registration_gets_a_named_status() {
     assert_refused(
         malformed_frame_after_registration().await,
@@ -348,9 +346,8 @@ async fn an_oversized_frame_ends_only_that_workers_stream() {
     oversized_frame().await;
 }
 
-/// Finding F1: a message over grpc.max_message_size ends the stream with OK, not RESOURCE_EXHAUSTED (`crates/transport-grpc`, `session.rs`). Run with `--ignored`.
+/// Regression for finding F1: a message over grpc.max_message_size gets RESOURCE_EXHAUSTED.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding F1: the gRPC transport ends the stream without a named refusal"]
 async fn oversized_frame_gets_a_named_status() {
     assert_refused(
         oversized_frame().await,

@@ -132,7 +132,7 @@ impl Session {
             Ok(None) => Err(None),
             Err(status) => {
                 tracing::debug!(%status, "worker stream broke before registering");
-                Err(None)
+                Err(SessionError::from_inbound(&status))
             }
         }
     }
@@ -153,7 +153,10 @@ impl Session {
                         }
                     }
                     Ok(None) => break End::WorkerClosed,
-                    Err(status) => break End::Lost(status),
+                    Err(status) => match SessionError::from_inbound(&status) {
+                        Some(error) => break End::Refused(error),
+                        None => break End::Lost(status),
+                    },
                 },
                 () = eviction.fired.cancelled() => {
                     let reason = eviction.reason.get().copied().unwrap_or(DisconnectReason::Disconnect);

@@ -41,6 +41,18 @@ pub enum SessionError {
     /// The admission gate refused the registration.
     #[error(transparent)]
     Refused(#[from] AdmissionError),
+    /// A frame could not be decoded (not protobuf, or a name that is not UTF-8).
+    #[error("malformed frame: {reason}")]
+    MalformedFrame {
+        /// What the decoder said.
+        reason: String,
+    },
+    /// A frame was larger than the configured maximum message size.
+    #[error("frame too large: {reason}")]
+    FrameTooLarge {
+        /// What the decoder said (it names the size and the limit).
+        reason: String,
+    },
     /// Core deregistered the worker while its stream was open.
     #[error("worker {worker} was deregistered: {}", reason.as_str())]
     Deregistered {
@@ -52,6 +64,18 @@ pub enum SessionError {
 }
 
 impl SessionError {
+    /// The refusal for a status the inbound stream failed with, when the worker's own bytes
+    /// caused it (a frame that does not decode, or one over the size limit); `None` when the
+    /// stream simply broke (reset, connection lost), which needs no answer.
+    pub(crate) fn from_inbound(status: &Status) -> Option<Self> {
+        let reason = status.message().to_owned();
+        match status.code() {
+            Code::Internal if reason.contains("decode") => Some(Self::MalformedFrame { reason }),
+            Code::OutOfRange | Code::ResourceExhausted => Some(Self::FrameTooLarge { reason }),
+            _ => None,
+        }
+    }
+
     /// The status the stream ends with; its message is this error's sentence.
     pub fn status(&self) -> Status {
         match self {
@@ -60,7 +84,9 @@ impl SessionError {
             Self::RegistrationDeadline { .. } => Status::deadline_exceeded(self.to_string()),
             Self::NotRegisteredFirst { .. }
             | Self::DoubleRegistration { .. }
-            | Self::ResultWithoutOutcome { .. } => Status::invalid_argument(self.to_string()),
+            | Self::ResultWithoutOutcome { .. }
+            | Self::MalformedFrame { .. } => Status::invalid_argument(self.to_string()),
+            Self::FrameTooLarge { .. } => Status::resource_exhausted(self.to_string()),
             Self::Deregistered { .. } => Status::unavailable(self.to_string()),
         }
     }
