@@ -1,0 +1,28 @@
+//! `linkem`: a packet-level link emulator for constrained-link benchmarks.
+//!
+//! It joins two network namespaces through two TUN devices and forwards the IP packets
+//! between them through a [`Link`] per direction, which applies one-way delay, jitter, random
+//! loss and a rate-limited, drop-tail bottleneck queue. Acting on packets, it treats TCP and
+//! UDP alike.
+//!
+//! The emulation itself ([`Link`]) is plain data driven by the current time; the rest is
+//! setup ([`Topology`]), a thin async driver ([`forward()`]) and small UDP probes ([`probe`])
+//! that the tests and scripts run inside the namespaces.
+#![forbid(unsafe_code)]
+
+mod config;
+mod forward;
+mod link;
+pub mod probe;
+mod profile;
+mod topology;
+mod units;
+
+pub use config::{ConfigError, DEFAULT_HOLD_LIMIT, DEFAULT_MTU, LinkConfig};
+pub use forward::{DirectionReport, ForwardError, forward};
+pub use link::{Link, LinkStats, Verdict};
+pub use profile::Profile;
+pub use topology::{
+    InterfaceAddr, SideSpec, Topology, TopologyError, TopologySpec, remove_namespaces,
+};
+pub use units::{Loss, Rate, UnitError, parse_duration};
