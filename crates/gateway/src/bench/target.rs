@@ -40,7 +40,10 @@ impl Interceptor for Bearer {
 /// Where the gateway under test runs.
 enum Host {
     /// Started by the bench; its data directory is removed on stop.
-    InProcess { gateway: Gateway, data_dir: PathBuf },
+    InProcess {
+        gateway: Box<Gateway>,
+        data_dir: PathBuf,
+    },
     /// Already running; `pid` is reported on when given.
     Remote { pid: Option<u32> },
 }
@@ -106,7 +109,10 @@ impl Target {
         let described = describe_in_process(&gateway);
         match described {
             Ok((api_addr, quic_addr, ca_pem)) => Ok(Self {
-                host: Host::InProcess { gateway, data_dir },
+                host: Host::InProcess {
+                    gateway: Box::new(gateway),
+                    data_dir,
+                },
                 api_addr,
                 quic_addr,
                 ca_pem,
