@@ -31,7 +31,7 @@ docs/configuration.md.";
 
 /// Switchyard: a multi-transport worker gateway.
 #[derive(Debug, Parser)]
-#[command(name = "switchyard", version, about, after_help = AFTER_HELP)]
+#[command(name = "switchyard", version, after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
