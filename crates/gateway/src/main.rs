@@ -6,6 +6,7 @@
 //! successfully (failed, timed out, cancelled, unserved, transport lost, shutting down).
 #![forbid(unsafe_code)]
 
+mod bench;
 mod cmd;
 
 use std::process::ExitCode;
@@ -56,6 +57,9 @@ enum Command {
     Drain(DrainArgs),
     /// Print worker events as they happen.
     Events(EventsArgs),
+    /// Measure throughput, latency and memory: a gateway, SDK workers and N dispatches; prints
+    /// one JSON object.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
             Command::Unserved(args) => cmd::inspect::unserved(args).await,
             Command::Drain(args) => cmd::inspect::drain(args).await,
             Command::Events(args) => cmd::inspect::events(args).await,
+            Command::Bench(args) => bench::bench(args).await,
         }
     });
     cmd::exit(result)

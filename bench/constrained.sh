@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Constrained-link figures: the gateway (and the producer) in one network namespace, the workers
+# in another, joined by `linkem` for each link profile. Reports p50/p99 dispatch latency and
+# throughput for gRPC workers and for QUIC workers with the gateway's QUIC congestion controller
+# set to Cubic and to BBR.
+#
+# Needs root and /dev/net/tun. Uses only private addresses inside two namespaces it creates
+# (linkem creates and deletes them); everything it started is stopped on exit.
+#
+# Usage: bench/constrained.sh [PROFILE...]   (default: lan wan lossy cellular-bad)
+# Environment: TASKS_lan, TASKS_wan, TASKS_lossy, TASKS_cellular_bad (dispatches per run),
+# OUTSTANDING (default 64), WORKERS (default 4), CAPACITY (default 64), PAYLOAD (default 64),
+# NO_BUILD=1 to use the existing release binaries.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+root=$(pwd)
+profiles=("$@")
+[ ${#profiles[@]} -gt 0 ] || profiles=(lan wan lossy cellular-bad)
+
+NS_GW="sy-gw-$$"
+NS_WK="sy-wk-$$"
+GW_ADDR=10.77.0.1
+TOKEN="bench-$$-$RANDOM"
+OUTSTANDING=${OUTSTANDING:-64}
+WORKERS=${WORKERS:-4}
+CAPACITY=${CAPACITY:-64}
+PAYLOAD=${PAYLOAD:-64}
+# Each run is also bounded by the bench's own deadlines and by `timeout` below.
+RUN_TIMEOUT=240
+
+if [ "$(id -u)" -ne 0 ] || [ ! -c /dev/net/tun ]; then
+    echo "constrained.sh: needs root and /dev/net/tun" >&2
+    exit 2
+fi
+
+if [ -z "${NO_BUILD:-}" ]; then
+    cargo build --release -p switchyard-gateway -p switchyard-linkem >&2
+fi
+switchyard="$root/target/release/switchyard"
+linkem="$root/target/release/linkem"
+
+work=$(mktemp -d /tmp/switchyard-constrained.XXXXXX)
+linkem_pid=""
+gateway_pid=""
+workers_pid=""
+
+stop() {
+    local pid=$1
+    [ -n "$pid" ] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+    stop "$workers_pid"
+    stop "$gateway_pid"
+    stop "$linkem_pid"
+    "$linkem" cleanup --ns-a "$NS_GW" --ns-b "$NS_WK" >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+tasks_for() {
+    local var="TASKS_${1//-/_}"
+    local default
+    case "$1" in
+        lan) default=20000 ;;
+        wan) default=5000 ;;
+        lossy) default=2000 ;;
+        *) default=500 ;;
+    esac
+    echo "${!var:-$default}"
+}
+
+wait_for() { # DESCRIPTION COMMAND...: retries for up to 30 s
+    local what=$1
+    shift
+    for _ in $(seq 1 300); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "constrained.sh: timed out waiting for $what" >&2
+    return 1
+}
+
+start_gateway() { # CONGESTION
+    local data="$work/gw"
+    mkdir -p "$data"
+    ip netns exec "$NS_GW" env \
+        SWITCHYARD_QUIC_CONGESTION="$1" \
+        SWITCHYARD_PRINCIPALS="[{ name = \"bench\", token = \"$TOKEN\", namespaces = [\"bench\"] }]" \
+        "$switchyard" serve --grpc-listen "$GW_ADDR:7700" --quic-listen "$GW_ADDR:7701" \
+        --ops-listen 127.0.0.1:7702 --data-dir "$data" --log-filter error \
+        >"$work/gateway.log" 2>&1 &
+    gateway_pid=$!
+    wait_for "the gateway" ip netns exec "$NS_GW" bash -c "exec 3<>/dev/tcp/$GW_ADDR/7700"
+    wait_for "the CA" test -s "$data/tls/ca.pem"
+}
+
+bench_args() {
+    echo --connect "$GW_ADDR:7700" --ca "$work/gw/tls/ca.pem" --token "$TOKEN" \
+        --workers "$WORKERS" --capacity "$CAPACITY"
+}
+
+run_one() { # PROFILE TRANSPORT CONGESTION
+    local profile=$1 transport=$2 cc=$3 tasks
+    tasks=$(tasks_for "$profile")
+    # shellcheck disable=SC2046
+    ip netns exec "$NS_WK" "$switchyard" bench $(bench_args) --transport "$transport" \
+        --workers-only "$RUN_TIMEOUT" >"$work/workers.json" 2>"$work/workers.log" &
+    workers_pid=$!
+    local out="$work/result-$profile-$transport-$cc.json"
+    # shellcheck disable=SC2046
+    if ! timeout "$RUN_TIMEOUT" ip netns exec "$NS_GW" "$switchyard" bench $(bench_args) \
+        --external-workers --transport "$transport" --tasks "$tasks" \
+        --outstanding "$OUTSTANDING" --payload "$PAYLOAD" >"$out" 2>"$work/producer.log"; then
+        echo "constrained.sh: $profile/$transport/$cc failed: $(tail -n 3 "$work/producer.log")" >&2
+        echo '{}' >"$out"
+    fi
+    stop "$workers_pid"
+    workers_pid=""
+    python3 - "$profile" "$transport" "$cc" "$out" <<'PY'
+import json, sys
+profile, transport, cc, path = sys.argv[1:]
+r = json.load(open(path))
+label = transport if transport == "grpc" else f"quic/{cc}"
+if not r:
+    print(f"| {profile} | {label} | failed | | | | |")
+else:
+    done = r["outcomes"].get("completed", 0)
+    total = sum(r["outcomes"].values())
+    print(f"| {profile} | {label} | {r['tasks_per_sec']:.0f} | {r['p50_us']/1000:.1f} | "
+          f"{r['p99_us']/1000:.1f} | {r['max_us']/1000:.1f} | {done}/{total} |")
+PY
+}
+
+echo "| profile | workers over | dispatches/s | p50 ms | p99 ms | max ms | completed |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+for profile in "${profiles[@]}"; do
+    "$linkem" --profile "$profile" --ns-a "$NS_GW" --ns-b "$NS_WK" --duration 1800s \
+        >"$work/linkem.jsonl" 2>"$work/linkem.log" &
+    linkem_pid=$!
+    wait_for "linkem" grep -q '"ready"' "$work/linkem.jsonl"
+    for cc in cubic bbr; do
+        start_gateway "$cc"
+        # TCP is unaffected by the gateway's QUIC controller: run gRPC once, under cubic.
+        if [ "$cc" = cubic ]; then run_one "$profile" grpc "$cc"; fi
+        run_one "$profile" quic "$cc"
+        stop "$gateway_pid"
+        gateway_pid=""
+    done
+    stop "$linkem_pid"
+    linkem_pid=""
+done

@@ -1,0 +1,167 @@
+//! The flags of `switchyard bench` and their limits.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use crate::cmd::Failure;
+
+/// Most dispatches one run may ask for.
+const MAX_TASKS: u32 = 20_000_000;
+/// Most workers (load or idle) one run may connect.
+const MAX_WORKERS: u32 = 50_000;
+/// Largest payload, in bytes.
+const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
+/// Longest service time, in microseconds (10 s).
+const MAX_SERVICE_TIME_US: u64 = 10_000_000;
+
+/// Which worker transport the bench's workers use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum BenchTransport {
+    /// Every worker over gRPC.
+    Grpc,
+    /// Every worker over QUIC.
+    Quic,
+    /// Workers alternate gRPC and QUIC.
+    Mixed,
+}
+
+/// How dispatches enter the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Via {
+    /// One `Dispatch` call per task, P calls at once over one HTTP/2 connection.
+    Unary,
+    /// One `DispatchStream`, P requests outstanding.
+    Stream,
+    /// Straight into core's dispatcher, no producer API (in-process gateway only).
+    Core,
+}
+
+/// QUIC congestion controller of the in-process gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Congestion {
+    /// CUBIC.
+    Cubic,
+    /// BBR.
+    Bbr,
+    /// NewReno.
+    Newreno,
+}
+
+/// `switchyard bench`.
+#[derive(Args, Debug, Clone, Serialize)]
+pub(crate) struct BenchArgs {
+    /// Worker transport.
+    #[arg(long, value_enum, default_value_t = BenchTransport::Grpc)]
+    pub(crate) transport: BenchTransport,
+    /// Workers to connect, each over its own socket.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) workers: u32,
+    /// Tasks each worker runs at once (its advertised capacity).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) capacity: u32,
+    /// Dispatches to run.
+    #[arg(long, default_value_t = 200_000)]
+    pub(crate) tasks: u32,
+    /// Dispatches outstanding at once.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) outstanding: u32,
+    /// Input bytes per dispatch (echoed back as the output).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) payload: usize,
+    /// Microseconds each task takes in the worker (0: returns at once).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) service_time_us: u64,
+    /// How dispatches enter the gateway.
+    #[arg(long, value_enum, default_value_t = Via::Stream)]
+    pub(crate) via: Via,
+    /// Instead of the load run: connect K idle workers (alternating gRPC and QUIC), report
+    /// memory per worker and the time until all K are eligible.
+    #[arg(long, value_name = "K")]
+    pub(crate) idle_workers: Option<u32>,
+    /// Drive a running gateway at this API address (HOST:PORT) instead of starting one.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) connect: Option<SocketAddr>,
+    /// QUIC address of the gateway with --connect [default: the --connect host, port + 1]
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) quic_connect: Option<SocketAddr>,
+    /// CA the gateway's certificate chains to (with --connect).
+    #[arg(long, requires = "connect")]
+    #[serde(skip)]
+    pub(crate) ca: Option<PathBuf>,
+    /// Name the gateway's certificate is valid for (with --connect).
+    #[arg(long, default_value = "localhost")]
+    #[serde(skip)]
+    pub(crate) server_name: String,
+    /// Bearer token of a principal granted namespace `bench` (with --connect).
+    #[arg(long, env = "SWITCHYARD_TOKEN", hide_env_values = true)]
+    #[serde(skip)]
+    pub(crate) token: Option<String>,
+    /// Process id of the gateway whose memory to report (with --connect).
+    #[arg(long, requires = "connect")]
+    pub(crate) gateway_pid: Option<u32>,
+    /// Producer only: connect no workers, wait for `--workers` eligible ones another process
+    /// connected (with --connect; see `--workers-only`).
+    #[arg(long, requires = "connect", conflicts_with = "workers_only")]
+    pub(crate) external_workers: bool,
+    /// Workers only: connect `--workers` workers and serve until SIGINT/SIGTERM or this many
+    /// seconds, then print their counters (with --connect).
+    #[arg(long, value_name = "SECONDS", requires = "connect")]
+    pub(crate) workers_only: Option<u64>,
+    /// QUIC congestion controller of the in-process gateway.
+    #[arg(long, value_enum, default_value_t = Congestion::Cubic)]
+    pub(crate) congestion: Congestion,
+}
+
+impl BenchArgs {
+    /// Refuses combinations that cannot run, naming the flag.
+    pub(crate) fn validate(&self) -> Result<(), Failure> {
+        let in_range = |name: &str, value: u64, max: u64| {
+            if value == 0 || value > max {
+                Err(Failure::usage(format!("{name} {value}: must be 1..={max}")))
+            } else {
+                Ok(())
+            }
+        };
+        in_range("--workers", self.workers.into(), MAX_WORKERS.into())?;
+        in_range("--capacity", self.capacity.into(), 1_000_000)?;
+        in_range("--tasks", self.tasks.into(), MAX_TASKS.into())?;
+        in_range("--outstanding", self.outstanding.into(), 1_000_000)?;
+        if let Some(idle) = self.idle_workers {
+            in_range("--idle-workers", idle.into(), MAX_WORKERS.into())?;
+        }
+        if self.payload > MAX_PAYLOAD {
+            return Err(Failure::usage(format!(
+                "--payload {}: at most {MAX_PAYLOAD} bytes",
+                self.payload
+            )));
+        }
+        if self.service_time_us > MAX_SERVICE_TIME_US {
+            return Err(Failure::usage(format!(
+                "--service-time-us {}: at most {MAX_SERVICE_TIME_US}",
+                self.service_time_us
+            )));
+        }
+        if self.via == Via::Core && self.connect.is_some() {
+            return Err(Failure::usage(
+                "--via core needs the in-process gateway; it cannot be used with --connect",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The QUIC address to dial when driving a running gateway.
+    pub(crate) fn quic_target(&self) -> Option<SocketAddr> {
+        self.quic_connect.or_else(|| {
+            self.connect.map(|mut addr| {
+                addr.set_port(addr.port().wrapping_add(1));
+                addr
+            })
+        })
+    }
+}

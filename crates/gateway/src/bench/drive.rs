@@ -1,0 +1,270 @@
+//! The three load generators: a `DispatchStream`, concurrent unary `Dispatch` calls, and
+//! direct calls into core's dispatcher. Each keeps at most `--outstanding` dispatches in flight
+//! and records each one's latency from send to outcome.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use switchyard_core::{ActivityRequest, CallerIdentity};
+use switchyard_proto::v1 as pb;
+use switchyard_proto::v1::dispatch_outcome::Outcome;
+use switchyard_proto::v1::dispatch_stream_reply::Result as StreamResult;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::args::BenchArgs;
+use super::target::Target;
+use super::{ACTIVITY, NAMESPACE};
+use crate::cmd::Failure;
+
+/// Timeout each dispatch asks for.
+const DISPATCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for any single reply before the run is abandoned.
+const REPLY_DEADLINE: Duration = Duration::from_secs(60);
+/// Largest latency the histogram records, in microseconds (10 minutes).
+const MAX_LATENCY_US: u64 = 600_000_000;
+
+/// The latencies and outcomes of one run.
+pub(crate) struct Run {
+    /// Send-to-outcome latency, in microseconds.
+    pub(crate) latency: Histogram<u64>,
+    /// How many dispatches ended each way, by outcome label.
+    pub(crate) outcomes: BTreeMap<&'static str, u64>,
+}
+
+impl Run {
+    fn new() -> Result<Self, Failure> {
+        Ok(Self {
+            latency: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)
+                .map_err(|error| Failure::runtime(format!("histogram: {error}")))?,
+            outcomes: BTreeMap::new(),
+        })
+    }
+
+    fn record(&mut self, latency: Duration, label: &'static str) {
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        let _ = self.latency.record(micros.clamp(1, MAX_LATENCY_US));
+        *self.outcomes.entry(label).or_default() += 1;
+    }
+
+    fn merge(&mut self, other: &Self) -> Result<(), Failure> {
+        self.latency
+            .add(&other.latency)
+            .map_err(|error| Failure::runtime(format!("histogram: {error}")))?;
+        for (label, count) in &other.outcomes {
+            *self.outcomes.entry(label).or_default() += count;
+        }
+        Ok(())
+    }
+}
+
+/// The label of a wire outcome, matching core's `ActivityOutcome::label`.
+fn wire_label(outcome: Option<&pb::DispatchOutcome>) -> &'static str {
+    match outcome.and_then(|outcome| outcome.outcome.as_ref()) {
+        Some(Outcome::Completed(_)) => "completed",
+        Some(Outcome::Failed(_)) => "failed",
+        Some(Outcome::TimedOut(_)) => "timed_out",
+        Some(Outcome::Cancelled(_)) => "cancelled",
+        Some(Outcome::Unserved(_)) => "unserved",
+        Some(Outcome::TransportLost(_)) => "transport_lost",
+        Some(Outcome::ShuttingDown(_)) => "shutting_down",
+        Some(Outcome::Other(_)) | None => "other",
+    }
+}
+
+fn payload(args: &BenchArgs) -> Bytes {
+    Bytes::from(vec![0x5a; args.payload])
+}
+
+fn wire_request(input: &Bytes) -> pb::DispatchRequest {
+    pb::DispatchRequest {
+        namespace: NAMESPACE.to_owned(),
+        activity_type: ACTIVITY.to_owned(),
+        input: input.clone(),
+        timeout_ms: u64::try_from(DISPATCH_TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+        ..pb::DispatchRequest::default()
+    }
+}
+
+/// Send instants of the dispatches in flight, as nanoseconds since `origin`, indexed by
+/// correlation id; shared by the sending and the receiving half of the stream.
+struct SendTimes {
+    origin: Instant,
+    at: Vec<AtomicU64>,
+}
+
+impl SendTimes {
+    fn new(tasks: u32) -> Self {
+        Self {
+            origin: Instant::now(),
+            at: (0..tasks).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn mark(&self, id: u64) {
+        if let Some(slot) = usize::try_from(id).ok().and_then(|id| self.at.get(id)) {
+            let nanos = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            slot.store(nanos, Ordering::Relaxed);
+        }
+    }
+
+    fn since(&self, id: u64) -> Option<Duration> {
+        let slot = usize::try_from(id).ok().and_then(|id| self.at.get(id))?;
+        let sent = Duration::from_nanos(slot.load(Ordering::Relaxed));
+        Some(self.origin.elapsed().saturating_sub(sent))
+    }
+}
+
+/// One `DispatchStream`: a sender task keeps `--outstanding` requests in flight while this
+/// task reads replies, so sending never waits behind a reply.
+pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Failure> {
+    let mut api = target.api().await?;
+    let outstanding = usize::try_from(args.outstanding).unwrap_or(usize::MAX);
+    let (requests, outbound) = mpsc::channel(outstanding);
+    let mut replies = api
+        .dispatch_stream(ReceiverStream::new(outbound))
+        .await
+        .map_err(|status| Failure::status(&status))?
+        .into_inner();
+    let times = Arc::new(SendTimes::new(args.tasks));
+    let slots = Arc::new(Semaphore::new(outstanding));
+    let sender = {
+        let (times, slots, input, tasks) = (
+            Arc::clone(&times),
+            Arc::clone(&slots),
+            payload(args),
+            u64::from(args.tasks),
+        );
+        tokio::spawn(async move {
+            for id in 0..tasks {
+                let Ok(permit) = slots.acquire().await else {
+                    return;
+                };
+                permit.forget();
+                times.mark(id);
+                let request = pb::DispatchStreamRequest {
+                    correlation_id: id,
+                    request: Some(wire_request(&input)),
+                };
+                if requests.send(request).await.is_err() {
+                    return;
+                }
+            }
+            // Keep the request half open until every reply is in: closing it early is fine
+            // for the gateway, but holding it makes the sender's lifetime explicit.
+            requests.closed().await;
+        })
+    };
+    let mut run = Run::new()?;
+    let result = async {
+        for _ in 0..args.tasks {
+            let reply = tokio::time::timeout(REPLY_DEADLINE, replies.next())
+                .await
+                .map_err(|_| Failure::runtime("no dispatch reply for 60 s"))?
+                .ok_or_else(|| Failure::runtime("the dispatch stream ended early"))?
+                .map_err(|status| Failure::status(&status))?;
+            let latency = times.since(reply.correlation_id).unwrap_or_default();
+            let label = match &reply.result {
+                Some(StreamResult::Outcome(outcome)) => wire_label(Some(outcome)),
+                Some(StreamResult::Refused(_)) => "refused",
+                None => "other",
+            };
+            run.record(latency, label);
+            slots.add_permits(1);
+        }
+        Ok::<_, Failure>(())
+    }
+    .await;
+    drop(replies);
+    slots.close();
+    sender.abort();
+    result.map(|()| run)
+}
+
+/// `--outstanding` tasks, each making unary `Dispatch` calls one after another over the same
+/// HTTP/2 connection.
+pub(crate) async fn unary(args: &BenchArgs, target: &Target) -> Result<Run, Failure> {
+    let api = target.api().await?;
+    let next = Arc::new(AtomicU64::new(0));
+    let tasks = u64::from(args.tasks);
+    let input = payload(args);
+    let callers = (0..args.outstanding).map(|_| {
+        let (mut api, next, input) = (api.clone(), Arc::clone(&next), input.clone());
+        tokio::spawn(async move {
+            let mut run = Run::new()?;
+            while next.fetch_add(1, Ordering::Relaxed) < tasks {
+                let sent = Instant::now();
+                let reply =
+                    tokio::time::timeout(REPLY_DEADLINE, api.dispatch(wire_request(&input)))
+                        .await
+                        .map_err(|_| Failure::runtime("no dispatch reply for 60 s"))?;
+                let label = match &reply {
+                    Ok(reply) => wire_label(reply.get_ref().outcome.as_ref()),
+                    Err(_) => "refused",
+                };
+                run.record(sent.elapsed(), label);
+            }
+            Ok::<_, Failure>(run)
+        })
+    });
+    collect(callers.collect()).await
+}
+
+/// `--outstanding` tasks, each calling core's dispatcher one dispatch after another.
+pub(crate) async fn core(args: &BenchArgs, target: &Target) -> Result<Run, Failure> {
+    let core = target
+        .core()
+        .ok_or_else(|| Failure::usage("--via core needs the in-process gateway"))?;
+    let caller = Arc::new(CallerIdentity::trusted("bench"));
+    let next = Arc::new(AtomicU64::new(0));
+    let tasks = u64::from(args.tasks);
+    let input = payload(args);
+    let callers = (0..args.outstanding).map(|_| {
+        let dispatcher = core.dispatcher().clone();
+        let (caller, next, input) = (Arc::clone(&caller), Arc::clone(&next), input.clone());
+        tokio::spawn(async move {
+            let mut run = Run::new()?;
+            while next.fetch_add(1, Ordering::Relaxed) < tasks {
+                let request = ActivityRequest {
+                    namespace: NAMESPACE.to_owned(),
+                    task_queue: String::new(),
+                    activity_type: ACTIVITY.to_owned(),
+                    node: None,
+                    input: input.clone(),
+                    activity_id: None,
+                    timeout: DISPATCH_TIMEOUT,
+                };
+                let sent = Instant::now();
+                let outcome =
+                    tokio::time::timeout(REPLY_DEADLINE, dispatcher.dispatch(&caller, request))
+                        .await
+                        .map_err(|_| Failure::runtime("no dispatch outcome for 60 s"))?;
+                let label = match &outcome {
+                    Ok(outcome) => outcome.label(),
+                    Err(_) => "refused",
+                };
+                run.record(sent.elapsed(), label);
+            }
+            Ok::<_, Failure>(run)
+        })
+    });
+    collect(callers.collect()).await
+}
+
+async fn collect(
+    callers: Vec<tokio::task::JoinHandle<Result<Run, Failure>>>,
+) -> Result<Run, Failure> {
+    let mut total = Run::new()?;
+    for caller in callers {
+        let run = caller
+            .await
+            .map_err(|error| Failure::runtime(format!("load task: {error}")))??;
+        total.merge(&run)?;
+    }
+    Ok(total)
+}

@@ -1,0 +1,246 @@
+//! The bench's workers: SDK workers that echo their input after the service time, each over
+//! its own connection, counting how many tasks they hold at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rustls_pki_types::pem::PemObject;
+use switchyard_transport_grpc::{ActivityContext as GrpcContext, GrpcWorker};
+use switchyard_transport_quic::{ActivityContext as QuicContext, ClientTls, QuicWorker};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::args::{BenchArgs, BenchTransport};
+use super::target::Target;
+use super::{ACTIVITY, NAMESPACE};
+use crate::cmd::Failure;
+
+/// How long stopped workers get to close their connections.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// A worker's wire transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wire {
+    /// gRPC to the API port.
+    Grpc,
+    /// QUIC to the QUIC port.
+    Quic,
+}
+
+impl Wire {
+    /// The wire of the `index`-th worker of a fleet.
+    pub(crate) fn nth(transport: BenchTransport, index: u32) -> Self {
+        match transport {
+            BenchTransport::Grpc => Self::Grpc,
+            BenchTransport::Quic => Self::Quic,
+            BenchTransport::Mixed if index % 2 == 0 => Self::Grpc,
+            BenchTransport::Mixed => Self::Quic,
+        }
+    }
+}
+
+/// Tasks one worker served and the most it held at once.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    served: AtomicU64,
+    running: AtomicU32,
+    peak: AtomicU32,
+}
+
+/// Counts one running task for as long as it lives.
+struct Holding<'a>(&'a Counters);
+
+impl<'a> Holding<'a> {
+    fn start(counters: &'a Counters) -> Self {
+        let now = counters.running.fetch_add(1, Ordering::Relaxed) + 1;
+        counters.peak.fetch_max(now, Ordering::Relaxed);
+        Self(counters)
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
+        self.0.served.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The activity body: hold the task for the service time, then echo the input.
+async fn serve(counters: Arc<Counters>, service_time: Duration, input: Bytes) -> Bytes {
+    let _holding = Holding::start(&counters);
+    if !service_time.is_zero() {
+        tokio::time::sleep(service_time).await;
+    }
+    input
+}
+
+/// One running worker and how to stop it.
+pub(crate) struct Running {
+    stop: StopHandle,
+    task: JoinHandle<()>,
+}
+
+enum StopHandle {
+    Grpc(CancellationToken),
+    Quic(switchyard_transport_quic::WorkerHandle),
+}
+
+impl Running {
+    fn stop(&self) {
+        match &self.stop {
+            StopHandle::Grpc(token) => token.cancel(),
+            StopHandle::Quic(handle) => handle.drain(),
+        }
+    }
+}
+
+/// What a worker registers.
+pub(crate) struct Profile<'a> {
+    /// Activity type it serves.
+    pub(crate) activity: &'a str,
+    /// Its capacity.
+    pub(crate) capacity: u32,
+    /// How long each task takes.
+    pub(crate) service_time: Duration,
+}
+
+/// Connects and starts one worker.
+pub(crate) async fn start(
+    target: &Target,
+    wire: Wire,
+    profile: &Profile<'_>,
+    counters: Arc<Counters>,
+) -> Result<Running, Failure> {
+    let service_time = profile.service_time;
+    let namespaces = [NAMESPACE.to_owned()];
+    match wire {
+        Wire::Grpc => {
+            let mut builder = GrpcWorker::builder(target.endpoint())
+                .namespaces(namespaces)
+                .max_concurrency(profile.capacity)
+                .tls(target.client_tls())
+                .activity(profile.activity, move |_: GrpcContext, input: Bytes| {
+                    let counters = Arc::clone(&counters);
+                    async move { Ok(serve(counters, service_time, input).await) }
+                });
+            if let Some(token) = &target.token {
+                builder = builder.token(token.clone());
+            }
+            let worker = builder
+                .connect()
+                .await
+                .map_err(|error| Failure::runtime(format!("gRPC worker: {error}")))?;
+            let stop = StopHandle::Grpc(worker.shutdown_token());
+            let task = tokio::spawn(async move {
+                let _ = worker.run().await;
+            });
+            Ok(Running { stop, task })
+        }
+        Wire::Quic => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in rustls_pki_types::CertificateDer::pem_slice_iter(target.ca_pem.as_bytes()) {
+                let cert = cert.map_err(|error| Failure::runtime(format!("CA: {error}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|error| Failure::runtime(format!("CA: {error}")))?;
+            }
+            let tls = ClientTls::new(roots).map_err(|error| Failure::runtime(error.to_string()))?;
+            let mut builder = QuicWorker::builder(target.quic_addr, &target.server_name)
+                .namespaces(namespaces)
+                .max_concurrency(profile.capacity)
+                .tls(tls)
+                .activity(profile.activity, move |_: QuicContext, input: Bytes| {
+                    let counters = Arc::clone(&counters);
+                    async move { Ok(serve(counters, service_time, input).await) }
+                });
+            if let Some(token) = &target.token {
+                builder = builder.token(token.clone());
+            }
+            let worker = builder
+                .connect()
+                .await
+                .map_err(|error| Failure::runtime(format!("QUIC worker: {error}")))?;
+            let stop = StopHandle::Quic(worker.handle());
+            let task = tokio::spawn(async move {
+                let _ = worker.run().await;
+            });
+            Ok(Running { stop, task })
+        }
+    }
+}
+
+/// Stops workers and waits (bounded) for their connections to close.
+pub(crate) async fn stop_all(workers: Vec<Running>) {
+    for worker in &workers {
+        worker.stop();
+    }
+    let tasks = workers.into_iter().map(|worker| worker.task);
+    let _ = tokio::time::timeout(STOP_GRACE, futures::future::join_all(tasks)).await;
+}
+
+/// The load phase's W workers.
+pub(crate) struct Fleet {
+    workers: Vec<Running>,
+    counters: Vec<Arc<Counters>>,
+}
+
+impl Fleet {
+    /// Connects `--workers` workers of `--transport`.
+    pub(crate) async fn connect(args: &BenchArgs, target: &Target) -> Result<Self, Failure> {
+        let profile = Profile {
+            activity: ACTIVITY,
+            capacity: args.capacity,
+            service_time: Duration::from_micros(args.service_time_us),
+        };
+        let mut fleet = Self {
+            workers: Vec::new(),
+            counters: Vec::new(),
+        };
+        for index in 0..args.workers {
+            let counters = Arc::new(Counters::default());
+            let wire = Wire::nth(args.transport, index);
+            match start(target, wire, &profile, Arc::clone(&counters)).await {
+                Ok(worker) => {
+                    fleet.workers.push(worker);
+                    fleet.counters.push(counters);
+                }
+                Err(failure) => {
+                    fleet.stop().await;
+                    return Err(failure);
+                }
+            }
+        }
+        Ok(fleet)
+    }
+
+    /// A fleet of none, for a producer whose workers run elsewhere.
+    pub(crate) fn empty() -> Self {
+        Self {
+            workers: Vec::new(),
+            counters: Vec::new(),
+        }
+    }
+
+    /// The most tasks each worker held at once.
+    pub(crate) fn peaks(&self) -> Vec<u32> {
+        self.counters
+            .iter()
+            .map(|c| c.peak.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Tasks each worker served.
+    pub(crate) fn served(&self) -> Vec<u64> {
+        self.counters
+            .iter()
+            .map(|c| c.served.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Stops every worker.
+    pub(crate) async fn stop(self) {
+        stop_all(self.workers).await;
+    }
+}
