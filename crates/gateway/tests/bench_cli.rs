@@ -3,35 +3,12 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
-/// Builds the `switchyard` binary once (the tests crate cannot depend on another package's
-/// binary) and returns its path next to this test's executable.
-fn switchyard() -> &'static PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_owned());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "switchyard-gateway",
-                "--bin",
-                "switchyard",
-            ])
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building switchyard failed");
-        let deps = std::env::current_exe().expect("test executable path");
-        let profile_dir = deps
-            .parent()
-            .and_then(|deps| deps.parent())
-            .expect("target/<profile>/deps");
-        profile_dir.join(format!("switchyard{}", std::env::consts::EXE_SUFFIX))
-    })
+/// The `switchyard` binary cargo built for this test.
+fn switchyard() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_switchyard"))
 }
 
 /// Runs `switchyard bench ARGS` and parses the one JSON object it prints.
