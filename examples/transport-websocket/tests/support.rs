@@ -9,6 +9,7 @@
     clippy::panic
 )]
 
+pub mod fake;
 pub mod gateway;
 pub mod harness;
 pub mod pki;
