@@ -1,6 +1,79 @@
-//! The `switchyard` binary.
+//! The `switchyard` binary: the gateway (`serve`), a self-contained `demo`, and a client for the
+//! producer/operator API.
+//!
+//! Exit codes: 0 success; 1 failure at run time (cannot connect, call refused, gateway
+//! failed); 2 usage or configuration error; 3 `dispatch` ran but the activity did not complete
+//! successfully (failed, timed out, cancelled, unserved, transport lost, shutting down).
 #![forbid(unsafe_code)]
 
-fn main() {
-    println!("switchyard: the gateway is being assembled; see README.md");
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use cmd::inspect::{DispatchArgs, DrainArgs, EventsArgs, PoolArgs, UnservedArgs, WorkersArgs};
+use cmd::serve::ServeArgs;
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  success
+  1  failure at run time (cannot connect, call refused, gateway failed)
+  2  usage or configuration error
+  3  `dispatch` ran but the activity did not complete successfully
+
+Default ports (all on 127.0.0.1): 7700 TCP producer API + gRPC workers, 7701 UDP QUIC workers,
+7702 TCP operations HTTP. Configuration keys and their SWITCHYARD_... variables are listed in
+docs/configuration.md.";
+
+/// Switchyard: a multi-transport worker gateway.
+#[derive(Debug, Parser)]
+#[command(name = "switchyard", version, about, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway until SIGINT or SIGTERM (works with no configuration, on loopback).
+    Serve(ServeArgs),
+    /// Run one activity and print its outcome (exit code 3 when it did not complete).
+    Dispatch(DispatchArgs),
+    /// List the connected workers.
+    Workers(WorkersArgs),
+    /// Show a pool's census and why each worker can or cannot take an activity.
+    Pool(PoolArgs),
+    /// List the queues where dispatches wait for a worker, and why.
+    Unserved(UnservedArgs),
+    /// Drain a worker (or every worker on a node) and follow its progress.
+    Drain(DrainArgs),
+    /// Print worker events as they happen.
+    Events(EventsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("switchyard: cannot start the async runtime: {error}");
+            return ExitCode::from(cmd::EXIT_RUNTIME);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => cmd::serve::serve(args).await,
+            Command::Dispatch(args) => cmd::inspect::dispatch(args).await,
+            Command::Workers(args) => cmd::inspect::workers(args).await,
+            Command::Pool(args) => cmd::inspect::pool(args).await,
+            Command::Unserved(args) => cmd::inspect::unserved(args).await,
+            Command::Drain(args) => cmd::inspect::drain(args).await,
+            Command::Events(args) => cmd::inspect::events(args).await,
+        }
+    });
+    cmd::exit(result)
 }

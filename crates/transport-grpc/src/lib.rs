@@ -1,2 +1,93 @@
-//! gRPC worker transport for Switchyard (work in progress).
+//! gRPC worker transport for Switchyard, and the Rust worker SDK that speaks it.
+//!
+//! Workers open one `switchyard.v1.WorkerGateway/ConnectWorker` stream each (the contract is
+//! `proto/proto/switchyard/v1/worker.proto`; any gRPC stack can implement it). The server side
+//! is [`WorkerService`]: it authenticates the caller ([`CallerDirectory`]), passes the first
+//! frame through core's admission gate, pushes tasks, pings, cancels and drain requests
+//! through a bounded per-worker queue, and hands results, pongs and cancel acknowledgements to
+//! core. The stream is the registration: it ending deregisters the worker once.
+//!
+//! The worker side is [`GrpcWorker`]: activity handlers are async functions of
+//! ([`ActivityContext`], input bytes) returning output bytes or an [`ActivityError`]; the
+//! runtime answers pings, bounds concurrency, honours cancels and drains, and reconnects.
+//!
+//! # Examples
+//!
+//! A gateway and a worker in one process, over plaintext loopback (use TLS with
+//! [`serve`]'s `tls` and [`GrpcWorkerBuilder::tls`] anywhere else):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use switchyard_core::{ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig,
+//!     Registry};
+//! use switchyard_transport_grpc::{ActivityContext, ActivityError, GrpcServerConfig,
+//!     GrpcWorker, StaticDirectory, WorkerService, serve};
+//!
+//! async fn greet(_: ActivityContext, name: Bytes) -> Result<Bytes, ActivityError> {
+//!     let name = std::str::from_utf8(&name).map_err(|_| ActivityError::fatal("not utf-8"))?;
+//!     Ok(Bytes::from(format!("hello, {name}")))
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+//! // Gateway side: core, plus the worker service; callers without credentials are trusted.
+//! let core = Core::start(Registry::builder(), CoreConfig::default());
+//! let config = GrpcServerConfig {
+//!     anonymous: Some(CallerIdentity::trusted("local")),
+//!     ..GrpcServerConfig::default()
+//! };
+//! let service = WorkerService::new(core.clone(), Arc::new(StaticDirectory::new()), config);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let endpoint = format!("http://{}", listener.local_addr()?);
+//! tokio::spawn(serve(listener, None, service, std::future::pending()));
+//!
+//! // Worker side.
+//! let worker = GrpcWorker::builder(endpoint)
+//!     .namespaces(["demo"])
+//!     .activity("greet", greet)
+//!     .max_concurrency(4)
+//!     .connect()
+//!     .await?;
+//! tokio::spawn(worker.run());
+//!
+//! // Producer side: the dispatch waits until the worker has answered its first pings.
+//! let request = ActivityRequest {
+//!     namespace: "demo".into(),
+//!     task_queue: String::new(),
+//!     activity_type: "greet".into(),
+//!     node: None,
+//!     input: Bytes::from_static(b"switchyard"),
+//!     activity_id: None,
+//!     timeout: Duration::from_secs(10),
+//! };
+//! let outcome = core.dispatcher().dispatch(&CallerIdentity::trusted("app"), request).await?;
+//! assert_eq!(outcome, ActivityOutcome::Completed(Bytes::from_static(b"hello, switchyard")));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).map_err(|e| e.to_string())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
+
+mod activity;
+mod auth;
+mod client;
+mod config;
+mod delivery;
+mod outbound;
+mod serve;
+mod service;
+mod session;
+mod status;
+mod wire;
+
+pub use activity::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
+pub use auth::{AuthenticationError, CallerDirectory, StaticDirectory, certificate_principal};
+pub use client::{Backoff, ConnectError, GrpcWorker, GrpcWorkerBuilder};
+pub use config::GrpcServerConfig;
+pub use delivery::TRANSPORT;
+pub use outbound::Outbound;
+pub use serve::{ServeError, serve};
+pub use service::WorkerService;
+pub use status::{SessionError, admission_status};

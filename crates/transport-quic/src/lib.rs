@@ -1,2 +1,37 @@
-//! QUIC push transport for Switchyard (work in progress).
+//! QUIC push transport for Switchyard workers on constrained links, and its Rust worker SDK.
+//!
+//! Workers dial the gateway over QUIC (quinn, TLS 1.3, ALPN `switchyard-worker/1`) and open
+//! one control stream to register (without capacity) and then announce `max_concurrency`.
+//! The gateway pushes tasks over *lanes*: long-lived bidirectional streams it opens toward the
+//! worker, one per capacity slot, each carrying one task at a time with its pings, cancel and
+//! result. Lanes keep tasks independent (a lost packet delays one lane only) while paying for
+//! a stream once, not per task; the worker's stream credit is its capacity, so the link itself
+//! refuses work the worker could not run. `docs/quic-protocol.md` is the wire specification.
+//!
+//! - [`QuicServer`]: the gateway side, admitting every worker through core's one gate.
+//! - [`QuicWorker`]: the worker SDK ([`client`]).
+//! - [`frame`]: the frame codec, public for tools and other implementations.
 #![forbid(unsafe_code)]
+
+mod auth;
+pub mod client;
+mod config;
+mod convert;
+mod fault;
+pub mod frame;
+mod protocol;
+mod server;
+pub mod tls;
+
+pub use auth::{AllowAll, AuthError, Authenticator, PeerCredentials, StaticTokens};
+pub use client::{
+    ActivityContext, ActivityError, Backoff, HandlerFuture, QuicWorker, QuicWorkerBuilder,
+    WorkerError, WorkerHandle,
+};
+pub use config::{ConfigError, CongestionControl, FrameLimits, LinkSettings, ServerConfig};
+pub use protocol::{
+    ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,
+    PROTOCOL_VERSION,
+};
+pub use server::{QuicServer, QuicServerBuilder, ServerError, TRANSPORT};
+pub use tls::{ClientTls, ServerTls, TlsError};

@@ -1,0 +1,16 @@
+//! The producer and operator gRPC API (`switchyard.v1.Gateway`), served next to the gRPC
+//! worker service on one port.
+//!
+//! Callers are identified like workers ([`crate::auth`]); a caller only reaches the
+//! namespaces its principal is granted. Every dispatch goes through core's one dispatcher, and
+//! every outcome reaches the wire through one mapping ([`outcome`]).
+
+mod caller;
+mod convert;
+mod drain;
+mod outcome;
+mod service;
+mod stream;
+
+pub(crate) use convert::unix_ms;
+pub use service::{ApiSettings, GatewayApi};

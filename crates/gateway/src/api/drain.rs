@@ -1,0 +1,103 @@
+//! `Drain`: fence workers, ask them to finish, and report as what they hold falls.
+//!
+//! Core owns the drain itself ([`Registry::drain_worker`]): the worker takes no new work, its
+//! transport tells it to finish and close, and it leaves the registry when it does. This
+//! driver only watches: it samples the drained workers on every registry event and on a short
+//! tick (in-flight counts fall without events), sends a message whenever the picture changes,
+//! and at the deadline removes the workers still registered, so core dispatches what they
+//! held again on other workers.
+
+use std::time::Duration;
+
+use switchyard_core::{DisconnectReason, Registry, WorkerId};
+use switchyard_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+/// Progress messages of one drain.
+pub(crate) type ProgressStream = ReceiverStream<Result<pb::DrainProgress, Status>>;
+
+/// How often in-flight counts are sampled between events.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// Drains `targets` (already checked to exist and be permitted) and streams progress.
+pub(crate) fn start(
+    registry: Registry,
+    targets: Vec<WorkerId>,
+    deadline: Option<Duration>,
+    closing: CancellationToken,
+) -> ProgressStream {
+    let (progress, receiver) = mpsc::channel(16);
+    let mut events = registry.subscribe_events();
+    for worker in &targets {
+        registry.drain_worker(*worker);
+    }
+    tracing::info!(workers = ?targets, deadline_ms = deadline.map(|d| d.as_millis() as u64),
+        "drain requested");
+    tokio::spawn(async move {
+        let deadline = deadline.map(|d| Instant::now() + d);
+        let mut last: Option<pb::DrainProgress> = None;
+        let mut tick = tokio::time::interval(SAMPLE_EVERY);
+        loop {
+            let now = sample(&registry, &targets);
+            let finished = now.workers.is_empty();
+            if last.as_ref() != Some(&now) || finished {
+                let message = pb::DrainProgress {
+                    done: finished,
+                    ..now.clone()
+                };
+                if progress.send(Ok(message)).await.is_err() || finished {
+                    return;
+                }
+                last = Some(now);
+            }
+            tokio::select! {
+                _ = events.recv() => {}
+                _ = tick.tick() => {}
+                () = sleep_until(deadline) => {
+                    let removed: Vec<u64> = targets
+                        .iter()
+                        .filter(|id| registry.deregister(**id, DisconnectReason::Drained))
+                        .map(|id| id.get())
+                        .collect();
+                    tracing::warn!(workers = ?removed, "drain deadline passed; workers removed");
+                    let mut last = sample(&registry, &targets);
+                    last.removed_at_deadline = removed;
+                    last.done = true;
+                    let _ = progress.send(Ok(last)).await;
+                    return;
+                }
+                () = progress.closed() => return,
+                () = closing.cancelled() => return,
+            }
+        }
+    });
+    ReceiverStream::new(receiver)
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn sample(registry: &Registry, targets: &[WorkerId]) -> pb::DrainProgress {
+    let mut progress = pb::DrainProgress::default();
+    for id in targets {
+        match registry.worker(*id) {
+            Some(snapshot) => {
+                progress.tasks_remaining += snapshot.in_flight;
+                progress.workers.push(pb::DrainingWorker {
+                    worker_id: id.get(),
+                    in_flight: snapshot.in_flight,
+                });
+            }
+            None => progress.workers_left += 1,
+        }
+    }
+    progress
+}

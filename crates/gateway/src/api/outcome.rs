@@ -1,0 +1,173 @@
+//! The one mapping between a dispatch on the wire and in core: request in, outcome or refusal
+//! out. `Dispatch` and `DispatchStream` both go through here.
+
+use std::time::Duration;
+
+use switchyard_core::{ActivityOutcome, ActivityRequest, CancelError, DispatchError};
+use switchyard_proto::v1 as pb;
+use tonic::{Code, Status};
+
+use super::convert;
+
+/// The core request for a wire request; a zero timeout takes `default_timeout`.
+pub(crate) fn request(wire: pb::DispatchRequest, default_timeout: Duration) -> ActivityRequest {
+    ActivityRequest {
+        namespace: wire.namespace,
+        task_queue: wire.task_queue,
+        activity_type: wire.activity_type,
+        node: (!wire.node.is_empty()).then_some(wire.node),
+        input: wire.input,
+        activity_id: (!wire.activity_id.is_empty()).then_some(wire.activity_id),
+        timeout: if wire.timeout_ms == 0 {
+            default_timeout
+        } else {
+            Duration::from_millis(wire.timeout_ms)
+        },
+    }
+}
+
+/// The wire outcome of a dispatch: every core outcome is an OK reply with one field set.
+pub(crate) fn outcome(outcome: ActivityOutcome) -> pb::DispatchOutcome {
+    use pb::dispatch_outcome::Outcome;
+    let body = match outcome {
+        ActivityOutcome::Completed(output) => Outcome::Completed(pb::DispatchCompleted { output }),
+        ActivityOutcome::Failed { message, retryable } => {
+            Outcome::Failed(pb::Failure { message, retryable })
+        }
+        ActivityOutcome::TimedOut => Outcome::TimedOut(pb::DispatchTimedOut {}),
+        ActivityOutcome::Cancelled => Outcome::Cancelled(pb::DispatchCancelled {}),
+        ActivityOutcome::Unserved { reason, detail } => Outcome::Unserved(pb::DispatchUnserved {
+            reason: convert::unserved_reason(reason).into(),
+            detail,
+        }),
+        ActivityOutcome::TransportLost {
+            transport,
+            attempts,
+        } => Outcome::TransportLost(pb::DispatchTransportLost {
+            transport: transport.as_str().to_owned(),
+            attempts,
+        }),
+        ActivityOutcome::ShuttingDown => Outcome::ShuttingDown(pb::DispatchShuttingDown {}),
+        other => Outcome::Other(pb::DispatchOtherOutcome {
+            label: other.label().to_owned(),
+        }),
+    };
+    pb::DispatchOutcome {
+        outcome: Some(body),
+    }
+}
+
+/// The status of a dispatch refused before it started.
+pub(crate) fn refusal(error: &DispatchError) -> Status {
+    let code = match error {
+        DispatchError::Invalid { .. } => Code::InvalidArgument,
+        DispatchError::NamespaceNotGranted { .. } => Code::PermissionDenied,
+        DispatchError::DuplicateActivityId { .. } => Code::AlreadyExists,
+        _ => Code::FailedPrecondition,
+    };
+    Status::new(code, error.to_string())
+}
+
+/// The status of a cancel that found nothing to cancel.
+pub(crate) fn cancel_refusal(error: &CancelError) -> Status {
+    let code = match error {
+        CancelError::NotFound { .. } => Code::NotFound,
+        CancelError::NamespaceNotGranted { .. } => Code::PermissionDenied,
+        _ => Code::FailedPrecondition,
+    };
+    Status::new(code, error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use switchyard_core::{TransportName, UnservedReason};
+
+    use super::*;
+
+    #[test]
+    fn every_outcome_maps_to_its_own_field() {
+        use pb::dispatch_outcome::Outcome;
+        let cases = [
+            ActivityOutcome::Completed(Bytes::from_static(b"out")),
+            ActivityOutcome::Failed {
+                message: "boom".to_owned(),
+                retryable: true,
+            },
+            ActivityOutcome::TimedOut,
+            ActivityOutcome::Cancelled,
+            ActivityOutcome::Unserved {
+                reason: UnservedReason::Draining,
+                detail: "draining: 1 compatible worker(s) are draining".to_owned(),
+            },
+            ActivityOutcome::TransportLost {
+                transport: TransportName::from_static("quic"),
+                attempts: 4,
+            },
+            ActivityOutcome::ShuttingDown,
+        ];
+        let mapped: Vec<Outcome> = cases
+            .into_iter()
+            .map(|case| outcome(case).outcome.unwrap())
+            .collect();
+        assert!(matches!(&mapped[0], Outcome::Completed(c) if c.output == "out"));
+        assert!(matches!(&mapped[1], Outcome::Failed(f) if f.message == "boom" && f.retryable));
+        assert!(matches!(&mapped[2], Outcome::TimedOut(_)));
+        assert!(matches!(&mapped[3], Outcome::Cancelled(_)));
+        assert!(matches!(&mapped[4], Outcome::Unserved(u)
+            if u.reason == i32::from(pb::UnservedReason::Draining) && u.detail.starts_with("draining")));
+        assert!(matches!(&mapped[5], Outcome::TransportLost(t)
+            if t.transport == "quic" && t.attempts == 4));
+        assert!(matches!(&mapped[6], Outcome::ShuttingDown(_)));
+    }
+
+    #[test]
+    fn refusals_map_to_statuses_naming_the_problem() {
+        let invalid = refusal(&DispatchError::Invalid {
+            field: "namespace",
+            problem: "empty".to_owned(),
+        });
+        assert_eq!(invalid.code(), Code::InvalidArgument);
+        assert!(invalid.message().contains("namespace"));
+        let denied = refusal(&DispatchError::NamespaceNotGranted {
+            principal: "p".to_owned(),
+            namespace: "ns".to_owned(),
+        });
+        assert_eq!(denied.code(), Code::PermissionDenied);
+        let duplicate = refusal(&DispatchError::DuplicateActivityId {
+            namespace: "ns".to_owned(),
+            activity_id: "a".to_owned(),
+        });
+        assert_eq!(duplicate.code(), Code::AlreadyExists);
+        let missing = cancel_refusal(&CancelError::NotFound {
+            namespace: "ns".to_owned(),
+            activity_id: "a".to_owned(),
+        });
+        assert_eq!(missing.code(), Code::NotFound);
+    }
+
+    #[test]
+    fn empty_wire_fields_mean_none_and_zero_timeout_means_the_default() {
+        let core = request(
+            pb::DispatchRequest {
+                namespace: "ns".to_owned(),
+                activity_type: "echo".to_owned(),
+                ..pb::DispatchRequest::default()
+            },
+            Duration::from_secs(7),
+        );
+        assert_eq!(core.node, None);
+        assert_eq!(core.activity_id, None);
+        assert_eq!(core.timeout, Duration::from_secs(7));
+        let timed = request(
+            pb::DispatchRequest {
+                timeout_ms: 250,
+                node: "n1".to_owned(),
+                ..pb::DispatchRequest::default()
+            },
+            Duration::from_secs(7),
+        );
+        assert_eq!(timed.timeout, Duration::from_millis(250));
+        assert_eq!(timed.node.as_deref(), Some("n1"));
+    }
+}

@@ -1,0 +1,357 @@
+//! The `switchyard.v1.Gateway` service over core.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use switchyard_core::{CallerIdentity, Core, NamespaceGrant, WorkerId, normalise_task_queue};
+use switchyard_proto::v1 as pb;
+use switchyard_proto::v1::gateway_server::{Gateway as GatewayRpc, GatewayServer};
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::stream::StreamLimits;
+use super::{caller, convert, drain, outcome, stream};
+use crate::auth::Principals;
+
+/// Settings of the producer API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiSettings {
+    /// Timeout of a dispatch that asks for none.
+    pub default_timeout: Duration,
+    /// Dispatches one `DispatchStream` runs at once.
+    pub max_in_flight_per_stream: usize,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        Self {
+            default_timeout: Duration::from_secs(60),
+            max_in_flight_per_stream: 1024,
+        }
+    }
+}
+
+/// The producer and operator API: implements the generated `Gateway` service over [`Core`].
+#[derive(Clone, Debug)]
+pub struct GatewayApi {
+    core: Core,
+    principals: Arc<Principals>,
+    settings: ApiSettings,
+    closing: CancellationToken,
+}
+
+impl GatewayApi {
+    /// The API over `core`, authenticating callers against `principals`.
+    pub fn new(core: Core, principals: Arc<Principals>, settings: ApiSettings) -> Self {
+        Self {
+            core,
+            principals,
+            settings,
+            closing: CancellationToken::new(),
+        }
+    }
+
+    /// Ends the API's long-lived streams (`DispatchStream`, `Drain`, `WatchEvents`) when
+    /// `closing` fires, so a server shutting down is not held open by them.
+    pub fn ending_on(mut self, closing: CancellationToken) -> Self {
+        self.closing = closing;
+        self
+    }
+
+    /// The tonic service, ready to be added to a server or router.
+    pub fn into_service(self) -> GatewayServer<Self> {
+        GatewayServer::new(self)
+    }
+
+    fn caller<T>(&self, request: &Request<T>) -> Result<CallerIdentity, Status> {
+        caller::identify(&self.principals, request)
+    }
+}
+
+fn require(field: &str, value: &str) -> Result<(), Status> {
+    if value.is_empty() {
+        Err(Status::invalid_argument(format!("{field} is empty")))
+    } else {
+        Ok(())
+    }
+}
+
+fn require_grant(caller: &CallerIdentity, namespace: &str) -> Result<(), Status> {
+    if caller.grant.allows(namespace) {
+        Ok(())
+    } else {
+        Err(Status::permission_denied(format!(
+            "principal {:?} is not granted namespace {namespace:?}",
+            caller.principal
+        )))
+    }
+}
+
+fn node(label: &str) -> Option<&str> {
+    (!label.is_empty()).then_some(label)
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl GatewayRpc for GatewayApi {
+    async fn dispatch(
+        &self,
+        request: Request<pb::DispatchRequest>,
+    ) -> Result<Response<pb::DispatchReply>, Status> {
+        let caller = self.caller(&request)?;
+        let request = outcome::request(request.into_inner(), self.settings.default_timeout);
+        let ended = self
+            .core
+            .dispatcher()
+            .dispatch(&caller, request)
+            .await
+            .map_err(|error| outcome::refusal(&error))?;
+        Ok(Response::new(pb::DispatchReply {
+            outcome: Some(outcome::outcome(ended)),
+        }))
+    }
+
+    type DispatchStreamStream = stream::ReplyStream;
+
+    async fn dispatch_stream(
+        &self,
+        request: Request<Streaming<pb::DispatchStreamRequest>>,
+    ) -> Result<Response<Self::DispatchStreamStream>, Status> {
+        let caller = self.caller(&request)?;
+        let limits = StreamLimits {
+            max_in_flight: self.settings.max_in_flight_per_stream,
+            default_timeout: self.settings.default_timeout,
+        };
+        Ok(Response::new(stream::start(
+            self.core.dispatcher().clone(),
+            caller,
+            request.into_inner(),
+            limits,
+            self.closing.clone(),
+        )))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<pb::CancelDispatchRequest>,
+    ) -> Result<Response<pb::CancelDispatchReply>, Status> {
+        let caller = self.caller(&request)?;
+        let request = request.into_inner();
+        require("namespace", &request.namespace)?;
+        require("activity_id", &request.activity_id)?;
+        self.core
+            .dispatcher()
+            .cancel(&caller, &request.namespace, &request.activity_id)
+            .map_err(|error| outcome::cancel_refusal(&error))?;
+        Ok(Response::new(pb::CancelDispatchReply {}))
+    }
+
+    async fn describe_pool(
+        &self,
+        request: Request<pb::DescribePoolRequest>,
+    ) -> Result<Response<pb::DescribePoolReply>, Status> {
+        let caller = self.caller(&request)?;
+        let request = request.into_inner();
+        require("namespace", &request.namespace)?;
+        require("activity_type", &request.activity_type)?;
+        require_grant(&caller, &request.namespace)?;
+        let census = self.core.registry().pool_census(
+            &request.namespace,
+            &request.task_queue,
+            &request.activity_type,
+            node(&request.node),
+        );
+        let task_queue = normalise_task_queue(&request.task_queue);
+        let parked = self
+            .core
+            .dispatcher()
+            .unserved_queues()
+            .into_iter()
+            .find(|queue| {
+                let address = &queue.address;
+                address.namespace == request.namespace
+                    && address.task_queue == task_queue
+                    && address.activity_type == request.activity_type
+                    && address.node.as_deref() == node(&request.node)
+            });
+        let reason = census.classify();
+        Ok(Response::new(pb::DescribePoolReply {
+            census: Some(convert::census(&census)),
+            served: reason.is_none(),
+            reason: reason
+                .map_or(pb::UnservedReason::Unspecified, convert::unserved_reason)
+                .into(),
+            detail: census.describe().unwrap_or_default(),
+            parked: parked
+                .as_ref()
+                .map_or(0, |queue| u32::try_from(queue.waiting).unwrap_or(u32::MAX)),
+            oldest_parked_ms: parked.map_or(0, |queue| convert::millis(queue.oldest_wait)),
+        }))
+    }
+
+    async fn unserved_queues(
+        &self,
+        request: Request<pb::UnservedQueuesRequest>,
+    ) -> Result<Response<pb::UnservedQueuesReply>, Status> {
+        let caller = self.caller(&request)?;
+        let queues = self
+            .core
+            .dispatcher()
+            .unserved_queues()
+            .iter()
+            .filter(|queue| caller.grant.allows(&queue.address.namespace))
+            .map(convert::unserved_queue)
+            .collect();
+        Ok(Response::new(pb::UnservedQueuesReply { queues }))
+    }
+
+    async fn explain_pool(
+        &self,
+        request: Request<pb::ExplainPoolRequest>,
+    ) -> Result<Response<pb::ExplainPoolReply>, Status> {
+        let caller = self.caller(&request)?;
+        let request = request.into_inner();
+        require("namespace", &request.namespace)?;
+        require("activity_type", &request.activity_type)?;
+        require_grant(&caller, &request.namespace)?;
+        let registry = self.core.registry();
+        let workers = registry
+            .explain(
+                &request.namespace,
+                &request.task_queue,
+                &request.activity_type,
+                node(&request.node),
+            )
+            .into_iter()
+            .map(|explained| pb::WorkerExplanation {
+                worker: Some(registry.worker(explained.worker.id()).map_or_else(
+                    || convert::worker_facts(&explained.worker),
+                    |s| convert::worker_info(&s),
+                )),
+                eligibility: convert::eligibility(&explained.eligibility).into(),
+                explanation: explained.eligibility.to_string(),
+            })
+            .collect();
+        Ok(Response::new(pb::ExplainPoolReply { workers }))
+    }
+
+    async fn list_workers(
+        &self,
+        request: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersReply>, Status> {
+        let caller = self.caller(&request)?;
+        let filter = request.into_inner();
+        let task_queue = normalise_task_queue(&filter.task_queue);
+        let workers = self
+            .core
+            .registry()
+            .workers()
+            .iter()
+            .filter(|s| {
+                s.worker
+                    .namespaces()
+                    .iter()
+                    .any(|ns| caller.grant.allows(ns))
+            })
+            .filter(|s| {
+                filter.namespace.is_empty() || s.worker.namespaces().contains(&filter.namespace)
+            })
+            .filter(|s| filter.task_queue.is_empty() || s.worker.task_queue() == task_queue)
+            .map(convert::worker_info)
+            .collect();
+        Ok(Response::new(pb::ListWorkersReply { workers }))
+    }
+
+    type DrainStream = drain::ProgressStream;
+
+    async fn drain(
+        &self,
+        request: Request<pb::DrainWorkersRequest>,
+    ) -> Result<Response<Self::DrainStream>, Status> {
+        use pb::drain_workers_request::Target;
+        let caller = self.caller(&request)?;
+        let request = request.into_inner();
+        let registry = self.core.registry();
+        let targets: Vec<_> = match request.target {
+            Some(Target::WorkerId(id)) => registry
+                .worker(WorkerId::from_raw(id))
+                .into_iter()
+                .collect(),
+            Some(Target::Node(label)) if !label.is_empty() => registry
+                .workers()
+                .into_iter()
+                .filter(|s| s.worker.node().is_some_and(|n| n.as_str() == label))
+                .collect(),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "target is empty: give worker_id or node",
+                ));
+            }
+        };
+        if targets.is_empty() {
+            return Err(Status::not_found(
+                "no registered worker matches the drain target",
+            ));
+        }
+        for snapshot in &targets {
+            if let Some(namespace) = snapshot
+                .worker
+                .namespaces()
+                .iter()
+                .find(|ns| !caller.grant.allows(ns))
+            {
+                return Err(Status::permission_denied(format!(
+                    "principal {:?} is not granted namespace {namespace:?} served by worker {}",
+                    caller.principal,
+                    snapshot.worker.id()
+                )));
+            }
+        }
+        let deadline =
+            (request.deadline_ms > 0).then(|| Duration::from_millis(request.deadline_ms));
+        let ids = targets.iter().map(|s| s.worker.id()).collect();
+        Ok(Response::new(drain::start(
+            registry.clone(),
+            ids,
+            deadline,
+            self.closing.clone(),
+        )))
+    }
+
+    type WatchEventsStream = BoxStream<pb::GatewayEvent>;
+
+    async fn watch_events(
+        &self,
+        request: Request<pb::WatchEventsRequest>,
+    ) -> Result<Response<Self::WatchEventsStream>, Status> {
+        let caller = self.caller(&request)?;
+        if caller.grant != NamespaceGrant::All {
+            return Err(Status::permission_denied(format!(
+                "principal {:?} is not granted every namespace, which watching events requires",
+                caller.principal
+            )));
+        }
+        let receiver = self.core.registry().subscribe_events();
+        let events = futures::stream::unfold(receiver, |mut receiver| async move {
+            loop {
+                match receiver.recv().await {
+                    Ok(event) => match convert::event(&event) {
+                        Some(wire) => return Some((Ok(wire), receiver)),
+                        None => continue,
+                    },
+                    Err(RecvError::Lagged(count)) => {
+                        return Some((Ok(convert::missed(count)), receiver));
+                    }
+                    Err(RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            events.take_until(self.closing.clone().cancelled_owned()),
+        )))
+    }
+}

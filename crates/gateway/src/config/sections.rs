@@ -1,0 +1,328 @@
+//! The configuration's sections, their keys and their defaults.
+//!
+//! Every field here is a documented key of `docs/configuration.md` (a test holds the two
+//! together). Optional paths are empty strings rather than absent keys, so every key has a
+//! default that can be listed and overridden from the environment.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::duration::ConfigDuration;
+
+/// The whole gateway configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The gRPC listener: producer API and gRPC workers on one port.
+    pub grpc: GrpcSection,
+    /// The QUIC worker listener.
+    pub quic: QuicSection,
+    /// The operations HTTP listener.
+    pub ops: OpsSection,
+    /// TLS material.
+    pub tls: TlsSection,
+    /// Who may call: principals with their credentials and granted namespaces.
+    pub principals: Vec<PrincipalConfig>,
+    /// Namespace policy and per-namespace placement.
+    pub namespaces: NamespacesSection,
+    /// Dispatch limits.
+    pub dispatch: DispatchSection,
+    /// Liveness probing of workers.
+    pub liveness: LivenessSection,
+    /// Graceful shutdown.
+    pub shutdown: ShutdownSection,
+    /// Logging.
+    pub log: LogSection,
+}
+
+/// `[grpc]`: one TCP port carrying the producer API, health, reflection and gRPC workers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcSection {
+    /// Address the gRPC listener binds.
+    pub listen: SocketAddr,
+    /// Serve the gRPC worker transport on the listener (the producer API is always served).
+    pub workers: bool,
+    /// Serve TLS on the listener (with `tls.*` material); plaintext when false.
+    pub tls: bool,
+    /// How long a new worker stream has to send its registration.
+    pub registration_deadline: ConfigDuration,
+    /// Interval of HTTP/2 keepalive pings the server sends.
+    pub keepalive_interval: ConfigDuration,
+    /// How long an HTTP/2 keepalive ping may stay unanswered before the connection is closed.
+    pub keepalive_timeout: ConfigDuration,
+    /// Largest gRPC message accepted or sent, in bytes.
+    pub max_message_size: usize,
+    /// Set TCP_NODELAY on accepted connections.
+    pub tcp_nodelay: bool,
+}
+
+impl Default for GrpcSection {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
+            workers: true,
+            tls: true,
+            registration_deadline: ConfigDuration::secs(10),
+            keepalive_interval: ConfigDuration::secs(20),
+            keepalive_timeout: ConfigDuration::secs(10),
+            max_message_size: 4 * 1024 * 1024,
+            tcp_nodelay: true,
+        }
+    }
+}
+
+/// `[quic]`: the QUIC push transport for constrained links (UDP).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuicSection {
+    /// Start the QUIC transport.
+    pub enabled: bool,
+    /// UDP address the QUIC endpoint binds.
+    pub listen: SocketAddr,
+    /// Congestion controller: `cubic`, `bbr` or `newreno`.
+    pub congestion: CongestionConfig,
+    /// Interval of QUIC keep-alive packets on an idle connection; `0s` sends none.
+    pub keep_alive_interval: ConfigDuration,
+    /// A connection without any packet from the peer this long is closed.
+    pub max_idle_timeout: ConfigDuration,
+    /// Round-trip time assumed before the first measurement.
+    pub initial_rtt: ConfigDuration,
+    /// Bytes one stream may receive ahead of its reader.
+    pub stream_receive_window: u32,
+    /// Bytes a whole connection may receive ahead of its readers.
+    pub receive_window: u32,
+    /// Bytes a connection buffers unacknowledged for sending.
+    pub send_window: u64,
+    /// Largest control-stream frame accepted, in bytes.
+    pub max_control_frame: u32,
+    /// Largest lane frame (task input, result output) accepted, in bytes.
+    pub max_lane_frame: u32,
+    /// Keep a worker's session when its address changes (NAT rebinding, network switch).
+    pub migration: bool,
+    /// Largest capacity a worker may announce (and so the most lanes opened toward it).
+    pub max_concurrency_limit: u32,
+    /// Time from a connection's first packet to its completed registration.
+    pub registration_timeout: ConfigDuration,
+    /// Connections still handshaking or registering at once; more are refused.
+    pub max_unregistered_connections: usize,
+}
+
+impl Default for QuicSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
+            congestion: CongestionConfig::Cubic,
+            keep_alive_interval: ConfigDuration::secs(10),
+            max_idle_timeout: ConfigDuration::secs(30),
+            initial_rtt: ConfigDuration::millis(333),
+            stream_receive_window: 1024 * 1024,
+            receive_window: 16 * 1024 * 1024,
+            send_window: 16 * 1024 * 1024,
+            max_control_frame: 64 * 1024,
+            max_lane_frame: 4 * 1024 * 1024,
+            migration: true,
+            max_concurrency_limit: 1024,
+            registration_timeout: ConfigDuration::secs(10),
+            max_unregistered_connections: 1024,
+        }
+    }
+}
+
+/// QUIC congestion controller.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CongestionConfig {
+    /// CUBIC.
+    #[default]
+    Cubic,
+    /// BBR: far less sensitive to random loss.
+    Bbr,
+    /// NewReno.
+    Newreno,
+}
+
+/// `[ops]`: the operations HTTP listener (health, readiness, metrics, read-only JSON).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OpsSection {
+    /// Start the operations listener.
+    pub enabled: bool,
+    /// Address it binds. It is unauthenticated and read-only: keep it on a private address.
+    pub listen: SocketAddr,
+}
+
+impl Default for OpsSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7702)),
+        }
+    }
+}
+
+/// `[tls]`: server certificate, client CA and the development material directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    /// Directory for generated development material; empty means the platform data directory
+    /// (`$XDG_DATA_HOME/switchyard`, else `$HOME/.local/share/switchyard`, else `.switchyard`).
+    pub data_dir: String,
+    /// PEM server certificate chain; empty generates development material in `data_dir`.
+    pub cert: String,
+    /// PEM private key of `cert`; set both or neither.
+    pub key: String,
+    /// PEM CA bundle that client certificates must chain to; empty disables mutual TLS.
+    pub client_ca: String,
+}
+
+/// `[[principals]]`: one caller the gateway knows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrincipalConfig {
+    /// The principal's name, as logged and shown on its workers.
+    pub name: String,
+    /// Bearer token that authenticates it; empty for none.
+    pub token: String,
+    /// Common name of the client certificate subject that authenticates it; empty for none.
+    pub cert_subject: String,
+    /// Namespaces it may register workers into and dispatch into; `"*"` grants every one.
+    pub namespaces: Vec<String>,
+}
+
+/// What the admission gate does with a namespace it does not know.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NamespacePolicyConfig {
+    /// Create it on first registration.
+    #[default]
+    Open,
+    /// Refuse registrations into namespaces not listed in `namespaces.known`.
+    Closed,
+}
+
+/// `[namespaces]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamespacesSection {
+    /// `open` or `closed`.
+    pub policy: NamespacePolicyConfig,
+    /// Namespaces known from the start, with their placement.
+    pub known: Vec<NamespaceConfig>,
+}
+
+/// `[[namespaces.known]]`: a namespace and where its workers run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// The namespace name.
+    pub name: String,
+    /// Node labels every worker of the namespace must advertise one of (enforced).
+    pub pinned: Vec<String>,
+    /// Node labels the namespace prefers (advisory; not enforced).
+    pub prefer: Vec<String>,
+}
+
+/// `[dispatch]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DispatchSection {
+    /// Timeout of a dispatch that asks for none.
+    pub default_timeout: ConfigDuration,
+    /// Longest timeout a dispatch may ask for; longer ones are clamped.
+    pub max_timeout: ConfigDuration,
+    /// How often one dispatch may lose the worker holding it and still be re-delivered.
+    pub loss_budget: u32,
+    /// The window `loss_budget` counts losses in.
+    pub loss_window: ConfigDuration,
+    /// Dispatches one `DispatchStream` runs at once before the gateway stops reading it.
+    pub max_in_flight_per_stream: usize,
+}
+
+impl Default for DispatchSection {
+    fn default() -> Self {
+        Self {
+            default_timeout: ConfigDuration::secs(60),
+            max_timeout: ConfigDuration::secs(3600),
+            loss_budget: 3,
+            loss_window: ConfigDuration::secs(60),
+            max_in_flight_per_stream: 1024,
+        }
+    }
+}
+
+/// `[liveness]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LivenessSection {
+    /// Time between pings to a proven worker.
+    pub ping_interval: ConfigDuration,
+    /// A ping unanswered this long counts as missed.
+    pub ping_timeout: ConfigDuration,
+    /// Answered pings that lift opening probation and restore a lost worker.
+    pub probation_pings: u32,
+    /// Consecutive missed pings that mark a worker unreachable.
+    pub miss_threshold: u32,
+    /// Silence after which a worker is deregistered as timed out.
+    pub heartbeat_window: ConfigDuration,
+}
+
+impl Default for LivenessSection {
+    fn default() -> Self {
+        Self {
+            ping_interval: ConfigDuration::secs(2),
+            ping_timeout: ConfigDuration::secs(5),
+            probation_pings: 2,
+            miss_threshold: 3,
+            heartbeat_window: ConfigDuration::secs(30),
+        }
+    }
+}
+
+/// `[shutdown]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownSection {
+    /// How long shutdown waits for tasks in flight before ending them `shutting_down`.
+    pub drain_timeout: ConfigDuration,
+}
+
+impl Default for ShutdownSection {
+    fn default() -> Self {
+        Self {
+            drain_timeout: ConfigDuration::secs(30),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// Filter in `RUST_LOG` syntax; `RUST_LOG` itself wins when set.
+    pub filter: String,
+    /// `text` or `json`.
+    pub format: LogFormat,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            filter: "info".to_owned(),
+            format: LogFormat::Text,
+        }
+    }
+}

@@ -1,0 +1,269 @@
+use std::io::Write;
+use std::path::PathBuf;
+
+use super::*;
+
+fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+    vars.iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn file(contents: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "switchyard-config-{}-{}.toml",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(contents.as_bytes())
+        .unwrap();
+    path
+}
+
+fn invalid_key(error: &ConfigError) -> (&str, &str) {
+    match error {
+        ConfigError::Invalid { key, env, .. } | ConfigError::Insecure { key, env, .. } => {
+            (key, env)
+        }
+        other => panic!("expected an error naming a key, got {other}"),
+    }
+}
+
+#[test]
+fn no_file_no_env_no_flags_is_the_documented_default() {
+    let config = GatewayConfig::load(None, env(&[]), &[]).unwrap();
+    assert_eq!(config, GatewayConfig::default());
+    assert_eq!(config.grpc.listen.to_string(), "127.0.0.1:7700");
+    assert_eq!(config.quic.listen.to_string(), "127.0.0.1:7701");
+    assert_eq!(config.ops.listen.to_string(), "127.0.0.1:7702");
+}
+
+#[test]
+fn flags_beat_env_which_beats_the_file() {
+    let path = file(
+        r#"
+        [grpc]
+        listen = "127.0.0.1:9000"
+        registration_deadline = "3s"
+        [dispatch]
+        loss_budget = 9
+        "#,
+    );
+    let config = GatewayConfig::load(
+        Some(&path),
+        env(&[
+            ("SWITCHYARD_GRPC_LISTEN", "127.0.0.1:9001"),
+            ("SWITCHYARD_DISPATCH_LOSS_BUDGET", "5"),
+            ("SWITCHYARD_QUIC_ENABLED", "false"),
+        ]),
+        &[Override::flag(
+            "grpc.listen",
+            "grpc-listen",
+            "127.0.0.1:9002",
+        )],
+    )
+    .unwrap();
+    assert_eq!(
+        config.grpc.listen.to_string(),
+        "127.0.0.1:9002",
+        "flag wins"
+    );
+    assert_eq!(config.dispatch.loss_budget, 5, "env beats the file");
+    assert_eq!(
+        config.grpc.registration_deadline,
+        ConfigDuration::secs(3),
+        "file beats the default"
+    );
+    assert!(!config.quic.enabled);
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn lists_of_tables_come_from_the_environment_as_inline_toml() {
+    let config = GatewayConfig::load(
+        None,
+        env(&[(
+            "SWITCHYARD_PRINCIPALS",
+            r#"[{ name = "billing", token = "t1", namespaces = ["billing"] }]"#,
+        )]),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(config.principals.len(), 1);
+    assert_eq!(config.principals[0].name, "billing");
+    assert_eq!(config.principals[0].namespaces, vec!["billing".to_owned()]);
+}
+
+#[test]
+fn a_bad_env_value_names_its_key_and_variable() {
+    let error =
+        GatewayConfig::load(None, env(&[("SWITCHYARD_GRPC_LISTEN", "nowhere")]), &[]).unwrap_err();
+    assert_eq!(
+        invalid_key(&error),
+        ("grpc.listen", "SWITCHYARD_GRPC_LISTEN")
+    );
+    let error = GatewayConfig::load(
+        None,
+        env(&[("SWITCHYARD_DISPATCH_LOSS_BUDGET", "lots")]),
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(
+        invalid_key(&error),
+        ("dispatch.loss_budget", "SWITCHYARD_DISPATCH_LOSS_BUDGET")
+    );
+    assert!(error.to_string().contains("lots"), "{error}");
+}
+
+#[test]
+fn a_bad_file_value_names_its_key_and_variable() {
+    let path = file("[liveness]\nping_interval = \"2 fortnights\"\n");
+    let error = GatewayConfig::load(Some(&path), env(&[]), &[]).unwrap_err();
+    assert_eq!(
+        invalid_key(&error),
+        (
+            "liveness.ping_interval",
+            "SWITCHYARD_LIVENESS_PING_INTERVAL"
+        )
+    );
+    std::fs::remove_file(path).unwrap();
+
+    let path = file("[namespaces]\npolicy = \"ajar\"\n");
+    let error = GatewayConfig::load(Some(&path), env(&[]), &[]).unwrap_err();
+    assert_eq!(invalid_key(&error).0, "namespaces.policy");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn unknown_keys_and_variables_are_refused_by_name() {
+    let path = file("[grpc]\nlisten_on = \"127.0.0.1:1\"\n");
+    let error = GatewayConfig::load(Some(&path), env(&[]), &[]).unwrap_err();
+    assert!(error.to_string().contains("listen_on"), "{error}");
+    std::fs::remove_file(path).unwrap();
+
+    let error = GatewayConfig::load(None, env(&[("SWITCHYARD_GRPC_LISTN", "x")]), &[]).unwrap_err();
+    assert!(
+        matches!(&error, ConfigError::UnknownEnvVar { name } if name == "SWITCHYARD_GRPC_LISTN"),
+        "{error}"
+    );
+    let unrelated = env(&[("PATH", "/bin"), ("SWITCHYARD_TOKEN", "client-only")]);
+    assert!(GatewayConfig::load(None, unrelated, &[]).is_ok());
+}
+
+#[test]
+fn non_loopback_bind_without_principals_is_refused_with_the_reason() {
+    let error = GatewayConfig::load(
+        None,
+        env(&[("SWITCHYARD_GRPC_LISTEN", "0.0.0.0:7700")]),
+        &[],
+    )
+    .unwrap_err();
+    assert!(matches!(error, ConfigError::Insecure { .. }), "{error}");
+    assert_eq!(
+        invalid_key(&error),
+        ("grpc.listen", "SWITCHYARD_GRPC_LISTEN")
+    );
+    assert!(error.to_string().contains("no principal"), "{error}");
+
+    let error = GatewayConfig::load(None, env(&[("SWITCHYARD_QUIC_LISTEN", "[::]:7701")]), &[])
+        .unwrap_err();
+    assert_eq!(invalid_key(&error).0, "quic.listen");
+
+    let principals = r#"[{ name = "a", token = "t", namespaces = ["*"] }]"#;
+    let secured = GatewayConfig::load(
+        None,
+        env(&[
+            ("SWITCHYARD_GRPC_LISTEN", "0.0.0.0:7700"),
+            ("SWITCHYARD_PRINCIPALS", principals),
+        ]),
+        &[],
+    );
+    assert!(secured.is_ok(), "principals make a public bind acceptable");
+
+    let plaintext = GatewayConfig::load(
+        None,
+        env(&[
+            ("SWITCHYARD_GRPC_LISTEN", "0.0.0.0:7700"),
+            ("SWITCHYARD_GRPC_TLS", "false"),
+            ("SWITCHYARD_PRINCIPALS", principals),
+        ]),
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(invalid_key(&plaintext).0, "grpc.tls");
+}
+
+#[test]
+fn inconsistent_principals_and_namespaces_name_the_entry() {
+    let cases = [
+        (
+            r#"[{ name = "a", namespaces = ["x"] }]"#,
+            "SWITCHYARD_PRINCIPALS",
+            "principals[0].token",
+        ),
+        (
+            r#"[{ name = "a", token = "t", namespaces = [] }]"#,
+            "SWITCHYARD_PRINCIPALS",
+            "principals[0].namespaces",
+        ),
+        (
+            r#"[{ name = "a", token = "t", namespaces = ["x"] }, { name = "b", token = "t", namespaces = ["y"] }]"#,
+            "SWITCHYARD_PRINCIPALS",
+            "principals[1].token",
+        ),
+        (
+            r#"[{ name = "edge", pinned = ["n1"], prefer = ["n2"] }]"#,
+            "SWITCHYARD_NAMESPACES_KNOWN",
+            "namespaces.known[0].prefer",
+        ),
+    ];
+    for (value, var, key) in cases {
+        let error = GatewayConfig::load(None, env(&[(var, value)]), &[]).unwrap_err();
+        assert_eq!(invalid_key(&error), (key, var), "{value}");
+    }
+}
+
+#[test]
+fn zero_and_contradictory_limits_are_refused() {
+    for (var, value, key) in [
+        (
+            "SWITCHYARD_DISPATCH_MAX_IN_FLIGHT_PER_STREAM",
+            "0",
+            "dispatch.max_in_flight_per_stream",
+        ),
+        (
+            "SWITCHYARD_LIVENESS_PING_INTERVAL",
+            "0s",
+            "liveness.ping_interval",
+        ),
+        (
+            "SWITCHYARD_DISPATCH_DEFAULT_TIMEOUT",
+            "2h",
+            "dispatch.default_timeout",
+        ),
+        ("SWITCHYARD_TLS_CERT", "/some/cert.pem", "tls.key"),
+    ] {
+        let error = GatewayConfig::load(None, env(&[(var, value)]), &[]).unwrap_err();
+        assert_eq!(invalid_key(&error).0, key, "{var}={value}");
+    }
+}
+
+#[test]
+fn every_key_has_a_variable_and_is_documented() {
+    let doc = include_str!("../../../../docs/configuration.md");
+    let keys = keys();
+    assert!(keys.len() > 30, "only {} keys found", keys.len());
+    for key in &keys {
+        assert!(
+            doc.contains(&format!("`{key}`")),
+            "{key} is not in docs/configuration.md"
+        );
+        let var = env_var_for(key);
+        assert!(doc.contains(&var), "{var} is not in docs/configuration.md");
+    }
+}

@@ -1,0 +1,255 @@
+//! Checks across keys that the types alone cannot express, including security by default.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+use super::{ConfigError, GatewayConfig};
+
+/// Refuses a configuration that is inconsistent or would expose the gateway unauthenticated.
+pub(super) fn validate(config: &GatewayConfig) -> Result<(), ConfigError> {
+    positive(config)?;
+    principals(config)?;
+    namespaces(config)?;
+    tls(config)?;
+    listeners(config)?;
+    security(config)
+}
+
+fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
+    let durations = [
+        (
+            "grpc.registration_deadline",
+            config.grpc.registration_deadline,
+        ),
+        ("grpc.keepalive_interval", config.grpc.keepalive_interval),
+        ("grpc.keepalive_timeout", config.grpc.keepalive_timeout),
+        ("dispatch.default_timeout", config.dispatch.default_timeout),
+        ("dispatch.max_timeout", config.dispatch.max_timeout),
+        ("dispatch.loss_window", config.dispatch.loss_window),
+        ("liveness.ping_interval", config.liveness.ping_interval),
+        ("liveness.ping_timeout", config.liveness.ping_timeout),
+        (
+            "liveness.heartbeat_window",
+            config.liveness.heartbeat_window,
+        ),
+    ];
+    for (key, value) in durations {
+        if value.get().is_zero() {
+            return Err(ConfigError::invalid(
+                key,
+                "must be longer than 0s".to_owned(),
+            ));
+        }
+    }
+    let counts = [
+        ("grpc.max_message_size", config.grpc.max_message_size),
+        (
+            "dispatch.max_in_flight_per_stream",
+            config.dispatch.max_in_flight_per_stream,
+        ),
+        (
+            "liveness.probation_pings",
+            config.liveness.probation_pings as usize,
+        ),
+        (
+            "liveness.miss_threshold",
+            config.liveness.miss_threshold as usize,
+        ),
+        (
+            "quic.stream_receive_window",
+            config.quic.stream_receive_window as usize,
+        ),
+        ("quic.receive_window", config.quic.receive_window as usize),
+        ("quic.send_window", config.quic.send_window as usize),
+        (
+            "quic.max_control_frame",
+            config.quic.max_control_frame as usize,
+        ),
+        ("quic.max_lane_frame", config.quic.max_lane_frame as usize),
+        (
+            "quic.max_concurrency_limit",
+            config.quic.max_concurrency_limit as usize,
+        ),
+        (
+            "quic.max_unregistered_connections",
+            config.quic.max_unregistered_connections,
+        ),
+    ];
+    for (key, value) in counts {
+        if value == 0 {
+            return Err(ConfigError::invalid(key, "must be at least 1".to_owned()));
+        }
+    }
+    if config.dispatch.default_timeout > config.dispatch.max_timeout {
+        return Err(ConfigError::invalid(
+            "dispatch.default_timeout",
+            format!(
+                "{} is longer than dispatch.max_timeout {}",
+                config.dispatch.default_timeout, config.dispatch.max_timeout
+            ),
+        ));
+    }
+    if config.liveness.heartbeat_window <= config.liveness.ping_interval {
+        return Err(ConfigError::invalid(
+            "liveness.heartbeat_window",
+            format!(
+                "{} must be longer than liveness.ping_interval {}",
+                config.liveness.heartbeat_window, config.liveness.ping_interval
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn principals(config: &GatewayConfig) -> Result<(), ConfigError> {
+    let mut names = HashSet::new();
+    let mut tokens = HashSet::new();
+    let mut subjects = HashSet::new();
+    for (i, principal) in config.principals.iter().enumerate() {
+        let at = |field: &str| format!("principals[{i}].{field}");
+        if principal.name.is_empty() {
+            return Err(ConfigError::invalid(&at("name"), "is empty".to_owned()));
+        }
+        if !names.insert(principal.name.as_str()) {
+            return Err(ConfigError::invalid(
+                &at("name"),
+                format!("principal {:?} is listed twice", principal.name),
+            ));
+        }
+        if principal.token.is_empty() && principal.cert_subject.is_empty() {
+            return Err(ConfigError::invalid(
+                &at("token"),
+                format!(
+                    "principal {:?} has neither a token nor a cert_subject, so nothing can \
+                     authenticate as it",
+                    principal.name
+                ),
+            ));
+        }
+        if !principal.token.is_empty() && !tokens.insert(principal.token.as_str()) {
+            return Err(ConfigError::invalid(
+                &at("token"),
+                "the same token is given to two principals".to_owned(),
+            ));
+        }
+        if !principal.cert_subject.is_empty() && !subjects.insert(principal.cert_subject.as_str()) {
+            return Err(ConfigError::invalid(
+                &at("cert_subject"),
+                format!(
+                    "subject {:?} is given to two principals",
+                    principal.cert_subject
+                ),
+            ));
+        }
+        if principal.namespaces.is_empty() {
+            return Err(ConfigError::invalid(
+                &at("namespaces"),
+                format!(
+                    "principal {:?} is granted no namespace; list some, or \"*\" for all",
+                    principal.name
+                ),
+            ));
+        }
+        if principal.namespaces.iter().any(String::is_empty) {
+            return Err(ConfigError::invalid(
+                &at("namespaces"),
+                "contains an empty namespace name".to_owned(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn namespaces(config: &GatewayConfig) -> Result<(), ConfigError> {
+    let mut names = HashSet::new();
+    for (i, namespace) in config.namespaces.known.iter().enumerate() {
+        let at = |field: &str| format!("namespaces.known[{i}].{field}");
+        if namespace.name.is_empty() {
+            return Err(ConfigError::invalid(&at("name"), "is empty".to_owned()));
+        }
+        if !names.insert(namespace.name.as_str()) {
+            return Err(ConfigError::invalid(
+                &at("name"),
+                format!("namespace {:?} is listed twice", namespace.name),
+            ));
+        }
+        if !namespace.pinned.is_empty() && !namespace.prefer.is_empty() {
+            return Err(ConfigError::invalid(
+                &at("prefer"),
+                format!(
+                    "namespace {:?} is both pinned and preferring; give one of pinned or prefer",
+                    namespace.name
+                ),
+            ));
+        }
+        for (field, nodes) in [("pinned", &namespace.pinned), ("prefer", &namespace.prefer)] {
+            if nodes.iter().any(String::is_empty) {
+                return Err(ConfigError::invalid(
+                    &at(field),
+                    "contains an empty node label".to_owned(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn tls(config: &GatewayConfig) -> Result<(), ConfigError> {
+    match (config.tls.cert.is_empty(), config.tls.key.is_empty()) {
+        (false, true) => Err(ConfigError::invalid(
+            "tls.key",
+            "is empty while tls.cert is set; give both or neither".to_owned(),
+        )),
+        (true, false) => Err(ConfigError::invalid(
+            "tls.cert",
+            "is empty while tls.key is set; give both or neither".to_owned(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn listeners(config: &GatewayConfig) -> Result<(), ConfigError> {
+    let grpc = config.grpc.listen;
+    let ops = config.ops.listen;
+    if config.ops.enabled && grpc.port() != 0 && grpc == ops {
+        return Err(ConfigError::invalid(
+            "ops.listen",
+            format!("{ops} is also grpc.listen; the two TCP listeners need different addresses"),
+        ));
+    }
+    Ok(())
+}
+
+fn security(config: &GatewayConfig) -> Result<(), ConfigError> {
+    let mut exposed: Vec<(&str, SocketAddr)> = vec![("grpc.listen", config.grpc.listen)];
+    if config.quic.enabled {
+        exposed.push(("quic.listen", config.quic.listen));
+    }
+    for (key, addr) in exposed {
+        if addr.ip().is_loopback() {
+            continue;
+        }
+        if config.principals.is_empty() {
+            return Err(ConfigError::insecure(
+                key,
+                format!(
+                    "binds {addr}, which is not a loopback address, and no principal is \
+                     configured: anyone who can reach it could register workers and dispatch \
+                     into any namespace. Add [[principals]] with tokens or certificate subjects, \
+                     or bind 127.0.0.1"
+                ),
+            ));
+        }
+        if key == "grpc.listen" && !config.grpc.tls {
+            return Err(ConfigError::insecure(
+                "grpc.tls",
+                format!(
+                    "is false while grpc.listen binds {addr}, which is not a loopback address: \
+                     bearer tokens would cross the network in clear text. Enable TLS or bind \
+                     127.0.0.1"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

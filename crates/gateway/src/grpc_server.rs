@@ -1,0 +1,186 @@
+//! The built-in gRPC transport: one TCP port carrying the producer API, the gRPC worker
+//! service, the standard health service and server reflection.
+//!
+//! It is started through [`Transport`] like any other transport. The producer API is always
+//! mounted; `grpc.workers = false` leaves the worker service out. Workers and producers are
+//! identified against the same principal table.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use switchyard_proto::v1::gateway_server::GatewayServer;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use switchyard_core::CallerIdentity;
+use switchyard_transport_grpc::{CallerDirectory, GrpcServerConfig, WorkerService};
+
+use crate::api::{ApiSettings, GatewayApi};
+use crate::auth::Principals;
+use crate::config::GrpcSection;
+use crate::tls::TlsMaterial;
+use crate::transport::{
+    ListenAddr, Listening, Protocol, Transport, TransportContext, TransportError,
+};
+
+/// How long the server may take to finish its last connections after `close` fires.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// The built-in gRPC transport and producer API server.
+#[derive(Clone, Debug)]
+pub struct GrpcTransport {
+    section: GrpcSection,
+    api: ApiSettings,
+}
+
+impl GrpcTransport {
+    /// A transport serving `section` with the producer API configured by `api`.
+    pub fn new(section: GrpcSection, api: ApiSettings) -> Self {
+        Self { section, api }
+    }
+}
+
+fn server_tls(tls: &TlsMaterial) -> ServerTlsConfig {
+    let mut config =
+        ServerTlsConfig::new().identity(Identity::from_pem(tls.cert_pem(), tls.key_pem()));
+    if let Some(ca) = tls.client_ca_pem() {
+        // Optional: callers without a certificate may still authenticate with a token.
+        config = config
+            .client_ca_root(Certificate::from_pem(ca))
+            .client_auth_optional(true);
+    }
+    config
+}
+
+/// The worker service's settings from the gateway's `[grpc]` section.
+fn worker_config(section: &GrpcSection, principals: &Principals) -> GrpcServerConfig {
+    GrpcServerConfig {
+        registration_deadline: section.registration_deadline.get(),
+        keepalive_interval: Some(section.keepalive_interval.get()),
+        keepalive_timeout: section.keepalive_timeout.get(),
+        max_message_bytes: section.max_message_size,
+        tcp_nodelay: section.tcp_nodelay,
+        anonymous: principals
+            .is_development()
+            .then(|| CallerIdentity::trusted("anonymous")),
+        ..GrpcServerConfig::default()
+    }
+}
+
+/// The principal table as the gRPC worker service looks callers up.
+struct Directory(Arc<Principals>);
+
+impl CallerDirectory for Directory {
+    fn by_token(&self, token: &str) -> Option<CallerIdentity> {
+        self.0.by_token(token).cloned().or_else(|| {
+            self.0
+                .is_development()
+                .then(|| CallerIdentity::trusted("anonymous"))
+        })
+    }
+
+    fn by_certificate(&self, principal: &str) -> Option<CallerIdentity> {
+        self.0.by_subject(principal).cloned().or_else(|| {
+            self.0
+                .is_development()
+                .then(|| CallerIdentity::trusted("anonymous"))
+        })
+    }
+}
+
+#[async_trait]
+impl Transport for GrpcTransport {
+    fn name(&self) -> &str {
+        "grpc"
+    }
+
+    async fn start(
+        self: Box<Self>,
+        context: TransportContext,
+    ) -> Result<Listening, TransportError> {
+        let section = self.section;
+        let addr = section.listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| TransportError::Bind { addr, source })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|source| TransportError::Bind { addr, source })?;
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(section.tcp_nodelay));
+
+        let mut server = Server::builder()
+            .http2_keepalive_interval(Some(section.keepalive_interval.get()))
+            .http2_keepalive_timeout(Some(section.keepalive_timeout.get()));
+        if section.tls {
+            server = server
+                .tls_config(server_tls(&context.tls))
+                .map_err(|error| TransportError::Tls(error.to_string()))?;
+        }
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<GatewayServer<GatewayApi>>().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(TransportError::other)?;
+        let api = GatewayApi::new(
+            context.core.clone(),
+            Arc::clone(&context.principals),
+            self.api,
+        )
+        .ending_on(context.close.clone())
+        .into_service()
+        .max_decoding_message_size(section.max_message_size)
+        .max_encoding_message_size(section.max_message_size);
+
+        let workers = section.workers.then(|| {
+            WorkerService::new(
+                context.core.clone(),
+                Arc::new(Directory(Arc::clone(&context.principals))),
+                worker_config(&section, &context.principals),
+            )
+            .into_server()
+        });
+
+        let router = server
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(api)
+            .add_optional_service(workers);
+
+        let stop_accepting = context.stop_accepting.clone();
+        let close = context.close.clone();
+        let serving = async move {
+            let stopped = {
+                let health = health.clone();
+                let stop_accepting = stop_accepting.clone();
+                async move {
+                    stop_accepting.cancelled().await;
+                    health.set_not_serving::<GatewayServer<GatewayApi>>().await;
+                }
+            };
+            let serve = router.serve_with_incoming_shutdown(incoming, stopped);
+            tokio::pin!(serve);
+            tokio::select! {
+                result = &mut serve => return result.map_err(TransportError::other),
+                () = close.cancelled() => {}
+            }
+            // Connections still open after the drain get a short grace, then are left to end
+            // with the process.
+            match tokio::time::timeout(CLOSE_GRACE, serve).await {
+                Ok(result) => result.map_err(TransportError::other),
+                Err(_) => Ok(()),
+            }
+        };
+        Ok(Listening {
+            addrs: vec![ListenAddr {
+                protocol: Protocol::Tcp,
+                addr: bound,
+            }],
+            serving: Box::pin(serving),
+        })
+    }
+}

@@ -1,0 +1,144 @@
+//! `/metrics`: core's counters and histograms through the Prometheus exporter, plus gauges
+//! computed from core at scrape time.
+//!
+//! The per-pool and per-reason gauges are written at each scrape from the registry and the
+//! dispatcher rather than kept as recorder gauges, so a pool that disappears stops being
+//! reported instead of lingering at its last value.
+
+use std::fmt::Write;
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use switchyard_core::Core;
+
+use super::pools::{PoolStats, parked_by_reason, pool_stats};
+
+/// Bucket bounds of `switchyard_dispatch_latency_seconds`, from sub-millisecond loopback
+/// round trips to long activities.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process-wide Prometheus recorder, installed on first use; `None` when the embedding
+/// program installed another recorder first (then only the scrape-time gauges are served).
+pub(crate) fn recorder() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("switchyard_dispatch_latency_seconds".to_owned()),
+                    LATENCY_BUCKETS,
+                )
+                .ok()?;
+            match builder.install_recorder() {
+                Ok(handle) => Some(handle),
+                Err(error) => {
+                    tracing::warn!(%error, "metrics recorder not installed; /metrics serves \
+                        only the scrape-time gauges");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// The whole `/metrics` body.
+pub(crate) fn render(core: &Core) -> String {
+    let mut text = recorder().map(PrometheusHandle::render).unwrap_or_default();
+    scrape_gauges(core, &mut text);
+    text
+}
+
+fn scrape_gauges(core: &Core, out: &mut String) {
+    let by_reason = parked_by_reason(core);
+    header(
+        out,
+        "switchyard_parked_dispatches",
+        "Dispatches waiting for a worker, by unserved reason.",
+    );
+    for (reason, count) in by_reason {
+        sample(
+            out,
+            "switchyard_parked_dispatches",
+            &[("reason", reason)],
+            count as f64,
+        );
+    }
+    let pools = pool_stats(core);
+    let gauges: [(&str, &str, PoolGauge); 5] = [
+        (
+            "switchyard_pool_workers",
+            "Workers registered in the pool.",
+            |p| p.workers as f64,
+        ),
+        (
+            "switchyard_pool_capacity",
+            "Sum of the announced capacities of the pool's workers.",
+            |p| p.capacity as f64,
+        ),
+        (
+            "switchyard_pool_in_flight",
+            "Tasks held by the pool's workers.",
+            |p| p.in_flight as f64,
+        ),
+        (
+            "switchyard_pool_parked_dispatches",
+            "Dispatches parked waiting for a worker of the pool.",
+            |p| p.parked as f64,
+        ),
+        (
+            "switchyard_pool_oldest_parked_seconds",
+            "Age of the pool's oldest parked dispatch (0 when none waits).",
+            |p| p.oldest_parked_seconds,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        header(out, name, help);
+        for pool in &pools {
+            let labels = [
+                ("namespace", pool.namespace.as_str()),
+                ("task_queue", pool.task_queue.as_str()),
+            ];
+            sample(out, name, &labels, value(pool));
+        }
+    }
+}
+
+/// Reads one pool figure for a gauge.
+type PoolGauge = fn(&PoolStats) -> f64;
+
+fn header(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+}
+
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
+    let _ = write!(out, "{name}{{");
+    for (i, (label, text)) in labels.iter().enumerate() {
+        let separator = if i == 0 { "" } else { "," };
+        let _ = write!(out, "{separator}{label}=\"{}\"", escape(text));
+    }
+    let _ = writeln!(out, "}} {value}");
+}
+
+/// Escapes a label value as the Prometheus text format requires.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut out = String::new();
+        sample(&mut out, "m", &[("ns", "a\"b\\c\nd"), ("q", "x")], 2.0);
+        assert_eq!(out, "m{ns=\"a\\\"b\\\\c\\nd\",q=\"x\"} 2\n");
+    }
+}

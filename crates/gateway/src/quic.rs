@@ -1,0 +1,182 @@
+//! The built-in QUIC transport: `switchyard-transport-quic`'s server started through
+//! [`Transport`], authenticating workers against the gateway's principal table.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rustls::RootCertStore;
+use rustls::server::WebPkiClientVerifier;
+use switchyard_core::CallerIdentity;
+use switchyard_transport_quic::{
+    AuthError as QuicAuthError, Authenticator, CongestionControl, FrameLimits, LinkSettings,
+    PeerCredentials, QuicServer, ServerConfig, ServerTls,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{AuthError, Credentials, Principals};
+use crate::config::{CongestionConfig, QuicSection};
+use crate::tls::TlsMaterial;
+use crate::transport::{
+    ListenAddr, Listening, Protocol, Transport, TransportContext, TransportError,
+};
+
+/// How long closed connections get to tell their peers before the transport stops waiting.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// The built-in QUIC worker transport.
+#[derive(Clone, Debug)]
+pub struct QuicTransport {
+    section: QuicSection,
+}
+
+impl QuicTransport {
+    /// A transport serving `section`.
+    pub fn new(section: QuicSection) -> Self {
+        Self { section }
+    }
+
+    fn server_config(&self) -> ServerConfig {
+        let section = &self.section;
+        let keep_alive = section.keep_alive_interval.get();
+        ServerConfig {
+            listen: section.listen,
+            link: LinkSettings {
+                congestion: match section.congestion {
+                    CongestionConfig::Cubic => CongestionControl::Cubic,
+                    CongestionConfig::Bbr => CongestionControl::Bbr,
+                    CongestionConfig::Newreno => CongestionControl::NewReno,
+                },
+                keep_alive_interval: (!keep_alive.is_zero()).then_some(keep_alive),
+                max_idle_timeout: section.max_idle_timeout.get(),
+                initial_rtt: section.initial_rtt.get(),
+                stream_receive_window: section.stream_receive_window,
+                receive_window: section.receive_window,
+                send_window: section.send_window,
+            },
+            frames: FrameLimits {
+                control: section.max_control_frame,
+                lane: section.max_lane_frame,
+            },
+            migration: section.migration,
+            max_concurrency_limit: section.max_concurrency_limit,
+            registration_timeout: section.registration_timeout.get(),
+            max_unregistered_connections: section.max_unregistered_connections,
+        }
+    }
+}
+
+/// The server's rustls configuration: the gateway's certificate, and client certificates
+/// verified against the client CA when one is configured but not required, so token-only
+/// workers still connect.
+fn server_tls(tls: &TlsMaterial) -> Result<ServerTls, TransportError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|error| TransportError::Tls(error.to_string()))?;
+    let chain = tls
+        .cert_chain()
+        .map_err(|e| TransportError::Tls(e.to_string()))?;
+    let key = tls
+        .private_key()
+        .map_err(|e| TransportError::Tls(e.to_string()))?;
+    let client_cas = tls
+        .client_ca_certs()
+        .map_err(|e| TransportError::Tls(e.to_string()))?;
+    let config = if client_cas.is_empty() {
+        builder.with_no_client_auth().with_single_cert(chain, key)
+    } else {
+        let mut roots = RootCertStore::empty();
+        for ca in client_cas {
+            roots
+                .add(ca)
+                .map_err(|error| TransportError::Tls(error.to_string()))?;
+        }
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .allow_unauthenticated()
+            .build()
+            .map_err(|error| TransportError::Tls(error.to_string()))?;
+        builder
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+    }
+    .map_err(|error| TransportError::Tls(error.to_string()))?;
+    ServerTls::from_rustls(config).map_err(|error| TransportError::Tls(error.to_string()))
+}
+
+/// Workers authenticated against the principal table; none admitted once shutdown began.
+struct PrincipalAuthenticator {
+    principals: Arc<Principals>,
+    stopping: CancellationToken,
+}
+
+impl Authenticator for PrincipalAuthenticator {
+    fn authenticate(&self, peer: &PeerCredentials<'_>) -> Result<CallerIdentity, QuicAuthError> {
+        if self.stopping.is_cancelled() {
+            return Err(QuicAuthError::Refused(
+                "the gateway is shutting down".to_owned(),
+            ));
+        }
+        let subject = match peer.certificates.first() {
+            Some(leaf) => Some(
+                switchyard_transport_grpc::certificate_principal(leaf.as_ref())
+                    .map_err(|error| QuicAuthError::Refused(error.to_string()))?,
+            ),
+            None => None,
+        };
+        self.principals
+            .identify(Credentials {
+                cert_subject: subject.as_deref(),
+                bearer_token: peer.token,
+            })
+            .map_err(|error| match error {
+                AuthError::Missing => QuicAuthError::MissingToken,
+                AuthError::UnknownToken => QuicAuthError::UnknownToken,
+                other => QuicAuthError::Refused(other.to_string()),
+            })
+    }
+}
+
+#[async_trait]
+impl Transport for QuicTransport {
+    fn name(&self) -> &str {
+        "quic"
+    }
+
+    async fn start(
+        self: Box<Self>,
+        context: TransportContext,
+    ) -> Result<Listening, TransportError> {
+        let config = self.server_config();
+        let server = QuicServer::builder(context.core.clone(), server_tls(&context.tls)?)
+            .config(config)
+            .authenticator(PrincipalAuthenticator {
+                principals: Arc::clone(&context.principals),
+                stopping: context.stop_accepting.clone(),
+            })
+            .bind()
+            .await
+            .map_err(|error| match error {
+                switchyard_transport_quic::ServerError::Bind { addr, source } => {
+                    TransportError::Bind { addr, source }
+                }
+                other => TransportError::other(other),
+            })?;
+        let addr = server.local_addr();
+        let close = context.close.clone();
+        let serving = async move {
+            // Connections stay open through the drain so workers can finish their tasks.
+            close.cancelled().await;
+            server.close();
+            let _ = tokio::time::timeout(CLOSE_GRACE, server.wait_idle()).await;
+            Ok(())
+        };
+        Ok(Listening {
+            addrs: vec![ListenAddr {
+                protocol: Protocol::Udp,
+                addr,
+            }],
+            serving: Box::pin(serving),
+        })
+    }
+}

@@ -1,0 +1,332 @@
+//! TLS material: the configured server certificate, or development material generated once.
+//!
+//! Without `tls.cert`, the first start generates a development CA and a server certificate
+//! for `localhost`, `127.0.0.1` and `::1` signed by it, under `<data_dir>/tls/`; later starts
+//! reuse them, so workers that trust `ca.pem` keep trusting the gateway. Keys are written
+//! readable by the owner only.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::TlsSection;
+
+/// Why TLS material could not be loaded or generated.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A PEM file holds nothing usable.
+    #[error("{}: {problem}", path.display())]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Generating development material failed.
+    #[error("generating development certificates: {0}")]
+    Generate(#[from] rcgen::Error),
+}
+
+/// The server's certificate chain and key, and the CA client certificates must chain to.
+#[derive(Clone, Debug)]
+pub struct TlsMaterial {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    dev_ca_path: Option<PathBuf>,
+    client_ca_path: Option<PathBuf>,
+    cert_pem: String,
+    key_pem: String,
+    client_ca_pem: Option<String>,
+    generated: bool,
+}
+
+/// File names of the development material inside `<data_dir>/tls/`.
+const DEV_FILES: [&str; 4] = ["ca.pem", "ca-key.pem", "server.pem", "server-key.pem"];
+
+impl TlsMaterial {
+    /// Loads the configured material, or the development material under `data_dir` (generated
+    /// on first use).
+    pub fn load(section: &TlsSection, data_dir: &Path) -> Result<Self, TlsError> {
+        let (cert_path, key_path, dev_ca_path, generated) = if section.cert.is_empty() {
+            let dir = data_dir.join("tls");
+            let generated = ensure_dev_material(&dir)?;
+            (
+                dir.join(DEV_FILES[2]),
+                dir.join(DEV_FILES[3]),
+                Some(dir.join(DEV_FILES[0])),
+                generated,
+            )
+        } else {
+            (
+                PathBuf::from(&section.cert),
+                PathBuf::from(&section.key),
+                None,
+                false,
+            )
+        };
+        let client_ca_path =
+            (!section.client_ca.is_empty()).then(|| PathBuf::from(&section.client_ca));
+        let material = Self {
+            cert_pem: read(&cert_path)?,
+            key_pem: read(&key_path)?,
+            client_ca_pem: client_ca_path.as_deref().map(read).transpose()?,
+            cert_path,
+            key_path,
+            dev_ca_path,
+            client_ca_path,
+            generated,
+        };
+        // Parse once now so a bad file fails the start, not the first handshake.
+        material.cert_chain()?;
+        material.private_key()?;
+        material.client_ca_certs()?;
+        Ok(material)
+    }
+
+    /// The server certificate chain file.
+    pub fn cert_path(&self) -> &Path {
+        &self.cert_path
+    }
+
+    /// The server key file.
+    pub fn key_path(&self) -> &Path {
+        &self.key_path
+    }
+
+    /// The development CA workers must trust, when the material is generated.
+    pub fn dev_ca_path(&self) -> Option<&Path> {
+        self.dev_ca_path.as_deref()
+    }
+
+    /// True when this start generated the development material.
+    pub fn generated(&self) -> bool {
+        self.generated
+    }
+
+    /// The server certificate chain, PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// The server key, PEM.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+
+    /// The client CA bundle, PEM, when mutual TLS is configured.
+    pub fn client_ca_pem(&self) -> Option<&str> {
+        self.client_ca_pem.as_deref()
+    }
+
+    /// The server certificate chain, DER.
+    pub fn cert_chain(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+        let chain = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| pem_error(&self.cert_path, error.to_string()))?;
+        if chain.is_empty() {
+            return Err(pem_error(&self.cert_path, "no certificate".to_owned()));
+        }
+        Ok(chain)
+    }
+
+    /// The server key, DER.
+    pub fn private_key(&self) -> Result<PrivateKeyDer<'static>, TlsError> {
+        PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+            .map_err(|error| pem_error(&self.key_path, error.to_string()))
+    }
+
+    /// The client CA certificates, DER; empty when mutual TLS is not configured.
+    pub fn client_ca_certs(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+        let (Some(pem), Some(path)) = (&self.client_ca_pem, &self.client_ca_path) else {
+            return Ok(Vec::new());
+        };
+        let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| pem_error(path, error.to_string()))?;
+        if certs.is_empty() {
+            return Err(pem_error(path, "no certificate".to_owned()));
+        }
+        Ok(certs)
+    }
+}
+
+/// The data directory: `tls.data_dir` when set, else `$XDG_DATA_HOME/switchyard`, else
+/// `$HOME/.local/share/switchyard`, else `.switchyard` in the working directory.
+pub fn resolve_data_dir(configured: &str) -> PathBuf {
+    if !configured.is_empty() {
+        return PathBuf::from(configured);
+    }
+    if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(xdg).join("switchyard");
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(home).join(".local/share/switchyard");
+    }
+    PathBuf::from(".switchyard")
+}
+
+/// Generates the development CA and server certificate unless all four files exist; returns
+/// whether it generated them.
+fn ensure_dev_material(dir: &Path) -> Result<bool, TlsError> {
+    if DEV_FILES.iter().all(|name| dir.join(name).is_file()) {
+        return Ok(false);
+    }
+    std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "Switchyard development CA");
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = rcgen::KeyPair::generate()?;
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let issuer = rcgen::Issuer::new(ca_params, &ca_key);
+
+    let mut server_params = rcgen::CertificateParams::new(vec![
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "::1".to_owned(),
+    ])?;
+    server_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "switchyard gateway");
+    server_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let server_key = rcgen::KeyPair::generate()?;
+    let server_cert = server_params.signed_by(&server_key, &issuer)?;
+
+    write(&dir.join(DEV_FILES[0]), &ca_cert.pem(), false)?;
+    write(&dir.join(DEV_FILES[1]), &ca_key.serialize_pem(), true)?;
+    write(&dir.join(DEV_FILES[2]), &server_cert.pem(), false)?;
+    write(&dir.join(DEV_FILES[3]), &server_key.serialize_pem(), true)?;
+    Ok(true)
+}
+
+fn write(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
+    let io = |source| TlsError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(if secret { 0o600 } else { 0o644 });
+    }
+    #[cfg(not(unix))]
+    let _ = secret;
+    let mut file = options.open(path).map_err(io)?;
+    file.write_all(contents.as_bytes()).map_err(io)
+}
+
+fn read(path: &Path) -> Result<String, TlsError> {
+    std::fs::read_to_string(path).map_err(|source| TlsError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn pem_error(path: &Path, problem: String) -> TlsError {
+    TlsError::Pem {
+        path: path.to_owned(),
+        problem,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "switchyard-tls-{name}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn development_material_is_generated_once_then_reused() {
+        let dir = temp_dir("reuse");
+        let first = TlsMaterial::load(&TlsSection::default(), &dir).unwrap();
+        assert!(first.generated());
+        assert_eq!(first.cert_chain().unwrap().len(), 1);
+        let ca = first.dev_ca_path().unwrap().to_owned();
+        assert!(ca.is_file());
+
+        let second = TlsMaterial::load(&TlsSection::default(), &dir).unwrap();
+        assert!(!second.generated());
+        assert_eq!(
+            second.cert_pem(),
+            first.cert_pem(),
+            "the certificate is reused"
+        );
+        assert_eq!(second.dev_ca_path(), Some(ca.as_path()));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn generated_keys_are_private_to_the_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp_dir("mode");
+        let material = TlsMaterial::load(&TlsSection::default(), &dir).unwrap();
+        let mode = std::fs::metadata(material.key_path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "key mode {mode:o}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn configured_files_are_used_and_a_bad_one_fails_naming_it() {
+        let dir = temp_dir("files");
+        let dev = TlsMaterial::load(&TlsSection::default(), &dir).unwrap();
+        let section = TlsSection {
+            cert: dev.cert_path().display().to_string(),
+            key: dev.key_path().display().to_string(),
+            client_ca: dev.dev_ca_path().unwrap().display().to_string(),
+            ..TlsSection::default()
+        };
+        let loaded = TlsMaterial::load(&section, Path::new("/nonexistent")).unwrap();
+        assert!(loaded.dev_ca_path().is_none());
+        assert_eq!(loaded.client_ca_certs().unwrap().len(), 1);
+
+        let bogus = dir.join("bogus.pem");
+        std::fs::write(&bogus, "not pem").unwrap();
+        let error = TlsMaterial::load(
+            &TlsSection {
+                cert: bogus.display().to_string(),
+                ..section
+            },
+            &dir,
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("bogus.pem"), "{error}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,144 @@
+//! Opening one worker stream: connect, register, wait for the acknowledgement.
+
+use std::sync::Arc;
+
+use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
+use switchyard_proto::v1::{
+    GatewayFrame, RegisterAck, RegisterWorker, WorkerFrame, gateway_frame, worker_frame,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status, Streaming};
+
+use super::WorkerSettings;
+
+/// Why a worker could not open a registered stream.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The endpoint is not a valid URI, or its TLS settings were rejected.
+    #[error("endpoint {endpoint:?} rejected: {source}")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The bearer token cannot be carried in gRPC metadata.
+    #[error("bearer token is not valid ASCII metadata")]
+    InvalidToken,
+    /// The connection to the gateway failed.
+    #[error("gateway unreachable: {0}")]
+    Unreachable(#[source] tonic::transport::Error),
+    /// The gateway refused the worker (authentication or the admission gate); retrying
+    /// unchanged will not help.
+    #[error("registration refused ({}): {}", .0.code(), .0.message())]
+    Refused(Status),
+    /// The stream ended with a status before the registration was acknowledged.
+    #[error("stream failed before registration ({}): {}", .0.code(), .0.message())]
+    Stream(Status),
+    /// The gateway's first frame was not the acknowledgement, or it sent none.
+    #[error("gateway did not acknowledge the registration")]
+    NoAcknowledgement,
+}
+
+impl ConnectError {
+    /// True when trying again unchanged cannot succeed (bad settings or a refusal).
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Self::InvalidEndpoint { .. } | Self::InvalidToken | Self::Refused(_)
+        )
+    }
+
+    fn from_status(status: Status) -> Self {
+        match status.code() {
+            Code::InvalidArgument
+            | Code::PermissionDenied
+            | Code::NotFound
+            | Code::FailedPrecondition
+            | Code::Unauthenticated => Self::Refused(status),
+            _ => Self::Stream(status),
+        }
+    }
+}
+
+/// A registered stream.
+pub(crate) struct Link {
+    pub(crate) ack: RegisterAck,
+    pub(crate) outbound: mpsc::Sender<WorkerFrame>,
+    pub(crate) inbound: Streaming<GatewayFrame>,
+}
+
+/// The endpoint to dial, with TLS and HTTP/2 keepalive applied; built once per worker.
+pub(crate) fn endpoint(settings: &WorkerSettings) -> Result<Endpoint, ConnectError> {
+    let invalid = |source| ConnectError::InvalidEndpoint {
+        endpoint: settings.endpoint.clone(),
+        source,
+    };
+    let mut endpoint = Endpoint::from_shared(settings.endpoint.clone())
+        .map_err(invalid)?
+        .connect_timeout(settings.connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(settings.keepalive_interval)
+        .keep_alive_timeout(settings.keepalive_timeout)
+        .keep_alive_while_idle(true);
+    if let Some(tls) = &settings.tls {
+        endpoint = endpoint.tls_config(tls.clone()).map_err(invalid)?;
+    }
+    Ok(endpoint)
+}
+
+/// Dials `endpoint`, opens the stream, registers and waits for the acknowledgement.
+pub(crate) async fn open(
+    endpoint: &Endpoint,
+    settings: &Arc<WorkerSettings>,
+) -> Result<Link, ConnectError> {
+    let channel: Channel = endpoint
+        .connect()
+        .await
+        .map_err(ConnectError::Unreachable)?;
+    let mut client = WorkerGatewayClient::new(channel)
+        .max_decoding_message_size(settings.max_message_bytes)
+        .max_encoding_message_size(settings.max_message_bytes);
+    let (outbound, frames) = mpsc::channel(settings.outbound_queue());
+    let register = WorkerFrame {
+        frame: Some(worker_frame::Frame::Register(RegisterWorker {
+            namespaces: settings.namespaces.clone(),
+            task_queue: settings.task_queue.clone(),
+            node: settings.node.clone(),
+            activity_types: settings.activities.keys().cloned().collect(),
+            identity: settings.identity.clone(),
+            max_concurrency: Some(settings.max_concurrency),
+        })),
+    };
+    // The queue is empty and its receiver alive, so the first frame always fits.
+    outbound
+        .try_send(register)
+        .map_err(|_| ConnectError::NoAcknowledgement)?;
+    let mut request = Request::new(ReceiverStream::new(frames));
+    if let Some(token) = &settings.token {
+        let value = MetadataValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| ConnectError::InvalidToken)?;
+        request.metadata_mut().insert("authorization", value);
+    }
+    let mut inbound = client
+        .connect_worker(request)
+        .await
+        .map_err(ConnectError::from_status)?
+        .into_inner();
+    match inbound.message().await {
+        Ok(Some(GatewayFrame {
+            frame: Some(gateway_frame::Frame::RegisterAck(ack)),
+        })) => Ok(Link {
+            ack,
+            outbound,
+            inbound,
+        }),
+        Ok(_) => Err(ConnectError::NoAcknowledgement),
+        Err(status) => Err(ConnectError::from_status(status)),
+    }
+}

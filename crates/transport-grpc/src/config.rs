@@ -1,0 +1,94 @@
+//! Server-side settings of the gRPC worker transport.
+
+use std::time::Duration;
+
+use switchyard_core::CallerIdentity;
+
+/// Settings for [`WorkerService`](crate::WorkerService) and the HTTP/2 server that carries it.
+///
+/// The per-stream rules (registration deadline, message size, queue headroom, anonymous
+/// access) are applied by the service itself; the connection rules (HTTP/2 keepalive,
+/// TCP_NODELAY) belong to the server, so an embedder mounting the service on its own tonic
+/// server applies them with [`GrpcServerConfig::server_builder`].
+#[derive(Clone, Debug)]
+pub struct GrpcServerConfig {
+    /// How long a new stream may take to send its `RegisterWorker` frame (default 10 s).
+    pub registration_deadline: Duration,
+    /// Interval between HTTP/2 PING frames the server sends on each connection (default 10 s);
+    /// `None` sends none.
+    pub keepalive_interval: Option<Duration>,
+    /// How long an HTTP/2 PING may stay unanswered before the connection is closed and every
+    /// worker on it deregistered (default 20 s).
+    pub keepalive_timeout: Duration,
+    /// Largest encoded message accepted or sent on a worker stream, in bytes (default 16 MiB);
+    /// bounds both task inputs and results.
+    pub max_message_bytes: usize,
+    /// Disables Nagle's algorithm on accepted sockets (default true: tasks and results are
+    /// small and latency-bound).
+    pub tcp_nodelay: bool,
+    /// Extra room in each worker's push queue beyond its capacity, for pings, cancels and the
+    /// drain request (default 32).
+    pub control_headroom: usize,
+    /// Largest push queue of one worker, whatever capacity it states (default 65 536): a
+    /// worker stating more still registers, and pushes beyond the queue are refused as full.
+    pub max_queue: usize,
+    /// Who a caller presenting neither a client certificate nor a bearer token is (default
+    /// `None`: refused with UNAUTHENTICATED).
+    pub anonymous: Option<CallerIdentity>,
+}
+
+impl Default for GrpcServerConfig {
+    fn default() -> Self {
+        Self {
+            registration_deadline: Duration::from_secs(10),
+            keepalive_interval: Some(Duration::from_secs(10)),
+            keepalive_timeout: Duration::from_secs(20),
+            max_message_bytes: 16 * 1024 * 1024,
+            tcp_nodelay: true,
+            control_headroom: 32,
+            max_queue: 65_536,
+            anonymous: None,
+        }
+    }
+}
+
+impl GrpcServerConfig {
+    /// A tonic server builder with this configuration's HTTP/2 keepalive and TCP_NODELAY
+    /// applied; add TLS and services to it.
+    ///
+    /// TCP_NODELAY only takes effect when the server binds its own listener
+    /// (`serve`/`serve_with_shutdown`); [`serve`](crate::serve) applies it to the listener it
+    /// is given.
+    pub fn server_builder(&self) -> tonic::transport::Server {
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(self.keepalive_interval)
+            .http2_keepalive_timeout(Some(self.keepalive_timeout))
+            .tcp_nodelay(self.tcp_nodelay)
+    }
+
+    /// The push-queue size for a worker stating `capacity`.
+    pub(crate) fn queue_size(&self, capacity: Option<u32>) -> usize {
+        let capacity = capacity.map_or(0, |c| usize::try_from(c).unwrap_or(usize::MAX));
+        capacity
+            .min(self.max_queue)
+            .saturating_add(self.control_headroom)
+            .max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_is_capacity_plus_headroom_and_capped() {
+        let config = GrpcServerConfig {
+            control_headroom: 4,
+            max_queue: 100,
+            ..GrpcServerConfig::default()
+        };
+        assert_eq!(config.queue_size(Some(8)), 12);
+        assert_eq!(config.queue_size(Some(u32::MAX)), 104);
+        assert_eq!(config.queue_size(None), 4);
+    }
+}

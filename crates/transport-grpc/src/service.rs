@@ -1,0 +1,165 @@
+//! [`WorkerService`]: the tonic implementation of `switchyard.v1.WorkerGateway` over [`Core`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+
+use switchyard_core::{Core, DisconnectReason, WorkerId};
+use switchyard_proto::v1::WorkerFrame;
+use switchyard_proto::v1::worker_gateway_server::{WorkerGateway, WorkerGatewayServer};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use crate::auth::{CallerDirectory, authenticate};
+use crate::config::GrpcServerConfig;
+use crate::outbound::Outbound;
+use crate::session::Session;
+use crate::status::SessionError;
+
+/// The worker stream service, cheap to clone; mount it with [`WorkerService::into_server`].
+///
+/// Each `ConnectWorker` call authenticates its caller, then runs one session on its own task: the
+/// registration deadline, the admission gate, the acknowledgement, and the frame loop that
+/// hands results, pongs and cancel acknowledgements to core. The registration token lives in
+/// that task, so the stream ending for any reason deregisters the worker exactly once; and a
+/// worker that core lets go (liveness timeout) has its stream ended with UNAVAILABLE.
+///
+/// # Examples
+///
+/// Mounting the service next to others on one tonic server:
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use switchyard_core::{Core, CoreConfig, Registry};
+/// use switchyard_transport_grpc::{GrpcServerConfig, StaticDirectory, WorkerService};
+///
+/// let core = Core::start(Registry::builder(), CoreConfig::default());
+/// let config = GrpcServerConfig::default();
+/// let workers = WorkerService::new(core, Arc::new(StaticDirectory::new()), config.clone());
+/// config
+///     .server_builder()
+///     .add_service(workers.into_server())
+///     .serve("127.0.0.1:7233".parse()?)
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct WorkerService {
+    inner: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) core: Core,
+    pub(crate) config: GrpcServerConfig,
+    directory: Arc<dyn CallerDirectory>,
+    /// Open sessions by worker, to end the stream of a worker core let go of.
+    evictions: Mutex<HashMap<WorkerId, Arc<Eviction>>>,
+}
+
+/// How a session learns that core deregistered its worker, and why.
+#[derive(Default)]
+pub(crate) struct Eviction {
+    pub(crate) fired: CancellationToken,
+    pub(crate) reason: OnceLock<DisconnectReason>,
+}
+
+impl std::fmt::Debug for WorkerService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerService")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerService {
+    /// A service admitting workers into `core`, authenticating callers against `directory`.
+    pub fn new(core: Core, directory: Arc<dyn CallerDirectory>, config: GrpcServerConfig) -> Self {
+        let inner = Arc::new(Shared {
+            core,
+            config,
+            directory,
+            evictions: Mutex::new(HashMap::new()),
+        });
+        let weak: Weak<Shared> = Arc::downgrade(&inner);
+        inner
+            .core
+            .registry()
+            .observe_departures(Arc::new(move |worker, reason| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.evicted(worker, reason);
+                }
+            }));
+        Self { inner }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &GrpcServerConfig {
+        &self.inner.config
+    }
+
+    /// The tonic service, with the configured message size limits, ready to mount.
+    pub fn into_server(self) -> WorkerGatewayServer<Self> {
+        let limit = self.inner.config.max_message_bytes;
+        WorkerGatewayServer::new(self)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit)
+    }
+}
+
+impl Shared {
+    fn lock_evictions(&self) -> MutexGuard<'_, HashMap<WorkerId, Arc<Eviction>>> {
+        self.evictions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts watching for core letting `worker` go.
+    pub(crate) fn watch(&self, worker: WorkerId) -> Arc<Eviction> {
+        let eviction = Arc::new(Eviction::default());
+        self.lock_evictions().insert(worker, Arc::clone(&eviction));
+        eviction
+    }
+
+    pub(crate) fn unwatch(&self, worker: WorkerId) {
+        self.lock_evictions().remove(&worker);
+    }
+
+    fn evicted(&self, worker: WorkerId, reason: DisconnectReason) {
+        let Some(eviction) = self.lock_evictions().remove(&worker) else {
+            return;
+        };
+        let _ = eviction.reason.set(reason);
+        eviction.fired.cancel();
+    }
+}
+
+#[tonic::async_trait]
+impl WorkerGateway for WorkerService {
+    type ConnectWorkerStream = Outbound;
+
+    async fn connect_worker(
+        &self,
+        request: Request<Streaming<WorkerFrame>>,
+    ) -> Result<Response<Self::ConnectWorkerStream>, Status> {
+        let peer = request.remote_addr();
+        let certificates = request.peer_certs();
+        let caller = authenticate(
+            certificates.as_deref().map(Vec::as_slice),
+            request.metadata(),
+            self.inner.directory.as_ref(),
+            self.inner.config.anonymous.as_ref(),
+        )
+        .map_err(|error| {
+            tracing::info!(?peer, %error, "worker stream refused");
+            SessionError::from(error).status()
+        })?;
+        let span = tracing::info_span!("grpc_worker", principal = %caller.principal, ?peer,
+            worker = tracing::field::Empty, namespaces = tracing::field::Empty);
+        let (outbound, control) = Outbound::new();
+        let session = Session::new(Arc::clone(&self.inner), caller, control);
+        tokio::spawn(session.run(request.into_inner()).instrument(span));
+        Ok(Response::new(outbound))
+    }
+}

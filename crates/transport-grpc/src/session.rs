@@ -1,0 +1,205 @@
+//! One worker stream on the server, from its first frame to its deregistration.
+
+use std::sync::Arc;
+
+use switchyard_core::{
+    CallerIdentity, DisconnectReason, Registration, TaskId, WorkerDelivery, WorkerId,
+    normalise_task_queue,
+};
+use switchyard_proto::v1::{WorkerFrame, worker_frame::Frame};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use crate::delivery::GrpcWorkerDelivery;
+use crate::outbound::Control;
+use crate::service::{Eviction, Shared};
+use crate::status::SessionError;
+use crate::wire;
+
+/// Drives one `Connect` call; see [`WorkerService`](crate::WorkerService) for the rules.
+pub(crate) struct Session {
+    shared: Arc<Shared>,
+    caller: CallerIdentity,
+    control: mpsc::Sender<Control>,
+}
+
+/// How a registered stream's frame loop ended.
+enum End {
+    /// The worker half-closed its side.
+    WorkerClosed,
+    /// The stream broke: reset by the peer, connection lost, keepalive timeout.
+    Lost(Status),
+    /// The response half was dropped: the call is gone.
+    CallGone,
+    /// The gateway ends the stream with this error.
+    Refused(SessionError),
+}
+
+impl Session {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        caller: CallerIdentity,
+        control: mpsc::Sender<Control>,
+    ) -> Self {
+        Self {
+            shared,
+            caller,
+            control,
+        }
+    }
+
+    pub(crate) async fn run(self, mut inbound: Streaming<WorkerFrame>) {
+        let registration = match self.await_registration(&mut inbound).await {
+            Ok(registration) => registration,
+            Err(Some(error)) => return self.close(error).await,
+            Err(None) => return,
+        };
+        let core = &self.shared.core;
+        let task_queue = normalise_task_queue(&registration.task_queue).to_owned();
+        let queue = self.shared.config.queue_size(registration.max_concurrency);
+        let (frames, pushed) = mpsc::channel(queue);
+        let delivery = Arc::new(GrpcWorkerDelivery::new(frames));
+        let leg: Arc<dyn WorkerDelivery> = delivery.clone();
+        tracing::Span::current().record(
+            "namespaces",
+            tracing::field::debug(&registration.namespaces),
+        );
+        let admitted = core.registry().admit(&self.caller, registration, leg).await;
+        let token = match admitted {
+            Ok(token) => token,
+            Err(error) => {
+                tracing::info!(%error, "registration refused");
+                return self.close(error.into()).await;
+            }
+        };
+        let worker = token.worker_id();
+        tracing::Span::current().record("worker", tracing::field::display(worker));
+        let eviction = self.shared.watch(worker);
+        let ack = wire::register_ack(worker, &task_queue, core.liveness().config().ping_interval);
+        let registered = Control::Registered {
+            ack,
+            frames: pushed,
+        };
+        let end = if self.control.send(registered).await.is_err() {
+            End::CallGone
+        } else if !core.registry().is_registered(worker) {
+            // Let go between admission and the watch starting, so the observer found nothing.
+            End::Refused(SessionError::Deregistered {
+                worker,
+                reason: DisconnectReason::Disconnect,
+            })
+        } else {
+            self.serve(worker, &mut inbound, &eviction).await
+        };
+        delivery.close();
+        self.shared.unwatch(worker);
+        let reason = match end {
+            End::WorkerClosed if delivery.drain_requested() => DisconnectReason::Drained,
+            _ => DisconnectReason::Disconnect,
+        };
+        let deregistered = token.deregister(reason);
+        match &end {
+            End::WorkerClosed => tracing::info!(deregistered, "worker closed its stream"),
+            End::Lost(status) => tracing::info!(deregistered, %status, "worker stream lost"),
+            End::CallGone => tracing::info!(deregistered, "worker call dropped"),
+            End::Refused(error) => tracing::info!(deregistered, %error, "worker stream ended"),
+        }
+        if let End::Refused(error) = end {
+            self.close(error).await;
+        }
+    }
+
+    /// Waits for the `register` frame. `Err(None)` means the call ended before it.
+    async fn await_registration(
+        &self,
+        inbound: &mut Streaming<WorkerFrame>,
+    ) -> Result<Registration, Option<SessionError>> {
+        let deadline = self.shared.config.registration_deadline;
+        let first = tokio::select! {
+            first = inbound.message() => first,
+            () = tokio::time::sleep(deadline) => {
+                return Err(Some(SessionError::RegistrationDeadline { deadline }));
+            }
+            () = self.control.closed() => return Err(None),
+        };
+        match first {
+            Ok(Some(WorkerFrame {
+                frame: Some(Frame::Register(register)),
+            })) => Ok(wire::registration(register)),
+            Ok(Some(other)) => Err(Some(SessionError::NotRegisteredFirst {
+                got: wire::worker_frame_name(other.frame.as_ref()),
+            })),
+            Ok(None) => Err(None),
+            Err(status) => {
+                tracing::debug!(%status, "worker stream broke before registering");
+                Err(None)
+            }
+        }
+    }
+
+    async fn serve(
+        &self,
+        worker: WorkerId,
+        inbound: &mut Streaming<WorkerFrame>,
+        eviction: &Eviction,
+    ) -> End {
+        let mut refused: u64 = 0;
+        let end = loop {
+            tokio::select! {
+                frame = inbound.message() => match frame {
+                    Ok(Some(frame)) => {
+                        if let Err(error) = self.handle(worker, frame, &mut refused) {
+                            break End::Refused(error);
+                        }
+                    }
+                    Ok(None) => break End::WorkerClosed,
+                    Err(status) => break End::Lost(status),
+                },
+                () = eviction.fired.cancelled() => {
+                    let reason = eviction.reason.get().copied().unwrap_or(DisconnectReason::Disconnect);
+                    break End::Refused(SessionError::Deregistered { worker, reason });
+                }
+                () = self.control.closed() => break End::CallGone,
+            }
+        };
+        if refused > 0 {
+            tracing::info!(refused, "results refused on this stream");
+        }
+        end
+    }
+
+    fn handle(
+        &self,
+        worker: WorkerId,
+        frame: WorkerFrame,
+        refused: &mut u64,
+    ) -> Result<(), SessionError> {
+        let core = &self.shared.core;
+        match frame.frame {
+            Some(Frame::Result(result)) => {
+                let (task, result) = wire::task_result(result)?;
+                if let Err(refusal) = core.complete(worker, task, result) {
+                    *refused += 1;
+                    tracing::debug!(%task, %refusal, "result refused");
+                }
+            }
+            Some(Frame::Pong(pong)) => core.record_pong(worker, pong.seq),
+            Some(Frame::CancelAck(ack)) => {
+                let task = TaskId::from_raw(ack.task_id);
+                if let Err(refusal) = core.cancel_acknowledged(worker, task) {
+                    tracing::debug!(%task, %refusal, "cancel acknowledgement refused");
+                }
+            }
+            Some(Frame::Register(_)) => return Err(SessionError::DoubleRegistration { worker }),
+            // A frame kind from a newer protocol version: it still proves the worker alive.
+            None => core.record_frame(worker),
+        }
+        Ok(())
+    }
+
+    /// Ends the stream with `error`'s status.
+    async fn close(self, error: SessionError) {
+        // The call may already be gone; then there is nobody to tell.
+        let _ = self.control.send(Control::Close(error.status())).await;
+    }
+}

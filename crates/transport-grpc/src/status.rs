@@ -1,0 +1,142 @@
+//! Why a worker stream ends, and the one mapping from that to a gRPC status.
+
+use std::time::Duration;
+
+use switchyard_core::{AdmissionError, DisconnectReason, RefusalKind, TaskId, WorkerId};
+use tonic::{Code, Status};
+
+use crate::auth::AuthenticationError;
+
+/// Why the gateway ends a worker stream (or refuses it) with a status.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The caller could not be authenticated.
+    #[error(transparent)]
+    Unauthenticated(#[from] AuthenticationError),
+    /// No frame arrived within the registration deadline.
+    #[error("no register frame within the registration deadline of {deadline:?}")]
+    RegistrationDeadline {
+        /// The configured deadline.
+        deadline: Duration,
+    },
+    /// The first frame was not `register`.
+    #[error("the first frame must be register, got {got}")]
+    NotRegisteredFirst {
+        /// The frame that came first.
+        got: &'static str,
+    },
+    /// A second `register` on a stream already registered.
+    #[error("second register frame on one stream (already registered as worker {worker})")]
+    DoubleRegistration {
+        /// The worker the stream is registered as.
+        worker: WorkerId,
+    },
+    /// A result with neither `output` nor `failure`.
+    #[error("result for task {task} carries neither output nor failure")]
+    ResultWithoutOutcome {
+        /// The task quoted.
+        task: TaskId,
+    },
+    /// The admission gate refused the registration.
+    #[error(transparent)]
+    Refused(#[from] AdmissionError),
+    /// Core deregistered the worker while its stream was open.
+    #[error("worker {worker} was deregistered: {}", reason.as_str())]
+    Deregistered {
+        /// The worker.
+        worker: WorkerId,
+        /// Why core let it go.
+        reason: DisconnectReason,
+    },
+}
+
+impl SessionError {
+    /// The status the stream ends with; its message is this error's sentence.
+    pub fn status(&self) -> Status {
+        match self {
+            Self::Refused(error) => admission_status(error),
+            Self::Unauthenticated(_) => Status::unauthenticated(self.to_string()),
+            Self::RegistrationDeadline { .. } => Status::deadline_exceeded(self.to_string()),
+            Self::NotRegisteredFirst { .. }
+            | Self::DoubleRegistration { .. }
+            | Self::ResultWithoutOutcome { .. } => Status::invalid_argument(self.to_string()),
+            Self::Deregistered { .. } => Status::unavailable(self.to_string()),
+        }
+    }
+}
+
+/// The status for a registration refused by the admission gate: validation and capacity are
+/// INVALID_ARGUMENT, namespace authorisation PERMISSION_DENIED, an unknown namespace under a
+/// closed policy NOT_FOUND, placement FAILED_PRECONDITION, a store failure UNAVAILABLE. The
+/// message is the gate's own sentence.
+pub fn admission_status(error: &AdmissionError) -> Status {
+    let code = match error.kind() {
+        RefusalKind::Invalid => Code::InvalidArgument,
+        RefusalKind::Unauthorised => Code::PermissionDenied,
+        RefusalKind::NotFound => Code::NotFound,
+        RefusalKind::Placement => Code::FailedPrecondition,
+        RefusalKind::Unavailable => Code::Unavailable,
+        // A family added to core after this transport: say so rather than guess.
+        _ => Code::Unknown,
+    };
+    Status::new(code, error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_family_has_its_code_and_the_gate_sentence() {
+        let cases = [
+            (AdmissionError::ZeroCapacity, Code::InvalidArgument),
+            (
+                AdmissionError::Empty {
+                    field: "namespaces",
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                AdmissionError::NamespaceNotGranted {
+                    principal: "p".into(),
+                    namespace: "n".into(),
+                },
+                Code::PermissionDenied,
+            ),
+            (
+                AdmissionError::UnknownNamespace {
+                    namespace: "n".into(),
+                },
+                Code::NotFound,
+            ),
+            (
+                AdmissionError::PlacementViolated {
+                    namespace: "n".into(),
+                    node: None,
+                    required: Vec::new(),
+                },
+                Code::FailedPrecondition,
+            ),
+        ];
+        for (error, code) in cases {
+            let status = SessionError::from(error.clone()).status();
+            assert_eq!(status.code(), code, "{error}");
+            assert_eq!(status.message(), error.to_string());
+        }
+    }
+
+    #[test]
+    fn protocol_violations_are_invalid_argument() {
+        let status = SessionError::NotRegisteredFirst { got: "pong" }.status();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(
+            status.message(),
+            "the first frame must be register, got pong"
+        );
+        let deadline = SessionError::RegistrationDeadline {
+            deadline: Duration::from_millis(50),
+        };
+        assert_eq!(deadline.status().code(), Code::DeadlineExceeded);
+    }
+}

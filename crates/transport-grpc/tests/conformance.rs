@@ -1,0 +1,171 @@
+//! The gRPC transport, with the real worker SDK on the far end, passes core's conformance kit
+//! over TLS loopback sockets.
+//!
+//! Each kit worker is a [`GrpcWorker`] dialling the gateway through its own [`Proxy`], so the
+//! kit can sever its connection (sockets closed, as a crashed process) or freeze it (sockets
+//! open and silent, as a hung one) below the SDK.
+// Helpers outside #[test] functions fail the test the same way the tests do.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod support;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use switchyard_core::testkit::{
+    self, BoxError, ConformanceFailures, ConnectError as KitConnectError, Handler, TaskCall,
+    TransportHarness, WorkerHandle, WorkerSpec,
+};
+use switchyard_core::{Core, RefusalKind, TaskResult, WorkerId};
+use switchyard_transport_grpc::{
+    ActivityContext, ActivityError, Backoff, ConnectError, GrpcServerConfig, GrpcWorker,
+    StaticDirectory,
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+use support::{Gateway, Proxy};
+
+struct GrpcHarness;
+
+/// The bearer token the gateway maps to the kit's `index`th caller.
+fn token(index: usize) -> String {
+    format!("conformance-caller-{index}")
+}
+
+#[async_trait]
+impl TransportHarness for GrpcHarness {
+    type Gateway = Gateway;
+    type Worker = KitWorker;
+
+    async fn start(&self, core: Core) -> Result<Gateway, BoxError> {
+        let directory = testkit::callers()
+            .into_iter()
+            .enumerate()
+            .fold(StaticDirectory::new(), |directory, (index, caller)| {
+                directory.with_token(token(index), caller)
+            });
+        Ok(Gateway::serve(core, directory, GrpcServerConfig::default()).await)
+    }
+
+    async fn connect(
+        &self,
+        gateway: &Gateway,
+        spec: WorkerSpec,
+    ) -> Result<KitWorker, KitConnectError> {
+        let index = testkit::callers()
+            .iter()
+            .position(|caller| *caller == spec.caller)
+            .ok_or_else(|| KitConnectError::Transport("caller unknown to the harness".into()))?;
+        let proxy = Proxy::start(gateway.addr).await;
+        let registration = spec.registration;
+        let mut builder = GrpcWorker::builder(proxy.endpoint())
+            .tls(gateway.pki.client_tls())
+            .token(token(index))
+            .namespaces(registration.namespaces)
+            .task_queue(registration.task_queue)
+            .node(
+                registration
+                    .node
+                    .map(|n| n.as_str().to_owned())
+                    .unwrap_or_default(),
+            )
+            .identity(registration.identity)
+            .max_concurrency(registration.max_concurrency.unwrap_or(0))
+            .backoff(Backoff {
+                initial: std::time::Duration::from_millis(10),
+                max: std::time::Duration::from_millis(200),
+            });
+        for activity in registration.activity_types {
+            builder = builder.activity(activity, adapt(spec.handler.clone()));
+        }
+        let worker = builder.connect().await.map_err(refusal)?;
+        let id = worker.worker_id();
+        let stop = worker.shutdown_token();
+        let run = tokio::spawn(worker.run());
+        Ok(KitWorker {
+            id,
+            proxy,
+            stop,
+            run,
+        })
+    }
+}
+
+/// Runs a kit handler as an SDK activity handler.
+fn adapt(
+    handler: Handler,
+) -> impl Fn(ActivityContext, Bytes) -> switchyard_transport_grpc::ActivityFuture + Send + Sync + 'static
+{
+    move |context: ActivityContext, input: Bytes| {
+        let call = TaskCall {
+            activity_type: context.activity_type().to_owned(),
+            input,
+            cancelled: context.cancellation().clone(),
+        };
+        let running = handler.call(call);
+        Box::pin(async move {
+            match running.await {
+                TaskResult::Success(output) => Ok(output),
+                TaskResult::Failure {
+                    message,
+                    retryable: true,
+                } => Err(ActivityError::retryable(message)),
+                TaskResult::Failure { message, .. } => Err(ActivityError::fatal(message)),
+            }
+        })
+    }
+}
+
+fn refusal(error: ConnectError) -> KitConnectError {
+    let ConnectError::Refused(status) = &error else {
+        return KitConnectError::Transport(Box::new(error));
+    };
+    let kind = match status.code() {
+        Code::InvalidArgument => RefusalKind::Invalid,
+        Code::PermissionDenied => RefusalKind::Unauthorised,
+        Code::NotFound => RefusalKind::NotFound,
+        Code::FailedPrecondition => RefusalKind::Placement,
+        _ => return KitConnectError::Transport(Box::new(error)),
+    };
+    KitConnectError::Refused {
+        kind,
+        message: status.message().to_owned(),
+    }
+}
+
+struct KitWorker {
+    id: WorkerId,
+    proxy: Proxy,
+    stop: CancellationToken,
+    run: JoinHandle<Result<(), ConnectError>>,
+}
+
+impl WorkerHandle for KitWorker {
+    fn worker_id(&self) -> WorkerId {
+        self.id
+    }
+
+    fn sever(&self) {
+        // Cut the sockets first so the gateway sees a dead connection, not a goodbye; then stop
+        // the SDK so it does not come back under a new id.
+        self.proxy.sever();
+        self.stop.cancel();
+    }
+
+    fn freeze(&self) {
+        self.proxy.freeze();
+    }
+}
+
+impl Drop for KitWorker {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.run.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_transport_conforms() -> Result<(), ConformanceFailures> {
+    testkit::run_conformance(&GrpcHarness).await
+}

@@ -1,0 +1,307 @@
+//! The Rust worker SDK against a real TLS gateway: handlers, concurrency, cancellation, drain,
+//! reconnection and refusals.
+// Helpers outside #[test] functions fail the test the same way the tests do.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use switchyard_core::{ActivityOutcome, CallerIdentity, DisconnectReason, WorkerEvent, WorkerId};
+use switchyard_transport_grpc::{
+    ActivityContext, ActivityError, Backoff, ConnectError, GrpcWorker, GrpcWorkerBuilder,
+};
+use tokio::sync::{Semaphore, mpsc};
+use tonic::Code;
+
+use support::{BILLING_TOKEN, Gateway, TRUSTED_TOKEN, dispatch, request, within};
+
+fn sdk(gateway: &Gateway) -> GrpcWorkerBuilder {
+    GrpcWorker::builder(gateway.endpoint())
+        .namespaces(["ns"])
+        .tls(gateway.pki.client_tls())
+        .token(TRUSTED_TOKEN)
+        .backoff(Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(100),
+        })
+}
+
+async fn echo(_: ActivityContext, input: Bytes) -> Result<Bytes, ActivityError> {
+    Ok(input)
+}
+
+/// Starts `worker` running and waits until core dispatches to it.
+async fn running(
+    gateway: &Gateway,
+    worker: GrpcWorker,
+) -> (WorkerId, tokio::task::JoinHandle<Result<(), ConnectError>>) {
+    let id = worker.worker_id();
+    let run = tokio::spawn(worker.run());
+    support::eligible(&gateway.core, id).await;
+    (id, run)
+}
+
+/// A handler that reports each start on `started`, then waits for a permit of `release`.
+fn gated(
+    started: mpsc::UnboundedSender<()>,
+    release: Arc<Semaphore>,
+    live: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+) -> impl Fn(ActivityContext, Bytes) -> futures::future::BoxFuture<'static, Result<Bytes, ActivityError>>
++ Send
++ Sync
++ 'static {
+    move |_, input| {
+        let (started, release, live, peak) =
+            (started.clone(), release.clone(), live.clone(), peak.clone());
+        Box::pin(async move {
+            let now = live.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            started.send(()).unwrap();
+            release.acquire().await.unwrap().forget();
+            live.fetch_sub(1, Ordering::SeqCst);
+            Ok(input)
+        })
+    }
+}
+
+#[tokio::test]
+async fn handlers_outputs_failures_and_panics_become_outcomes() {
+    let gateway = Gateway::start().await;
+    let worker = sdk(&gateway)
+        .activity("echo", echo)
+        .activity("fail", |_: ActivityContext, _: Bytes| async {
+            Err::<Bytes, _>(ActivityError::retryable("upstream busy"))
+        })
+        .activity("panic", |_: ActivityContext, _: Bytes| async {
+            panic!("handler bug");
+            #[allow(unreachable_code)]
+            Ok(Bytes::new())
+        })
+        .max_concurrency(4)
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(worker.task_queue(), "default");
+    let (_, _run) = running(&gateway, worker).await;
+
+    let echoed = dispatch(&gateway.core, request("ns", "echo", b"ping"));
+    let failed = dispatch(&gateway.core, request("ns", "fail", b""));
+    let panicked = dispatch(&gateway.core, request("ns", "panic", b""));
+    assert_eq!(
+        echoed.await.unwrap(),
+        ActivityOutcome::Completed(Bytes::from_static(b"ping"))
+    );
+    assert_eq!(
+        failed.await.unwrap(),
+        ActivityOutcome::Failed {
+            message: "upstream busy".into(),
+            retryable: true
+        }
+    );
+    assert_eq!(
+        panicked.await.unwrap(),
+        ActivityOutcome::Failed {
+            message: "activity handler panicked".into(),
+            retryable: false
+        }
+    );
+}
+
+#[tokio::test]
+async fn never_more_than_max_concurrency_handlers_run_at_once() {
+    let gateway = Gateway::start().await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new(Semaphore::new(0));
+    let live = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let worker = sdk(&gateway)
+        .activity(
+            "gated",
+            gated(started_tx, release.clone(), live.clone(), peak.clone()),
+        )
+        .max_concurrency(2)
+        .connect()
+        .await
+        .unwrap();
+    let (_, _run) = running(&gateway, worker).await;
+
+    let outcomes: Vec<_> = (0..5)
+        .map(|_| dispatch(&gateway.core, request("ns", "gated", b"x")))
+        .collect();
+    for _ in 0..5 {
+        within("a handler to start", started.recv()).await.unwrap();
+        assert!(live.load(Ordering::SeqCst) <= 2);
+        release.add_permits(1);
+    }
+    for outcome in outcomes {
+        assert_eq!(
+            outcome.await.unwrap(),
+            ActivityOutcome::Completed(Bytes::from_static(b"x"))
+        );
+    }
+    // Control: the limit was reached, not just respected by running one at a time.
+    assert_eq!(peak.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn cancel_fires_the_handler_token_and_frees_the_slot() {
+    let gateway = Gateway::start().await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let (saw_cancel_tx, mut saw_cancel) = mpsc::unbounded_channel();
+    let worker = sdk(&gateway)
+        .activity("wait", move |ctx: ActivityContext, _: Bytes| {
+            let (started, saw_cancel) = (started_tx.clone(), saw_cancel_tx.clone());
+            async move {
+                started.send(()).unwrap();
+                ctx.cancelled().await;
+                saw_cancel.send(ctx.task_id()).unwrap();
+                Err::<Bytes, _>(ActivityError::fatal("cancelled"))
+            }
+        })
+        .activity("echo", echo)
+        .max_concurrency(1)
+        .connect()
+        .await
+        .unwrap();
+    let (_, _run) = running(&gateway, worker).await;
+
+    let mut waiting = request("ns", "wait", b"");
+    waiting.activity_id = Some("a1".into());
+    let outcome = dispatch(&gateway.core, waiting);
+    within("the handler to start", started.recv())
+        .await
+        .unwrap();
+    gateway
+        .core
+        .dispatcher()
+        .cancel(&CallerIdentity::trusted("producer"), "ns", "a1")
+        .unwrap();
+    assert_eq!(outcome.await.unwrap(), ActivityOutcome::Cancelled);
+    within("the handler to see the cancellation", saw_cancel.recv())
+        .await
+        .unwrap();
+
+    // The worker's only slot comes back once its cancel acknowledgement arrives.
+    let next = dispatch(&gateway.core, request("ns", "echo", b"after"));
+    assert_eq!(
+        next.await.unwrap(),
+        ActivityOutcome::Completed(Bytes::from_static(b"after"))
+    );
+    assert_eq!(gateway.core.dispatcher().refused().late, 0);
+}
+
+#[tokio::test]
+async fn drain_finishes_in_flight_work_then_closes() {
+    let gateway = Gateway::start().await;
+    let mut events = gateway.core.registry().subscribe_events();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new(Semaphore::new(0));
+    let counters = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let worker = sdk(&gateway)
+        .activity(
+            "gated",
+            gated(started_tx, release.clone(), counters.0, counters.1),
+        )
+        .max_concurrency(2)
+        .connect()
+        .await
+        .unwrap();
+    let (id, run) = running(&gateway, worker).await;
+
+    let outcome = dispatch(&gateway.core, request("ns", "gated", b"work"));
+    within("the handler to start", started.recv())
+        .await
+        .unwrap();
+    assert!(gateway.core.registry().drain_worker(id));
+    assert!(
+        !run.is_finished(),
+        "the worker waits for its in-flight task"
+    );
+    release.add_permits(1);
+    assert_eq!(
+        outcome.await.unwrap(),
+        ActivityOutcome::Completed(Bytes::from_static(b"work"))
+    );
+    within("run to return", run).await.unwrap().unwrap();
+    assert_eq!(
+        support::disconnected(&mut events, id).await,
+        DisconnectReason::Drained
+    );
+}
+
+#[tokio::test]
+async fn a_lost_stream_is_replaced_by_a_new_registration() {
+    let gateway = Gateway::start().await;
+    let worker = sdk(&gateway)
+        .activity("echo", echo)
+        .connect()
+        .await
+        .unwrap();
+    let (first, _run) = running(&gateway, worker).await;
+    let mut events = gateway.core.registry().subscribe_events();
+
+    // Core letting the worker go ends its stream; the SDK comes back on its own.
+    assert!(
+        gateway
+            .core
+            .registry()
+            .deregister(first, DisconnectReason::Timeout)
+    );
+    let second = within("a new registration", async {
+        loop {
+            if let WorkerEvent::Connected {
+                worker, transport, ..
+            } = events.recv().await.unwrap()
+            {
+                assert_eq!(transport.as_str(), "grpc");
+                return worker;
+            }
+        }
+    })
+    .await;
+    assert_ne!(second, first);
+    support::eligible(&gateway.core, second).await;
+    let outcome = dispatch(&gateway.core, request("ns", "echo", b"back"));
+    assert_eq!(
+        outcome.await.unwrap(),
+        ActivityOutcome::Completed(Bytes::from_static(b"back"))
+    );
+}
+
+#[tokio::test]
+async fn connect_reports_refusals_as_permanent_and_outages_as_transient() {
+    let gateway = Gateway::start().await;
+    let refused = sdk(&gateway)
+        .namespaces(["payroll"])
+        .token(BILLING_TOKEN)
+        .activity("echo", echo)
+        .connect()
+        .await
+        .unwrap_err();
+    let ConnectError::Refused(status) = &refused else {
+        panic!("expected a refusal, got {refused:?}");
+    };
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(refused.is_permanent());
+
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let unreachable = GrpcWorker::builder(format!("https://localhost:{port}"))
+        .namespaces(["ns"])
+        .tls(gateway.pki.client_tls())
+        .activity("echo", echo)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(unreachable, ConnectError::Unreachable(_)),
+        "{unreachable:?}"
+    );
+    assert!(!unreachable.is_permanent());
+}

@@ -1,0 +1,548 @@
+//! Shared setup for the loopback tests: a test PKI, a TLS gateway, raw generated clients.
+// Test scaffolding: a failed setup step should fail the test loudly, and each test file uses
+// a different subset of the helpers.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::panic)]
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use switchyard_core::{
+    ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, LivenessConfig,
+    NamespaceGrant, Registry, RegistryBuilder, WorkerEvent, WorkerId,
+};
+use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
+use switchyard_proto::v1::{
+    ActivityResult, GatewayFrame, Pong, RegisterWorker, WorkerFrame, activity_result,
+    gateway_frame, worker_frame,
+};
+use switchyard_transport_grpc::{GrpcServerConfig, StaticDirectory, WorkerService, serve};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{
+    Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
+};
+use tonic::{Request, Status, Streaming};
+
+/// Upper bound on any single wait in these tests.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Token of a caller granted every namespace.
+pub const TRUSTED_TOKEN: &str = "token-trusted";
+/// Token of a caller granted only `billing`.
+pub const BILLING_TOKEN: &str = "token-billing";
+/// Principal of [`BILLING_TOKEN`].
+pub const BILLING_PRINCIPAL: &str = "billing-team";
+/// Common name of the client certificate the directory grants `billing`.
+pub const CERT_PRINCIPAL: &str = "worker-cert";
+
+/// Awaits `future`, failing the test if it takes longer than [`PATIENCE`].
+pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(PATIENCE, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// A CA and a server certificate for `localhost` / 127.0.0.1, made fresh per test.
+pub struct Pki {
+    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+    server_cert: String,
+    server_key: String,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "switchyard test ca");
+        let ca =
+            rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap())
+                .unwrap();
+        let server_params =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .unwrap();
+        let server_key = rcgen::KeyPair::generate().unwrap();
+        let server = server_params.signed_by(&server_key, &ca).unwrap();
+        Self {
+            server_cert: server.pem(),
+            server_key: server_key.serialize_pem(),
+            ca,
+        }
+    }
+
+    pub fn ca_pem(&self) -> String {
+        self.ca.pem()
+    }
+
+    pub fn server_tls(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.server_cert, &self.server_key))
+            .client_ca_root(Certificate::from_pem(self.ca_pem()))
+            .client_auth_optional(true)
+    }
+
+    /// Client TLS trusting the test CA, without a client certificate.
+    pub fn client_tls(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(self.ca_pem()))
+            .domain_name("localhost")
+    }
+
+    /// Client TLS presenting a certificate whose subject common name is `common_name`.
+    pub fn client_tls_as(&self, common_name: &str) -> ClientTlsConfig {
+        let mut params = rcgen::CertificateParams::new(Vec::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        self.client_tls()
+            .identity(Identity::from_pem(cert.pem(), key.serialize_pem()))
+    }
+}
+
+/// Liveness fast enough for tests: new workers are eligible within a round trip.
+pub fn fast_liveness() -> LivenessConfig {
+    LivenessConfig {
+        ping_interval: Duration::from_millis(200),
+        ping_timeout: Duration::from_secs(2),
+        probation_pings: 2,
+        miss_threshold: 3,
+        heartbeat_window: Duration::from_secs(60),
+    }
+}
+
+/// A gateway serving only the worker service over TLS on an ephemeral loopback port.
+pub struct Gateway {
+    pub core: Core,
+    pub addr: SocketAddr,
+    pub pki: Pki,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Builds gateways for tests.
+pub struct GatewayBuilder {
+    registry: RegistryBuilder,
+    config: GrpcServerConfig,
+    liveness: LivenessConfig,
+}
+
+impl GatewayBuilder {
+    pub fn registry(mut self, registry: RegistryBuilder) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    pub fn config(mut self, config: GrpcServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    pub fn liveness(mut self, liveness: LivenessConfig) -> Self {
+        self.liveness = liveness;
+        self
+    }
+
+    pub async fn start(self) -> Gateway {
+        let core = Core::start(
+            self.registry,
+            CoreConfig {
+                liveness: self.liveness,
+                ..CoreConfig::default()
+            },
+        );
+        let directory = StaticDirectory::new()
+            .with_token(TRUSTED_TOKEN, CallerIdentity::trusted("tester"))
+            .with_token(
+                BILLING_TOKEN,
+                CallerIdentity::granted(BILLING_PRINCIPAL, ["billing"]),
+            )
+            .with_certificate(
+                CERT_PRINCIPAL,
+                NamespaceGrant::Only(["billing".to_owned()].into()),
+            );
+        Gateway::serve(core, directory, self.config).await
+    }
+}
+
+impl Gateway {
+    /// Serves `core` over TLS on an ephemeral loopback port with a fresh PKI.
+    pub async fn serve(core: Core, directory: StaticDirectory, config: GrpcServerConfig) -> Self {
+        let service = WorkerService::new(core.clone(), Arc::new(directory), config);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pki = Pki::new();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let tls = pki.server_tls();
+        tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            serve(listener, Some(tls), service, shutdown).await.unwrap();
+        });
+        Gateway {
+            core,
+            addr,
+            pki,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn builder() -> GatewayBuilder {
+        GatewayBuilder {
+            registry: Registry::builder(),
+            config: GrpcServerConfig::default(),
+            liveness: fast_liveness(),
+        }
+    }
+
+    pub async fn start() -> Self {
+        Self::builder().start().await
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("https://localhost:{}", self.addr.port())
+    }
+
+    /// A raw generated client over TLS (no client certificate).
+    pub async fn raw_client(&self) -> WorkerGatewayClient<Channel> {
+        self.raw_client_with(self.pki.client_tls()).await
+    }
+
+    pub async fn raw_client_with(&self, tls: ClientTlsConfig) -> WorkerGatewayClient<Channel> {
+        raw_client_at(&self.endpoint(), tls).await
+    }
+}
+
+pub async fn raw_client_at(endpoint: &str, tls: ClientTlsConfig) -> WorkerGatewayClient<Channel> {
+    let channel = Endpoint::from_shared(endpoint.to_owned())
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    WorkerGatewayClient::new(channel)
+}
+
+/// The worker half of a raw stream.
+pub struct RawStream {
+    pub send: mpsc::Sender<WorkerFrame>,
+    pub recv: Streaming<GatewayFrame>,
+    /// Frames read while waiting for something else, oldest first.
+    pending: VecDeque<gateway_frame::Frame>,
+}
+
+/// Opens a stream with `token` (if any); `Err` is the status the call itself failed with.
+pub async fn open(
+    client: &mut WorkerGatewayClient<Channel>,
+    token: Option<&str>,
+) -> Result<RawStream, Status> {
+    let (send, frames) = mpsc::channel(64);
+    let mut request = Request::new(ReceiverStream::new(frames));
+    if let Some(token) = token {
+        let value = MetadataValue::try_from(format!("Bearer {token}")).unwrap();
+        request.metadata_mut().insert("authorization", value);
+    }
+    let recv = client.connect_worker(request).await?.into_inner();
+    Ok(RawStream {
+        send,
+        recv,
+        pending: VecDeque::new(),
+    })
+}
+
+pub fn register(namespaces: &[&str], activities: &[&str], capacity: Option<u32>) -> WorkerFrame {
+    frame(worker_frame::Frame::Register(RegisterWorker {
+        namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect(),
+        task_queue: String::new(),
+        node: String::new(),
+        activity_types: activities.iter().map(|s| (*s).to_owned()).collect(),
+        identity: "raw test worker".to_owned(),
+        max_concurrency: capacity,
+    }))
+}
+
+pub fn frame(inner: worker_frame::Frame) -> WorkerFrame {
+    WorkerFrame { frame: Some(inner) }
+}
+
+enum Read {
+    Frame(gateway_frame::Frame),
+    Answered,
+    End,
+}
+
+impl RawStream {
+    pub async fn send(&self, frame: WorkerFrame) {
+        self.send.send(frame).await.unwrap();
+    }
+
+    /// The next gateway frame, answering pings on the way; `Err` is the closing status and
+    /// `Ok(None)` a clean end.
+    pub async fn next_non_ping(&mut self) -> Result<Option<gateway_frame::Frame>, Status> {
+        if let Some(frame) = self.pending.pop_front() {
+            return Ok(Some(frame));
+        }
+        within("a gateway frame", async {
+            loop {
+                match self.read_one().await? {
+                    Read::Frame(frame) => return Ok(Some(frame)),
+                    Read::End => return Ok(None),
+                    Read::Answered => {}
+                }
+            }
+        })
+        .await
+    }
+
+    /// Reads one frame, answering it if it is a ping.
+    async fn read_one(&mut self) -> Result<Read, Status> {
+        Ok(match self.recv.message().await? {
+            Some(GatewayFrame {
+                frame: Some(gateway_frame::Frame::Ping(ping)),
+            }) => {
+                let pong = frame(worker_frame::Frame::Pong(Pong { seq: ping.seq }));
+                // The stream may be closing; the next read says so.
+                let _ = self.send.send(pong).await;
+                Read::Answered
+            }
+            Some(GatewayFrame { frame: Some(frame) }) => Read::Frame(frame),
+            Some(GatewayFrame { frame: None }) => Read::Answered,
+            None => Read::End,
+        })
+    }
+
+    /// Answers `count` pings (keeping other frames for later).
+    pub async fn answer_pings(&mut self, count: usize) {
+        within("pings", async {
+            let mut answered = 0;
+            while answered < count {
+                match self.read_one().await {
+                    Ok(Read::Frame(frame)) => self.pending.push_back(frame),
+                    Ok(Read::Answered) => answered += 1,
+                    Ok(Read::End) => panic!("stream ended while answering pings"),
+                    Err(status) => panic!("stream failed while answering pings: {status:?}"),
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Answers pings (keeping other frames for later) until core makes `worker` eligible.
+    pub async fn until_eligible(&mut self, core: &Core, worker: WorkerId) {
+        within("the worker to become eligible", async {
+            loop {
+                let arrival = core.registry().worker_arrival();
+                if is_eligible(core, worker) {
+                    return;
+                }
+                tokio::select! {
+                    () = arrival => {}
+                    read = self.read_one() => match read {
+                        Ok(Read::Frame(frame)) => self.pending.push_back(frame),
+                        Ok(Read::Answered) => {}
+                        Ok(Read::End) => panic!("stream ended while waiting"),
+                        Err(status) => panic!("stream failed while waiting: {status:?}"),
+                    },
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Registers and returns the acknowledged worker id.
+    pub async fn register(&mut self, frame: WorkerFrame) -> WorkerId {
+        self.send(frame).await;
+        match self.next_non_ping().await {
+            Ok(Some(gateway_frame::Frame::RegisterAck(ack))) => WorkerId::from_raw(ack.worker_id),
+            other => panic!("expected a register ack, got {other:?}"),
+        }
+    }
+
+    /// The status the gateway closes the stream with.
+    pub async fn closing_status(&mut self) -> Status {
+        loop {
+            match self.next_non_ping().await {
+                Err(status) => return status,
+                Ok(None) => panic!("stream ended without a status"),
+                Ok(Some(_)) => {}
+            }
+        }
+    }
+}
+
+/// Waits until `worker` is dispatchable: registered and past opening probation.
+pub async fn eligible(core: &Core, worker: WorkerId) {
+    within("the worker to become eligible", async {
+        loop {
+            let arrival = core.registry().worker_arrival();
+            if is_eligible(core, worker) {
+                return;
+            }
+            arrival.await;
+        }
+    })
+    .await;
+}
+
+fn is_eligible(core: &Core, worker: WorkerId) -> bool {
+    core.registry()
+        .worker(worker)
+        .is_some_and(|s| s.eligibility.is_eligible())
+}
+
+/// Waits for `worker`'s `Disconnected` event and returns its reason.
+pub async fn disconnected(
+    events: &mut broadcast::Receiver<WorkerEvent>,
+    worker: WorkerId,
+) -> switchyard_core::DisconnectReason {
+    within("the worker to be deregistered", async {
+        loop {
+            if let WorkerEvent::Disconnected { worker: w, reason } = events.recv().await.unwrap() {
+                if w == worker {
+                    return reason;
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// A dispatch request with a generous timeout.
+pub fn request(namespace: &str, activity_type: &str, input: &'static [u8]) -> ActivityRequest {
+    ActivityRequest {
+        namespace: namespace.to_owned(),
+        task_queue: String::new(),
+        activity_type: activity_type.to_owned(),
+        node: None,
+        input: Bytes::from_static(input),
+        activity_id: None,
+        timeout: PATIENCE,
+    }
+}
+
+/// Dispatches `request` on its own task as a trusted producer.
+pub fn dispatch(core: &Core, request: ActivityRequest) -> tokio::task::JoinHandle<ActivityOutcome> {
+    let core = core.clone();
+    tokio::spawn(async move {
+        core.dispatcher()
+            .dispatch(&CallerIdentity::trusted("producer"), request)
+            .await
+            .unwrap()
+    })
+}
+
+/// A `result` frame reporting success with `output`.
+pub fn success(task_id: u64, output: &'static [u8]) -> WorkerFrame {
+    frame(worker_frame::Frame::Result(ActivityResult {
+        task_id,
+        outcome: Some(activity_result::Outcome::Output(Bytes::from_static(output))),
+    }))
+}
+
+/// A TCP relay in front of the gateway that can go silent or cut its connections, to play a
+/// peer that hangs (frozen: no FIN, no RST, no bytes) or crashes (severed: sockets closed).
+pub struct Proxy {
+    pub addr: SocketAddr,
+    frozen: CancellationToken,
+    severed: CancellationToken,
+}
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (frozen, severed) = (CancellationToken::new(), CancellationToken::new());
+        let (f, s) = (frozen.clone(), severed.clone());
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    () = s.cancelled() => return,
+                };
+                let Ok((client, _)) = accepted else { return };
+                // A hung or crashed peer makes no new connections either.
+                if f.is_cancelled() {
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(relay(client_read, server_write, f.clone(), s.clone()));
+                tokio::spawn(relay(server_read, client_write, f.clone(), s.clone()));
+            }
+        });
+        Self {
+            addr,
+            frozen,
+            severed,
+        }
+    }
+
+    /// Stops moving bytes in both directions; the sockets stay open.
+    pub fn freeze(&self) {
+        self.frozen.cancel();
+    }
+
+    /// Closes every relayed socket and the listener.
+    pub fn sever(&self) {
+        self.frozen.cancel();
+        self.severed.cancel();
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("https://localhost:{}", self.addr.port())
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.sever();
+    }
+}
+
+async fn relay(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: CancellationToken,
+    severed: CancellationToken,
+) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        tokio::select! {
+            () = frozen.cancelled() => break,
+            read = from.read(&mut buffer) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if to.write_all(&buffer[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            },
+        }
+    }
+    // Silent until severed: both halves are dropped (closed) only then.
+    severed.cancelled().await;
+}

@@ -1,0 +1,228 @@
+//! One connection of a worker: register, announce capacity, accept lanes, follow the control
+//! stream, and report how the connection ended.
+
+use std::sync::Arc;
+
+use quinn::{ConnectionError, Endpoint, SendStream, VarInt};
+use switchyard_core::WorkerId;
+use switchyard_proto::v1::{
+    QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainRequest, QuicRegister,
+    QuicRegistered, quic_control_down, quic_control_up,
+};
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::lane::{self, LaneContext};
+use super::{Settings, Shared, WorkerError};
+use crate::fault::{Fault, close_connection};
+use crate::frame::{FrameReader, encode_frame};
+use crate::protocol::{DEFAULT_MAX_CONTROL_FRAME, ErrorCode, PROTOCOL_VERSION};
+
+const CONTROL: &str = "control stream";
+
+/// A registered connection.
+pub(crate) struct Session {
+    conn: quinn::Connection,
+    control_send: SendStream,
+    control_reader: FrameReader,
+    lanes: Arc<LaneContext>,
+    control_limit: u32,
+    worker: WorkerId,
+    /// Stops the lane tasks when the session is dropped, even mid-serve.
+    stop_lanes: DropGuard,
+}
+
+/// How a session ended.
+#[derive(Debug)]
+pub(crate) enum SessionEnd {
+    /// The gateway finished draining this worker.
+    Drained,
+    /// The connection ended for another reason.
+    Lost(WorkerError),
+}
+
+impl Session {
+    /// Connects, registers and announces the current capacity.
+    pub(crate) async fn open(
+        endpoint: &Endpoint,
+        settings: &Settings,
+        shared: &Shared,
+    ) -> Result<Self, WorkerError> {
+        let mut client = quinn::ClientConfig::new(settings.tls.quic());
+        // One stream credit for lane 0 until capacity is announced.
+        client.transport_config(Arc::new(settings.link.transport(1)?));
+        let conn = endpoint
+            .connect_with(client, settings.addr, &settings.server_name)?
+            .await?;
+        let (mut control_send, control_recv) = conn.open_bi().await?;
+        let register = QuicControlUp {
+            frame: Some(quic_control_up::Frame::Register(QuicRegister {
+                protocol_version: PROTOCOL_VERSION,
+                namespaces: settings.namespaces.clone(),
+                task_queue: settings.task_queue.clone(),
+                node: settings.node.clone(),
+                activity_types: settings.handlers.keys().cloned().collect(),
+                identity: settings.identity.clone(),
+                auth_token: settings.token.clone().unwrap_or_default(),
+            })),
+        };
+        write(&mut control_send, &register, DEFAULT_MAX_CONTROL_FRAME)
+            .await
+            .map_err(|fault| closed(&conn, fault))?;
+        let mut control_reader = FrameReader::new(control_recv, DEFAULT_MAX_CONTROL_FRAME);
+        let registered = match control_reader.next::<QuicControlDown>().await {
+            Ok(Some(QuicControlDown {
+                frame: Some(quic_control_down::Frame::Registered(registered)),
+            })) => registered,
+            Ok(_) => {
+                let fault = Fault::close(
+                    ErrorCode::ProtocolViolation,
+                    "the first control frame from the gateway must be registered",
+                );
+                return Err(closed(&conn, fault));
+            }
+            Err(error) => return Err(closed(&conn, Fault::read(error, &CONTROL))),
+        };
+        let QuicRegistered {
+            worker_id,
+            max_control_frame_bytes,
+            max_lane_frame_bytes,
+            ..
+        } = registered;
+        let worker = WorkerId::from_raw(worker_id);
+        let session = Self {
+            conn,
+            control_send,
+            control_reader,
+            lanes: Arc::new(LaneContext {
+                handlers: Arc::clone(&settings.handlers),
+                frame_limit: nonzero_or(
+                    max_lane_frame_bytes,
+                    crate::protocol::DEFAULT_MAX_LANE_FRAME,
+                ),
+            }),
+            control_limit: nonzero_or(max_control_frame_bytes, DEFAULT_MAX_CONTROL_FRAME),
+            worker,
+            stop_lanes: CancellationToken::new().drop_guard(),
+        };
+        tracing::info!(worker = %worker, gateway = %settings.addr, "registered");
+        shared.registered.send_replace(Some(worker));
+        Ok(session)
+    }
+
+    /// Serves the connection until it ends.
+    pub(crate) async fn serve(mut self, shared: &Shared) -> SessionEnd {
+        let mut capacity = shared.capacity.subscribe();
+        let mut drain_sent = false;
+        let mut announce = true;
+        let fault = loop {
+            if announce {
+                announce = false;
+                if let Err(fault) = self.announce(&mut capacity).await {
+                    break fault;
+                }
+            }
+            let fault = tokio::select! {
+                accepted = self.conn.accept_bi() => match accepted {
+                    Ok((send, recv)) => {
+                        let stop = self.stop_lanes.token().clone();
+                        lane::spawn(self.conn.clone(), send, recv, Arc::clone(&self.lanes), stop);
+                        None
+                    }
+                    Err(_) => Some(Fault::Gone),
+                },
+                down = self.control_reader.next::<QuicControlDown>() => match down {
+                    Ok(Some(down)) => self.control(down).err(),
+                    Ok(None) => Some(Fault::close(
+                        ErrorCode::ProtocolViolation,
+                        "the gateway finished the control stream",
+                    )),
+                    Err(error) => Some(Fault::read(error, &CONTROL)),
+                },
+                changed = capacity.changed() => {
+                    announce = changed.is_ok();
+                    None
+                }
+                () = shared.drain.cancelled(), if !drain_sent => {
+                    drain_sent = true;
+                    let request = QuicControlUp {
+                        frame: Some(quic_control_up::Frame::DrainRequest(QuicDrainRequest {})),
+                    };
+                    write(&mut self.control_send, &request, self.control_limit).await.err()
+                }
+            };
+            if let Some(fault) = fault {
+                break fault;
+            }
+        };
+        shared.registered.send_replace(None);
+        let error = closed(&self.conn, fault);
+        match error {
+            WorkerError::Refused {
+                code: ErrorCode::Drained,
+                ..
+            } => SessionEnd::Drained,
+            error => SessionEnd::Lost(error),
+        }
+    }
+
+    /// Grants the gateway one stream per slot, then tells it the capacity: in that order, so
+    /// the lanes it opens for the new capacity find credit waiting.
+    async fn announce(&mut self, capacity: &mut watch::Receiver<u32>) -> Result<(), Fault> {
+        let max_concurrency = *capacity.borrow_and_update();
+        self.conn
+            .set_max_concurrent_bi_streams(VarInt::from_u32(max_concurrency));
+        let frame = QuicControlUp {
+            frame: Some(quic_control_up::Frame::Capabilities(QuicCapabilities {
+                max_concurrency,
+            })),
+        };
+        tracing::debug!(worker = %self.worker, max_concurrency, "announcing capacity");
+        write(&mut self.control_send, &frame, self.control_limit).await
+    }
+
+    fn control(&mut self, down: QuicControlDown) -> Result<(), Fault> {
+        match down.frame {
+            Some(quic_control_down::Frame::Drain(_)) => {
+                tracing::info!(worker = %self.worker, "draining: finishing tasks in flight");
+                Ok(())
+            }
+            Some(quic_control_down::Frame::Registered(_)) => Err(Fault::close(
+                ErrorCode::ProtocolViolation,
+                "registered sent twice",
+            )),
+            None => Err(Fault::empty(&CONTROL)),
+        }
+    }
+}
+
+fn nonzero_or(value: u32, default: u32) -> u32 {
+    if value == 0 { default } else { value }
+}
+
+async fn write(send: &mut SendStream, frame: &QuicControlUp, limit: u32) -> Result<(), Fault> {
+    let bytes = encode_frame(frame, limit)
+        .map_err(|error| Fault::close(ErrorCode::Internal, format!("{CONTROL}: {error}")))?;
+    send.write_chunk(bytes)
+        .await
+        .map_err(|error| Fault::write(error, &CONTROL))
+}
+
+/// Closes the connection for `fault` (when it is ours to close) and reports why it ended,
+/// preferring the gateway's own close code when it closed first.
+fn closed(conn: &quinn::Connection, fault: Fault) -> WorkerError {
+    if let Fault::Close { code, reason } = &fault {
+        if conn.close_reason().is_none() {
+            tracing::warn!(%code, %reason, "closing the gateway connection");
+            close_connection(conn, *code, reason);
+            return WorkerError::Protocol {
+                code: *code,
+                reason: reason.clone(),
+            };
+        }
+    }
+    match conn.close_reason() {
+        Some(error) => WorkerError::from(error),
+        None => WorkerError::Connection(ConnectionError::LocallyClosed),
+    }
+}

@@ -1,0 +1,212 @@
+//! Settings for both ends: QUIC link tuning, frame limits, and the gateway's abuse limits.
+//!
+//! Defaults suit constrained links (high RTT, loss, NAT rebinding) without hurting loopback;
+//! `docs/quic-protocol.md` lists each with its reason.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
+use quinn::{IdleTimeout, TransportConfig, VarInt};
+
+use crate::protocol::{DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME};
+
+/// The congestion controller a connection uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CongestionControl {
+    /// CUBIC (RFC 9438), the default: the well-trodden choice for mixed traffic.
+    #[default]
+    Cubic,
+    /// BBR: model-based, far less sensitive to random (non-congestion) loss.
+    Bbr,
+    /// NewReno (RFC 9002's reference controller).
+    NewReno,
+}
+
+/// QUIC transport tuning shared by the gateway and the worker SDK.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkSettings {
+    /// Congestion controller (default [`CongestionControl::Cubic`]).
+    pub congestion: CongestionControl,
+    /// Interval of QUIC keep-alive packets when nothing else is sent (default 10 s: well
+    /// inside common UDP NAT binding lifetimes of 30 s and more).
+    pub keep_alive_interval: Option<Duration>,
+    /// The connection closes after this long without any packet from the peer (default 30 s;
+    /// each side proposes its own and the smaller one applies).
+    pub max_idle_timeout: Duration,
+    /// RTT assumed before the first sample (default 333 ms, RFC 9002's recommendation).
+    pub initial_rtt: Duration,
+    /// Bytes one stream may receive ahead of the reader (default 1 MiB).
+    pub stream_receive_window: u32,
+    /// Bytes the whole connection may receive ahead of the readers (default 16 MiB).
+    pub receive_window: u32,
+    /// Bytes the connection buffers unacknowledged for sending (default 16 MiB).
+    pub send_window: u64,
+}
+
+impl Default for LinkSettings {
+    fn default() -> Self {
+        Self {
+            congestion: CongestionControl::Cubic,
+            keep_alive_interval: Some(Duration::from_secs(10)),
+            max_idle_timeout: Duration::from_secs(30),
+            initial_rtt: Duration::from_millis(333),
+            stream_receive_window: 1024 * 1024,
+            receive_window: 16 * 1024 * 1024,
+            send_window: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// A setting that quinn cannot represent.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `max_idle_timeout` is beyond what QUIC can encode (2^62 ms).
+    #[error("max_idle_timeout {0:?} is too large for QUIC")]
+    IdleTimeoutTooLarge(Duration),
+    /// A frame limit is zero.
+    #[error("{field} must be at least 1 byte")]
+    ZeroFrameLimit {
+        /// The setting.
+        field: &'static str,
+    },
+    /// `max_concurrency_limit` is zero.
+    #[error("max_concurrency_limit must be at least 1")]
+    ZeroConcurrencyLimit,
+}
+
+impl LinkSettings {
+    /// The quinn transport config for one side; `bidi_streams` is how many bidirectional
+    /// streams the peer may open at first (uni streams and datagrams are never used).
+    pub(crate) fn transport(&self, bidi_streams: u32) -> Result<TransportConfig, ConfigError> {
+        let idle = IdleTimeout::try_from(self.max_idle_timeout)
+            .map_err(|_| ConfigError::IdleTimeoutTooLarge(self.max_idle_timeout))?;
+        let mut transport = TransportConfig::default();
+        transport
+            .max_concurrent_bidi_streams(VarInt::from_u32(bidi_streams))
+            .max_concurrent_uni_streams(VarInt::from_u32(0))
+            .datagram_receive_buffer_size(None)
+            .max_idle_timeout(Some(idle))
+            .keep_alive_interval(self.keep_alive_interval)
+            .initial_rtt(self.initial_rtt)
+            .stream_receive_window(VarInt::from_u32(self.stream_receive_window))
+            .receive_window(VarInt::from_u32(self.receive_window))
+            .send_window(self.send_window);
+        match self.congestion {
+            CongestionControl::Cubic => {
+                transport.congestion_controller_factory(Arc::new(CubicConfig::default()))
+            }
+            CongestionControl::Bbr => {
+                transport.congestion_controller_factory(Arc::new(BbrConfig::default()))
+            }
+            CongestionControl::NewReno => {
+                transport.congestion_controller_factory(Arc::new(NewRenoConfig::default()))
+            }
+        };
+        Ok(transport)
+    }
+}
+
+/// Largest frames accepted on each kind of stream, prefix excluded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameLimits {
+    /// Control-stream frames (default 64 KiB).
+    pub control: u32,
+    /// Lane frames, which carry task input and result output (default 4 MiB).
+    pub lane: u32,
+}
+
+impl Default for FrameLimits {
+    fn default() -> Self {
+        Self {
+            control: DEFAULT_MAX_CONTROL_FRAME,
+            lane: DEFAULT_MAX_LANE_FRAME,
+        }
+    }
+}
+
+impl FrameLimits {
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.control == 0 {
+            return Err(ConfigError::ZeroFrameLimit {
+                field: "control frame limit",
+            });
+        }
+        if self.lane == 0 {
+            return Err(ConfigError::ZeroFrameLimit {
+                field: "lane frame limit",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The gateway side's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// UDP address to listen on (default `[::]:7443`).
+    pub listen: SocketAddr,
+    /// QUIC tuning.
+    pub link: LinkSettings,
+    /// Frame limits the gateway enforces on what it reads.
+    pub frames: FrameLimits,
+    /// Let a worker's connection survive a change of its address (NAT rebinding, network
+    /// switch) (default true).
+    pub migration: bool,
+    /// Largest `max_concurrency` accepted, and so the most lanes (streams) the gateway opens
+    /// toward one worker (default 1024). A worker may open exactly one stream itself.
+    pub max_concurrency_limit: u32,
+    /// Time from the first packet to a completed registration; slower connections are
+    /// closed with `REGISTRATION_TIMEOUT` (default 10 s).
+    pub registration_timeout: Duration,
+    /// Connections still handshaking or registering at once; more are refused at the QUIC
+    /// level (default 1024).
+    pub max_unregistered_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 7443)),
+            link: LinkSettings::default(),
+            frames: FrameLimits::default(),
+            migration: true,
+            max_concurrency_limit: 1024,
+            registration_timeout: Duration::from_secs(10),
+            max_unregistered_connections: 1024,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_congestion_controller_builds() {
+        for congestion in [
+            CongestionControl::Cubic,
+            CongestionControl::Bbr,
+            CongestionControl::NewReno,
+        ] {
+            let link = LinkSettings {
+                congestion,
+                ..LinkSettings::default()
+            };
+            assert!(link.transport(1).is_ok());
+        }
+    }
+
+    #[test]
+    fn unrepresentable_idle_timeout_is_refused_by_name() {
+        let link = LinkSettings {
+            max_idle_timeout: Duration::MAX,
+            ..LinkSettings::default()
+        };
+        let error = link.transport(1).unwrap_err();
+        assert!(error.to_string().contains("max_idle_timeout"), "{error}");
+    }
+}

@@ -1,0 +1,247 @@
+//! The gateway side: a QUIC endpoint that admits workers through core and pushes tasks to
+//! them over lanes.
+//!
+//! Per connection: the worker opens the control stream and registers (no capacity); the
+//! gateway opens lane 0, admits the worker through core's gate, answers `QuicRegistered`, and
+//! opens one lane per announced capacity slot before telling core the capacity. Every frame
+//! a worker sends on a lane goes to core (`complete`, `cancel_acknowledged`, `record_pong`);
+//! every refusal or violation closes the connection with a documented code, and the
+//! connection's end deregisters the worker exactly once (its registration token).
+
+mod connection;
+mod lane;
+mod lanes;
+mod link;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use quinn::Endpoint;
+use switchyard_core::{Core, DisconnectReason, WorkerId};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+pub use link::TRANSPORT;
+
+use crate::auth::{AllowAll, Authenticator};
+use crate::config::{ConfigError, ServerConfig};
+use crate::protocol::ErrorCode;
+use crate::tls::ServerTls;
+use link::Link;
+
+/// Why the QUIC listener could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// A setting is out of range.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The UDP socket could not be bound.
+    #[error("quic listener on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The socket error.
+        source: std::io::Error,
+    },
+}
+
+/// State shared by the accept loop and every connection.
+pub(crate) struct ServerShared {
+    pub(crate) core: Core,
+    pub(crate) config: ServerConfig,
+    pub(crate) auth: Arc<dyn Authenticator>,
+    /// Registered connections, so a worker core removes (for example on timeout) is closed.
+    connections: Mutex<HashMap<WorkerId, Weak<Link>>>,
+}
+
+impl ServerShared {
+    fn connections(&self) -> MutexGuard<'_, HashMap<WorkerId, Weak<Link>>> {
+        self.connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn track(&self, worker: WorkerId, link: &Arc<Link>) {
+        self.connections().insert(worker, Arc::downgrade(link));
+    }
+
+    pub(crate) fn untrack(&self, worker: WorkerId) {
+        self.connections().remove(&worker);
+    }
+
+    fn departed(&self, worker: WorkerId, reason: DisconnectReason) {
+        let link = self.connections().get(&worker).and_then(Weak::upgrade);
+        if let Some(link) = link {
+            link.close(
+                ErrorCode::Deregistered,
+                &format!("deregistered by the gateway: {}", reason.as_str()),
+            );
+        }
+    }
+}
+
+/// Builds a [`QuicServer`].
+pub struct QuicServerBuilder {
+    core: Core,
+    tls: ServerTls,
+    config: ServerConfig,
+    auth: Arc<dyn Authenticator>,
+}
+
+impl QuicServerBuilder {
+    /// Settings (default [`ServerConfig::default`]).
+    pub fn config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Who may register (default [`AllowAll`]).
+    pub fn authenticator(mut self, auth: impl Authenticator) -> Self {
+        self.auth = Arc::new(auth);
+        self
+    }
+
+    /// Binds the UDP socket and starts accepting workers on the current tokio runtime.
+    pub async fn bind(self) -> Result<QuicServer, ServerError> {
+        let config = self.config;
+        config.frames.check()?;
+        if config.max_concurrency_limit == 0 {
+            return Err(ConfigError::ZeroConcurrencyLimit.into());
+        }
+        // A worker may open exactly one stream: its control stream.
+        let transport = config.link.transport(1)?;
+        let mut quic = quinn::ServerConfig::with_crypto(self.tls.quic());
+        quic.transport_config(Arc::new(transport))
+            .migration(config.migration);
+        let endpoint =
+            Endpoint::server(quic, config.listen).map_err(|source| ServerError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let local_addr = endpoint.local_addr().map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let unregistered = Arc::new(Semaphore::new(config.max_unregistered_connections));
+        let shared = Arc::new(ServerShared {
+            core: self.core,
+            config,
+            auth: self.auth,
+            connections: Mutex::new(HashMap::new()),
+        });
+        let observer = Arc::downgrade(&shared);
+        shared
+            .core
+            .registry()
+            .observe_departures(Arc::new(move |worker, reason| {
+                if let Some(shared) = observer.upgrade() {
+                    shared.departed(worker, reason);
+                }
+            }));
+        let accept = tokio::spawn(accept_loop(
+            endpoint.clone(),
+            Arc::clone(&shared),
+            unregistered,
+        ));
+        tracing::info!(%local_addr, "quic worker listener started");
+        Ok(QuicServer {
+            endpoint,
+            local_addr,
+            shared,
+            accept,
+        })
+    }
+}
+
+async fn accept_loop(endpoint: Endpoint, shared: Arc<ServerShared>, unregistered: Arc<Semaphore>) {
+    while let Some(incoming) = endpoint.accept().await {
+        match Arc::clone(&unregistered).try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(connection::serve(incoming, Arc::clone(&shared), permit));
+            }
+            Err(_) => {
+                tracing::warn!(remote = %incoming.remote_address(),
+                    "too many unregistered connections; refusing");
+                incoming.refuse();
+            }
+        }
+    }
+}
+
+/// The gateway's QUIC listener for workers.
+///
+/// # Examples
+///
+/// ```no_run
+/// use switchyard_core::{Core, CoreConfig, Registry};
+/// use switchyard_transport_quic::{QuicServer, ServerConfig, ServerTls};
+///
+/// # async fn start(tls: ServerTls) -> Result<(), Box<dyn std::error::Error>> {
+/// let core = Core::start(Registry::builder(), CoreConfig::default());
+/// let server = QuicServer::builder(core, tls)
+///     .config(ServerConfig { listen: "127.0.0.1:7443".parse()?, ..ServerConfig::default() })
+///     .bind()
+///     .await?;
+/// println!("workers connect to {}", server.local_addr());
+/// # Ok(())
+/// # }
+/// ```
+pub struct QuicServer {
+    endpoint: Endpoint,
+    local_addr: SocketAddr,
+    shared: Arc<ServerShared>,
+    accept: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for QuicServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuicServer")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QuicServer {
+    /// Starts building a listener that admits workers into `core`.
+    pub fn builder(core: Core, tls: ServerTls) -> QuicServerBuilder {
+        QuicServerBuilder {
+            core,
+            tls,
+            config: ServerConfig::default(),
+            auth: Arc::new(AllowAll),
+        }
+    }
+
+    /// The bound UDP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Workers registered through this listener right now.
+    pub fn registered_workers(&self) -> usize {
+        self.shared.connections().len()
+    }
+
+    /// Closes every connection with `SHUTTING_DOWN` and stops accepting. Drain the workers
+    /// first (core's shutdown does) to let their tasks finish.
+    pub fn close(&self) {
+        self.accept.abort();
+        self.endpoint.close(
+            ErrorCode::ShuttingDown.var_int(),
+            b"the gateway is shutting down",
+        );
+    }
+
+    /// Waits until every connection has been closed and its peer told.
+    pub async fn wait_idle(&self) {
+        self.endpoint.wait_idle().await;
+    }
+}
+
+impl Drop for QuicServer {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}

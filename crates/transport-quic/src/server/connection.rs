@@ -1,0 +1,362 @@
+//! One worker connection from first packet to last: handshake and registration under a
+//! deadline, admission through core's gate, then the control stream and the lanes.
+
+use std::sync::Arc;
+
+use quinn::{Connection, Incoming, SendStream};
+use rustls_pki_types::CertificateDer;
+use switchyard_core::{DisconnectReason, RegistrationToken, WorkerDelivery, WorkerId};
+use switchyard_proto::v1::{
+    QuicControlDown, QuicControlUp, QuicRegister, QuicRegistered, quic_control_down,
+    quic_control_up,
+};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::ServerShared;
+use super::lane::OpenedLane;
+use super::link::Link;
+use crate::auth::PeerCredentials;
+use crate::convert;
+use crate::fault::{Fault, close_connection};
+use crate::frame::{FrameReader, encode_frame};
+use crate::protocol::ErrorCode;
+
+const CONTROL: &str = "control stream";
+
+/// Serves one incoming connection until it closes; `permit` counts it as unregistered until
+/// admission.
+pub(crate) async fn serve(
+    incoming: Incoming,
+    server: Arc<ServerShared>,
+    permit: OwnedSemaphorePermit,
+) {
+    let remote = incoming.remote_address();
+    let span = tracing::debug_span!("quic_worker", %remote, worker = tracing::field::Empty);
+    async move {
+        let deadline = Instant::now() + server.config.registration_timeout;
+        let connecting = match incoming.accept() {
+            Ok(connecting) => connecting,
+            Err(error) => {
+                tracing::debug!(%error, "connection not accepted");
+                return;
+            }
+        };
+        let conn = match tokio::time::timeout_at(deadline, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "handshake failed");
+                return;
+            }
+            // Dropping the handshake abandons it.
+            Err(_) => {
+                tracing::debug!("handshake not finished within the registration deadline");
+                return;
+            }
+        };
+        let admitted = match tokio::time::timeout_at(deadline, register(&conn, &server)).await {
+            Ok(Ok(admitted)) => admitted,
+            Ok(Err(Fault::Gone)) => return,
+            Ok(Err(Fault::Close { code, reason })) => {
+                tracing::info!(%code, %reason, "registration refused");
+                close_connection(&conn, code, &reason);
+                return;
+            }
+            Err(_) => {
+                let reason = format!(
+                    "no registration within {} ms of the first packet",
+                    server.config.registration_timeout.as_millis()
+                );
+                tracing::info!(%reason, "registration timed out");
+                close_connection(&conn, ErrorCode::RegistrationTimeout, &reason);
+                return;
+            }
+        };
+        drop(permit);
+        tracing::Span::current().record(
+            "worker",
+            tracing::field::display(admitted.token.worker_id()),
+        );
+        run(admitted, &server).await;
+    }
+    .instrument(span)
+    .await;
+}
+
+/// A worker through the gate, with its streams.
+struct Admitted {
+    token: RegistrationToken,
+    link: Arc<Link>,
+    control_send: SendStream,
+    control_reader: FrameReader,
+    control_rx: mpsc::Receiver<QuicControlDown>,
+}
+
+/// Reads the registration, authenticates, opens lane 0 and admits through core's gate.
+async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, Fault> {
+    let limits = server.config.frames;
+    let (mut control_send, control_recv) = conn.accept_bi().await.map_err(|_| Fault::Gone)?;
+    let mut control_reader = FrameReader::new(control_recv, limits.control);
+    let first = control_reader
+        .next::<QuicControlUp>()
+        .await
+        .map_err(|error| Fault::read(error, &CONTROL))?;
+    let register = match first.map(|up| up.frame) {
+        Some(Some(quic_control_up::Frame::Register(register))) => register,
+        Some(None) => return Err(Fault::empty(&CONTROL)),
+        Some(Some(_)) => {
+            return Err(Fault::close(
+                ErrorCode::ProtocolViolation,
+                "the first control frame must be register",
+            ));
+        }
+        None => {
+            return Err(Fault::close(
+                ErrorCode::ProtocolViolation,
+                "the control stream ended before register",
+            ));
+        }
+    };
+    let caller = authenticate(conn, server, &register)?;
+    let registration =
+        convert::registration(register).map_err(|(code, reason)| Fault::close(code, reason))?;
+
+    // Lane 0 exists before admission, so the probation pings core sends the moment it admits
+    // have a lane to travel on. Its driver starts once the worker id is known.
+    let (link, control_rx) = Link::new(conn.clone(), limits.lane);
+    let link = Arc::new(link);
+    let (send, recv) = conn.open_bi().await.map_err(|_| Fault::Gone)?;
+    let lane_zero = OpenedLane::enter(&link, send, recv);
+    let delivery: Arc<dyn WorkerDelivery> = link.clone();
+    let token = server
+        .core
+        .registry()
+        .admit(&caller, registration, delivery)
+        .await
+        .map_err(|error| Fault::close(convert::refusal_code(&error), error.to_string()))?;
+    let worker = token.worker_id();
+    lane_zero.spawn(Arc::clone(&link), server.core.clone(), worker);
+    let registered = QuicControlDown {
+        frame: Some(quic_control_down::Frame::Registered(QuicRegistered {
+            worker_id: worker.get(),
+            ping_interval_ms: millis(server.core.liveness().config().ping_interval),
+            ping_timeout_ms: millis(server.core.liveness().config().ping_timeout),
+            max_concurrency_limit: server.config.max_concurrency_limit,
+            max_control_frame_bytes: limits.control,
+            max_lane_frame_bytes: limits.lane,
+        })),
+    };
+    write_control(&mut control_send, &registered, limits.control).await?;
+    tracing::info!(worker = %worker, "quic worker registered; capacity unannounced");
+    Ok(Admitted {
+        token,
+        link,
+        control_send,
+        control_reader,
+        control_rx,
+    })
+}
+
+fn authenticate(
+    conn: &Connection,
+    server: &ServerShared,
+    register: &QuicRegister,
+) -> Result<switchyard_core::CallerIdentity, Fault> {
+    let certificates: Vec<CertificateDer<'static>> = conn
+        .peer_identity()
+        .and_then(|identity| identity.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .map(|chain| *chain)
+        .unwrap_or_default();
+    let peer = PeerCredentials {
+        token: Some(register.auth_token.as_str()).filter(|t| !t.is_empty()),
+        certificates: &certificates,
+        remote: conn.remote_address(),
+    };
+    server
+        .auth
+        .authenticate(&peer)
+        .map_err(|error| Fault::close(ErrorCode::Unauthenticated, error.to_string()))
+}
+
+fn millis(duration: std::time::Duration) -> u32 {
+    u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
+}
+
+async fn write_control(
+    send: &mut SendStream,
+    frame: &QuicControlDown,
+    limit: u32,
+) -> Result<(), Fault> {
+    let bytes = encode_frame(frame, limit)
+        .map_err(|error| Fault::close(ErrorCode::Internal, format!("{CONTROL}: {error}")))?;
+    send.write_chunk(bytes)
+        .await
+        .map_err(|error| Fault::write(error, &CONTROL))
+}
+
+/// How a registered connection ended.
+enum Exit {
+    Drained,
+    Ended,
+}
+
+/// Serves a registered worker: capacity announcements, drains, and the lane manager.
+async fn run(admitted: Admitted, server: &ServerShared) {
+    let Admitted {
+        token,
+        link,
+        mut control_send,
+        mut control_reader,
+        mut control_rx,
+    } = admitted;
+    let worker = token.worker_id();
+    server.track(worker, &link);
+    let (capacity_tx, capacity_rx) = watch::channel(None);
+    let manager = manage_lanes(&link, server, worker, capacity_rx);
+    tokio::pin!(manager);
+    let exit = loop {
+        let fault = tokio::select! {
+            up = control_reader.next::<QuicControlUp>() => {
+                match up {
+                    Ok(Some(up)) => control(up, server, worker, &capacity_tx).err(),
+                    Ok(None) => Some(Fault::close(
+                        ErrorCode::ProtocolViolation,
+                        "the worker finished the control stream",
+                    )),
+                    Err(error) => Some(Fault::read(error, &CONTROL)),
+                }
+            }
+            Some(down) = control_rx.recv() => {
+                write_control(&mut control_send, &down, server.config.frames.control).await.err()
+            }
+            () = link.drained.notified() => {
+                link.close(ErrorCode::Drained, "drained: every task the worker held has ended");
+                break Exit::Drained;
+            }
+            Err(fault) = &mut manager => Some(fault),
+            _ = link.connection().closed() => break Exit::Ended,
+        };
+        match fault {
+            None => {}
+            Some(Fault::Gone) => break Exit::Ended,
+            Some(Fault::Close { code, reason }) => {
+                tracing::warn!(%code, %reason, "closing worker connection");
+                link.close(code, &reason);
+                break Exit::Ended;
+            }
+        }
+    };
+    link.disconnect();
+    server.untrack(worker);
+    let reason = match exit {
+        Exit::Drained => DisconnectReason::Drained,
+        Exit::Ended => DisconnectReason::Disconnect,
+    };
+    if let Some(error) = link.connection().close_reason() {
+        tracing::info!(%error, "quic worker connection ended");
+    }
+    token.deregister(reason);
+}
+
+/// Handles one control frame from a registered worker.
+fn control(
+    up: QuicControlUp,
+    server: &ServerShared,
+    worker: WorkerId,
+    capacity: &watch::Sender<Option<u32>>,
+) -> Result<(), Fault> {
+    match up.frame {
+        Some(quic_control_up::Frame::Capabilities(capabilities)) => {
+            let wanted = capabilities.max_concurrency;
+            let limit = server.config.max_concurrency_limit;
+            if wanted == 0 {
+                // Core's gate owns the zero rule, its wording and its audit.
+                let error = server
+                    .core
+                    .registry()
+                    .set_advertised_capacity(worker, 0)
+                    .err()
+                    .map_or_else(|| "max_concurrency 0".to_owned(), |e| e.to_string());
+                return Err(Fault::close(ErrorCode::CapacityRefused, error));
+            }
+            if wanted > limit {
+                return Err(Fault::close(
+                    ErrorCode::CapacityRefused,
+                    format!("max_concurrency {wanted} exceeds this gateway's limit of {limit}"),
+                ));
+            }
+            tracing::debug!(max_concurrency = wanted, "capacity announced");
+            capacity.send_replace(Some(wanted));
+            Ok(())
+        }
+        Some(quic_control_up::Frame::DrainRequest(_)) => {
+            tracing::info!("worker asked to be drained");
+            server.core.registry().drain_worker(worker);
+            Ok(())
+        }
+        Some(quic_control_up::Frame::Register(_)) => Err(Fault::close(
+            ErrorCode::ProtocolViolation,
+            "register sent twice",
+        )),
+        None => Err(Fault::empty(&CONTROL)),
+    }
+}
+
+/// Keeps the lanes in line with the announced capacity, and core's capacity in line with the
+/// lanes: growing opens the lanes first and announces after, shrinking announces first and
+/// retires lanes after (busy ones when their task ends), so core never holds more slots
+/// than there are lanes to carry them. Returns only on a fault.
+async fn manage_lanes(
+    link: &Arc<Link>,
+    server: &ServerShared,
+    worker: WorkerId,
+    mut wanted: watch::Receiver<Option<u32>>,
+) -> Result<(), Fault> {
+    let registry = server.core.registry();
+    let mut applied: Option<u32> = None;
+    loop {
+        let target = *wanted.borrow_and_update();
+        if let Some(target) = target {
+            if applied.is_some_and(|applied| target < applied) {
+                apply(registry, worker, target)?;
+                applied = Some(target);
+            }
+            let mut to_open = link.lanes().set_target(target);
+            let mut superseded = false;
+            while to_open > 0 {
+                tokio::select! {
+                    opened = link.connection().open_bi() => {
+                        let (send, recv) = opened.map_err(|_| Fault::Gone)?;
+                        OpenedLane::enter(link, send, recv)
+                            .spawn(Arc::clone(link), server.core.clone(), worker);
+                        to_open -= 1;
+                    }
+                    changed = wanted.changed() => {
+                        changed.map_err(|_| Fault::Gone)?;
+                        superseded = true;
+                        break;
+                    }
+                }
+            }
+            if superseded {
+                continue;
+            }
+            if applied != Some(target) {
+                apply(registry, worker, target)?;
+                applied = Some(target);
+            }
+        }
+        wanted.changed().await.map_err(|_| Fault::Gone)?;
+    }
+}
+
+fn apply(
+    registry: &switchyard_core::Registry,
+    worker: WorkerId,
+    capacity: u32,
+) -> Result<(), Fault> {
+    registry
+        .set_advertised_capacity(worker, capacity)
+        .map_err(|error| Fault::close(convert::refusal_code(&error), error.to_string()))
+}

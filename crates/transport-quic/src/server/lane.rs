@@ -1,0 +1,145 @@
+//! The gateway's driver of one lane: writes the frames queued for it, reads the worker's
+//! answers and hands them to core.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use quinn::{RecvStream, SendStream};
+use switchyard_core::{Core, TaskId, WorkerId};
+use switchyard_proto::v1::{QuicCancelAck, QuicLaneUp, QuicPong, quic_lane_up::Frame};
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use super::lanes::{Ending, FinishError, LaneId};
+use super::link::{LANE_QUEUE, Link};
+use crate::convert;
+use crate::fault::Fault;
+use crate::frame::{FrameReader, write_frames};
+use crate::protocol::ErrorCode;
+
+/// A lane whose stream is open and whose sink is in the table, not yet driven.
+pub(crate) struct OpenedLane {
+    id: LaneId,
+    send: SendStream,
+    recv: RecvStream,
+    queue: mpsc::Receiver<Bytes>,
+}
+
+impl OpenedLane {
+    /// Enters a freshly opened stream in `link`'s table as an idle lane.
+    pub(crate) fn enter(link: &Link, send: SendStream, recv: RecvStream) -> Self {
+        let id = LaneId::new(send.id().index());
+        let (sink, queue) = mpsc::channel(LANE_QUEUE);
+        link.lanes().add(id, sink);
+        Self {
+            id,
+            send,
+            recv,
+            queue,
+        }
+    }
+
+    /// Drives the lane on its own task until the lane is retired or the connection ends.
+    pub(crate) fn spawn(self, link: Arc<Link>, core: Core, worker: WorkerId) {
+        let span = tracing::debug_span!("lane", worker = %worker, lane = %self.id);
+        tokio::spawn(
+            async move {
+                match drive(self, &link, &core, worker).await {
+                    Ok(()) | Err(Fault::Gone) => tracing::trace!("lane ended"),
+                    Err(Fault::Close { code, reason }) => {
+                        tracing::warn!(%code, %reason, "closing worker connection");
+                        link.close(code, &reason);
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+}
+
+async fn drive(lane: OpenedLane, link: &Link, core: &Core, worker: WorkerId) -> Result<(), Fault> {
+    let OpenedLane {
+        id,
+        mut send,
+        recv,
+        mut queue,
+    } = lane;
+    let writer = async {
+        let mut batch = Vec::with_capacity(LANE_QUEUE);
+        while queue.recv_many(&mut batch, LANE_QUEUE).await > 0 {
+            write_frames(&mut send, &mut batch)
+                .await
+                .map_err(|error| Fault::write(error, &id))?;
+            batch.clear();
+        }
+        // The table dropped the sink: the lane is retired. The worker answers the FIN with its
+        // own, which ends the reader below.
+        let _ = send.finish();
+        Ok(())
+    };
+    let reader = async {
+        let mut frames = FrameReader::new(recv, link.lane_frame_limit());
+        loop {
+            let next = frames
+                .next::<QuicLaneUp>()
+                .await
+                .map_err(|error| Fault::read(error, &id))?;
+            let Some(up) = next else {
+                if link.lanes().contains(id) {
+                    return Err(Fault::close(
+                        ErrorCode::ProtocolViolation,
+                        format!("the worker finished {id}, which the gateway had not retired"),
+                    ));
+                }
+                return Ok(());
+            };
+            answer(up, id, link, core, worker)?;
+        }
+    };
+    tokio::try_join!(writer, reader).map(drop)
+}
+
+fn answer(
+    up: QuicLaneUp,
+    id: LaneId,
+    link: &Link,
+    core: &Core,
+    worker: WorkerId,
+) -> Result<(), Fault> {
+    match up.frame {
+        Some(Frame::Result(result)) => {
+            let Some((task, outcome)) = convert::result(result) else {
+                return Err(Fault::close(
+                    ErrorCode::MalformedFrame,
+                    format!("{id}: result sets neither output nor failure"),
+                ));
+            };
+            // The lane is free before core frees the slot, so the dispatch that the freed slot
+            // lets in always finds an idle lane.
+            link.finish(id, task, Ending::Result)
+                .map_err(|error| refused("result", &error))?;
+            if let Err(refusal) = core.complete(worker, task, outcome) {
+                tracing::debug!(task = %task, %refusal, "result not taken");
+            }
+        }
+        Some(Frame::Pong(QuicPong { seq })) => core.record_pong(worker, seq),
+        Some(Frame::CancelAck(QuicCancelAck { task_id })) => {
+            let task = TaskId::from_raw(task_id);
+            link.finish(id, task, Ending::CancelAck)
+                .map_err(|error| refused("cancel_ack", &error))?;
+            if let Err(refusal) = core.cancel_acknowledged(worker, task) {
+                tracing::debug!(task = %task, %refusal, "cancel acknowledgement not taken");
+            }
+        }
+        None => return Err(Fault::empty(&id)),
+    }
+    Ok(())
+}
+
+fn refused(frame: &str, error: &FinishError) -> Fault {
+    let code = match error {
+        FinishError::NotHeld { .. } => ErrorCode::UnknownTask,
+        FinishError::NotCancelled { .. } => ErrorCode::ProtocolViolation,
+    };
+    Fault::close(code, format!("{frame}: {error}"))
+}

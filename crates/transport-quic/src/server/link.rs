@@ -1,0 +1,151 @@
+//! One worker connection as core sees it: the [`WorkerDelivery`] leg over its lanes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use quinn::Connection;
+use switchyard_core::{DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage};
+use switchyard_proto::v1::{
+    QuicCancel, QuicControlDown, QuicDrain, QuicLaneDown, QuicPing, quic_control_down,
+    quic_lane_down,
+};
+use tokio::sync::{Notify, mpsc};
+
+use super::lanes::{Ending, FinishError, Finished, LaneId, LaneTable};
+use crate::convert;
+use crate::fault::close_connection;
+use crate::frame::encode_frame;
+use crate::protocol::ErrorCode;
+
+/// Frames one lane may have queued: its task, a cancel, and pings that arrive meanwhile.
+pub(crate) const LANE_QUEUE: usize = 8;
+/// Control frames queued toward the worker (only drains travel this way after registration).
+pub(crate) const CONTROL_QUEUE: usize = 4;
+
+/// The transport name core sees for QUIC workers.
+pub const TRANSPORT: TransportName = TransportName::from_static("quic");
+
+/// Shared state of one worker connection: its lanes, its control queue, and whether it lives.
+pub(crate) struct Link {
+    conn: Connection,
+    lanes: Mutex<LaneTable<mpsc::Sender<Bytes>>>,
+    control: mpsc::Sender<QuicControlDown>,
+    connected: AtomicBool,
+    lane_frame_limit: u32,
+    /// Fired once when a drain finds (or leaves) no task held.
+    pub(crate) drained: Notify,
+}
+
+impl Link {
+    pub(crate) fn new(
+        conn: Connection,
+        lane_frame_limit: u32,
+    ) -> (Self, mpsc::Receiver<QuicControlDown>) {
+        let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
+        let link = Self {
+            conn,
+            lanes: Mutex::new(LaneTable::new(1)),
+            control,
+            connected: AtomicBool::new(true),
+            lane_frame_limit,
+            drained: Notify::new(),
+        };
+        (link, control_rx)
+    }
+
+    pub(crate) fn lanes(&self) -> MutexGuard<'_, LaneTable<mpsc::Sender<Bytes>>> {
+        // Table operations cannot panic part-way, so a poisoned lock still guards valid data.
+        self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    pub(crate) fn lane_frame_limit(&self) -> u32 {
+        self.lane_frame_limit
+    }
+
+    /// Ends a lane's task and wakes the drain when it was the last one.
+    pub(crate) fn finish(
+        &self,
+        lane: LaneId,
+        task: TaskId,
+        ending: Ending,
+    ) -> Result<Finished, FinishError> {
+        let finished = self.lanes().finish(lane, task, ending)?;
+        if finished.drain_complete {
+            self.drained.notify_one();
+        }
+        Ok(finished)
+    }
+
+    /// Closes the connection with `code` and a reason phrase naming the problem.
+    pub(crate) fn close(&self, code: ErrorCode, reason: &str) {
+        close_connection(&self.conn, code, reason);
+    }
+
+    /// Marks the link gone: core stops selecting it and every lane sink is dropped.
+    pub(crate) fn disconnect(&self) {
+        self.connected.store(false, Ordering::Release);
+        self.lanes().close();
+    }
+
+    fn lane_frame(&self, frame: quic_lane_down::Frame) -> Result<Bytes, DeliveryError> {
+        encode_frame(&QuicLaneDown { frame: Some(frame) }, self.lane_frame_limit)
+            .map_err(|_| DeliveryError::Unsupported("a task larger than the lane frame limit"))
+    }
+}
+
+impl WorkerDelivery for Link {
+    fn transport(&self) -> TransportName {
+        TRANSPORT
+    }
+
+    fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    fn registration_carries_capacity(&self) -> bool {
+        false
+    }
+
+    fn deliver(&self, message: WorkerMessage) -> Result<(), DeliveryError> {
+        if !self.is_connected() {
+            return Err(DeliveryError::Closed);
+        }
+        // Encoding happens on the caller's thread, outside the table lock.
+        match message {
+            WorkerMessage::Task(task) => {
+                let frame = self.lane_frame(quic_lane_down::Frame::Task(convert::task(&task)))?;
+                self.lanes().assign(task.task_id, frame).map(drop)
+            }
+            WorkerMessage::Ping { seq } => {
+                let frame = self.lane_frame(quic_lane_down::Frame::Ping(QuicPing { seq }))?;
+                self.lanes().ping(frame).map(drop)
+            }
+            WorkerMessage::Cancel { task_id, reason } => {
+                let frame = self.lane_frame(quic_lane_down::Frame::Cancel(QuicCancel {
+                    task_id: task_id.get(),
+                    reason: convert::cancel_reason(reason).into(),
+                }))?;
+                self.lanes().cancel(task_id, frame)
+            }
+            WorkerMessage::Drain => {
+                let drain = QuicControlDown {
+                    frame: Some(quic_control_down::Frame::Drain(QuicDrain {})),
+                };
+                self.control.try_send(drain).map_err(|error| match error {
+                    mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
+                    mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
+                })?;
+                if self.lanes().start_drain() {
+                    self.drained.notify_one();
+                }
+                Ok(())
+            }
+            _ => Err(DeliveryError::Unsupported("an unknown message kind")),
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Core's conformance kit, run against the QUIC transport over real UDP loopback sockets:
+//! the gateway is a `QuicServer`, every worker the SDK's `QuicWorker` behind a relay that
+//! can freeze its link.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use switchyard_core::testkit::{
+    self, BoxError, ConnectError, Handler, TaskCall, TransportHarness, WorkerHandle, WorkerSpec,
+};
+use switchyard_core::{Core, RefusalKind, TaskResult, WorkerEvent, WorkerId};
+use switchyard_transport_quic::tls::SelfSigned;
+use switchyard_transport_quic::{
+    ActivityContext, ActivityError, ErrorCode, HandlerFuture, QuicServer, QuicWorker, ServerConfig,
+    StaticTokens, WorkerError,
+};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+use crate::relay::Relay;
+use crate::support::PATIENCE;
+
+struct QuicHarness;
+
+struct Gateway {
+    core: Core,
+    server: QuicServer,
+    ca: SelfSigned,
+}
+
+struct Worker {
+    id: WorkerId,
+    run: JoinHandle<Result<(), WorkerError>>,
+    relay: Relay,
+}
+
+impl WorkerHandle for Worker {
+    fn worker_id(&self) -> WorkerId {
+        self.id
+    }
+
+    /// Dropping the worker's session drops its connection: QUIC sends a bare close, the
+    /// nearest thing to a process dying, with no drain or goodbye frame of the protocol.
+    fn sever(&self) {
+        self.run.abort();
+    }
+
+    fn freeze(&self) {
+        self.relay.freeze();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.run.abort();
+    }
+}
+
+#[async_trait]
+impl TransportHarness for QuicHarness {
+    type Gateway = Gateway;
+    type Worker = Worker;
+
+    async fn start(&self, core: Core) -> Result<Gateway, BoxError> {
+        let ca = SelfSigned::new(["localhost"])?;
+        // Each kit caller authenticates with its principal as its token.
+        let tokens = StaticTokens::new(
+            testkit::callers()
+                .into_iter()
+                .map(|caller| (caller.principal.clone(), caller)),
+        );
+        let server = QuicServer::builder(core.clone(), ca.server_tls()?)
+            .config(ServerConfig {
+                listen: "127.0.0.1:0".parse()?,
+                ..ServerConfig::default()
+            })
+            .authenticator(tokens)
+            .bind()
+            .await?;
+        Ok(Gateway { core, server, ca })
+    }
+
+    async fn connect(&self, gateway: &Gateway, spec: WorkerSpec) -> Result<Worker, ConnectError> {
+        let transport = |error: BoxError| ConnectError::Transport(error);
+        let relay = Relay::start(gateway.server.local_addr())
+            .await
+            .map_err(|e| transport(e.into()))?;
+        let registration = spec.registration;
+        let client_tls = gateway.ca.client_tls().map_err(|e| transport(e.into()))?;
+        let mut builder = QuicWorker::builder(relay.addr(), "localhost")
+            .tls(client_tls)
+            .token(spec.caller.principal.clone())
+            .namespaces(registration.namespaces)
+            .task_queue(registration.task_queue)
+            .identity(registration.identity)
+            .max_concurrency(registration.max_concurrency.unwrap_or(1));
+        if let Some(node) = registration.node {
+            builder = builder.node(node.as_str());
+        }
+        for activity in registration.activity_types {
+            builder = builder.activity(activity, adapt(spec.handler.clone()));
+        }
+        let mut events = gateway.core.registry().subscribe_events();
+        let worker = builder.connect().await.map_err(refusal)?;
+        let id = worker
+            .worker_id()
+            .ok_or_else(|| transport("registered without an id".into()))?;
+        let mut run = tokio::spawn(worker.run());
+        match tokio::time::timeout(PATIENCE, capacity_settled(&mut events, &mut run, id)).await {
+            Ok(Ok(())) => Ok(Worker { id, run, relay }),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(transport("capacity never settled".into())),
+        }
+    }
+}
+
+/// Resolves when core took the worker's capacity, or with the refusal that closed it.
+async fn capacity_settled(
+    events: &mut broadcast::Receiver<WorkerEvent>,
+    run: &mut JoinHandle<Result<(), WorkerError>>,
+    id: WorkerId,
+) -> Result<(), ConnectError> {
+    loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Ok(WorkerEvent::CapacityAnnounced { worker, .. }) if worker == id => return Ok(()),
+                Ok(_) => {}
+                Err(error) => return Err(ConnectError::Transport(error.into())),
+            },
+            ended = &mut *run => {
+                return Err(match ended {
+                    Ok(Err(error)) => refusal(error),
+                    Ok(Ok(())) => ConnectError::Transport("the worker stopped".into()),
+                    Err(error) => ConnectError::Transport(error.into()),
+                });
+            }
+        }
+    }
+}
+
+/// A worker error as the kit's refusal, its family recovered from the close code.
+fn refusal(error: WorkerError) -> ConnectError {
+    let (kind, message) = match error {
+        WorkerError::Invalid(message) => (RefusalKind::Invalid, message),
+        WorkerError::Refused { code, reason } => {
+            let kind = match code {
+                ErrorCode::RegistrationInvalid | ErrorCode::CapacityRefused => RefusalKind::Invalid,
+                ErrorCode::NamespaceNotGranted | ErrorCode::Unauthenticated => {
+                    RefusalKind::Unauthorised
+                }
+                ErrorCode::NamespaceUnknown => RefusalKind::NotFound,
+                ErrorCode::PlacementRefused => RefusalKind::Placement,
+                ErrorCode::Unavailable => RefusalKind::Unavailable,
+                _ => {
+                    return ConnectError::Transport(WorkerError::Refused { code, reason }.into());
+                }
+            };
+            (kind, reason)
+        }
+        other => return ConnectError::Transport(other.into()),
+    };
+    ConnectError::Refused { kind, message }
+}
+
+/// The kit's handler as an SDK handler.
+fn adapt(
+    handler: Handler,
+) -> impl Fn(ActivityContext, Bytes) -> HandlerFuture + Send + Sync + 'static {
+    move |ctx: ActivityContext, input: Bytes| {
+        let call = TaskCall {
+            activity_type: ctx.activity_type().to_owned(),
+            input,
+            cancelled: ctx.cancellation().clone(),
+        };
+        let running = handler.call(call);
+        Box::pin(async move {
+            match running.await {
+                TaskResult::Success(output) => Ok(output),
+                TaskResult::Failure { message, retryable } => {
+                    Err(ActivityError { message, retryable })
+                }
+            }
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_transport_passes_the_conformance_kit() {
+    if let Err(failures) = testkit::run_conformance(&QuicHarness).await {
+        panic!("{failures}");
+    }
+}

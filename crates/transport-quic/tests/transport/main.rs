@@ -1,0 +1,12 @@
+//! End-to-end tests of the QUIC transport over real UDP loopback sockets.
+// The helpers outside `#[test]` functions fail the test the same way the tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod capacity;
+mod conformance;
+mod delivery;
+mod registration;
+mod relay;
+mod spec;
+mod support;
+mod violations;

@@ -1,0 +1,230 @@
+//! Registration without capacity, the capacity announcement, and every refusal on the way.
+
+use std::time::Duration;
+
+use switchyard_core::{
+    ActivityOutcome, CallerIdentity, DisconnectReason, UnservedReason, WorkerEvent,
+};
+use switchyard_proto::v1::{QuicResult, quic_lane_up, quic_result};
+use switchyard_transport_quic::{AllowAll, ErrorCode, ServerConfig, StaticTokens, WorkerError};
+
+use crate::support::{Gateway, NS, PATIENCE, Raw, closed_with, event, register_frame, request};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unannounced_worker_is_never_dispatched_to_until_it_announces() {
+    let gateway = Gateway::start().await;
+    let mut events = gateway.registry().subscribe_events();
+    let mut raw = Raw::connect(&gateway).await;
+    let registered = raw.register(register_frame(&["work"])).await;
+    let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
+    // The raw client answers the probation pings on lane 0, so only the missing capacity
+    // keeps it out of selection.
+    event(
+        &mut events,
+        "probation lifted",
+        |e| matches!(e, WorkerEvent::Recovered { worker: w } if *w == worker),
+    )
+    .await;
+    let census = gateway.census("work");
+    assert_eq!(census.capacity_unannounced, 1, "{census:?}");
+    assert_eq!(census.eligible, 0);
+    let outcome = gateway
+        .dispatch_with(request("work", b"x", Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            ActivityOutcome::Unserved {
+                reason: UnservedReason::CapacityUnannounced,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert!(raw.lanes.try_recv().is_err(), "no task reached the worker");
+
+    // Announcing makes it eligible: the next dispatch reaches it.
+    raw.announce(1).await;
+    event(
+        &mut events,
+        "capacity announced",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, capacity: 1 } if *w == worker),
+    )
+    .await;
+    assert_eq!(gateway.census("work").eligible, 1);
+    let dispatch = gateway.dispatch("work", b"in");
+    let answer = async {
+        let (lane, task) = raw.next_task().await;
+        assert_eq!(&task.input[..], b"in");
+        assert_eq!(task.attempt, 1);
+        lane.send(quic_lane_up::Frame::Result(QuicResult {
+            task_id: task.task_id,
+            outcome: Some(quic_result::Outcome::Output("out".into())),
+        }))
+        .await;
+    };
+    let (outcome, ()) = tokio::join!(dispatch, answer);
+    assert_eq!(outcome, ActivityOutcome::Completed("out".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_capacity_is_refused_by_name_and_the_worker_leaves() {
+    let gateway = Gateway::start().await;
+    let mut events = gateway.registry().subscribe_events();
+    let mut raw = Raw::connect(&gateway).await;
+    let registered = raw.register(register_frame(&["work"])).await;
+    raw.announce(0).await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::CapacityRefused);
+    assert!(reason.contains("max_concurrency 0"), "{reason}");
+    let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
+    event(
+        &mut events,
+        "deregistered",
+        |e| matches!(e, WorkerEvent::Disconnected { worker: w, .. } if *w == worker),
+    )
+    .await;
+    assert!(!gateway.registry().is_registered(worker));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_above_the_gateway_limit_is_refused_and_the_limit_is_announced() {
+    let config = ServerConfig {
+        max_concurrency_limit: 8,
+        ..ServerConfig::default()
+    };
+    let gateway = Gateway::with(config, AllowAll).await;
+    let mut raw = Raw::connect(&gateway).await;
+    let registered = raw.register(register_frame(&["work"])).await;
+    assert_eq!(registered.max_concurrency_limit, 8);
+    raw.announce(9).await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::CapacityRefused);
+    assert!(reason.contains("max_concurrency 9 exceeds"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_decide_who_registers_and_what_they_are_granted() {
+    let tokens = StaticTokens::new([("good", CallerIdentity::granted("team", [NS]))]);
+    let gateway = Gateway::with(ServerConfig::default(), tokens).await;
+
+    let refused = gateway.worker().token("bad").connect().await.unwrap_err();
+    assert!(
+        matches!(&refused, WorkerError::Refused { code: ErrorCode::Unauthenticated, reason } if reason.contains("not recognised")),
+        "{refused}"
+    );
+    assert!(refused.is_final());
+
+    let outside = gateway
+        .worker()
+        .token("good")
+        .namespaces([NS, "elsewhere"])
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&outside, WorkerError::Refused { code: ErrorCode::NamespaceNotGranted, reason } if reason.contains("\"elsewhere\"")),
+        "{outside}"
+    );
+
+    let worker = gateway.worker().token("good").connect().await.unwrap();
+    let id = worker.worker_id().unwrap();
+    let snapshot = gateway.registry().worker(id).unwrap();
+    assert_eq!(snapshot.worker.principal(), "team");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_requires_a_client_certificate() {
+    let gateway = Gateway::with_tls(ServerConfig::default(), AllowAll, true).await;
+    let without = gateway
+        .worker()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await;
+    assert!(without.is_err(), "a worker without a certificate got in");
+    let with = gateway
+        .worker()
+        .tls(gateway.ca.client_tls_with_cert("worker-1").unwrap())
+        .connect()
+        .await
+        .unwrap();
+    assert!(with.worker_id().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_protocol_version_is_refused() {
+    let gateway = Gateway::start().await;
+    let mut raw = Raw::connect(&gateway).await;
+    let mut register = register_frame(&["work"]);
+    register.protocol_version = 2;
+    raw.send_control(switchyard_proto::v1::quic_control_up::Frame::Register(
+        register,
+    ))
+    .await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::UnsupportedVersion);
+    assert!(reason.contains("protocol_version 2"), "{reason}");
+    assert!(gateway.registry().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_registers_is_closed_at_the_deadline() {
+    let config = ServerConfig {
+        registration_timeout: Duration::from_millis(200),
+        ..ServerConfig::default()
+    };
+    let gateway = Gateway::with(config, AllowAll).await;
+    let raw = Raw::connect(&gateway).await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::RegistrationTimeout);
+    assert!(reason.contains("200 ms"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unregistered_connections_beyond_the_cap_are_refused_until_one_registers() {
+    let config = ServerConfig {
+        max_unregistered_connections: 1,
+        ..ServerConfig::default()
+    };
+    let gateway = Gateway::with(config, AllowAll).await;
+    let mut first = Raw::connect(&gateway).await;
+
+    let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    let config = crate::support::client_config(&gateway);
+    let refused = endpoint
+        .connect_with(config.clone(), gateway.addr(), "localhost")
+        .unwrap()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, quinn::ConnectionError::ConnectionClosed(close)
+            if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED),
+        "{refused}"
+    );
+
+    // Once the first registers it no longer counts, and a new connection gets in.
+    first.register(register_frame(&["work"])).await;
+    let admitted = tokio::time::timeout(
+        PATIENCE,
+        endpoint
+            .connect_with(config, gateway.addr(), "localhost")
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(admitted.is_ok(), "{admitted:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_core_deregisters_is_closed_with_deregistered() {
+    let gateway = Gateway::start().await;
+    let mut raw = Raw::connect(&gateway).await;
+    let registered = raw.register(register_frame(&["work"])).await;
+    let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
+    gateway
+        .registry()
+        .deregister(worker, DisconnectReason::Timeout);
+    let (code, reason) = closed_with(&raw.conn).await;
+    assert_eq!(code, ErrorCode::Deregistered);
+    assert!(reason.contains("timeout"), "{reason}");
+}

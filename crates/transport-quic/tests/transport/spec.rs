@@ -1,0 +1,223 @@
+//! `docs/quic-protocol.md` stays true: its hex examples decode to the messages they describe
+//! and those messages encode to exactly its bytes; its tables name every code and limit.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+use switchyard_proto::v1::{
+    Failure, QuicCancel, QuicCancelAck, QuicCancelReason, QuicCapabilities, QuicControlDown,
+    QuicControlUp, QuicDrain, QuicDrainRequest, QuicLaneDown, QuicLaneUp, QuicPing, QuicPong,
+    QuicRegister, QuicRegistered, QuicResult, QuicTask, quic_control_down, quic_control_up,
+    quic_lane_down, quic_lane_up, quic_result,
+};
+use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
+use switchyard_transport_quic::{
+    ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, ServerConfig,
+};
+
+const SPEC: &str = include_str!("../../../../docs/quic-protocol.md");
+
+/// `(envelope, name)` → frame bytes, from every ```` ```hex ENVELOPE NAME ```` block.
+fn examples() -> BTreeMap<(String, String), Vec<u8>> {
+    let mut found = BTreeMap::new();
+    let mut lines = SPEC.lines();
+    while let Some(line) = lines.next() {
+        let Some(info) = line.strip_prefix("```hex ") else {
+            continue;
+        };
+        let mut words = info.split_whitespace();
+        let key = (
+            words.next().unwrap().to_owned(),
+            words.next().unwrap().to_owned(),
+        );
+        let mut bytes = Vec::new();
+        for line in lines.by_ref().take_while(|l| !l.starts_with("```")) {
+            for byte in line.split_whitespace() {
+                bytes.push(u8::from_str_radix(byte, 16).unwrap());
+            }
+        }
+        assert!(found.insert(key.clone(), bytes).is_none(), "{key:?} twice");
+    }
+    found
+}
+
+fn control_up(frame: quic_control_up::Frame) -> QuicControlUp {
+    QuicControlUp { frame: Some(frame) }
+}
+
+fn control_down(frame: quic_control_down::Frame) -> QuicControlDown {
+    QuicControlDown { frame: Some(frame) }
+}
+
+fn lane_down(frame: quic_lane_down::Frame) -> QuicLaneDown {
+    QuicLaneDown { frame: Some(frame) }
+}
+
+fn lane_up(frame: quic_lane_up::Frame) -> QuicLaneUp {
+    QuicLaneUp { frame: Some(frame) }
+}
+
+/// Checks one example both ways: the bytes decode to `expected`, which encodes to the bytes.
+fn check<M: Message + Default + PartialEq + std::fmt::Debug>(bytes: &[u8], expected: M) {
+    let mut decoder = FrameDecoder::new(DEFAULT_MAX_LANE_FRAME);
+    decoder.push(bytes);
+    let body = decoder.next_frame().unwrap().expect("a whole frame");
+    assert_eq!(decoder.buffered(), 0, "one frame exactly");
+    assert_eq!(decode::<M>(body).unwrap(), expected);
+    assert_eq!(
+        &encode_frame(&expected, DEFAULT_MAX_LANE_FRAME).unwrap()[..],
+        bytes
+    );
+}
+
+#[test]
+fn spec_examples_decode_to_what_they_describe_and_back() {
+    let task = QuicTask {
+        task_id: 42,
+        namespace: "billing".into(),
+        task_queue: "default".into(),
+        activity_type: "charge".into(),
+        input: "hi".into(),
+        attempt: 1,
+        deadline_unix_ms: 1_700_000_000_000,
+    };
+    let mut seen = Vec::new();
+    for ((envelope, name), bytes) in examples() {
+        let bytes = &bytes[..];
+        match (envelope.as_str(), name.as_str()) {
+            ("QuicControlUp", "register") => check(
+                bytes,
+                control_up(quic_control_up::Frame::Register(QuicRegister {
+                    protocol_version: 1,
+                    namespaces: vec!["billing".into()],
+                    task_queue: String::new(),
+                    node: String::new(),
+                    activity_types: vec!["charge".into()],
+                    identity: "w1".into(),
+                    auth_token: "s3cret".into(),
+                })),
+            ),
+            ("QuicControlDown", "registered") => check(
+                bytes,
+                control_down(quic_control_down::Frame::Registered(QuicRegistered {
+                    worker_id: 7,
+                    ping_interval_ms: 2000,
+                    ping_timeout_ms: 5000,
+                    max_concurrency_limit: 1024,
+                    max_control_frame_bytes: DEFAULT_MAX_CONTROL_FRAME,
+                    max_lane_frame_bytes: DEFAULT_MAX_LANE_FRAME,
+                })),
+            ),
+            ("QuicControlUp", "capabilities") => check(
+                bytes,
+                control_up(quic_control_up::Frame::Capabilities(QuicCapabilities {
+                    max_concurrency: 64,
+                })),
+            ),
+            ("QuicControlUp", "drain_request") => check(
+                bytes,
+                control_up(quic_control_up::Frame::DrainRequest(QuicDrainRequest {})),
+            ),
+            ("QuicControlDown", "drain") => check(
+                bytes,
+                control_down(quic_control_down::Frame::Drain(QuicDrain {})),
+            ),
+            ("QuicLaneDown", "task") => {
+                check(bytes, lane_down(quic_lane_down::Frame::Task(task.clone())));
+            }
+            ("QuicLaneDown", "ping") => {
+                check(
+                    bytes,
+                    lane_down(quic_lane_down::Frame::Ping(QuicPing { seq: 7 })),
+                );
+            }
+            ("QuicLaneDown", "cancel") => check(
+                bytes,
+                lane_down(quic_lane_down::Frame::Cancel(QuicCancel {
+                    task_id: 42,
+                    reason: QuicCancelReason::Requested.into(),
+                })),
+            ),
+            ("QuicLaneUp", "result_output") => check(
+                bytes,
+                lane_up(quic_lane_up::Frame::Result(QuicResult {
+                    task_id: 42,
+                    outcome: Some(quic_result::Outcome::Output("ok".into())),
+                })),
+            ),
+            ("QuicLaneUp", "result_failure") => check(
+                bytes,
+                lane_up(quic_lane_up::Frame::Result(QuicResult {
+                    task_id: 42,
+                    outcome: Some(quic_result::Outcome::Failure(Failure {
+                        message: "card declined".into(),
+                        retryable: false,
+                    })),
+                })),
+            ),
+            ("QuicLaneUp", "pong") => {
+                check(
+                    bytes,
+                    lane_up(quic_lane_up::Frame::Pong(QuicPong { seq: 7 })),
+                );
+            }
+            ("QuicLaneUp", "cancel_ack") => check(
+                bytes,
+                lane_up(quic_lane_up::Frame::CancelAck(QuicCancelAck {
+                    task_id: 42,
+                })),
+            ),
+            other => panic!("the spec has an example this test does not know: {other:?}"),
+        }
+        seen.push(name);
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "cancel",
+            "cancel_ack",
+            "capabilities",
+            "drain",
+            "drain_request",
+            "ping",
+            "pong",
+            "register",
+            "registered",
+            "result_failure",
+            "result_output",
+            "task"
+        ],
+        "every frame kind has an example"
+    );
+}
+
+#[test]
+fn spec_tables_match_the_code() {
+    for code in ErrorCode::ALL {
+        let row = format!("| 0x{:02x} | `{}` |", code.value(), code.name());
+        let line = SPEC
+            .lines()
+            .find(|line| line.starts_with(&row))
+            .unwrap_or_else(|| panic!("no row for {code}"));
+        assert_eq!(
+            line.trim_end().ends_with("| yes |"),
+            code.is_final(),
+            "finality of {code}"
+        );
+    }
+    assert!(SPEC.contains(&format!("`{}`", std::str::from_utf8(ALPN).unwrap())));
+    let defaults = ServerConfig::default();
+    assert_eq!(defaults.frames.control, 65_536);
+    assert!(SPEC.contains("65,536 bytes (64 KiB)"));
+    assert_eq!(defaults.frames.lane, 4_194_304);
+    assert!(SPEC.contains("4,194,304 bytes (4 MiB)"));
+    assert!(SPEC.contains(&format!(
+        "| `max_concurrency_limit` (lanes per worker) | {} |",
+        defaults.max_concurrency_limit
+    )));
+    assert!(SPEC.contains(&format!(
+        "at most {} bytes each",
+        switchyard_core::MAX_NAME_BYTES
+    )));
+}

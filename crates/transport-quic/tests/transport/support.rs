@@ -1,0 +1,330 @@
+//! A gateway on loopback, SDK workers for it, and a raw protocol client that speaks frames
+//! by hand (to send what no well-behaved worker would).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use quinn::crypto::rustls::QuicClientConfig;
+use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream};
+use switchyard_core::{
+    ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, PoolCensus, Registry,
+    WorkerEvent,
+};
+use switchyard_proto::v1::{
+    QuicControlDown, QuicControlUp, QuicLaneDown, QuicLaneUp, QuicPong, QuicRegister,
+    QuicRegistered, QuicTask, quic_control_down, quic_control_up, quic_lane_down, quic_lane_up,
+};
+use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
+use switchyard_transport_quic::tls::SelfSigned;
+use switchyard_transport_quic::{
+    ALPN, ActivityContext, ActivityError, AllowAll, Authenticator, ErrorCode, QuicServer,
+    QuicWorker, QuicWorkerBuilder, ServerConfig,
+};
+use tokio::sync::{Mutex, broadcast, mpsc};
+
+/// Every wait in these tests gives up after this long.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
+/// The namespace every test worker serves.
+pub(crate) const NS: &str = "ns";
+
+/// A core and a QUIC listener on 127.0.0.1.
+pub(crate) struct Gateway {
+    pub(crate) core: Core,
+    pub(crate) server: QuicServer,
+    pub(crate) ca: Arc<SelfSigned>,
+}
+
+impl Gateway {
+    pub(crate) async fn start() -> Self {
+        Self::with(ServerConfig::default(), AllowAll).await
+    }
+
+    pub(crate) async fn with(config: ServerConfig, auth: impl Authenticator) -> Self {
+        Self::with_tls(config, auth, false).await
+    }
+
+    pub(crate) async fn with_tls(
+        config: ServerConfig,
+        auth: impl Authenticator,
+        mutual: bool,
+    ) -> Self {
+        let ca = Arc::new(SelfSigned::new(["localhost"]).unwrap());
+        let tls = if mutual {
+            ca.server_tls_mutual().unwrap()
+        } else {
+            ca.server_tls().unwrap()
+        };
+        let core = Core::start(Registry::builder(), CoreConfig::default());
+        let server = QuicServer::builder(core.clone(), tls)
+            .config(ServerConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                ..config
+            })
+            .authenticator(auth)
+            .bind()
+            .await
+            .unwrap();
+        Self { core, server, ca }
+    }
+
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    pub(crate) fn registry(&self) -> &Registry {
+        self.core.registry()
+    }
+
+    /// An SDK worker serving `echo` in [`NS`], not yet connected.
+    pub(crate) fn worker(&self) -> QuicWorkerBuilder {
+        QuicWorker::builder(self.addr(), "localhost")
+            .namespaces([NS])
+            .tls(self.ca.client_tls().unwrap())
+            .activity("echo", |_ctx: ActivityContext, input: Bytes| async move {
+                Ok::<_, ActivityError>(input)
+            })
+    }
+
+    pub(crate) async fn dispatch(&self, activity: &str, input: &'static [u8]) -> ActivityOutcome {
+        self.dispatch_with(request(activity, input, PATIENCE)).await
+    }
+
+    pub(crate) async fn dispatch_with(&self, request: ActivityRequest) -> ActivityOutcome {
+        self.core
+            .dispatcher()
+            .dispatch(&CallerIdentity::trusted("test"), request)
+            .await
+            .unwrap()
+    }
+
+    pub(crate) fn census(&self, activity: &str) -> PoolCensus {
+        self.registry().pool_census(NS, "", activity, None)
+    }
+}
+
+pub(crate) fn request(activity: &str, input: &'static [u8], timeout: Duration) -> ActivityRequest {
+    ActivityRequest {
+        namespace: NS.to_owned(),
+        task_queue: String::new(),
+        activity_type: activity.to_owned(),
+        node: None,
+        input: Bytes::from_static(input),
+        activity_id: None,
+        timeout,
+    }
+}
+
+/// Waits for the first event `matches` accepts; panics after [`PATIENCE`].
+pub(crate) async fn event(
+    events: &mut broadcast::Receiver<WorkerEvent>,
+    what: &str,
+    matches: impl Fn(&WorkerEvent) -> bool,
+) -> WorkerEvent {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let event = events.recv().await.unwrap();
+            if matches(&event) {
+                return event;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no event: {what}"))
+}
+
+/// Re-checks `condition` every 10 ms until it holds; panics after [`PATIENCE`]. For state
+/// with no event to wait on.
+pub(crate) async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    tokio::time::timeout(PATIENCE, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("never happened: {what}"));
+}
+
+/// A registration frame for a worker of [`NS`] serving `activities`.
+pub(crate) fn register_frame(activities: &[&str]) -> QuicRegister {
+    QuicRegister {
+        protocol_version: 1,
+        namespaces: vec![NS.to_owned()],
+        task_queue: String::new(),
+        node: String::new(),
+        activity_types: activities.iter().map(|a| (*a).to_owned()).collect(),
+        identity: "raw".to_owned(),
+        auth_token: String::new(),
+    }
+}
+
+/// A task delivered on a raw client's lane (pings are answered automatically, cancels
+/// ignored).
+#[derive(Debug)]
+pub(crate) struct LaneEvent(RawLane, QuicTask);
+
+/// The write side of a lane of a raw client.
+#[derive(Clone, Debug)]
+pub(crate) struct RawLane {
+    pub(crate) index: u64,
+    send: Arc<Mutex<SendStream>>,
+}
+
+impl RawLane {
+    pub(crate) async fn send(&self, frame: quic_lane_up::Frame) {
+        let bytes = encode_frame(&QuicLaneUp { frame: Some(frame) }, u32::MAX).unwrap();
+        self.send_bytes(&bytes).await;
+    }
+
+    pub(crate) async fn send_bytes(&self, bytes: &[u8]) {
+        // The gateway may close the connection for what was sent; that is what tests look at.
+        let _ = self.send.lock().await.write_all(bytes).await;
+    }
+}
+
+/// A client that speaks the wire protocol by hand.
+pub(crate) struct Raw {
+    pub(crate) conn: Connection,
+    /// Kept so the client socket lives as long as the connection.
+    _endpoint: Endpoint,
+    control: SendStream,
+    control_recv: Option<RecvStream>,
+    control_decoder: FrameDecoder,
+    pub(crate) lanes: mpsc::UnboundedReceiver<LaneEvent>,
+}
+
+impl Raw {
+    /// Connects and opens (without using) the control stream; lanes are accepted and pings
+    /// answered in the background from the start.
+    pub(crate) async fn connect(gateway: &Gateway) -> Self {
+        let endpoint = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let conn = endpoint
+            .connect_with(client_config(gateway), gateway.addr(), "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        let (control, control_recv) = conn.open_bi().await.unwrap();
+        let (events, lanes) = mpsc::unbounded_channel();
+        tokio::spawn(accept_lanes(conn.clone(), events));
+        Self {
+            conn,
+            _endpoint: endpoint,
+            control,
+            control_recv: Some(control_recv),
+            control_decoder: FrameDecoder::new(u32::MAX),
+            lanes,
+        }
+    }
+
+    pub(crate) async fn send_control(&mut self, frame: quic_control_up::Frame) {
+        let bytes = encode_frame(&QuicControlUp { frame: Some(frame) }, u32::MAX).unwrap();
+        self.send_control_bytes(&bytes).await;
+    }
+
+    pub(crate) async fn send_control_bytes(&mut self, bytes: &[u8]) {
+        let _ = self.control.write_all(bytes).await;
+    }
+
+    /// Registers and returns the gateway's answer.
+    pub(crate) async fn register(&mut self, register: QuicRegister) -> QuicRegistered {
+        self.send_control(quic_control_up::Frame::Register(register))
+            .await;
+        match self.next_control().await.frame {
+            Some(quic_control_down::Frame::Registered(registered)) => registered,
+            other => panic!("expected registered, got {other:?}"),
+        }
+    }
+
+    pub(crate) async fn announce(&mut self, max_concurrency: u32) {
+        self.conn
+            .set_max_concurrent_bi_streams(quinn::VarInt::from_u32(max_concurrency.max(1)));
+        self.send_control(quic_control_up::Frame::Capabilities(
+            switchyard_proto::v1::QuicCapabilities { max_concurrency },
+        ))
+        .await;
+    }
+
+    pub(crate) async fn next_control(&mut self) -> QuicControlDown {
+        let recv = self.control_recv.as_mut().unwrap();
+        tokio::time::timeout(PATIENCE, read_frame(recv, &mut self.control_decoder))
+            .await
+            .expect("no control frame")
+            .expect("control stream ended")
+    }
+
+    /// The next task delivered on any lane.
+    pub(crate) async fn next_task(&mut self) -> (RawLane, QuicTask) {
+        match tokio::time::timeout(PATIENCE, self.lanes.recv()).await {
+            Ok(Some(LaneEvent(lane, task))) => (lane, task),
+            other => panic!("expected a task, got {other:?}"),
+        }
+    }
+
+    /// How the gateway closed the connection: its code and reason phrase.
+    pub(crate) async fn closed(&self) -> (ErrorCode, String) {
+        closed_with(&self.conn).await
+    }
+}
+
+/// The application code and reason `conn` was closed with by its peer.
+pub(crate) async fn closed_with(conn: &Connection) -> (ErrorCode, String) {
+    match tokio::time::timeout(PATIENCE, conn.closed()).await {
+        Ok(ConnectionError::ApplicationClosed(close)) => (
+            ErrorCode::from_value(close.error_code.into_inner()).expect("a documented code"),
+            String::from_utf8_lossy(&close.reason).into_owned(),
+        ),
+        Ok(other) => panic!("closed without an application code: {other}"),
+        Err(_) => panic!("the gateway did not close the connection"),
+    }
+}
+
+pub(crate) fn client_config(gateway: &Gateway) -> quinn::ClientConfig {
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(gateway.ca.roots().unwrap())
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()))
+}
+
+async fn read_frame<M: prost::Message + Default>(
+    recv: &mut RecvStream,
+    decoder: &mut FrameDecoder,
+) -> Option<M> {
+    loop {
+        if let Some(body) = decoder.next_frame().unwrap() {
+            return Some(decode(body).unwrap());
+        }
+        let chunk = recv.read_chunk(usize::MAX, true).await.ok()??;
+        decoder.push(&chunk.bytes);
+    }
+}
+
+async fn accept_lanes(conn: Connection, events: mpsc::UnboundedSender<LaneEvent>) {
+    while let Ok((send, mut recv)) = conn.accept_bi().await {
+        let lane = RawLane {
+            index: send.id().index(),
+            send: Arc::new(Mutex::new(send)),
+        };
+        let events = events.clone();
+        tokio::spawn(async move {
+            let mut decoder = FrameDecoder::new(u32::MAX);
+            while let Some(down) = read_frame::<QuicLaneDown>(&mut recv, &mut decoder).await {
+                match down.frame {
+                    Some(quic_lane_down::Frame::Ping(ping)) => {
+                        lane.send(quic_lane_up::Frame::Pong(QuicPong { seq: ping.seq }))
+                            .await;
+                    }
+                    Some(quic_lane_down::Frame::Task(task)) => {
+                        let _ = events.send(LaneEvent(lane.clone(), task));
+                    }
+                    Some(quic_lane_down::Frame::Cancel(_)) | None => {}
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,159 @@
+//! Frames no well-behaved worker sends close the connection with their documented code.
+
+use switchyard_core::WorkerEvent;
+use switchyard_proto::v1::{QuicCancelAck, QuicResult, quic_control_up, quic_lane_up, quic_result};
+use switchyard_transport_quic::{AllowAll, ErrorCode, FrameLimits, ServerConfig};
+
+use crate::support::{Gateway, Raw, event, register_frame};
+
+/// A raw worker registered with capacity 1, its probation passed; returns its first lane.
+async fn registered(gateway: &Gateway) -> (Raw, crate::support::RawLane) {
+    let mut events = gateway.registry().subscribe_events();
+    let mut raw = Raw::connect(gateway).await;
+    let registered = raw.register(register_frame(&["work"])).await;
+    raw.announce(1).await;
+    let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
+    event(
+        &mut events,
+        "capacity announced",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
+    )
+    .await;
+    // Dispatch once so the test holds lane 0's write side.
+    let dispatch = gateway.dispatch("work", b"x");
+    let answer = async {
+        let (lane, task) = raw.next_task().await;
+        lane.send(quic_lane_up::Frame::Result(QuicResult {
+            task_id: task.task_id,
+            outcome: Some(quic_result::Outcome::Output("ok".into())),
+        }))
+        .await;
+        lane
+    };
+    let (_, lane) = tokio::join!(dispatch, answer);
+    (raw, lane)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_control_frame_closes_with_frame_too_large_before_registering() {
+    let gateway = Gateway::start().await;
+    let mut raw = Raw::connect(&gateway).await;
+    // Only the prefix is sent: the gateway must refuse it without waiting for the body.
+    raw.send_control_bytes(&(1u32 << 20).to_be_bytes()).await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::FrameTooLarge);
+    assert_eq!(
+        reason,
+        "control stream: frame of 1048576 bytes exceeds the limit of 65536 bytes"
+    );
+    assert!(gateway.registry().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_lane_frame_closes_with_frame_too_large() {
+    let config = ServerConfig {
+        frames: FrameLimits {
+            lane: 1024,
+            ..FrameLimits::default()
+        },
+        ..ServerConfig::default()
+    };
+    let gateway = Gateway::with(config, AllowAll).await;
+    let (raw, lane) = registered(&gateway).await;
+    lane.send_bytes(&1025u32.to_be_bytes()).await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::FrameTooLarge);
+    assert_eq!(
+        reason,
+        format!(
+            "lane {}: frame of 1025 bytes exceeds the limit of 1024 bytes",
+            lane.index
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_control_frame_closes_with_malformed_frame() {
+    let gateway = Gateway::start().await;
+    let mut raw = Raw::connect(&gateway).await;
+    // Field 1 with wire type 7, which does not exist.
+    raw.send_control_bytes(&[0, 0, 0, 2, 0x0f, 0x01]).await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::MalformedFrame);
+    assert!(
+        reason.starts_with("control stream: frame body does not decode"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_lane_envelope_closes_with_malformed_frame() {
+    let gateway = Gateway::start().await;
+    let (raw, lane) = registered(&gateway).await;
+    lane.send_bytes(&[0, 0, 0, 0]).await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::MalformedFrame);
+    assert!(
+        reason.ends_with("frame envelope carries no message"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_for_an_unknown_task_closes_with_unknown_task() {
+    let gateway = Gateway::start().await;
+    let (raw, lane) = registered(&gateway).await;
+    lane.send(quic_lane_up::Frame::Result(QuicResult {
+        task_id: 999_999,
+        outcome: Some(quic_result::Outcome::Output("forged".into())),
+    }))
+    .await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::UnknownTask);
+    assert_eq!(
+        reason,
+        format!(
+            "result: lane {} holds no task, not task t999999",
+            lane.index
+        )
+    );
+    assert_eq!(
+        gateway.core.dispatcher().refused().unknown,
+        0,
+        "refused at the lane, before core"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_ack_without_a_cancel_is_a_protocol_violation() {
+    let gateway = std::sync::Arc::new(Gateway::start().await);
+    let (mut raw, _) = registered(&gateway).await;
+    let dispatch = tokio::spawn({
+        let gateway = std::sync::Arc::clone(&gateway);
+        async move { gateway.dispatch("work", b"x").await }
+    });
+    let (lane, task) = raw.next_task().await;
+    lane.send(quic_lane_up::Frame::CancelAck(QuicCancelAck {
+        task_id: task.task_id,
+    }))
+    .await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::ProtocolViolation);
+    assert_eq!(
+        reason,
+        format!("cancel_ack: task t{} was not cancelled", task.task_id)
+    );
+    // With its only worker gone the dispatch waits for another; it is not needed further.
+    dispatch.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registering_twice_is_a_protocol_violation() {
+    let gateway = Gateway::start().await;
+    let (mut raw, _) = registered(&gateway).await;
+    raw.send_control(quic_control_up::Frame::Register(register_frame(&["work"])))
+        .await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::ProtocolViolation);
+    assert_eq!(reason, "register sent twice");
+}

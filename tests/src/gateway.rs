@@ -1,0 +1,121 @@
+//! A gateway started in-process on ephemeral loopback ports, with its own data directory.
+
+use std::time::Duration;
+
+use switchyard_gateway::{ConfigDuration, Gateway, GatewayBuilder, GatewayConfig};
+use switchyard_proto::v1::gateway_client::GatewayClient;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+/// A configuration for tests: every listener on `127.0.0.1:0`, development TLS material in
+/// `data_dir`, liveness fast enough for tests to observe, a short drain.
+pub fn test_config(data_dir: &std::path::Path) -> GatewayConfig {
+    let mut config = GatewayConfig::default();
+    config.grpc.listen = "127.0.0.1:0".parse().expect("literal address");
+    config.quic.listen = "127.0.0.1:0".parse().expect("literal address");
+    config.ops.listen = "127.0.0.1:0".parse().expect("literal address");
+    config.tls.data_dir = data_dir.display().to_string();
+    config.liveness.ping_interval = ConfigDuration::millis(200);
+    config.liveness.ping_timeout = ConfigDuration::millis(400);
+    config.liveness.heartbeat_window = ConfigDuration::secs(10);
+    config.shutdown.drain_timeout = ConfigDuration::secs(2);
+    config
+}
+
+/// Adds `authorization: Bearer <token>` when set.
+#[derive(Clone, Debug)]
+pub struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A producer/operator API client.
+pub type ApiClient = GatewayClient<InterceptedService<Channel, Bearer>>;
+
+/// A started gateway and the directory its TLS material lives in.
+#[derive(Debug)]
+pub struct TestGateway {
+    gateway: Option<Gateway>,
+    data_dir: tempfile::TempDir,
+}
+
+impl TestGateway {
+    /// Starts a gateway from [`test_config`] changed by `configure`.
+    pub async fn start(configure: impl FnOnce(&mut GatewayConfig)) -> Self {
+        Self::start_with(configure, |builder| builder).await
+    }
+
+    /// Like [`TestGateway::start`], with a last say on the builder (extra transports).
+    pub async fn start_with(
+        configure: impl FnOnce(&mut GatewayConfig),
+        build: impl FnOnce(GatewayBuilder) -> GatewayBuilder,
+    ) -> Self {
+        let data_dir = tempfile::tempdir().expect("temporary directory");
+        let mut config = test_config(data_dir.path());
+        configure(&mut config);
+        let gateway = build(Gateway::builder(config))
+            .start()
+            .await
+            .expect("gateway starts");
+        Self {
+            gateway: Some(gateway),
+            data_dir,
+        }
+    }
+
+    /// The running gateway.
+    pub fn gateway(&self) -> &Gateway {
+        self.gateway.as_ref().expect("gateway not yet shut down")
+    }
+
+    /// The development CA, PEM.
+    pub fn ca_pem(&self) -> String {
+        let path = self
+            .gateway()
+            .tls()
+            .dev_ca_path()
+            .expect("tests use development material")
+            .to_owned();
+        std::fs::read_to_string(path).expect("CA readable")
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.data_dir.path()
+    }
+
+    /// A TLS client of the producer API, with `token` as bearer when given.
+    pub async fn client(&self, token: Option<&str>) -> ApiClient {
+        let addr = self.gateway().addr("grpc").expect("grpc listens");
+        let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
+            .expect("valid endpoint")
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.ca_pem())))
+            .expect("tls config")
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .expect("connects to the gateway");
+        let token = token.map(|t| format!("Bearer {t}").parse().expect("ascii token"));
+        GatewayClient::with_interceptor(channel, Bearer(token))
+    }
+
+    /// Shuts the gateway down gracefully (as SIGTERM would).
+    pub async fn shutdown(&mut self) {
+        if let Some(gateway) = self.gateway.take() {
+            gateway.shutdown().await;
+        }
+    }
+}
