@@ -114,8 +114,9 @@ impl WsWorker {
         self.stop.clone()
     }
 
-    /// Serves tasks until the gateway's drain is finished or the worker is stopped through
-    /// [`WsWorker::shutdown_token`] (both `Ok`), or the socket ends otherwise.
+    /// Serves tasks until the gateway's drain is finished (the worker closed after its last
+    /// result, or the gateway closed once nothing was left) or the worker is stopped through
+    /// [`WsWorker::shutdown_token`], both `Ok`; or until the socket ends otherwise.
     pub async fn run(self) -> Result<(), RunError> {
         runtime::serve(self.link, &self.settings, &self.stop).await
     }

@@ -24,6 +24,10 @@ use shared::Shared;
 /// The WebSocket worker listener over one [`Core`]; dropping it stops accepting and closes
 /// every worker socket in the background, [`WsServer::shutdown`] does so and waits.
 ///
+/// Stopping comes in two steps, so workers can drain in between: [`WsServer::stop_accepting`]
+/// refuses new connections and registrations and keeps registered workers; then
+/// [`WsServer::shutdown`] closes what is left.
+///
 /// Each accepted connection runs on its own task: the TLS handshake (if configured), the
 /// WebSocket upgrade, the `register` frame within the registration timeout, authentication
 /// against the [`TokenDirectory`], and then core's admission gate, the only way in. The
@@ -52,6 +56,7 @@ use shared::Shared;
 /// ```
 pub struct WsServer {
     local_addr: SocketAddr,
+    accepting: CancellationToken,
     stop: CancellationToken,
     connections: TaskTracker,
     accept: JoinHandle<()>,
@@ -89,13 +94,15 @@ impl WsServer {
         let stop = CancellationToken::new();
         let connections = TaskTracker::new();
         let shared = Shared::new(core, directory, config, stop.clone());
+        let accepting = shared.accepting.clone();
         let span = tracing::info_span!("ws_listener", %local_addr);
         let accept = tokio::spawn(
-            accept_loop(listener, shared, connections.clone(), stop.clone()).instrument(span),
+            accept_loop(listener, shared, connections.clone(), accepting.clone()).instrument(span),
         );
         tracing::info!(%local_addr, "websocket worker transport listening");
         Ok(Self {
             local_addr,
+            accepting,
             stop,
             connections,
             accept,
@@ -105,6 +112,12 @@ impl WsServer {
     /// The address workers connect to.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Stops taking new workers: the listener closes, connections not yet registered are
+    /// refused with 1001, registered workers keep their sockets (to drain).
+    pub fn stop_accepting(&self) {
+        self.accepting.cancel();
     }
 
     /// Stops accepting, closes every worker socket with 1001 (going away), which deregisters
@@ -131,19 +144,19 @@ async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
     connections: TaskTracker,
-    stop: CancellationToken,
+    accepting: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(shared.config.max_connections.max(1)));
     loop {
         // Take a slot before accepting, so past the limit clients wait in the backlog rather
         // than costing a task and a buffer each.
         let slot = tokio::select! {
-            () = stop.cancelled() => return,
+            () = accepting.cancelled() => return,
             slot = Arc::clone(&slots).acquire_owned() => slot,
         };
         let Ok(slot) = slot else { return };
         let accepted = tokio::select! {
-            () = stop.cancelled() => return,
+            () = accepting.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         match accepted {

@@ -471,3 +471,45 @@ async fn shutdown_closes_every_worker_with_going_away_and_deregisters_it() {
     );
     assert!(core.registry().is_empty());
 }
+
+#[tokio::test]
+async fn stop_accepting_refuses_newcomers_and_keeps_registered_workers() {
+    let gateway = TestGateway::start(WsServerConfig::default()).await;
+    let addr = gateway.server.local_addr();
+    let (mut registered, _) = raw::connect(addr, Some("Bearer shop-token"), &[]).await;
+    raw::send(&mut registered, &raw::register(1)).await;
+    let id = worker_id(&raw::next(&mut registered).await);
+    let (mut unregistered, _) = raw::connect(addr, Some("Bearer shop-token"), &[]).await;
+
+    gateway.server.stop_accepting();
+    let closed = raw::closed(&mut unregistered, false).await;
+    assert_eq!(closed.code, 1001, "{closed:?}");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed"
+    );
+    // The registered worker keeps its socket and still gets work.
+    let core = gateway.core.clone();
+    let producer = CallerIdentity::trusted("producer");
+    let dispatch = tokio::spawn(async move {
+        core.dispatcher()
+            .dispatch(&producer, request(b"still"))
+            .await
+    });
+    let task = raw::until(&mut registered, "task").await;
+    raw::send(
+        &mut registered,
+        &json!({"type": "result", "task_id": task["task_id"], "output": STANDARD.encode("on")}),
+    )
+    .await;
+    let outcome = tokio::time::timeout(STEP, dispatch)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ActivityOutcome::Completed(Bytes::from_static(b"on"))
+    );
+    assert!(gateway.core.registry().is_registered(id));
+}

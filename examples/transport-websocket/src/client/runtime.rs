@@ -94,6 +94,11 @@ pub(super) async fn serve(
                     }
                     Err(error) => break End::violation(CloseCode::InvalidPayload, error.to_string()),
                 },
+                Incoming::Closed(_) if session.draining && session.handlers.is_empty() => {
+                    // Asked to drain with nothing left to finish: the drain is done, whoever
+                    // closed first.
+                    break End { result: Ok(()), close: Some(None) };
+                }
                 Incoming::Closed(frame) => {
                     let (code, reason) = frame.map_or((1005, String::new()), |frame| {
                         (u16::from(frame.code), frame.reason.to_string())

@@ -21,7 +21,7 @@ pub(super) async fn serve(shared: Arc<Shared>, stream: TcpStream) {
     match shared.tls.clone() {
         Some(acceptor) => {
             let handshake = tokio::select! {
-                () = shared.stop.cancelled() => return,
+                () = shared.accepting.cancelled() => return,
                 handshake = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => handshake,
             };
             match handshake {
@@ -58,7 +58,7 @@ where
         Some(shared.config.websocket()),
     );
     let upgraded = tokio::select! {
-        () = shared.stop.cancelled() => return,
+        () = shared.accepting.cancelled() => return,
         upgraded = tokio::time::timeout_at(deadline, accept) => upgraded,
     };
     match upgraded {

@@ -79,6 +79,9 @@ pub(super) async fn run<S>(
         }
     };
     tracing::Span::current().record("principal", caller.principal.as_str());
+    if shared.accepting.is_cancelled() {
+        return refuse(&shared, socket, shutting_down()).await;
+    }
 
     let core = &shared.core;
     let task_queue = normalise_task_queue(&registration.task_queue).to_owned();
@@ -169,9 +172,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let incoming = tokio::select! {
-        () = shared.stop.cancelled() => {
-            return Err(Some(Closing::new(CloseCode::GoingAway, "gateway shutting down")));
-        }
+        () = shared.accepting.cancelled() => return Err(Some(shutting_down())),
         incoming = tokio::time::timeout_at(deadline, next_message(socket)) => incoming,
     };
     let Ok(incoming) = incoming else {
@@ -216,9 +217,7 @@ where
                 let reason = eviction.reason.get().copied().unwrap_or(DisconnectReason::Disconnect);
                 return End::Closing(evicted(reason));
             }
-            () = shared.stop.cancelled() => {
-                return End::Closing(Closing::new(CloseCode::GoingAway, "gateway shutting down"));
-            }
+            () = shared.stop.cancelled() => return End::Closing(shutting_down()),
             () = writer_failed.cancelled() => {
                 return End::Lost("writing to the socket failed".to_owned());
             }
@@ -281,6 +280,10 @@ fn violation(incoming: Incoming) -> Option<Closing> {
         Incoming::TooBig(detail) => Some(Closing::new(CloseCode::TooBig, detail)),
         Incoming::Text(_) | Incoming::Closed(_) | Incoming::Lost(_) => None,
     }
+}
+
+fn shutting_down() -> Closing {
+    Closing::new(CloseCode::GoingAway, "gateway shutting down")
 }
 
 fn evicted(reason: DisconnectReason) -> Closing {

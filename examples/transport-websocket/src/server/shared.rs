@@ -16,7 +16,10 @@ pub(crate) struct Shared {
     pub(crate) config: WsServerConfig,
     pub(crate) directory: Arc<dyn TokenDirectory>,
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
-    /// Cancelled when the listener stops; every session closes with 1001.
+    /// Cancelled when the listener stops accepting: no new connection or registration is
+    /// taken; registered workers stay. A child of `stop`.
+    pub(crate) accepting: CancellationToken,
+    /// Cancelled when the listener closes; every session closes with 1001.
     pub(crate) stop: CancellationToken,
     /// Open sessions by worker, to close the socket of a worker core deregistered.
     evictions: Mutex<HashMap<WorkerId, Arc<Eviction>>>,
@@ -42,6 +45,7 @@ impl Shared {
             config,
             directory,
             tls,
+            accepting: stop.child_token(),
             stop,
             evictions: Mutex::new(HashMap::new()),
         });
