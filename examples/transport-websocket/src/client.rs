@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use switchyard_core::WorkerId;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 pub use activity::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 pub use error::{ConnectError, RunError};
@@ -118,7 +119,10 @@ impl WsWorker {
     /// result, or the gateway closed once nothing was left) or the worker is stopped through
     /// [`WsWorker::shutdown_token`], both `Ok`; or until the socket ends otherwise.
     pub async fn run(self) -> Result<(), RunError> {
-        runtime::serve(self.link, &self.settings, &self.stop).await
+        let span = tracing::info_span!("ws_worker", worker = %self.link.worker_id);
+        runtime::serve(self.link, &self.settings, &self.stop)
+            .instrument(span)
+            .await
     }
 }
 

@@ -22,7 +22,10 @@ mod server;
 mod socket;
 
 pub use auth::{AuthenticationError, TokenDirectory, TokenTable};
-pub use client::{ActivityContext, ActivityError, ActivityHandler, WsWorker, WsWorkerBuilder};
+pub use client::{
+    ActivityContext, ActivityError, ActivityHandler, ConnectError, RunError, WsWorker,
+    WsWorkerBuilder,
+};
 pub use config::WsServerConfig;
 pub use delivery::TRANSPORT;
 #[cfg(feature = "gateway")]

@@ -45,8 +45,7 @@ pub const SUBPROTOCOL: &str = "switchyard.v1.json";
 
 /// Why a text frame could not be read as a protocol frame.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DecodeError {
+pub(crate) enum DecodeError {
     /// The text is not JSON, lacks a field, or has a field of the wrong type or encoding.
     #[error("frame is not valid protocol JSON: {0}")]
     Json(#[from] serde_json::Error),

@@ -162,7 +162,8 @@ async fn accept_loop(
         match accepted {
             Ok((stream, peer)) => {
                 let span = tracing::info_span!("ws_worker", %peer,
-                    principal = tracing::field::Empty, worker = tracing::field::Empty);
+                    principal = tracing::field::Empty, worker = tracing::field::Empty,
+                    namespaces = tracing::field::Empty);
                 let shared = Arc::clone(&shared);
                 connections.spawn(
                     async move {

@@ -36,7 +36,7 @@ where
     S: Stream<Item = Result<Message, WsError>> + Unpin,
 {
     loop {
-        return match stream.next().await {
+        let incoming = match stream.next().await {
             Some(Ok(Message::Text(text))) => Incoming::Text(text),
             Some(Ok(Message::Binary(_))) => Incoming::Binary,
             Some(Ok(Message::Close(frame))) => Incoming::Closed(frame),
@@ -45,6 +45,7 @@ where
             Some(Err(error)) => Incoming::Lost(error.to_string()),
             None => Incoming::Lost("connection closed".to_owned()),
         };
+        return incoming;
     }
 }
 

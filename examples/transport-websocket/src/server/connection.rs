@@ -26,8 +26,8 @@ pub(super) async fn serve(shared: Arc<Shared>, stream: TcpStream) {
             };
             match handshake {
                 Ok(Ok(tls)) => upgrade(shared, tls, deadline).await,
-                Ok(Err(error)) => tracing::info!(%error, "TLS handshake failed"),
-                Err(_) => tracing::info!("TLS handshake did not finish before the deadline"),
+                Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                Err(_) => tracing::debug!("TLS handshake did not finish before the deadline"),
             }
         }
         None => upgrade(shared, stream, deadline).await,
@@ -63,8 +63,8 @@ where
     };
     match upgraded {
         Ok(Ok(socket)) => session::run(shared, socket, authorization, deadline).await,
-        Ok(Err(error)) => tracing::info!(%error, "websocket upgrade failed"),
-        Err(_) => tracing::info!("websocket upgrade did not finish before the deadline"),
+        Ok(Err(error)) => tracing::debug!(%error, "websocket upgrade failed"),
+        Err(_) => tracing::debug!("websocket upgrade did not finish before the deadline"),
     }
 }
 

@@ -78,7 +78,12 @@ pub(super) async fn run<S>(
             return refuse(&shared, socket, refusal).await;
         }
     };
-    tracing::Span::current().record("principal", caller.principal.as_str());
+    let span = tracing::Span::current();
+    span.record("principal", caller.principal.as_str());
+    span.record(
+        "namespaces",
+        tracing::field::debug(&registration.namespaces),
+    );
     if shared.accepting.is_cancelled() {
         return refuse(&shared, socket, shutting_down()).await;
     }
