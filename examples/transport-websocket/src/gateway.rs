@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard_core::CallerIdentity;
@@ -18,6 +19,10 @@ use crate::server::WsServer;
 
 /// The name the gateway lists this transport under.
 const NAME: &str = "websocket";
+
+/// How long closing sockets may hold up the gateway's stop; a peer that never answers its
+/// close frame finishes on its own within the server's close timeout.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Serves WebSocket workers inside a [`Gateway`](switchyard_gateway::Gateway).
 ///
@@ -117,7 +122,12 @@ impl Transport for WsTransport {
             server.stop_accepting();
             // Registered workers keep their sockets while core drains them.
             close.cancelled().await;
-            server.shutdown().await;
+            if tokio::time::timeout(CLOSE_GRACE, server.shutdown())
+                .await
+                .is_err()
+            {
+                tracing::debug!("some worker sockets are still closing; not waiting for them");
+            }
             Ok(())
         };
         Ok(Listening {

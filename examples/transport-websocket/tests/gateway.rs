@@ -320,5 +320,7 @@ async fn websocket_workers_authenticate_against_the_gateway_principal_table() {
             .registry()
             .is_registered(admitted.worker_id())
     );
+    // Its socket goes with it, so the shutdown has no close handshake to wait out.
+    drop(admitted);
     gateway.shutdown().await;
 }
