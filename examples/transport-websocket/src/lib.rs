@@ -5,7 +5,7 @@
 //! protocol described in [`protocol`], admits each worker through core's one admission gate,
 //! and implements [`WorkerDelivery`](switchyard_core::WorkerDelivery) with a bounded queue per
 //! socket. [`client::WsWorker`] is a small Rust worker over the same protocol. With the default
-//! `gateway` feature, [`WsTransport`] plugs it into `switchyard-gateway`'s `Gateway::builder`.
+//! `gateway` feature, `WsTransport` plugs it into `switchyard-gateway`'s `Gateway::builder`.
 //!
 //! The crate touches nothing inside core; `docs/writing-a-transport.md` walks through it as
 //! the example of adding a transport, and its tests run core's conformance kit against it.

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use futures::{SinkExt, Stream, StreamExt};
-use switchyard_core::{Core, DisconnectReason, TaskId, WorkerId, normalise_task_queue};
+use switchyard_core::{
+    Core, DisconnectReason, RegistrationToken, TaskId, WorkerId, normalise_task_queue,
+};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -51,6 +53,14 @@ enum End {
     Closing(Closing),
 }
 
+/// A worker that passed the gate, before its acknowledgement.
+struct Admitted {
+    token: RegistrationToken,
+    delivery: Arc<WsDelivery>,
+    queued: mpsc::Receiver<GatewayFrame>,
+    task_queue: String,
+}
+
 /// Runs the registration, then serves the worker until its socket ends.
 pub(super) async fn run<S>(
     shared: Arc<Shared>,
@@ -60,24 +70,34 @@ pub(super) async fn run<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let register = match first_frame(&shared, &mut socket, deadline).await {
-        Ok(register) => register,
-        Err(Some(refusal)) => return refuse(&shared, socket, refusal).await,
-        Err(None) => return,
-    };
-    let (registration, frame_token) = register.into_registration();
-    let caller = match authenticate(
-        authorization.as_ref(),
+    match admit(&shared, &mut socket, authorization.as_ref(), deadline).await {
+        Ok(admitted) => serve_registered(&shared, socket, admitted).await,
+        Err(Some(refusal)) => refuse(&shared, socket, refusal).await,
+        Err(None) => {}
+    }
+}
+
+/// Reads the `register` frame, authenticates the caller and passes the admission gate.
+/// `Err(None)` means the socket ended first.
+async fn admit<S>(
+    shared: &Shared,
+    socket: &mut WebSocketStream<S>,
+    authorization: Option<&HeaderValue>,
+    deadline: Instant,
+) -> Result<Admitted, Option<Closing>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (registration, frame_token) = first_frame(shared, socket, deadline)
+        .await?
+        .into_registration();
+    let caller = authenticate(
+        authorization,
         frame_token.as_deref(),
         shared.directory.as_ref(),
         shared.config.anonymous.as_ref(),
-    ) {
-        Ok(caller) => caller,
-        Err(error) => {
-            let refusal = Closing::new(CloseCode::Unauthenticated, error.to_string());
-            return refuse(&shared, socket, refusal).await;
-        }
-    };
+    )
+    .map_err(|error| Closing::new(CloseCode::Unauthenticated, error.to_string()))?;
     let span = tracing::Span::current();
     span.record("principal", caller.principal.as_str());
     span.record(
@@ -85,24 +105,38 @@ pub(super) async fn run<S>(
         tracing::field::debug(&registration.namespaces),
     );
     if shared.accepting.is_cancelled() {
-        return refuse(&shared, socket, shutting_down()).await;
+        return Err(Some(shutting_down()));
     }
-
-    let core = &shared.core;
     let task_queue = normalise_task_queue(&registration.task_queue).to_owned();
     let (queue, queued) = mpsc::channel(shared.config.queue_size(registration.max_concurrency));
     let delivery = Arc::new(WsDelivery::new(queue));
-    let admitted = core
+    let token = shared
+        .core
         .registry()
         .admit(&caller, registration, Arc::clone(&delivery) as _)
-        .await;
-    let token = match admitted {
-        Ok(token) => token,
-        Err(error) => {
-            let refusal = Closing::new(CloseCode::for_refusal(error.kind()), error.to_string());
-            return refuse(&shared, socket, refusal).await;
-        }
-    };
+        .await
+        .map_err(|error| Closing::new(CloseCode::for_refusal(error.kind()), error.to_string()))?;
+    Ok(Admitted {
+        token,
+        delivery,
+        queued,
+        task_queue,
+    })
+}
+
+/// Acknowledges the registration, serves the worker's frames while a writer task sends core's
+/// messages, then deregisters the worker and closes the socket with the code naming why.
+async fn serve_registered<S>(shared: &Shared, mut socket: WebSocketStream<S>, admitted: Admitted)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Admitted {
+        token,
+        delivery,
+        queued,
+        task_queue,
+    } = admitted;
+    let core = &shared.core;
     let worker = token.worker_id();
     tracing::Span::current().record("worker", tracing::field::display(worker));
     let eviction = shared.watch(worker);
@@ -128,7 +162,7 @@ pub(super) async fn run<S>(
         writer_failed.clone(),
     ));
     let end = if core.registry().is_registered(worker) {
-        serve(&shared, worker, &mut stream, &eviction, &writer_failed).await
+        serve(shared, worker, &mut stream, &eviction, &writer_failed).await
     } else {
         // Let go between admission and the watch starting, so the observer found nothing.
         End::Closing(evicted(DisconnectReason::Disconnect))
