@@ -1,7 +1,8 @@
 //! End-to-end tests of Switchyard over real sockets; the tests live in `tests/`, this library
 //! holds what they share: a gateway started on ephemeral ports ([`TestGateway`]), an in-process
 //! transport plugged in through the gateway's `Transport` trait for workers whose every move
-//! a test scripts ([`ScriptedTransport`]), and a minimal HTTP GET for the operations listener.
+//! a test scripts ([`ScriptedTransport`]), real workers built with both transports' SDKs
+//! ([`grpc_worker`], [`quic_worker`]), and a minimal HTTP GET for the operations listener.
 #![forbid(unsafe_code)]
 // Test support only: a setup step that fails must fail the test that called it, with the step
 // named, which is exactly what `expect` does.
@@ -10,7 +11,9 @@
 mod gateway;
 mod http;
 mod scripted;
+mod sdk;
 
 pub use gateway::{ApiClient, TestGateway, test_config};
 pub use http::http_get;
 pub use scripted::{ScriptedTransport, ScriptedWorker, WorkerControl, registration};
+pub use sdk::{RunningWorker, WorkerSpec, grpc_worker, quic_worker, wait_eligible};

@@ -2,6 +2,8 @@
 
 mod audit;
 mod error;
+#[cfg(test)]
+mod tests;
 mod validate;
 
 use std::num::NonZeroU32;
@@ -13,6 +15,7 @@ pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES};
 
 use crate::address::normalise_task_queue;
 use crate::delivery::WorkerDelivery;
+use crate::eligibility::DispatchExclusion;
 use crate::events::WorkerEvent;
 use crate::namespace::{NamespacePolicy, NamespaceRecord, Placement};
 use crate::registration::{CallerIdentity, Registration};
@@ -66,17 +69,14 @@ impl Registry {
         registration: Registration,
         delivery: Arc<dyn WorkerDelivery>,
     ) -> Result<RegistrationToken, AdmissionError> {
-        match self.run_gate(caller, registration.clone(), delivery).await {
-            Ok(token) => Ok(token),
-            Err(error) => {
-                metrics::counter!("switchyard_admission_refusals_total", "reason" => error.label())
-                    .increment(1);
-                self.inner
-                    .audit
-                    .refused(&caller.principal, &registration.identity, &error);
-                Err(error)
-            }
+        let identity = registration.identity.clone();
+        let admitted = self.run_gate(caller, registration, delivery).await;
+        if let Err(error) = &admitted {
+            self.inner
+                .audit
+                .refused(&caller.principal, &identity, error);
         }
+        admitted
     }
 
     async fn run_gate(
@@ -96,7 +96,7 @@ impl Registry {
                 namespace: namespace.clone(),
             });
         }
-        self.apply_namespace_policy(&registration).await?;
+        let unknown = self.check_namespaces(&registration).await?;
         let capacity = if delivery.registration_carries_capacity() {
             let stated = registration
                 .max_concurrency
@@ -105,20 +105,20 @@ impl Registry {
         } else {
             None
         };
+        self.mint(unknown, &registration).await?;
         Ok(self.insert(caller, registration, delivery, capacity))
     }
 
-    /// Steps three and four: refuse unknown namespaces under `Closed`, enforce `Pinned`
-    /// placement, and only then mint unknown namespaces under `Open`, so a refused
-    /// registration creates nothing.
-    async fn apply_namespace_policy(
+    /// Steps three and four for the namespaces the store knows: refuses unknown ones under
+    /// `Closed` and enforces `Pinned` placement. Returns the unknown namespaces, which are
+    /// minted only once every other step has passed, so a refused registration creates nothing.
+    async fn check_namespaces(
         &self,
         registration: &Registration,
-    ) -> Result<(), AdmissionError> {
-        let store = &self.inner.store;
+    ) -> Result<Vec<String>, AdmissionError> {
         let mut unknown = Vec::new();
         for namespace in &registration.namespaces {
-            match store.get(namespace).await? {
+            match self.inner.store.get(namespace).await? {
                 Some(record) => check_placement(&record, registration)?,
                 None if self.inner.policy == NamespacePolicy::Closed => {
                     return Err(AdmissionError::UnknownNamespace {
@@ -128,12 +128,22 @@ impl Registry {
                 None => unknown.push(namespace.clone()),
             }
         }
+        Ok(unknown)
+    }
+
+    /// Mints the unknown namespaces (open policy). The stored record is checked again because
+    /// an operator may have created the namespace, pinned, since it was looked up.
+    async fn mint(
+        &self,
+        unknown: Vec<String>,
+        registration: &Registration,
+    ) -> Result<(), AdmissionError> {
         for name in unknown {
             let record = NamespaceRecord {
                 name,
                 placement: Placement::Unplaced,
             };
-            let stored = store.create_if_absent(record).await?;
+            let stored = self.inner.store.create_if_absent(record).await?;
             check_placement(&stored, registration)?;
         }
         Ok(())
@@ -171,7 +181,7 @@ impl Registry {
             if self.inner.opening_probation {
                 state
                     .exclusions
-                    .insert(id, crate::DispatchExclusion::OpeningProbation);
+                    .insert(id, DispatchExclusion::OpeningProbation);
             }
             state.insert(worker.clone(), capacity);
             worker
@@ -194,6 +204,12 @@ impl Registry {
             task_queue: worker.task_queue().to_owned(),
             node: worker.node().cloned(),
         });
+        if self.inner.opening_probation {
+            self.inner.emit(WorkerEvent::Excluded {
+                worker: worker.id(),
+                exclusion: DispatchExclusion::OpeningProbation,
+            });
+        }
         self.inner.wake();
         RegistrationToken::new(Arc::clone(&self.inner), worker.id())
     }

@@ -10,7 +10,12 @@ mod explain;
 mod reservation;
 mod rotation;
 pub(crate) mod state;
+#[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
+mod tests;
 mod token;
+mod workers;
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -32,6 +37,7 @@ use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::namespace::{InMemoryNamespaceStore, NamespacePolicy, NamespaceStore};
 use crate::worker::{Worker, WorkerSnapshot};
+use workers::Slot;
 
 /// Default size of the event broadcast channel; a receiver that lags further loses events.
 pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
@@ -146,17 +152,15 @@ impl Inner {
         let _ = self.events.send(event);
     }
 
-    /// Frees one slot of `worker` (no-op once the worker has left) and wakes parked selections.
-    pub(crate) fn release(&self, worker: WorkerId) {
-        {
-            let mut state = self.lock();
-            let Some(entry) = state.workers.get_mut(&worker) else {
-                return;
-            };
-            entry.in_flight = entry.in_flight.saturating_sub(1);
-            state.refresh(worker);
+    /// Frees one slot of `worker` (no-op once the worker has left). Wakes parked selections
+    /// when the freed slot made the worker selectable again: a worker that already had a free
+    /// slot could not have been what a parked selection was waiting for, and waking every
+    /// parked dispatch on every completion would be a herd on the busiest path.
+    pub(crate) fn release(&self, worker: WorkerId, slot: Slot) {
+        let reopened = self.lock().release(worker, slot);
+        if reopened {
+            self.wake();
         }
-        self.wake();
     }
 
     pub(crate) fn deregister(&self, worker: WorkerId, reason: DisconnectReason) -> bool {
@@ -211,27 +215,12 @@ impl Registry {
         node: Option<&str>,
     ) -> Option<(Worker, DispatchReservation)> {
         let task_queue = normalise_task_queue(task_queue);
-        let mut guard = self.inner.lock();
-        let state = &mut *guard;
-        let rotation = state.rotation(namespace, task_queue, activity_type)?;
-        let workers = &state.workers;
-        let chosen = rotation.in_turn(node).find(|id| {
-            workers
-                .get(id)
-                .is_some_and(|entry| entry.worker.delivery().is_connected())
-        })?;
-        if let Some(rotation) = state.rotation_mut(namespace, task_queue, activity_type) {
-            rotation.advance(chosen);
-        }
-        let entry = state.workers.get_mut(&chosen)?;
-        entry.in_flight += 1;
-        let worker = entry.worker.clone();
-        state.refresh(chosen);
-        drop(guard);
-        Some((
-            worker,
-            DispatchReservation::new(Arc::clone(&self.inner), chosen),
-        ))
+        let (worker, slot) =
+            self.inner
+                .lock()
+                .claim_next(namespace, task_queue, activity_type, node)?;
+        let reservation = DispatchReservation::new(Arc::clone(&self.inner), worker.id(), slot);
+        Some((worker, reservation))
     }
 
     /// The eligible workers of `(namespace, task_queue, activity_type)` (on `node` when given)
@@ -244,24 +233,9 @@ impl Registry {
         node: Option<&str>,
     ) -> Vec<Worker> {
         let task_queue = normalise_task_queue(task_queue);
-        let mut guard = self.inner.lock();
-        let state = &mut *guard;
-        let Some(rotation) = state.rotation(namespace, task_queue, activity_type) else {
-            return Vec::new();
-        };
-        let listed: Vec<Worker> = rotation
-            .in_turn(node)
-            .filter_map(|id| state.workers.get(&id))
-            .filter(|entry| entry.worker.delivery().is_connected())
-            .map(|entry| entry.worker.clone())
-            .collect();
-        if let Some(first) = listed.first() {
-            let first = first.id();
-            if let Some(rotation) = state.rotation_mut(namespace, task_queue, activity_type) {
-                rotation.advance(first);
-            }
-        }
-        listed
+        self.inner
+            .lock()
+            .listing(namespace, task_queue, activity_type, node)
     }
 
     /// A subscription that resolves on the next wake after this call (see [`WorkerArrival`]).
@@ -289,10 +263,10 @@ impl Registry {
             let mut state = self.inner.lock();
             let entry = state
                 .workers
-                .get_mut(&worker)
+                .get_mut(worker)
                 .ok_or(crate::AdmissionError::UnknownWorker)?;
             entry.capacity = Some(capacity);
-            state.refresh(worker);
+            state.refresh_id(worker);
         }
         tracing::debug!(worker = %worker, capacity = capacity.get(), "capacity announced");
         self.inner.emit(WorkerEvent::CapacityAnnounced {
@@ -304,7 +278,7 @@ impl Registry {
     }
 
     /// Replaces the whole map of liveness exclusions (workers absent from `exclusions` are no
-    /// longer excluded), then wakes parked selections.
+    /// longer excluded); wakes parked selections if that changed any worker's exclusion.
     pub fn set_dispatch_ineligible(&self, exclusions: HashMap<WorkerId, DispatchExclusion>) {
         self.publish_verdicts(exclusions, None);
     }
@@ -318,6 +292,7 @@ impl Registry {
         newest_known: Option<WorkerId>,
     ) {
         let mut changed = Vec::new();
+        let mut reopened = false;
         {
             let mut state = self.inner.lock();
             let previous = std::mem::take(&mut state.exclusions);
@@ -329,7 +304,7 @@ impl Registry {
                 .into_iter()
                 .filter(|(id, _)| newest_known.is_none_or(|newest| *id <= newest))
                 .chain(kept)
-                .filter(|(id, _)| state.workers.contains_key(id))
+                .filter(|(id, _)| state.workers.contains(*id))
                 .collect();
             let mut touched: Vec<WorkerId> = previous
                 .keys()
@@ -344,16 +319,21 @@ impl Registry {
                 if before != after {
                     changed.push((id, after));
                 }
-                state.refresh(id);
+                reopened |= state.refresh_id(id);
             }
         }
+        let wake = reopened || !changed.is_empty();
         for (worker, after) in changed {
             self.inner.emit(match after {
                 Some(exclusion) => WorkerEvent::Excluded { worker, exclusion },
                 None => WorkerEvent::Recovered { worker },
             });
         }
-        self.inner.wake();
+        // The prober publishes every round: a round that changed nobody's standing wakes nobody.
+        // A change does wake, even one that excludes, so parked dispatches re-read their reason.
+        if wake {
+            self.inner.wake();
+        }
     }
 
     /// The current liveness exclusions.
@@ -372,12 +352,12 @@ impl Registry {
     pub fn drain_worker(&self, worker: WorkerId) -> bool {
         let delivery = {
             let mut state = self.inner.lock();
-            let Some(entry) = state.workers.get_mut(&worker) else {
+            let Some(entry) = state.workers.get_mut(worker) else {
                 return false;
             };
             entry.draining = true;
             let delivery = Arc::clone(entry.worker.delivery());
-            state.refresh(worker);
+            state.refresh_id(worker);
             delivery
         };
         if !delivery.supports_drain() {
@@ -400,13 +380,13 @@ impl Registry {
 
     /// Drains every registered worker; returns how many were asked.
     pub fn broadcast_drain(&self) -> usize {
-        let ids: Vec<WorkerId> = self.inner.lock().workers.keys().copied().collect();
+        let ids: Vec<WorkerId> = self.inner.lock().workers.ids().collect();
         ids.into_iter().filter(|id| self.drain_worker(*id)).count()
     }
 
     /// True while `worker` is registered.
     pub fn is_registered(&self, worker: WorkerId) -> bool {
-        self.inner.lock().workers.contains_key(&worker)
+        self.inner.lock().workers.contains(worker)
     }
 
     /// The registered worker with this id.
@@ -414,7 +394,7 @@ impl Registry {
         let state = self.inner.lock();
         state
             .workers
-            .get(&worker)
+            .get(worker)
             .map(|entry| snapshot(&state, entry))
     }
 
@@ -423,7 +403,7 @@ impl Registry {
         let state = self.inner.lock();
         let mut all: Vec<WorkerSnapshot> = state
             .workers
-            .values()
+            .entries()
             .map(|entry| snapshot(&state, entry))
             .collect();
         all.sort_by_key(|s| s.worker.id());
@@ -462,7 +442,7 @@ impl Registry {
     }
 }
 
-fn snapshot(state: &state::State, entry: &state::WorkerEntry) -> WorkerSnapshot {
+fn snapshot(state: &state::State, entry: &workers::WorkerEntry) -> WorkerSnapshot {
     WorkerSnapshot {
         worker: entry.worker.clone(),
         capacity: entry.capacity.map(NonZeroU32::get),

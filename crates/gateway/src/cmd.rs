@@ -1,9 +1,12 @@
 //! The subcommands of the `switchyard` binary and how they end (exit codes).
 
+pub(crate) mod behaviour;
 pub(crate) mod client;
+pub(crate) mod demo;
 pub(crate) mod inspect;
 pub(crate) mod serve;
 pub(crate) mod table;
+pub(crate) mod worker;
 
 use std::process::ExitCode;
 

@@ -106,7 +106,10 @@ impl GatewayConfig {
         let config: GatewayConfig = serde_path_to_error::deserialize(toml::Value::Table(merged))
             .map_err(|error| {
                 let key = error.path().to_string();
-                ConfigError::invalid(&key, error.into_inner().to_string())
+                // The TOML error repeats the key on a second line; the first line is the news.
+                let message = error.into_inner().to_string();
+                let first_line = message.lines().next().unwrap_or_default().to_owned();
+                ConfigError::invalid(&key, first_line)
             })?;
         validate::validate(&config)?;
         Ok(config)

@@ -12,8 +12,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use cmd::demo::DemoArgs;
 use cmd::inspect::{DispatchArgs, DrainArgs, EventsArgs, PoolArgs, UnservedArgs, WorkersArgs};
 use cmd::serve::ServeArgs;
+use cmd::worker::WorkerArgs;
 
 const AFTER_HELP: &str = "\
 Exit codes:
@@ -28,7 +30,7 @@ docs/configuration.md.";
 
 /// Switchyard: a multi-transport worker gateway.
 #[derive(Debug, Parser)]
-#[command(name = "switchyard", version, about, after_help = AFTER_HELP)]
+#[command(name = "switchyard", version, after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,6 +40,10 @@ struct Cli {
 enum Command {
     /// Run the gateway until SIGINT or SIGTERM (works with no configuration, on loopback).
     Serve(ServeArgs),
+    /// Start a gateway, a gRPC and a QUIC worker, run a few thousand dispatches, print a report.
+    Demo(DemoArgs),
+    /// Run a ready-made worker (echo, sleep or fail activities) over gRPC or QUIC.
+    Worker(WorkerArgs),
     /// Run one activity and print its outcome (exit code 3 when it did not complete).
     Dispatch(DispatchArgs),
     /// List the connected workers.
@@ -67,6 +73,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => cmd::serve::serve(args).await,
+            Command::Demo(args) => cmd::demo::demo(args).await,
+            Command::Worker(args) => cmd::worker::worker(args).await,
             Command::Dispatch(args) => cmd::inspect::dispatch(args).await,
             Command::Workers(args) => cmd::inspect::workers(args).await,
             Command::Pool(args) => cmd::inspect::pool(args).await,

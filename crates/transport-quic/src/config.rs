@@ -67,15 +67,12 @@ pub enum ConfigError {
     /// `max_idle_timeout` is beyond what QUIC can encode (2^62 ms).
     #[error("max_idle_timeout {0:?} is too large for QUIC")]
     IdleTimeoutTooLarge(Duration),
-    /// A frame limit is zero.
-    #[error("{field} must be at least 1 byte")]
-    ZeroFrameLimit {
+    /// A limit that must allow at least one is zero.
+    #[error("{field} must be at least 1")]
+    Zero {
         /// The setting.
         field: &'static str,
     },
-    /// `max_concurrency_limit` is zero.
-    #[error("max_concurrency_limit must be at least 1")]
-    ZeroConcurrencyLimit,
 }
 
 impl LinkSettings {
@@ -130,17 +127,8 @@ impl Default for FrameLimits {
 
 impl FrameLimits {
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        if self.control == 0 {
-            return Err(ConfigError::ZeroFrameLimit {
-                field: "control frame limit",
-            });
-        }
-        if self.lane == 0 {
-            return Err(ConfigError::ZeroFrameLimit {
-                field: "lane frame limit",
-            });
-        }
-        Ok(())
+        nonzero("frames.control", self.control as usize)?;
+        nonzero("frames.lane", self.lane as usize)
     }
 }
 
@@ -165,6 +153,27 @@ pub struct ServerConfig {
     /// Connections still handshaking or registering at once; more are refused at the QUIC
     /// level (default 1024).
     pub max_unregistered_connections: usize,
+}
+
+impl ServerConfig {
+    /// Refuses settings that would make the listener useless, naming the setting.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        self.frames.check()?;
+        nonzero("max_concurrency_limit", self.max_concurrency_limit as usize)?;
+        nonzero(
+            "max_unregistered_connections",
+            self.max_unregistered_connections,
+        )?;
+        self.link.transport(1).map(drop)
+    }
+}
+
+fn nonzero(field: &'static str, value: usize) -> Result<(), ConfigError> {
+    if value == 0 {
+        Err(ConfigError::Zero { field })
+    } else {
+        Ok(())
+    }
 }
 
 impl Default for ServerConfig {
@@ -198,6 +207,34 @@ mod tests {
             };
             assert!(link.transport(1).is_ok());
         }
+    }
+
+    #[test]
+    fn zero_limits_are_refused_by_name() {
+        assert!(ServerConfig::default().check().is_ok());
+        let config = ServerConfig {
+            max_unregistered_connections: 0,
+            ..ServerConfig::default()
+        };
+        assert_eq!(
+            config.check(),
+            Err(ConfigError::Zero {
+                field: "max_unregistered_connections"
+            })
+        );
+        let config = ServerConfig {
+            frames: FrameLimits {
+                lane: 0,
+                ..FrameLimits::default()
+            },
+            ..ServerConfig::default()
+        };
+        assert_eq!(
+            config.check(),
+            Err(ConfigError::Zero {
+                field: "frames.lane"
+            })
+        );
     }
 
     #[test]

@@ -28,7 +28,10 @@ pub enum FrameError {
     },
     /// The body is not a valid protobuf encoding of the stream's envelope.
     #[error("frame body does not decode: {0}")]
-    Malformed(String),
+    Malformed(#[from] prost::DecodeError),
+    /// The message could not be encoded (the buffer refused it).
+    #[error("frame does not encode: {0}")]
+    Unencodable(#[from] prost::EncodeError),
     /// The envelope decoded but carries no frame variant.
     #[error("frame envelope carries no message")]
     Empty,
@@ -149,7 +152,7 @@ impl FrameDecoder {
 
 /// Decodes one frame body as the envelope `M`.
 pub fn decode<M: Message + Default>(body: Bytes) -> Result<M, FrameError> {
-    M::decode(body).map_err(|error| FrameError::Malformed(error.to_string()))
+    Ok(M::decode(body)?)
 }
 
 /// Encodes `message` as one frame (prefix included), refusing bodies over `max_frame` bytes.
@@ -164,9 +167,7 @@ pub fn encode_frame<M: Message>(message: &M, max_frame: u32) -> Result<Bytes, Fr
     let mut buf = BytesMut::with_capacity(LENGTH_PREFIX_BYTES + len);
     // `len <= max_frame`, a u32, so the cast is exact.
     buf.put_u32(len as u32);
-    message
-        .encode(&mut buf)
-        .map_err(|error| FrameError::Malformed(error.to_string()))?;
+    message.encode(&mut buf)?;
     Ok(buf.freeze())
 }
 

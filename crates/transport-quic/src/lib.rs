@@ -11,6 +11,59 @@
 //! - [`QuicServer`]: the gateway side, admitting every worker through core's one gate.
 //! - [`QuicWorker`]: the worker SDK ([`client`]).
 //! - [`frame`]: the frame codec, public for tools and other implementations.
+//!
+//! # Examples
+//!
+//! A gateway and one worker over loopback (certificates from the `self-signed` feature):
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use switchyard_core::{
+//!     ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, Registry,
+//! };
+//! use switchyard_transport_quic::tls::SelfSigned;
+//! use switchyard_transport_quic::{
+//!     ActivityContext, ActivityError, QuicServer, QuicWorker, ServerConfig,
+//! };
+//!
+//! # let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2)
+//! #     .enable_all().build()?;
+//! # runtime.block_on(async {
+//! let ca = SelfSigned::new(["localhost"])?;
+//! let core = Core::start(Registry::builder(), CoreConfig::default());
+//! let server = QuicServer::builder(core.clone(), ca.server_tls()?)
+//!     .config(ServerConfig { listen: "127.0.0.1:0".parse()?, ..ServerConfig::default() })
+//!     .bind()
+//!     .await?;
+//!
+//! let worker = QuicWorker::builder(server.local_addr(), "localhost")
+//!     .namespaces(["billing"])
+//!     .activity("charge", |_ctx: ActivityContext, input: Bytes| async move {
+//!         Ok::<_, ActivityError>(input)
+//!     })
+//!     .max_concurrency(4)
+//!     .tls(ca.client_tls()?)
+//!     .connect()
+//!     .await?;
+//! tokio::spawn(worker.run());
+//!
+//! let request = ActivityRequest {
+//!     namespace: "billing".into(),
+//!     task_queue: String::new(),
+//!     activity_type: "charge".into(),
+//!     node: None,
+//!     input: Bytes::from_static(b"42"),
+//!     activity_id: None,
+//!     timeout: Duration::from_secs(10),
+//! };
+//! let outcome = core.dispatcher().dispatch(&CallerIdentity::trusted("shop"), request).await?;
+//! assert_eq!(outcome, ActivityOutcome::Completed(Bytes::from_static(b"42")));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 
 mod auth;

@@ -106,10 +106,7 @@ impl QuicServerBuilder {
     /// Binds the UDP socket and starts accepting workers on the current tokio runtime.
     pub async fn bind(self) -> Result<QuicServer, ServerError> {
         let config = self.config;
-        config.frames.check()?;
-        if config.max_concurrency_limit == 0 {
-            return Err(ConfigError::ZeroConcurrencyLimit.into());
-        }
+        config.check()?;
         // A worker may open exactly one stream: its control stream.
         let transport = config.link.transport(1)?;
         let mut quic = quinn::ServerConfig::with_crypto(self.tls.quic());

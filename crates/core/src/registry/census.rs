@@ -168,14 +168,16 @@ impl Registry {
         let now = Instant::now();
         let state = self.inner.lock();
         let mut census = PoolCensus {
-            pool_workers: state.pool_members(namespace, task_queue).len(),
+            pool_workers: state
+                .queue(namespace, task_queue)
+                .map_or(0, |queue| queue.workers),
             ..PoolCensus::default()
         };
         if let Some(rotation) = state.rotation(namespace, task_queue, activity_type) {
             for entry in rotation
                 .members
-                .iter()
-                .filter_map(|id| state.workers.get(id))
+                .values()
+                .filter_map(|slot| state.workers.at(*slot))
             {
                 census.activity_workers += 1;
                 if node.is_some_and(|n| entry.worker.node().map(|w| w.as_str()) != Some(n)) {

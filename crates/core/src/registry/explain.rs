@@ -28,8 +28,8 @@ impl Registry {
         let state = self.inner.lock();
         state
             .pool_members(namespace, task_queue)
-            .into_iter()
-            .filter_map(|id| state.workers.get(&id))
+            .into_values()
+            .filter_map(|slot| state.workers.at(slot))
             .map(|entry| {
                 let worker = &entry.worker;
                 let eligibility = if !worker.activity_types().contains(activity_type) {

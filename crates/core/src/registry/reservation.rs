@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::Inner;
+use super::workers::Slot;
 use crate::address::WorkerId;
 
 /// One slot of one worker's advertised capacity, held from selection until the task ends.
@@ -13,11 +14,16 @@ use crate::address::WorkerId;
 pub struct DispatchReservation {
     inner: Arc<Inner>,
     worker: WorkerId,
+    slot: Slot,
 }
 
 impl DispatchReservation {
-    pub(super) fn new(inner: Arc<Inner>, worker: WorkerId) -> Self {
-        Self { inner, worker }
+    pub(super) fn new(inner: Arc<Inner>, worker: WorkerId, slot: Slot) -> Self {
+        Self {
+            inner,
+            worker,
+            slot,
+        }
     }
 
     /// The worker whose slot this is.
@@ -28,7 +34,7 @@ impl DispatchReservation {
 
 impl Drop for DispatchReservation {
     fn drop(&mut self) {
-        self.inner.release(self.worker);
+        self.inner.release(self.worker, self.slot);
     }
 }
 

@@ -1,32 +1,27 @@
 //! The registry's data, guarded by one lock: workers, rotations, exclusions and departures.
 //!
 //! Every change that can alter a worker's standing goes through [`State::refresh`], which
-//! re-derives [`Eligibility`] and moves the worker in or out of its rotations' eligible sets.
+//! re-derives [`Eligibility`] and moves the worker in or out of its rotations' eligible sets;
+//! [`State::claim_next`] and [`State::listing`] read those sets and move the one cursor.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::time::SystemTime;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
-use super::rotation::Rotation;
+use super::rotation::{Members, Rotation};
+use super::workers::{Slot, WorkerEntry, WorkerTable};
 use crate::address::{ActivityKey, Node, WorkerId};
 use crate::eligibility::{DispatchExclusion, Eligibility};
 use crate::worker::Worker;
 
-/// Activity types of one `(namespace, task queue)` pool.
-pub(crate) type QueueRotations = HashMap<String, Rotation>;
-
-/// The mutable facts about one registered worker.
-#[derive(Debug)]
-pub(crate) struct WorkerEntry {
-    pub(crate) worker: Worker,
-    pub(crate) capacity: Option<NonZeroU32>,
-    pub(crate) in_flight: u32,
-    pub(crate) draining: bool,
-    pub(crate) connected_at: SystemTime,
-    /// Whether the worker currently sits in its rotations' eligible sets.
-    selectable: bool,
+/// One `(namespace, task queue)` pool: its head count and a rotation per activity type.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    /// Registered workers in the pool, whatever they run.
+    pub(crate) workers: usize,
+    pub(crate) rotations: HashMap<String, Rotation>,
 }
 
 /// How many `(activity key, node)` departure records the registry keeps before forgetting the
@@ -35,19 +30,23 @@ const DEPARTURE_MEMORY: usize = 4096;
 
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    next_worker_id: u64,
-    pub(crate) workers: HashMap<WorkerId, WorkerEntry>,
+    pub(crate) workers: WorkerTable,
     /// namespace → task queue → activity type → rotation; nested so lookups borrow `&str`.
-    pub(crate) pools: HashMap<String, HashMap<String, QueueRotations>>,
+    pub(crate) pools: HashMap<String, HashMap<String, Queue>>,
     pub(crate) exclusions: HashMap<WorkerId, DispatchExclusion>,
     /// When the last worker serving a key on a node left.
     pub(crate) departures: HashMap<ActivityKey, HashMap<Option<Node>, Instant>>,
 }
 
 impl State {
+    /// A fresh id, larger than every id this process minted before. Called under the
+    /// registry lock, so ids also rise in admission order within one registry (the liveness
+    /// watermark relies on it).
     pub(crate) fn mint_id(&mut self) -> WorkerId {
-        self.next_worker_id += 1;
-        WorkerId::from_raw(self.next_worker_id)
+        // Process-wide rather than per registry: a worker id is never reused in a process, even
+        // by a second registry (tests, an embedding that runs two gateways).
+        static NEXT_WORKER_ID: AtomicU64 = AtomicU64::new(1);
+        WorkerId::from_raw(NEXT_WORKER_ID.fetch_add(1, Ordering::Relaxed))
     }
 
     pub(crate) fn rotation(
@@ -56,38 +55,98 @@ impl State {
         task_queue: &str,
         activity: &str,
     ) -> Option<&Rotation> {
-        self.pools.get(namespace)?.get(task_queue)?.get(activity)
+        self.queue(namespace, task_queue)?.rotations.get(activity)
     }
 
-    pub(crate) fn rotation_mut(
-        &mut self,
-        namespace: &str,
-        task_queue: &str,
-        activity: &str,
-    ) -> Option<&mut Rotation> {
-        self.pools
-            .get_mut(namespace)?
-            .get_mut(task_queue)?
-            .get_mut(activity)
-    }
-
-    pub(crate) fn queue(&self, namespace: &str, task_queue: &str) -> Option<&QueueRotations> {
+    pub(crate) fn queue(&self, namespace: &str, task_queue: &str) -> Option<&Queue> {
         self.pools.get(namespace)?.get(task_queue)
     }
 
     /// The standing of a registered worker, ignoring which dispatch asks.
     pub(crate) fn standing(&self, entry: &WorkerEntry) -> Eligibility {
         Eligibility::derive(
-            entry.worker.delivery().is_connected(),
+            entry.delivery.is_connected(),
             entry.draining,
-            self.exclusions.get(&entry.worker.id()).copied(),
+            self.exclusions.get(&entry.id).copied(),
             entry.capacity,
             entry.in_flight,
         )
     }
 
+    /// Chooses the next eligible, connected worker of the key in turn (on `node` when given),
+    /// claims one of its slots and moves the cursor past it.
+    pub(crate) fn claim_next(
+        &mut self,
+        namespace: &str,
+        task_queue: &str,
+        activity: &str,
+        node: Option<&str>,
+    ) -> Option<(Worker, Slot)> {
+        let Self { pools, workers, .. } = self;
+        let rotation = pools
+            .get_mut(namespace)?
+            .get_mut(task_queue)?
+            .rotations
+            .get_mut(activity)?;
+        let (id, slot) = rotation.in_turn(node).find(|(_, slot)| {
+            workers
+                .at(*slot)
+                .is_some_and(|entry| entry.delivery.is_connected())
+        })?;
+        rotation.advance(id);
+        let entry = workers.at_mut(slot)?;
+        entry.in_flight += 1;
+        let worker = entry.worker.clone();
+        self.refresh(slot);
+        Some((worker, slot))
+    }
+
+    /// Frees one slot claimed on the worker `id` at `slot`; returns true when that made the
+    /// worker selectable again. A slot whose worker has left frees nothing.
+    pub(crate) fn release(&mut self, id: WorkerId, slot: Slot) -> bool {
+        let Some(entry) = self.workers.at_mut(slot) else {
+            return false;
+        };
+        if entry.id != id {
+            return false;
+        }
+        entry.in_flight = entry.in_flight.saturating_sub(1);
+        self.refresh(slot)
+    }
+
+    /// The eligible, connected workers of the key in turn; the cursor moves past the first.
+    pub(crate) fn listing(
+        &mut self,
+        namespace: &str,
+        task_queue: &str,
+        activity: &str,
+        node: Option<&str>,
+    ) -> Vec<Worker> {
+        let Self { pools, workers, .. } = self;
+        let Some(rotation) = pools
+            .get_mut(namespace)
+            .and_then(|queues| queues.get_mut(task_queue))
+            .and_then(|queue| queue.rotations.get_mut(activity))
+        else {
+            return Vec::new();
+        };
+        let listed: Vec<Worker> = rotation
+            .in_turn(node)
+            .filter_map(|(_, slot)| workers.at(slot))
+            .filter(|entry| entry.delivery.is_connected())
+            .map(|entry| entry.worker.clone())
+            .collect();
+        if let Some(first) = listed.first() {
+            rotation.advance(first.id());
+        }
+        listed
+    }
+
     pub(crate) fn insert(&mut self, worker: Worker, capacity: Option<NonZeroU32>) {
         let id = worker.id();
+        let slot = self
+            .workers
+            .insert(WorkerEntry::new(worker.clone(), capacity));
         for namespace in worker.namespaces() {
             let queue = self
                 .pools
@@ -95,8 +154,13 @@ impl State {
                 .or_default()
                 .entry(worker.task_queue().to_owned())
                 .or_default();
+            queue.workers += 1;
             for activity in worker.activity_types() {
-                queue.entry(activity.clone()).or_default().join(id);
+                queue
+                    .rotations
+                    .entry(activity.clone())
+                    .or_default()
+                    .join(id, slot);
                 let key =
                     ActivityKey::new(namespace.as_str(), worker.task_queue(), activity.as_str());
                 if let Some(nodes) = self.departures.get_mut(&key) {
@@ -107,21 +171,12 @@ impl State {
                 }
             }
         }
-        let entry = WorkerEntry {
-            worker,
-            capacity,
-            in_flight: 0,
-            draining: false,
-            connected_at: SystemTime::now(),
-            selectable: false,
-        };
-        self.workers.insert(id, entry);
-        self.refresh(id);
+        self.refresh(slot);
     }
 
     /// Removes a worker from every rotation, pruning empty ones, and records departures.
     pub(crate) fn remove(&mut self, id: WorkerId, now: Instant) -> Option<WorkerEntry> {
-        let entry = self.workers.remove(&id)?;
+        let (_, entry) = self.workers.remove(id)?;
         self.exclusions.remove(&id);
         let worker = &entry.worker;
         for namespace in worker.namespaces() {
@@ -129,11 +184,12 @@ impl State {
                 continue;
             };
             if let Some(queue) = queues.get_mut(worker.task_queue()) {
+                queue.workers = queue.workers.saturating_sub(1);
                 for activity in worker.activity_types() {
-                    if let Some(rotation) = queue.get_mut(activity.as_str()) {
+                    if let Some(rotation) = queue.rotations.get_mut(activity.as_str()) {
                         rotation.leave(id, worker.node());
                         if rotation.is_empty() {
-                            queue.remove(activity.as_str());
+                            queue.rotations.remove(activity.as_str());
                         }
                     }
                     let key = ActivityKey::new(
@@ -146,7 +202,7 @@ impl State {
                         .or_default()
                         .insert(worker.node().cloned(), now);
                 }
-                if queue.is_empty() {
+                if queue.workers == 0 {
                     queues.remove(worker.task_queue());
                 }
             }
@@ -175,10 +231,15 @@ impl State {
             .retain(|_, nodes| nodes.values().any(|at| *at > cutoff));
     }
 
-    /// Re-derives a worker's standing and updates its rotations' eligible sets if it changed.
-    /// Returns true when the worker became selectable.
-    pub(crate) fn refresh(&mut self, id: WorkerId) -> bool {
-        let Some(entry) = self.workers.get(&id) else {
+    /// Re-derives the standing of the worker `id` and updates its rotations' eligible sets if
+    /// it changed. Returns true when the worker became selectable.
+    pub(crate) fn refresh_id(&mut self, id: WorkerId) -> bool {
+        self.workers.slot(id).is_some_and(|slot| self.refresh(slot))
+    }
+
+    /// [`State::refresh_id`] for a worker known by its slot.
+    pub(crate) fn refresh(&mut self, slot: Slot) -> bool {
+        let Some(entry) = self.workers.at(slot) else {
             return false;
         };
         let selectable = self.standing(entry).is_eligible();
@@ -186,27 +247,35 @@ impl State {
             return false;
         }
         let worker = entry.worker.clone();
+        let eligible_slot = selectable.then_some(slot);
         for namespace in worker.namespaces() {
+            let Some(queue) = self
+                .pools
+                .get_mut(namespace.as_str())
+                .and_then(|queues| queues.get_mut(worker.task_queue()))
+            else {
+                continue;
+            };
             for activity in worker.activity_types() {
-                if let Some(rotation) = self.rotation_mut(namespace, worker.task_queue(), activity)
-                {
-                    rotation.set_eligible(id, worker.node(), selectable);
+                if let Some(rotation) = queue.rotations.get_mut(activity.as_str()) {
+                    rotation.set_eligible(worker.id(), eligible_slot, worker.node());
                 }
             }
         }
-        if let Some(entry) = self.workers.get_mut(&id) {
+        if let Some(entry) = self.workers.at_mut(slot) {
             entry.selectable = selectable;
         }
         selectable
     }
 
-    /// Every worker id of a `(namespace, task queue)` pool, whatever activity it serves.
-    pub(crate) fn pool_members(&self, namespace: &str, task_queue: &str) -> BTreeSet<WorkerId> {
+    /// Every worker of a `(namespace, task queue)` pool, whatever activity it serves.
+    pub(crate) fn pool_members(&self, namespace: &str, task_queue: &str) -> Members {
         self.queue(namespace, task_queue)
             .map(|queue| {
                 queue
+                    .rotations
                     .values()
-                    .flat_map(|r| r.members.iter().copied())
+                    .flat_map(|r| r.members.iter().map(|(id, slot)| (*id, *slot)))
                     .collect()
             })
             .unwrap_or_default()

@@ -5,7 +5,8 @@
 //! so a producer that outruns its workers is pushed back by HTTP/2 flow control rather than
 //! buffered. Replies go out in completion order through a channel of the same bound. When the
 //! producer goes away the driver ends and drops its dispatches, which core cancels as
-//! `CallerGone`.
+//! `CallerGone`. When the server closes, the driver stops reading and sends the replies of the
+//! dispatches still running before it ends, so every accepted request gets exactly one reply.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -123,7 +124,12 @@ async fn drive(
                 }
             }
             () = replies.closed() => return,
-            () = closing.cancelled() => return,
+            // The server is closing: read no more, but every dispatch already running still
+            // sends its one reply (core has ended them all by now).
+            () = closing.cancelled(), if reading => {
+                reading = false;
+                continue;
+            }
         };
         if replies.send(Ok(reply)).await.is_err() {
             return;

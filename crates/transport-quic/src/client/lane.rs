@@ -22,6 +22,8 @@ use crate::protocol::ErrorCode;
 
 /// What every lane of a session shares.
 pub(crate) struct LaneContext {
+    /// The registration the lanes belong to, for logs.
+    pub(crate) worker: switchyard_core::WorkerId,
     pub(crate) handlers: Arc<HashMap<String, Handler>>,
     /// The gateway's `max_lane_frame_bytes`, in force in both directions.
     pub(crate) frame_limit: u32,
@@ -46,6 +48,7 @@ pub(crate) fn spawn(
     stop: CancellationToken,
 ) {
     let lane = send.id().index();
+    let context_worker = context.worker;
     tokio::spawn(
         async move {
             let served = tokio::select! {
@@ -60,7 +63,7 @@ pub(crate) fn spawn(
                 }
             }
         }
-        .instrument(tracing::debug_span!("lane", lane)),
+        .instrument(tracing::debug_span!("lane", worker = %context_worker, lane)),
     );
 }
 

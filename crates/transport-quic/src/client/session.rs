@@ -95,6 +95,7 @@ impl Session {
             control_send,
             control_reader,
             lanes: Arc::new(LaneContext {
+                worker,
                 handlers: Arc::clone(&settings.handlers),
                 frame_limit: nonzero_or(
                     max_lane_frame_bytes,

@@ -33,7 +33,12 @@ pub(crate) async fn serve(
     permit: OwnedSemaphorePermit,
 ) {
     let remote = incoming.remote_address();
-    let span = tracing::debug_span!("quic_worker", %remote, worker = tracing::field::Empty);
+    let span = tracing::debug_span!(
+        "quic_worker",
+        %remote,
+        worker = tracing::field::Empty,
+        namespaces = tracing::field::Empty
+    );
     async move {
         let deadline = Instant::now() + server.config.registration_timeout;
         let connecting = match incoming.accept() {
@@ -74,10 +79,12 @@ pub(crate) async fn serve(
             }
         };
         drop(permit);
-        tracing::Span::current().record(
+        let span = tracing::Span::current();
+        span.record(
             "worker",
             tracing::field::display(admitted.token.worker_id()),
         );
+        span.record("namespaces", tracing::field::debug(&admitted.namespaces));
         run(admitted, &server).await;
     }
     .instrument(span)
@@ -87,6 +94,7 @@ pub(crate) async fn serve(
 /// A worker through the gate, with its streams.
 struct Admitted {
     token: RegistrationToken,
+    namespaces: Vec<String>,
     link: Arc<Link>,
     control_send: SendStream,
     control_reader: FrameReader,
@@ -121,6 +129,7 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
     let caller = authenticate(conn, server, &register)?;
     let registration =
         convert::registration(register).map_err(|(code, reason)| Fault::close(code, reason))?;
+    let namespaces: Vec<String> = registration.namespaces.iter().cloned().collect();
 
     // Lane 0 exists before admission, so the probation pings core sends the moment it admits
     // have a lane to travel on. Its driver starts once the worker id is known.
@@ -151,6 +160,7 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
     tracing::info!(worker = %worker, "quic worker registered; capacity unannounced");
     Ok(Admitted {
         token,
+        namespaces,
         link,
         control_send,
         control_reader,
@@ -209,6 +219,7 @@ async fn run(admitted: Admitted, server: &ServerShared) {
         mut control_send,
         mut control_reader,
         mut control_rx,
+        ..
     } = admitted;
     let worker = token.worker_id();
     server.track(worker, &link);
@@ -266,6 +277,7 @@ fn control(
     worker: WorkerId,
     capacity: &watch::Sender<Option<u32>>,
 ) -> Result<(), Fault> {
+    server.core.record_frame(worker);
     match up.frame {
         Some(quic_control_up::Frame::Capabilities(capabilities)) => {
             let wanted = capabilities.max_concurrency;

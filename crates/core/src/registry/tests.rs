@@ -1,0 +1,8 @@
+//! The registry's behaviours, one module per concept.
+
+mod arrival;
+mod capacity;
+mod census;
+mod explain;
+mod lifecycle;
+mod selection;

@@ -1,0 +1,226 @@
+//! `switchyard worker`: a ready-made worker over gRPC or QUIC, and the worker builders the demo
+//! shares.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use rustls_pki_types::pem::PemObject;
+use switchyard_core::WorkerId;
+use switchyard_transport_grpc::{
+    ActivityContext as GrpcContext, ActivityError as GrpcError, GrpcWorker,
+};
+use switchyard_transport_quic::{
+    ActivityContext as QuicContext, ActivityError as QuicError, ClientTls, QuicWorker,
+};
+use tonic::transport::{Certificate, ClientTlsConfig};
+
+use super::Failure;
+use super::behaviour::{self, ActivitySpec, WorkerStats};
+use super::client::ClientArgs;
+
+/// Which worker transport to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum TransportKind {
+    /// A gRPC stream to the API port.
+    Grpc,
+    /// QUIC (UDP) to the QUIC port.
+    Quic,
+}
+
+/// `switchyard worker`.
+#[derive(Args, Debug)]
+pub(crate) struct WorkerArgs {
+    /// Transport to connect over.
+    #[arg(long, value_enum)]
+    pub(crate) transport: TransportKind,
+    /// An activity it runs, as NAME=echo, NAME=sleep:MS or NAME=fail (repeatable).
+    #[arg(long = "activity", required = true)]
+    pub(crate) activities: Vec<ActivitySpec>,
+    /// Tasks it runs at once.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) capacity: u32,
+    /// A namespace it serves (repeatable).
+    #[arg(long = "namespace", default_values_t = ["default".to_owned()])]
+    pub(crate) namespaces: Vec<String>,
+    /// Task queue [default: default]
+    #[arg(long, default_value = "")]
+    pub(crate) task_queue: String,
+    /// Node (locality) label it advertises.
+    #[arg(long)]
+    pub(crate) node: Option<String>,
+    /// QUIC address of the gateway (with --transport quic).
+    #[arg(long, default_value = "127.0.0.1:7701")]
+    pub(crate) quic_addr: SocketAddr,
+    /// Name the gateway's certificate must be valid for (QUIC).
+    #[arg(long, default_value = "localhost")]
+    pub(crate) server_name: String,
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+}
+
+/// Where and how a worker connects.
+pub(crate) struct WorkerSetup<'a> {
+    pub(crate) namespaces: &'a [String],
+    pub(crate) task_queue: &'a str,
+    pub(crate) node: Option<&'a str>,
+    pub(crate) activities: &'a [ActivitySpec],
+    pub(crate) capacity: u32,
+    pub(crate) ca_pem: &'a str,
+    pub(crate) token: Option<&'a str>,
+    pub(crate) stats: Arc<WorkerStats>,
+}
+
+/// A connected gRPC worker; `run` it to serve.
+pub(crate) async fn grpc_worker(
+    endpoint: &str,
+    setup: &WorkerSetup<'_>,
+) -> Result<GrpcWorker, Failure> {
+    let mut builder = GrpcWorker::builder(endpoint)
+        .namespaces(setup.namespaces.iter().cloned())
+        .task_queue(setup.task_queue)
+        .max_concurrency(setup.capacity);
+    if endpoint.starts_with("https://") {
+        builder =
+            builder.tls(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(setup.ca_pem)));
+    }
+    if let Some(node) = setup.node {
+        builder = builder.node(node);
+    }
+    if let Some(token) = setup.token {
+        builder = builder.token(token);
+    }
+    for spec in setup.activities {
+        let (behaviour, stats) = (spec.behaviour, Arc::clone(&setup.stats));
+        builder = builder.activity(
+            spec.name.clone(),
+            move |context: GrpcContext, input: Bytes| {
+                let stats = Arc::clone(&stats);
+                async move {
+                    let token = context.cancellation().clone();
+                    behaviour::run(behaviour, input, token, stats)
+                        .await
+                        .map_err(GrpcError::retryable)
+                }
+            },
+        );
+    }
+    builder
+        .connect()
+        .await
+        .map_err(|error| Failure::runtime(format!("gRPC worker: {error}")))
+}
+
+/// A connected QUIC worker; `run` it to serve.
+pub(crate) async fn quic_worker(
+    addr: SocketAddr,
+    server_name: &str,
+    setup: &WorkerSetup<'_>,
+) -> Result<QuicWorker, Failure> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(setup.ca_pem.as_bytes()) {
+        let cert = cert.map_err(|error| Failure::runtime(format!("CA: {error}")))?;
+        roots
+            .add(cert)
+            .map_err(|error| Failure::runtime(format!("CA: {error}")))?;
+    }
+    let tls = ClientTls::new(roots).map_err(|error| Failure::runtime(error.to_string()))?;
+    let mut builder = QuicWorker::builder(addr, server_name)
+        .namespaces(setup.namespaces.iter().cloned())
+        .task_queue(setup.task_queue)
+        .max_concurrency(setup.capacity)
+        .tls(tls);
+    if let Some(node) = setup.node {
+        builder = builder.node(node);
+    }
+    if let Some(token) = setup.token {
+        builder = builder.token(token);
+    }
+    for spec in setup.activities {
+        let (behaviour, stats) = (spec.behaviour, Arc::clone(&setup.stats));
+        builder = builder.activity(
+            spec.name.clone(),
+            move |context: QuicContext, input: Bytes| {
+                let stats = Arc::clone(&stats);
+                async move {
+                    let token = context.cancellation().clone();
+                    behaviour::run(behaviour, input, token, stats)
+                        .await
+                        .map_err(QuicError::retryable)
+                }
+            },
+        );
+    }
+    builder
+        .connect()
+        .await
+        .map_err(|error| Failure::runtime(format!("QUIC worker: {error}")))
+}
+
+/// Reads a CA file, saying where it comes from when it is missing.
+pub(crate) fn read_ca(path: &Path) -> Result<String, Failure> {
+    std::fs::read_to_string(path).map_err(|error| {
+        Failure::runtime(format!(
+            "cannot read the CA {}: {error} (start `switchyard serve` once, or pass --ca)",
+            path.display()
+        ))
+    })
+}
+
+pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
+    let ca_pem =
+        if args.transport == TransportKind::Quic || args.client.endpoint.starts_with("https://") {
+            read_ca(&args.client.ca_path())?
+        } else {
+            String::new()
+        };
+    let setup = WorkerSetup {
+        namespaces: &args.namespaces,
+        task_queue: &args.task_queue,
+        node: args.node.as_deref(),
+        activities: &args.activities,
+        capacity: args.capacity,
+        ca_pem: &ca_pem,
+        token: args.client.token.as_deref(),
+        stats: Arc::new(WorkerStats::default()),
+    };
+    let names: Vec<&str> = args.activities.iter().map(|a| a.name.as_str()).collect();
+    match args.transport {
+        TransportKind::Grpc => {
+            let worker = grpc_worker(&args.client.endpoint, &setup).await?;
+            announce("grpc", Some(worker.worker_id()), &names, args.capacity);
+            let stop = worker.shutdown_token();
+            tokio::spawn(async move {
+                super::serve::shutdown_signal().await;
+                stop.cancel();
+            });
+            worker
+                .run()
+                .await
+                .map_err(|error| Failure::runtime(error.to_string()))
+        }
+        TransportKind::Quic => {
+            let worker = quic_worker(args.quic_addr, &args.server_name, &setup).await?;
+            announce("quic", worker.worker_id(), &names, args.capacity);
+            let handle = worker.handle();
+            tokio::spawn(async move {
+                super::serve::shutdown_signal().await;
+                handle.drain();
+            });
+            worker
+                .run()
+                .await
+                .map_err(|error| Failure::runtime(error.to_string()))
+        }
+    }
+}
+
+fn announce(transport: &str, id: Option<WorkerId>, activities: &[&str], capacity: u32) {
+    let id = id.map_or_else(|| "?".to_owned(), |id| id.to_string());
+    println!(
+        "worker {id} connected over {transport}: activities {}, capacity {capacity}; Ctrl-C to stop",
+        activities.join(", ")
+    );
+}

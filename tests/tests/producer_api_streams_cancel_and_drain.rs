@@ -1,0 +1,266 @@
+//! The producer API's flow control and operator actions: a `DispatchStream` runs at most its
+//! in-flight bound, `Cancel` ends a dispatch and tells its worker, and `Drain` with a deadline
+//! removes a worker that does not finish so its task runs elsewhere.
+
+// Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
+#![allow(clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use switchyard_core::{CallerIdentity, WorkerEvent, WorkerMessage};
+use switchyard_proto::v1 as pb;
+use switchyard_proto::v1::dispatch_outcome::Outcome;
+use switchyard_proto::v1::dispatch_stream_reply::Result as StreamResult;
+use switchyard_tests::{ScriptedTransport, TestGateway, registration};
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+use tokio_stream::wrappers::ReceiverStream;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn request(namespace: &str, activity_id: &str) -> pb::DispatchRequest {
+    pb::DispatchRequest {
+        namespace: namespace.to_owned(),
+        activity_type: "echo".to_owned(),
+        input: Bytes::from_static(b"x"),
+        activity_id: activity_id.to_owned(),
+        timeout_ms: 30_000,
+        ..pb::DispatchRequest::default()
+    }
+}
+
+async fn started(
+    scripted: &ScriptedTransport,
+    namespace: &str,
+    capacity: u32,
+) -> (
+    switchyard_tests::WorkerControl,
+    mpsc::Receiver<switchyard_core::ActivityTask>,
+    tokio::task::JoinHandle<()>,
+) {
+    scripted
+        .connect(
+            &CallerIdentity::trusted("test"),
+            registration(&[namespace], &["echo"], Some(capacity)),
+            true,
+        )
+        .await
+        .expect("admitted")
+        .answer_pings_in_background()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_stream_runs_at_most_its_in_flight_bound() {
+    let scripted = ScriptedTransport::default();
+    let gateway = TestGateway::start_with(
+        |config| {
+            config.quic.enabled = false;
+            config.dispatch.max_in_flight_per_stream = 2;
+        },
+        |builder| builder.transport(scripted.clone()),
+    )
+    .await;
+    let (worker, mut tasks, _keep) = started(&scripted, "bounded", 10).await;
+    let mut client = gateway.client(None).await;
+    let (send, outbound) = mpsc::channel(16);
+    for id in 0..5 {
+        send.send(pb::DispatchStreamRequest {
+            correlation_id: id,
+            request: Some(request("bounded", "")),
+        })
+        .await
+        .unwrap();
+    }
+    let mut replies = client
+        .dispatch_stream(ReceiverStream::new(outbound))
+        .await
+        .expect("stream opens")
+        .into_inner();
+
+    let first = timeout(WAIT, tasks.recv()).await.unwrap().unwrap();
+    let _second = timeout(WAIT, tasks.recv()).await.unwrap().unwrap();
+    // The worker has room for ten; the stream's bound keeps the third request unread.
+    assert!(
+        timeout(Duration::from_millis(300), tasks.recv())
+            .await
+            .is_err(),
+        "a third dispatch ran beyond the bound of 2"
+    );
+    assert_eq!(gateway.gateway().core().dispatcher().pending_tasks(), 2);
+
+    worker.complete(first.task_id, Bytes::from_static(b"done"));
+    let reply = timeout(WAIT, replies.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        reply.result,
+        Some(StreamResult::Outcome(pb::DispatchOutcome {
+            outcome: Some(Outcome::Completed(_))
+        }))
+    ));
+    // Control: one finished, so exactly one more is read and dispatched.
+    timeout(WAIT, tasks.recv())
+        .await
+        .expect("a third dispatch after one ended")
+        .unwrap();
+    assert!(
+        timeout(Duration::from_millis(300), tasks.recv())
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_ends_the_dispatch_and_tells_the_worker() {
+    let scripted = ScriptedTransport::default();
+    let gateway = TestGateway::start_with(
+        |config| config.quic.enabled = false,
+        |builder| builder.transport(scripted.clone()),
+    )
+    .await;
+    let mut worker = scripted
+        .connect(
+            &CallerIdentity::trusted("test"),
+            registration(&["cancel"], &["echo"], Some(1)),
+            true,
+        )
+        .await
+        .unwrap();
+    let mut client = gateway.client(None).await;
+    let mut producer = client.clone();
+    let dispatch = tokio::spawn(async move { producer.dispatch(request("cancel", "job-1")).await });
+    let task = timeout(WAIT, async {
+        loop {
+            match worker.next().await {
+                Some(WorkerMessage::Ping { seq }) => worker.pong(seq),
+                Some(WorkerMessage::Task(task)) => return task,
+                Some(_) => {}
+                None => panic!("disconnected"),
+            }
+        }
+    })
+    .await
+    .expect("the task arrives");
+
+    let missing = client
+        .cancel(pb::CancelDispatchRequest {
+            namespace: "cancel".to_owned(),
+            activity_id: "job-2".to_owned(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    client
+        .cancel(pb::CancelDispatchRequest {
+            namespace: "cancel".to_owned(),
+            activity_id: "job-1".to_owned(),
+        })
+        .await
+        .expect("cancelled");
+    let reply = dispatch
+        .await
+        .unwrap()
+        .expect("dispatch answered")
+        .into_inner();
+    assert!(matches!(
+        reply.outcome.and_then(|o| o.outcome),
+        Some(Outcome::Cancelled(_))
+    ));
+    let cancel = timeout(WAIT, async {
+        loop {
+            match worker.next().await {
+                Some(WorkerMessage::Cancel { task_id, .. }) => return task_id,
+                Some(WorkerMessage::Ping { seq }) => worker.pong(seq),
+                Some(_) => {}
+                None => panic!("disconnected"),
+            }
+        }
+    })
+    .await
+    .expect("the worker is told");
+    assert_eq!(cancel, task.task_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_deadline_removes_the_worker_and_its_task_runs_elsewhere() {
+    let scripted = ScriptedTransport::default();
+    let gateway = TestGateway::start_with(
+        |config| config.quic.enabled = false,
+        |builder| builder.transport(scripted.clone()),
+    )
+    .await;
+    let mut events = gateway.gateway().core().registry().subscribe_events();
+    // The stubborn worker holds its task and ignores the drain request.
+    let (stubborn, mut held, _keep) = started(&scripted, "drain", 1).await;
+    let mut client = gateway.client(None).await;
+    let mut producer = client.clone();
+    let dispatch = tokio::spawn(async move { producer.dispatch(request("drain", "")).await });
+    timeout(WAIT, held.recv())
+        .await
+        .unwrap()
+        .expect("the stubborn worker holds the task");
+
+    let mut progress = client
+        .drain(pb::DrainWorkersRequest {
+            target: Some(pb::drain_workers_request::Target::WorkerId(
+                stubborn.id().get(),
+            )),
+            deadline_ms: 300,
+        })
+        .await
+        .expect("drain accepted")
+        .into_inner();
+    let first = progress.message().await.unwrap().unwrap();
+    assert_eq!(first.tasks_remaining, 1);
+    assert!(!first.done);
+
+    // A willing worker joins; it gets the task once the deadline removes the stubborn one.
+    let willing = scripted
+        .connect(
+            &CallerIdentity::trusted("test"),
+            registration(&["drain"], &["echo"], Some(1)),
+            true,
+        )
+        .await
+        .unwrap();
+    let _willing = willing.serve_echo();
+    let last = timeout(WAIT, async {
+        loop {
+            let step = progress
+                .message()
+                .await
+                .unwrap()
+                .expect("progress until done");
+            if step.done {
+                return step;
+            }
+        }
+    })
+    .await
+    .expect("the drain ends at its deadline");
+    assert_eq!(last.removed_at_deadline, vec![stubborn.id().get()]);
+    let reply = dispatch
+        .await
+        .unwrap()
+        .expect("dispatch answered")
+        .into_inner();
+    assert!(
+        matches!(reply.outcome.and_then(|o| o.outcome), Some(Outcome::Completed(done)) if done.output == "x"),
+        "the task ran on the willing worker"
+    );
+    let left = timeout(WAIT, async {
+        loop {
+            if let Ok(WorkerEvent::Disconnected { worker, reason }) = events.recv().await {
+                if worker == stubborn.id() {
+                    return reason;
+                }
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(left.as_str(), "drained");
+}
