@@ -150,16 +150,18 @@ async fn grpc_quic_and_websocket_workers_share_one_pool() {
         .connect()
         .await
         .expect("the QUIC worker registers");
+    let started = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());
-    let held = Arc::clone(&release);
+    let (start_signal, held) = (Arc::clone(&started), Arc::clone(&release));
     let websocket = WsWorker::builder(ws_url(&gateway))
         .namespaces([NAMESPACE])
         .activity(ACTIVITY, |_: ActivityContext, _: Bytes| async {
             Ok::<_, ActivityError>(Bytes::from_static(b"websocket"))
         })
         .activity(HOLD, move |_: ActivityContext, input: Bytes| {
-            let held = Arc::clone(&held);
+            let (started, held) = (Arc::clone(&start_signal), Arc::clone(&held));
             async move {
+                started.notify_one();
                 held.notified().await;
                 Ok::<_, ActivityError>(input)
             }
@@ -224,8 +226,8 @@ async fn grpc_quic_and_websocket_workers_share_one_pool() {
         "every transport's worker served from the shared pool: {served:?}"
     );
 
-    // A graceful shutdown drains the WebSocket worker through its drain frame: the task it
-    // holds when the drain arrives finishes, then the worker closes and `run` ends well.
+    // A graceful shutdown drains the WebSocket worker: the task it holds finishes, the worker
+    // leaves and `run` ends well, whether the drain or the result crosses the wire first.
     let core = gateway.core().clone();
     let mut events = core.registry().subscribe_events();
     let held_dispatch = {
@@ -234,16 +236,10 @@ async fn grpc_quic_and_websocket_workers_share_one_pool() {
         request.timeout = STEP * 2;
         tokio::spawn(async move { core.dispatcher().dispatch(&producer, request).await })
     };
-    wait_for(core.registry(), |r| {
-        r.worker(websocket_id).is_some_and(|w| w.in_flight == 1)
-    })
-    .await;
+    tokio::time::timeout(STEP, started.notified())
+        .await
+        .expect("the held task starts on the WebSocket worker");
     let shutdown = tokio::spawn(gateway.shutdown());
-    wait_for(core.registry(), |r| {
-        r.worker(websocket_id)
-            .is_some_and(|w| w.eligibility == Eligibility::Draining)
-    })
-    .await;
     release.notify_one();
     let held = tokio::time::timeout(STEP, held_dispatch)
         .await
@@ -262,8 +258,6 @@ async fn grpc_quic_and_websocket_workers_share_one_pool() {
         websocket_end.is_ok(),
         "the WebSocket worker drained: {websocket_end:?}"
     );
-    // It leaves as `Drained` when its own close wins the race with the gateway closing every
-    // socket once no task is left, as `Disconnect` otherwise; either way it leaves.
     let left = async {
         loop {
             if let Ok(WorkerEvent::Disconnected { worker, .. }) = events.recv().await {

@@ -513,3 +513,25 @@ async fn stop_accepting_refuses_newcomers_and_keeps_registered_workers() {
     );
     assert!(gateway.core.registry().is_registered(id));
 }
+
+#[tokio::test]
+async fn a_drain_queued_just_before_shutdown_still_reaches_the_worker_before_the_close() {
+    let gateway = TestGateway::start(WsServerConfig::default()).await;
+    let (mut socket, _) =
+        raw::connect(gateway.server.local_addr(), Some("Bearer shop-token"), &[]).await;
+    raw::send(&mut socket, &raw::register(1)).await;
+    let id = worker_id(&raw::next(&mut socket).await);
+    let TestGateway { core, server } = gateway;
+    assert!(core.registry().drain_worker(id));
+    let reader = tokio::spawn(async move { raw::closed(&mut socket, true).await });
+    tokio::time::timeout(STEP, server.shutdown())
+        .await
+        .expect("shutdown finishes");
+    let closed = reader.await.unwrap();
+    assert_eq!(closed.code, 1001, "{closed:?}");
+    assert!(
+        closed.frames.iter().any(|frame| frame["type"] == "drain"),
+        "the drain came before the close: {:?}",
+        closed.frames
+    );
+}

@@ -272,7 +272,9 @@ async fn write(
             return (sink, Err(error));
         }
     }
-    (sink, Ok(()))
+    // Nothing may stay in the split sink's own slot, which reuniting the halves would drop.
+    let flushed = sink.flush().await;
+    (sink, flushed)
 }
 
 fn failure(error: &ActivityError) -> TaskResult {
