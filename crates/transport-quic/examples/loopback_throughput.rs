@@ -6,6 +6,9 @@
 //! cargo run --release -p switchyard-transport-quic --features self-signed \
 //!     --example loopback_throughput -- --workers 4 --capacity 64 --tasks 200000 --outstanding 256
 //! ```
+//!
+//! `--baseline core` replaces the QUIC workers with in-process ones that answer through a
+//! channel, to tell core's own cost per dispatch from the transport's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,13 +16,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use switchyard_core::{
-    ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, Registry,
+    ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, DeliveryError,
+    Registration, RegistrationToken, Registry, TaskResult, TransportName, WorkerDelivery,
+    WorkerMessage,
 };
-use switchyard_transport_quic::tls::SelfSigned;
 use switchyard_transport_quic::{
     ActivityContext, ActivityError, CongestionControl, LinkSettings, QuicServer, QuicWorker,
-    ServerConfig,
+    SelfSigned, ServerConfig,
 };
+use tokio::sync::mpsc;
 
 struct Args {
     workers: usize,
@@ -28,6 +33,7 @@ struct Args {
     outstanding: usize,
     payload: usize,
     congestion: CongestionControl,
+    baseline: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -38,6 +44,7 @@ fn args() -> Result<Args, String> {
         outstanding: 256,
         payload: 64,
         congestion: CongestionControl::Cubic,
+        baseline: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -56,6 +63,7 @@ fn args() -> Result<Args, String> {
                     _ => return Err(format!("--congestion: cubic or bbr, not {value:?}")),
                 }
             }
+            "--baseline" if value == "core" => parsed.baseline = true,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
@@ -80,7 +88,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bind()
         .await?;
     let mut events = core.registry().subscribe_events();
+    let mut tokens = Vec::new();
     for i in 0..args.workers {
+        if args.baseline {
+            tokens.push(channel_worker(&core, i, args.capacity).await?);
+            continue;
+        }
         let worker = QuicWorker::builder(server.local_addr(), "localhost")
             .namespaces(["bench"])
             .identity(format!("bench-{i}"))
@@ -157,9 +170,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         latencies.get(index).map_or(0, |d| d.as_micros())
     };
     println!(
-        "{{\"transport\":\"quic\",\"workers\":{},\"capacity\":{},\"tasks\":{},\"outstanding\":{},\
+        "{{\"transport\":\"{}\",\"workers\":{},\"capacity\":{},\"tasks\":{},\"outstanding\":{},\
          \"payload\":{},\"elapsed_s\":{:.3},\"tasks_per_sec\":{:.0},\"p50_us\":{},\"p90_us\":{},\
          \"p99_us\":{},\"max_us\":{},\"failed\":{}}}",
+        if args.baseline { "core-only" } else { "quic" },
         args.workers,
         args.capacity,
         args.tasks,
@@ -174,5 +188,66 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         failed
     );
     server.close();
+    drop(tokens);
     Ok(())
+}
+
+/// An in-process worker answering every task and ping at once through a channel.
+struct ChannelWorker(mpsc::Sender<WorkerMessage>);
+
+impl WorkerDelivery for ChannelWorker {
+    fn transport(&self) -> TransportName {
+        TransportName::from_static("channel")
+    }
+
+    fn is_connected(&self) -> bool {
+        !self.0.is_closed()
+    }
+
+    fn registration_carries_capacity(&self) -> bool {
+        true
+    }
+
+    fn deliver(&self, message: WorkerMessage) -> Result<(), DeliveryError> {
+        self.0.try_send(message).map_err(|error| match error {
+            mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
+            mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
+        })
+    }
+}
+
+async fn channel_worker(
+    core: &Core,
+    index: usize,
+    capacity: u32,
+) -> Result<RegistrationToken, Box<dyn std::error::Error>> {
+    let (tx, mut rx) = mpsc::channel(capacity as usize + 64);
+    let registration = Registration {
+        namespaces: ["bench".to_owned()].into(),
+        activity_types: ["echo".to_owned()].into(),
+        identity: format!("channel-{index}"),
+        max_concurrency: Some(capacity),
+        ..Registration::default()
+    };
+    let token = core
+        .registry()
+        .admit(
+            &CallerIdentity::trusted("bench"),
+            registration,
+            Arc::new(ChannelWorker(tx)),
+        )
+        .await?;
+    let (core, worker) = (core.clone(), token.worker_id());
+    tokio::spawn(async move {
+        while let Some(message) = rx.recv().await {
+            match message {
+                WorkerMessage::Task(task) => {
+                    let _ = core.complete(worker, task.task_id, TaskResult::Success(task.input));
+                }
+                WorkerMessage::Ping { seq } => core.record_pong(worker, seq),
+                _ => {}
+            }
+        }
+    });
+    Ok(token)
 }

@@ -15,24 +15,21 @@ mod session;
 mod unwind;
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use quinn::{ConnectError, ConnectionError, Endpoint};
 use switchyard_core::WorkerId;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use backoff::Backoff;
-pub use handler::{ActivityContext, ActivityError, HandlerFuture};
+pub use handler::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 
 use crate::config::{ConfigError, LinkSettings};
 use crate::protocol::ErrorCode;
 use crate::tls::ClientTls;
-use backoff::Delays;
 use handler::Handler;
 use session::{Session, SessionEnd};
 
@@ -93,7 +90,7 @@ impl From<ConnectionError> for WorkerError {
 impl WorkerError {
     /// True when reconnecting cannot help (configuration, or a refusal the gateway marks
     /// final such as `UNAUTHENTICATED` or `CAPACITY_REFUSED`).
-    pub fn is_final(&self) -> bool {
+    pub fn is_permanent(&self) -> bool {
         match self {
             Self::Invalid(_) | Self::Config(_) | Self::Connect(_) => true,
             Self::Refused { code, .. } => code.is_final(),
@@ -122,6 +119,7 @@ pub(crate) struct Settings {
 pub(crate) struct Shared {
     capacity: watch::Sender<u32>,
     drain: CancellationToken,
+    stop: CancellationToken,
     registered: watch::Sender<Option<WorkerId>>,
     endpoint: Endpoint,
 }
@@ -174,17 +172,18 @@ impl QuicWorkerBuilder {
     }
 
     /// Runs `handler` for tasks of `activity_type`.
-    pub fn activity<F, Fut>(mut self, activity_type: impl Into<String>, handler: F) -> Self
-    where
-        F: Fn(ActivityContext, Bytes) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Bytes, ActivityError>> + Send + 'static,
-    {
+    pub fn activity(
+        mut self,
+        activity_type: impl Into<String>,
+        handler: impl ActivityHandler,
+    ) -> Self {
         self.handlers
-            .insert(activity_type.into(), handler::erase(handler));
+            .insert(activity_type.into(), Arc::new(handler));
         self
     }
 
-    /// Tasks run at once (default 1); announced right after registering.
+    /// Tasks run at once (default 16); announced right after registering, and the number of
+    /// lanes the gateway may open.
     pub fn max_concurrency(mut self, max_concurrency: u32) -> Self {
         self.max_concurrency = max_concurrency;
         self
@@ -209,7 +208,7 @@ impl QuicWorkerBuilder {
     }
 
     /// Delays between reconnection attempts (default [`Backoff::default`]).
-    pub fn reconnect(mut self, backoff: Backoff) -> Self {
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
     }
@@ -258,7 +257,7 @@ impl QuicWorkerBuilder {
             node: self.node,
             identity: self
                 .identity
-                .unwrap_or_else(|| format!("pid {}", std::process::id())),
+                .unwrap_or_else(|| format!("rust-sdk pid {}", std::process::id())),
             token: self.token,
             tls,
             link: self.link,
@@ -269,11 +268,14 @@ impl QuicWorkerBuilder {
         let shared = Arc::new(Shared {
             capacity: watch::Sender::new(self.max_concurrency),
             drain: CancellationToken::new(),
+            stop: CancellationToken::new(),
             registered: watch::Sender::new(None),
             endpoint,
         });
         let session = open(&settings, &shared).await?;
         Ok(QuicWorker {
+            worker_id: session.worker(),
+            task_queue: session.task_queue().to_owned(),
             settings,
             shared,
             session: Some(session),
@@ -317,6 +319,8 @@ async fn open(settings: &Settings, shared: &Shared) -> Result<Session, WorkerErr
 /// # }
 /// ```
 pub struct QuicWorker {
+    worker_id: WorkerId,
+    task_queue: String,
     settings: Arc<Settings>,
     shared: Arc<Shared>,
     session: Option<Session>,
@@ -326,7 +330,7 @@ impl std::fmt::Debug for QuicWorker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QuicWorker")
             .field("gateway", &self.settings.addr)
-            .field("worker", &*self.shared.registered.borrow())
+            .field("worker_id", &self.worker_id)
             .finish_non_exhaustive()
     }
 }
@@ -346,7 +350,7 @@ impl QuicWorker {
             tls: None,
             link: LinkSettings::default(),
             handlers: HashMap::new(),
-            max_concurrency: 1,
+            max_concurrency: 16,
             backoff: Backoff::default(),
             connect_timeout: Duration::from_secs(10),
             bind: None,
@@ -358,37 +362,69 @@ impl QuicWorker {
         WorkerHandle(Arc::clone(&self.shared))
     }
 
-    /// The id the gateway gave the current registration.
-    pub fn worker_id(&self) -> Option<WorkerId> {
-        *self.shared.registered.borrow()
+    /// The id of the first registration (a reconnection registers under a new id; see
+    /// [`WorkerHandle::registrations`]).
+    pub fn worker_id(&self) -> WorkerId {
+        self.worker_id
     }
 
-    /// Serves tasks, reconnecting after a lost connection, until the gateway reports the
-    /// worker drained (`Ok`) or a final refusal (`Err`).
+    /// The task queue the gateway registered the worker in (never empty).
+    pub fn task_queue(&self) -> &str {
+        &self.task_queue
+    }
+
+    /// A token that stops [`QuicWorker::run`] when cancelled: running handlers are dropped,
+    /// the connection is closed (the gateway dispatches its tasks again) and `run` returns
+    /// `Ok`. For a graceful stop that lets running tasks finish, see [`WorkerHandle::drain`].
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shared.stop.clone()
+    }
+
+    /// Serves tasks until drained, or stopped through [`QuicWorker::shutdown_token`],
+    /// reconnecting after every lost connection. Fails only when a reconnection is refused
+    /// for good (see [`WorkerError::is_permanent`]).
     pub async fn run(mut self) -> Result<(), WorkerError> {
-        let mut delays = Delays::new(self.settings.backoff);
+        let mut attempt: u32 = 0;
         loop {
             let session = match self.session.take() {
                 Some(session) => session,
-                None => match open(&self.settings, &self.shared).await {
-                    Ok(session) => session,
-                    Err(error) if error.is_final() => return Err(error),
-                    Err(error) => {
-                        let delay = delays.next_delay();
-                        tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64,
-                            "could not reach the gateway");
-                        tokio::time::sleep(delay).await;
-                        continue;
+                None => {
+                    let delay = self.settings.backoff.delay(attempt, &mut rand::rng());
+                    attempt = attempt.saturating_add(1);
+                    let opened = tokio::select! {
+                        () = self.shared.stop.cancelled() => return Ok(()),
+                        // Nothing is held while disconnected, so a drain is already complete.
+                        () = self.shared.drain.cancelled() => return Ok(()),
+                        opened = async {
+                            tokio::time::sleep(delay).await;
+                            open(&self.settings, &self.shared).await
+                        } => opened,
+                    };
+                    match opened {
+                        Ok(session) => {
+                            tracing::info!(worker = %session.worker(), attempt, "registered again");
+                            attempt = 0;
+                            session
+                        }
+                        Err(error) if error.is_permanent() => return Err(error),
+                        Err(error) => {
+                            tracing::warn!(%error, attempt, "reconnection failed");
+                            continue;
+                        }
                     }
-                },
+                }
             };
-            delays = Delays::new(self.settings.backoff);
-            match session.serve(&self.shared).await {
+            // Dropping the session on stop drops its lanes and closes the connection.
+            let ended = tokio::select! {
+                ended = session.serve(&self.shared) => ended,
+                () = self.shared.stop.cancelled() => return Ok(()),
+            };
+            match ended {
                 SessionEnd::Drained => {
                     tracing::info!("drained; worker stopping");
                     return Ok(());
                 }
-                SessionEnd::Lost(error) if error.is_final() => return Err(error),
+                SessionEnd::Lost(error) if error.is_permanent() => return Err(error),
                 SessionEnd::Lost(error) => {
                     if self.shared.drain.is_cancelled() {
                         tracing::info!(%error, "connection ended while draining; worker stopping");

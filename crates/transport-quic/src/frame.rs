@@ -10,7 +10,7 @@ mod io;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 
-pub(crate) use io::{FrameReader, ReadFrameError, write_frames};
+pub(crate) use io::{FrameReader, ReadFrameError};
 
 use crate::protocol::LENGTH_PREFIX_BYTES;
 

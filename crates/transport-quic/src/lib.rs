@@ -9,7 +9,7 @@
 //! refuses work the worker could not run. `docs/quic-protocol.md` is the wire specification.
 //!
 //! - [`QuicServer`]: the gateway side, admitting every worker through core's one gate.
-//! - [`QuicWorker`]: the worker SDK ([`client`]).
+//! - [`QuicWorker`]: the worker SDK (builder, handlers, reconnection, drain).
 //! - [`frame`]: the frame codec, public for tools and other implementations.
 //!
 //! # Examples
@@ -23,9 +23,8 @@
 //! use switchyard_core::{
 //!     ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, Registry,
 //! };
-//! use switchyard_transport_quic::tls::SelfSigned;
 //! use switchyard_transport_quic::{
-//!     ActivityContext, ActivityError, QuicServer, QuicWorker, ServerConfig,
+//!     ActivityContext, ActivityError, QuicServer, QuicWorker, SelfSigned, ServerConfig,
 //! };
 //!
 //! # let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2)
@@ -67,19 +66,20 @@
 #![forbid(unsafe_code)]
 
 mod auth;
-pub mod client;
+mod client;
 mod config;
 mod convert;
 mod fault;
 pub mod frame;
+mod outbox;
 mod protocol;
 mod server;
-pub mod tls;
+mod tls;
 
 pub use auth::{AllowAll, AuthError, Authenticator, PeerCredentials, StaticTokens};
 pub use client::{
-    ActivityContext, ActivityError, Backoff, HandlerFuture, QuicWorker, QuicWorkerBuilder,
-    WorkerError, WorkerHandle,
+    ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicWorker,
+    QuicWorkerBuilder, WorkerError, WorkerHandle,
 };
 pub use config::{ConfigError, CongestionControl, FrameLimits, LinkSettings, ServerConfig};
 pub use protocol::{
@@ -88,3 +88,5 @@ pub use protocol::{
 };
 pub use server::{QuicServer, QuicServerBuilder, ServerError, TRANSPORT};
 pub use tls::{ClientTls, ServerTls, TlsError};
+#[cfg(feature = "self-signed")]
+pub use tls::{SelfSigned, SelfSignedError};

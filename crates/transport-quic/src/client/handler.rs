@@ -1,4 +1,6 @@
-//! What an activity handler is given and what it returns.
+//! What a worker runs: activity handlers, the context they get, and how they fail.
+//!
+//! Same names and shapes as the gRPC SDK's, so a handler written for one runs on the other.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -6,12 +8,13 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use tokio_util::sync::CancellationToken;
+use switchyard_core::TaskId;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-/// Everything a handler knows about the task it runs, and its cancellation signal.
+/// What a handler knows about the task it runs.
 #[derive(Clone, Debug)]
 pub struct ActivityContext {
-    pub(crate) task_id: u64,
+    pub(crate) task_id: TaskId,
     pub(crate) namespace: String,
     pub(crate) task_queue: String,
     pub(crate) activity_type: String,
@@ -21,8 +24,8 @@ pub struct ActivityContext {
 }
 
 impl ActivityContext {
-    /// The gateway's id for this delivery.
-    pub fn task_id(&self) -> u64 {
+    /// The gateway's id for this delivery of the task.
+    pub fn task_id(&self) -> TaskId {
         self.task_id
     }
 
@@ -41,7 +44,7 @@ impl ActivityContext {
         &self.activity_type
     }
 
-    /// 1 for the first delivery, plus one per re-delivery after a lost worker.
+    /// Delivery number: 1, plus one per earlier delivery lost with its worker.
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
@@ -51,34 +54,33 @@ impl ActivityContext {
         self.deadline
     }
 
-    /// Cancelled when the gateway cancels the task (producer cancel, deadline, shutdown).
+    /// Fired when the gateway cancels the task (producer cancel, deadline, shutdown); a
+    /// handler that sees it should stop, since its result will not be used.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancellation
     }
 
-    /// True once the task has been cancelled.
+    /// True once the task is cancelled.
     pub fn is_cancelled(&self) -> bool {
         self.cancellation.is_cancelled()
     }
 
     /// Resolves when the task is cancelled.
-    pub async fn cancelled(&self) {
-        self.cancellation.cancelled().await;
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.cancellation.cancelled()
     }
 }
 
-/// An activity's failure, reported to the producer.
+/// An activity's failure, reported to the producer with its message and retry hint.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ActivityError {
-    /// What went wrong, for the producer.
-    pub message: String,
-    /// Whether running the activity again may succeed.
-    pub retryable: bool,
+    message: String,
+    retryable: bool,
 }
 
 impl ActivityError {
-    /// A failure a retry may fix.
+    /// A failure that running the activity again may cure.
     pub fn retryable(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
@@ -86,26 +88,79 @@ impl ActivityError {
         }
     }
 
-    /// A failure a retry will not fix.
-    pub fn non_retryable(message: impl Into<String>) -> Self {
+    /// A failure that running the activity again will not cure.
+    pub fn fatal(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
             retryable: false,
         }
     }
+
+    /// The message given to the producer.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether a retry may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+
+    pub(crate) fn into_parts(self) -> (String, bool) {
+        (self.message, self.retryable)
+    }
 }
 
-/// The future a handler returns, boxed.
-pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Bytes, ActivityError>> + Send>>;
+/// The future a handler returns.
+pub type ActivityFuture = Pin<Box<dyn Future<Output = Result<Bytes, ActivityError>> + Send>>;
 
-/// A registered handler, type-erased.
-pub(crate) type Handler = Arc<dyn Fn(ActivityContext, Bytes) -> HandlerFuture + Send + Sync>;
+/// Runs one activity type; implemented for every `Fn(ActivityContext, Bytes) -> impl Future`
+/// returning `Result<Bytes, ActivityError>`, so an `async fn` is a handler.
+pub trait ActivityHandler: Send + Sync + 'static {
+    /// Runs the activity on `input`.
+    fn call(&self, context: ActivityContext, input: Bytes) -> ActivityFuture;
+}
 
-/// Erases a handler's concrete types.
-pub(crate) fn erase<F, Fut>(handler: F) -> Handler
+impl<F, Fut> ActivityHandler for F
 where
     F: Fn(ActivityContext, Bytes) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Bytes, ActivityError>> + Send + 'static,
 {
-    Arc::new(move |context, input| Box::pin(handler(context, input)))
+    fn call(&self, context: ActivityContext, input: Bytes) -> ActivityFuture {
+        Box::pin(self(context, input))
+    }
+}
+
+/// A registered handler, shared by every lane.
+pub(crate) type Handler = Arc<dyn ActivityHandler>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn shout(_: ActivityContext, input: Bytes) -> Result<Bytes, ActivityError> {
+        Ok(Bytes::from(input.to_ascii_uppercase()))
+    }
+
+    #[tokio::test]
+    async fn an_async_fn_is_a_handler_and_sees_cancellation() {
+        let token = CancellationToken::new();
+        let context = ActivityContext {
+            task_id: TaskId::from_raw(1),
+            namespace: "ns".into(),
+            task_queue: "q".into(),
+            activity_type: "shout".into(),
+            attempt: 1,
+            deadline: SystemTime::UNIX_EPOCH,
+            cancellation: token.clone(),
+        };
+        let handler: Handler = Arc::new(shout);
+        let output = handler
+            .call(context.clone(), Bytes::from_static(b"hi"))
+            .await;
+        assert_eq!(output, Ok(Bytes::from_static(b"HI")));
+        assert!(!context.is_cancelled());
+        token.cancel();
+        assert!(context.is_cancelled());
+    }
 }

@@ -13,15 +13,18 @@ use switchyard_proto::v1::{
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::handler::{ActivityContext, ActivityError, Handler, HandlerFuture};
+use super::handler::{ActivityContext, ActivityError, ActivityFuture, Handler};
 use super::unwind::CatchUnwind;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameError, FrameReader, encode_frame};
+use crate::outbox::{Item, Outbox, StreamOut};
 use crate::protocol::ErrorCode;
 
 /// What every lane of a session shares.
 pub(crate) struct LaneContext {
+    /// The connection's writer, shared by its lanes.
+    pub(crate) outbox: Outbox,
     /// The registration the lanes belong to, for logs.
     pub(crate) worker: switchyard_core::WorkerId,
     pub(crate) handlers: Arc<HashMap<String, Handler>>,
@@ -34,7 +37,7 @@ struct Running {
     task_id: u64,
     cancellation: CancellationToken,
     cancelled: bool,
-    future: CatchUnwind<HandlerFuture>,
+    future: CatchUnwind<ActivityFuture>,
 }
 
 /// Serves a lane the gateway opened, on its own task, until the gateway retires it, the
@@ -75,8 +78,9 @@ impl std::fmt::Display for LaneName {
     }
 }
 
-async fn serve(mut send: SendStream, recv: RecvStream, context: &LaneContext) -> Result<(), Fault> {
+async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Result<(), Fault> {
     let name = LaneName(send.id().index());
+    let out = StreamOut::new(send);
     let mut frames = FrameReader::new(recv, context.frame_limit);
     let mut running: Option<Running> = None;
     loop {
@@ -91,7 +95,7 @@ async fn serve(mut send: SendStream, recv: RecvStream, context: &LaneContext) ->
                         ));
                     }
                     // Retired: answer the gateway's FIN with ours.
-                    let _ = send.finish();
+                    context.outbox.push(&out, Item::Finish);
                     return Ok(());
                 };
                 match down.frame {
@@ -125,9 +129,9 @@ async fn serve(mut send: SendStream, recv: RecvStream, context: &LaneContext) ->
         };
         if let Some(up) = up {
             let frame = encode_up(up, context.frame_limit)?;
-            send.write_chunk(frame)
-                .await
-                .map_err(|error| Fault::write(error, &name))?;
+            if !context.outbox.push(&out, Item::Frame(frame)) {
+                return Err(Fault::Gone);
+            }
         }
     }
 }
@@ -143,7 +147,7 @@ async fn run(running: &mut Option<Running>) -> Result<Result<Bytes, ActivityErro
 fn start(task: QuicTask, context: &LaneContext) -> Running {
     let cancellation = CancellationToken::new();
     let activity = ActivityContext {
-        task_id: task.task_id,
+        task_id: switchyard_core::TaskId::from_raw(task.task_id),
         namespace: task.namespace,
         task_queue: task.task_queue,
         activity_type: task.activity_type,
@@ -151,10 +155,10 @@ fn start(task: QuicTask, context: &LaneContext) -> Running {
         deadline: convert::from_unix_ms(task.deadline_unix_ms),
         cancellation: cancellation.clone(),
     };
-    let future: HandlerFuture = match context.handlers.get(&activity.activity_type) {
-        Some(handler) => handler(activity, task.input),
+    let future: ActivityFuture = match context.handlers.get(&activity.activity_type) {
+        Some(handler) => handler.call(activity, task.input),
         None => {
-            let error = ActivityError::non_retryable(format!(
+            let error = ActivityError::fatal(format!(
                 "activity type {:?} is not served by this worker",
                 activity.activity_type
             ));
@@ -181,10 +185,10 @@ fn ending(
     }
     let outcome = match outcome {
         Ok(Ok(output)) => quic_result::Outcome::Output(output),
-        Ok(Err(error)) => quic_result::Outcome::Failure(Failure {
-            message: error.message,
-            retryable: error.retryable,
-        }),
+        Ok(Err(error)) => {
+            let (message, retryable) = error.into_parts();
+            quic_result::Outcome::Failure(Failure { message, retryable })
+        }
         Err(panic) => quic_result::Outcome::Failure(Failure {
             message: format!("activity panicked: {panic}"),
             retryable: false,

@@ -16,6 +16,7 @@ use super::lane::{self, LaneContext};
 use super::{Settings, Shared, WorkerError};
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
+use crate::outbox::Outbox;
 use crate::protocol::{DEFAULT_MAX_CONTROL_FRAME, ErrorCode, PROTOCOL_VERSION};
 
 const CONTROL: &str = "control stream";
@@ -28,6 +29,7 @@ pub(crate) struct Session {
     lanes: Arc<LaneContext>,
     control_limit: u32,
     worker: WorkerId,
+    task_queue: String,
     /// Stops the lane tasks when the session is dropped, even mid-serve.
     stop_lanes: DropGuard,
 }
@@ -87,14 +89,22 @@ impl Session {
             worker_id,
             max_control_frame_bytes,
             max_lane_frame_bytes,
+            task_queue,
             ..
         } = registered;
         let worker = WorkerId::from_raw(worker_id);
+        let closer = conn.clone();
         let session = Self {
             conn,
             control_send,
             control_reader,
             lanes: Arc::new(LaneContext {
+                outbox: Outbox::spawn(Arc::new(move |fault| {
+                    if let Fault::Close { code, reason } = fault {
+                        tracing::warn!(%code, %reason, "closing the gateway connection");
+                        close_connection(&closer, code, &reason);
+                    }
+                })),
                 worker,
                 handlers: Arc::clone(&settings.handlers),
                 frame_limit: nonzero_or(
@@ -104,11 +114,22 @@ impl Session {
             }),
             control_limit: nonzero_or(max_control_frame_bytes, DEFAULT_MAX_CONTROL_FRAME),
             worker,
+            task_queue,
             stop_lanes: CancellationToken::new().drop_guard(),
         };
         tracing::info!(worker = %worker, gateway = %settings.addr, "registered");
         shared.registered.send_replace(Some(worker));
         Ok(session)
+    }
+
+    /// The registration's id.
+    pub(crate) fn worker(&self) -> WorkerId {
+        self.worker
+    }
+
+    /// The task queue the gateway registered the worker in.
+    pub(crate) fn task_queue(&self) -> &str {
+        &self.task_queue
     }
 
     /// Serves the connection until it ends.

@@ -1,8 +1,7 @@
-//! Frames over quinn streams: a reader that feeds [`FrameDecoder`] and a batched writer.
+//! Frames from quinn streams: a reader that feeds [`FrameDecoder`].
 
-use bytes::Bytes;
 use prost::Message;
-use quinn::{ReadError, RecvStream, SendStream, WriteError};
+use quinn::{ReadError, RecvStream};
 
 use super::{FrameDecoder, FrameError, decode};
 
@@ -53,12 +52,4 @@ impl FrameReader {
             }
         }
     }
-}
-
-/// Writes already-encoded frames in one call, so frames queued together leave together.
-pub(crate) async fn write_frames(
-    stream: &mut SendStream,
-    frames: &mut [Bytes],
-) -> Result<(), WriteError> {
-    stream.write_all_chunks(frames).await
 }

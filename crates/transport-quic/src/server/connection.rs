@@ -130,6 +130,7 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
     let registration =
         convert::registration(register).map_err(|(code, reason)| Fault::close(code, reason))?;
     let namespaces: Vec<String> = registration.namespaces.iter().cloned().collect();
+    let task_queue = switchyard_core::normalise_task_queue(&registration.task_queue).to_owned();
 
     // Lane 0 exists before admission, so the probation pings core sends the moment it admits
     // have a lane to travel on. Its driver starts once the worker id is known.
@@ -154,6 +155,7 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
             max_concurrency_limit: server.config.max_concurrency_limit,
             max_control_frame_bytes: limits.control,
             max_lane_frame_bytes: limits.lane,
+            task_queue,
         })),
     };
     write_control(&mut control_send, &registered, limits.control).await?;

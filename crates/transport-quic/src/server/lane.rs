@@ -1,50 +1,43 @@
-//! The gateway's driver of one lane: writes the frames queued for it, reads the worker's
-//! answers and hands them to core.
+//! The gateway's reader of one lane: hands the worker's answers to core. (Its frames go out
+//! through the connection's outbox.)
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use quinn::{RecvStream, SendStream};
 use switchyard_core::{Core, TaskId, WorkerId};
 use switchyard_proto::v1::{QuicCancelAck, QuicLaneUp, QuicPong, quic_lane_up::Frame};
-use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::lanes::{Ending, FinishError, LaneId};
-use super::link::{LANE_QUEUE, Link};
+use super::link::Link;
 use crate::convert;
 use crate::fault::Fault;
-use crate::frame::{FrameReader, write_frames};
+use crate::frame::FrameReader;
+use crate::outbox::StreamOut;
 use crate::protocol::ErrorCode;
 
-/// A lane whose stream is open and whose sink is in the table, not yet driven.
+/// A lane whose stream is open and whose sink is in the table, not yet read.
 pub(crate) struct OpenedLane {
     id: LaneId,
-    send: SendStream,
     recv: RecvStream,
-    queue: mpsc::Receiver<Bytes>,
 }
 
 impl OpenedLane {
-    /// Enters a freshly opened stream in `link`'s table as an idle lane.
+    /// Enters a freshly opened stream in `link`'s table as an idle lane; its frames go out
+    /// through the connection's outbox.
     pub(crate) fn enter(link: &Link, send: SendStream, recv: RecvStream) -> Self {
         let id = LaneId::new(send.id().index());
-        let (sink, queue) = mpsc::channel(LANE_QUEUE);
+        let sink = link.lane_out(StreamOut::new(send));
         link.lanes().add(id, sink);
-        Self {
-            id,
-            send,
-            recv,
-            queue,
-        }
+        Self { id, recv }
     }
 
-    /// Drives the lane on its own task until the lane is retired or the connection ends.
+    /// Reads the lane on its own task until the lane is retired or the connection ends.
     pub(crate) fn spawn(self, link: Arc<Link>, core: Core, worker: WorkerId) {
         let span = tracing::debug_span!("lane", worker = %worker, lane = %self.id);
         tokio::spawn(
             async move {
-                match drive(self, &link, &core, worker).await {
+                match read(self, &link, &core, worker).await {
                     Ok(()) | Err(Fault::Gone) => tracing::trace!("lane ended"),
                     Err(Fault::Close { code, reason }) => {
                         tracing::warn!(%code, %reason, "closing worker connection");
@@ -57,46 +50,26 @@ impl OpenedLane {
     }
 }
 
-async fn drive(lane: OpenedLane, link: &Link, core: &Core, worker: WorkerId) -> Result<(), Fault> {
-    let OpenedLane {
-        id,
-        mut send,
-        recv,
-        mut queue,
-    } = lane;
-    let writer = async {
-        let mut batch = Vec::with_capacity(LANE_QUEUE);
-        while queue.recv_many(&mut batch, LANE_QUEUE).await > 0 {
-            write_frames(&mut send, &mut batch)
-                .await
-                .map_err(|error| Fault::write(error, &id))?;
-            batch.clear();
-        }
-        // The table dropped the sink: the lane is retired. The worker answers the FIN with its
-        // own, which ends the reader below.
-        let _ = send.finish();
-        Ok(())
-    };
-    let reader = async {
-        let mut frames = FrameReader::new(recv, link.lane_frame_limit());
-        loop {
-            let next = frames
-                .next::<QuicLaneUp>()
-                .await
-                .map_err(|error| Fault::read(error, &id))?;
-            let Some(up) = next else {
-                if link.lanes().contains(id) {
-                    return Err(Fault::close(
-                        ErrorCode::ProtocolViolation,
-                        format!("the worker finished {id}, which the gateway had not retired"),
-                    ));
-                }
-                return Ok(());
-            };
-            answer(up, id, link, core, worker)?;
-        }
-    };
-    tokio::try_join!(writer, reader).map(drop)
+async fn read(lane: OpenedLane, link: &Link, core: &Core, worker: WorkerId) -> Result<(), Fault> {
+    let OpenedLane { id, recv } = lane;
+    let mut frames = FrameReader::new(recv, link.lane_frame_limit());
+    loop {
+        let next = frames
+            .next::<QuicLaneUp>()
+            .await
+            .map_err(|error| Fault::read(error, &id))?;
+        let Some(up) = next else {
+            // The worker answers the FIN the gateway sends when it retires the lane.
+            if link.lanes().contains(id) {
+                return Err(Fault::close(
+                    ErrorCode::ProtocolViolation,
+                    format!("the worker finished {id}, which the gateway had not retired"),
+                ));
+            }
+            return Ok(());
+        };
+        answer(up, id, link, core, worker)?;
+    }
 }
 
 fn answer(

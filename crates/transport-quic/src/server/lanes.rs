@@ -11,21 +11,11 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use switchyard_core::{DeliveryError, TaskId};
-use tokio::sync::mpsc;
 
 /// Where a lane's outgoing frames are queued; must never wait.
 pub(crate) trait LaneSink {
     /// Queues one encoded frame on the lane.
     fn push(&self, frame: Bytes) -> Result<(), DeliveryError>;
-}
-
-impl LaneSink for mpsc::Sender<Bytes> {
-    fn push(&self, frame: Bytes) -> Result<(), DeliveryError> {
-        self.try_send(frame).map_err(|error| match error {
-            mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
-            mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
-        })
-    }
 }
 
 /// Names a lane by the index of its QUIC stream among the gateway-opened bidirectional

@@ -3,6 +3,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use quinn::Connection;
 use switchyard_core::{DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage};
@@ -12,13 +14,14 @@ use switchyard_proto::v1::{
 };
 use tokio::sync::{Notify, mpsc};
 
-use super::lanes::{Ending, FinishError, Finished, LaneId, LaneTable};
+use super::lanes::{Ending, FinishError, Finished, LaneId, LaneSink, LaneTable};
 use crate::convert;
-use crate::fault::close_connection;
+use crate::fault::{Fault, close_connection};
 use crate::frame::encode_frame;
+use crate::outbox::{Item, Outbox, StreamOut};
 use crate::protocol::ErrorCode;
 
-/// Frames one lane may have queued: its task, a cancel, and pings that arrive meanwhile.
+/// Frames a blocked lane may hold back before it refuses more (pings then go elsewhere).
 pub(crate) const LANE_QUEUE: usize = 8;
 /// Control frames queued toward the worker (only drains travel this way after registration).
 pub(crate) const CONTROL_QUEUE: usize = 4;
@@ -29,7 +32,8 @@ pub const TRANSPORT: TransportName = TransportName::from_static("quic");
 /// Shared state of one worker connection: its lanes, its control queue, and whether it lives.
 pub(crate) struct Link {
     conn: Connection,
-    lanes: Mutex<LaneTable<mpsc::Sender<Bytes>>>,
+    outbox: Outbox,
+    lanes: Mutex<LaneTable<LaneOut>>,
     control: mpsc::Sender<QuicControlDown>,
     connected: AtomicBool,
     lane_frame_limit: u32,
@@ -43,8 +47,16 @@ impl Link {
         lane_frame_limit: u32,
     ) -> (Self, mpsc::Receiver<QuicControlDown>) {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
+        let closer = conn.clone();
+        let outbox = Outbox::spawn(Arc::new(move |fault| {
+            if let Fault::Close { code, reason } = fault {
+                tracing::warn!(%code, %reason, "closing worker connection");
+                close_connection(&closer, code, &reason);
+            }
+        }));
         let link = Self {
             conn,
+            outbox,
             lanes: Mutex::new(LaneTable::new(1)),
             control,
             connected: AtomicBool::new(true),
@@ -54,9 +66,17 @@ impl Link {
         (link, control_rx)
     }
 
-    pub(crate) fn lanes(&self) -> MutexGuard<'_, LaneTable<mpsc::Sender<Bytes>>> {
+    pub(crate) fn lanes(&self) -> MutexGuard<'_, LaneTable<LaneOut>> {
         // Table operations cannot panic part-way, so a poisoned lock still guards valid data.
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The write side of a new lane, queued through this connection's outbox.
+    pub(crate) fn lane_out(&self, out: Arc<StreamOut>) -> LaneOut {
+        LaneOut {
+            out,
+            outbox: self.outbox.clone(),
+        }
     }
 
     pub(crate) fn connection(&self) -> &Connection {
@@ -147,5 +167,31 @@ impl WorkerDelivery for Link {
             }
             _ => Err(DeliveryError::Unsupported("an unknown message kind")),
         }
+    }
+}
+
+/// A lane's sink in the table: frames go through the connection's outbox; dropping it (the
+/// lane retired, or the connection gone) finishes the stream after what was queued.
+pub(crate) struct LaneOut {
+    out: Arc<StreamOut>,
+    outbox: Outbox,
+}
+
+impl LaneSink for LaneOut {
+    fn push(&self, frame: Bytes) -> Result<(), DeliveryError> {
+        if self.out.held_back() >= LANE_QUEUE {
+            return Err(DeliveryError::Full);
+        }
+        if self.outbox.push(&self.out, Item::Frame(frame)) {
+            Ok(())
+        } else {
+            Err(DeliveryError::Closed)
+        }
+    }
+}
+
+impl Drop for LaneOut {
+    fn drop(&mut self) {
+        self.outbox.push(&self.out, Item::Finish);
     }
 }

@@ -25,12 +25,12 @@ pub enum SelfSignedError {
 /// # Examples
 ///
 /// ```
-/// use switchyard_transport_quic::tls::SelfSigned;
+/// use switchyard_transport_quic::SelfSigned;
 ///
 /// let ca = SelfSigned::new(["localhost"])?;
 /// let _server = ca.server_tls()?;
 /// let _client = ca.client_tls()?;
-/// # Ok::<(), switchyard_transport_quic::tls::SelfSignedError>(())
+/// # Ok::<(), switchyard_transport_quic::SelfSignedError>(())
 /// ```
 pub struct SelfSigned {
     ca: CertifiedIssuer<'static, KeyPair>,

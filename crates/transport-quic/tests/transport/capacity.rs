@@ -31,7 +31,7 @@ impl Gate {
             let (tx, release, running) = (tx.clone(), Arc::clone(&release), Arc::clone(&running));
             async move {
                 running.fetch_add(1, Ordering::SeqCst);
-                let _ = tx.send(ctx.task_id());
+                let _ = tx.send(ctx.task_id().get());
                 let permit = release.acquire().await;
                 running.fetch_sub(1, Ordering::SeqCst);
                 permit
@@ -58,7 +58,7 @@ async fn re_announcement_grows_and_shrinks_without_cancelling_running_tasks() {
     let (builder, mut gate) = Gate::install(gateway.worker().max_concurrency(2), "hold");
     let worker = builder.connect().await.unwrap();
     let handle = worker.handle();
-    let id = worker.worker_id().unwrap();
+    let id = worker.worker_id();
     tokio::spawn(worker.run());
     event(
         &mut events,

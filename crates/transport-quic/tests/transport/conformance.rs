@@ -8,10 +8,9 @@ use switchyard_core::testkit::{
     self, BoxError, ConnectError, Handler, TaskCall, TransportHarness, WorkerHandle, WorkerSpec,
 };
 use switchyard_core::{Core, RefusalKind, TaskResult, WorkerEvent, WorkerId};
-use switchyard_transport_quic::tls::SelfSigned;
 use switchyard_transport_quic::{
-    ActivityContext, ActivityError, ErrorCode, HandlerFuture, QuicServer, QuicWorker, ServerConfig,
-    StaticTokens, WorkerError,
+    ActivityContext, ActivityError, ActivityFuture, ErrorCode, QuicServer, QuicWorker, SelfSigned,
+    ServerConfig, StaticTokens, WorkerError,
 };
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -101,9 +100,7 @@ impl TransportHarness for QuicHarness {
         }
         let mut events = gateway.core.registry().subscribe_events();
         let worker = builder.connect().await.map_err(refusal)?;
-        let id = worker
-            .worker_id()
-            .ok_or_else(|| transport("registered without an id".into()))?;
+        let id = worker.worker_id();
         let mut run = tokio::spawn(worker.run());
         match tokio::time::timeout(PATIENCE, capacity_settled(&mut events, &mut run, id)).await {
             Ok(Ok(())) => Ok(Worker { id, run, relay }),
@@ -164,7 +161,7 @@ fn refusal(error: WorkerError) -> ConnectError {
 /// The kit's handler as an SDK handler.
 fn adapt(
     handler: Handler,
-) -> impl Fn(ActivityContext, Bytes) -> HandlerFuture + Send + Sync + 'static {
+) -> impl Fn(ActivityContext, Bytes) -> ActivityFuture + Send + Sync + 'static {
     move |ctx: ActivityContext, input: Bytes| {
         let call = TaskCall {
             activity_type: ctx.activity_type().to_owned(),
@@ -175,9 +172,11 @@ fn adapt(
         Box::pin(async move {
             match running.await {
                 TaskResult::Success(output) => Ok(output),
-                TaskResult::Failure { message, retryable } => {
-                    Err(ActivityError { message, retryable })
-                }
+                TaskResult::Failure { message, retryable } => Err(if retryable {
+                    ActivityError::retryable(message)
+                } else {
+                    ActivityError::fatal(message)
+                }),
             }
         })
     }

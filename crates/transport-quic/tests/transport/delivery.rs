@@ -69,13 +69,13 @@ async fn cancel_reaches_the_running_handler_and_frees_the_slot() {
                 let _ = started_tx.send(());
                 ctx.cancelled().await;
                 let _ = seen_tx.send(ctx.task_id());
-                Err::<Bytes, _>(ActivityError::non_retryable("stopped"))
+                Err::<Bytes, _>(ActivityError::fatal("stopped"))
             }
         })
         .connect()
         .await
         .unwrap();
-    let id = worker.worker_id().unwrap();
+    let id = worker.worker_id();
     tokio::spawn(worker.run());
     let dispatch = tokio::spawn({
         let gateway = Arc::clone(&gateway);
@@ -110,7 +110,7 @@ async fn drain_lets_the_running_task_finish_then_closes_the_connection() {
     let mut events = gateway.registry().subscribe_events();
     let (builder, mut gate) = Gate::install(gateway.worker(), "hold");
     let worker = builder.connect().await.unwrap();
-    let id = worker.worker_id().unwrap();
+    let id = worker.worker_id();
     let run = tokio::spawn(worker.run());
     let dispatch = tokio::spawn({
         let gateway = Arc::clone(&gateway);
@@ -145,7 +145,7 @@ async fn a_worker_that_asks_to_drain_stops_cleanly() {
     let gateway = Gateway::start().await;
     let mut events = gateway.registry().subscribe_events();
     let worker = gateway.worker().connect().await.unwrap();
-    let id = worker.worker_id().unwrap();
+    let id = worker.worker_id();
     let handle = worker.handle();
     let run = tokio::spawn(worker.run());
     handle.drain();
@@ -211,7 +211,7 @@ async fn a_worker_that_changes_address_keeps_its_registration_and_its_tasks() {
     let gateway = Gateway::start().await;
     let mut events = gateway.registry().subscribe_events();
     let worker = gateway.worker().max_concurrency(2).connect().await.unwrap();
-    let id = worker.worker_id().unwrap();
+    let id = worker.worker_id();
     let handle = worker.handle();
     tokio::spawn(worker.run());
     assert_eq!(
@@ -242,4 +242,44 @@ async fn a_worker_that_changes_address_keeps_its_registration_and_its_tasks() {
             "the worker was deregistered: {event:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shutdown_token_stops_the_worker_and_its_task_moves_on() {
+    let gateway = Arc::new(Gateway::start().await);
+    let mut events = gateway.registry().subscribe_events();
+    let (builder, mut gate) = Gate::install(gateway.worker(), "hold");
+    let stopped = builder.connect().await.unwrap();
+    let stopped_id = stopped.worker_id();
+    let stop = stopped.shutdown_token();
+    let run = tokio::spawn(stopped.run());
+    let dispatch = tokio::spawn({
+        let gateway = Arc::clone(&gateway);
+        async move { gateway.dispatch("hold", b"moved").await }
+    });
+    let first = gate.next_start().await;
+
+    let (builder, mut rescue) = Gate::install(gateway.worker(), "hold");
+    let rescuer = builder.connect().await.unwrap();
+    tokio::spawn(rescuer.run());
+    stop.cancel();
+    tokio::time::timeout(PATIENCE, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("a stopped worker returns Ok");
+    event(&mut events, "stopped worker deregistered", |e| {
+        matches!(e, WorkerEvent::Disconnected { worker, reason: DisconnectReason::Disconnect } if *worker == stopped_id)
+    })
+    .await;
+    let second = rescue.next_start().await;
+    assert_ne!(
+        first, second,
+        "the task was delivered again, under a new task id"
+    );
+    rescue.release.add_permits(1);
+    assert_eq!(
+        dispatch.await.unwrap(),
+        ActivityOutcome::Completed("moved".into())
+    );
 }

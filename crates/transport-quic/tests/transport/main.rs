@@ -5,6 +5,7 @@
 mod capacity;
 mod conformance;
 mod delivery;
+mod isolation;
 mod registration;
 mod relay;
 mod spec;

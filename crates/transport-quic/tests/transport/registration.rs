@@ -113,7 +113,7 @@ async fn tokens_decide_who_registers_and_what_they_are_granted() {
         matches!(&refused, WorkerError::Refused { code: ErrorCode::Unauthenticated, reason } if reason.contains("not recognised")),
         "{refused}"
     );
-    assert!(refused.is_final());
+    assert!(refused.is_permanent());
 
     let outside = gateway
         .worker()
@@ -128,7 +128,7 @@ async fn tokens_decide_who_registers_and_what_they_are_granted() {
     );
 
     let worker = gateway.worker().token("good").connect().await.unwrap();
-    let id = worker.worker_id().unwrap();
+    let id = worker.worker_id();
     let snapshot = gateway.registry().worker(id).unwrap();
     assert_eq!(snapshot.worker.principal(), "team");
 }
@@ -148,7 +148,7 @@ async fn mutual_tls_requires_a_client_certificate() {
         .connect()
         .await
         .unwrap();
-    assert!(with.worker_id().is_some());
+    assert!(gateway.registry().is_registered(with.worker_id()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -106,6 +106,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     max_concurrency_limit: 1024,
                     max_control_frame_bytes: DEFAULT_MAX_CONTROL_FRAME,
                     max_lane_frame_bytes: DEFAULT_MAX_LANE_FRAME,
+                    task_queue: "default".into(),
                 })),
             ),
             ("QuicControlUp", "capabilities") => check(

@@ -17,10 +17,9 @@ use switchyard_proto::v1::{
     QuicRegistered, QuicTask, quic_control_down, quic_control_up, quic_lane_down, quic_lane_up,
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
-use switchyard_transport_quic::tls::SelfSigned;
 use switchyard_transport_quic::{
     ALPN, ActivityContext, ActivityError, AllowAll, Authenticator, ErrorCode, QuicServer,
-    QuicWorker, QuicWorkerBuilder, ServerConfig,
+    QuicWorker, QuicWorkerBuilder, SelfSigned, ServerConfig,
 };
 use tokio::sync::{Mutex, broadcast, mpsc};
 
@@ -198,15 +197,25 @@ impl Raw {
     /// Connects and opens (without using) the control stream; lanes are accepted and pings
     /// answered in the background from the start.
     pub(crate) async fn connect(gateway: &Gateway) -> Self {
+        Self::connect_with(gateway, client_config(gateway), None).await
+    }
+
+    /// Connects with `config`; with `stall`, a lane stops reading when a frame larger than
+    /// [`STALL_ABOVE`] starts arriving on it, until the stall is released.
+    pub(crate) async fn connect_with(
+        gateway: &Gateway,
+        config: quinn::ClientConfig,
+        stall: Option<Arc<Stall>>,
+    ) -> Self {
         let endpoint = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         let conn = endpoint
-            .connect_with(client_config(gateway), gateway.addr(), "localhost")
+            .connect_with(config, gateway.addr(), "localhost")
             .unwrap()
             .await
             .unwrap();
         let (control, control_recv) = conn.open_bi().await.unwrap();
         let (events, lanes) = mpsc::unbounded_channel();
-        tokio::spawn(accept_lanes(conn.clone(), events));
+        tokio::spawn(accept_lanes(conn.clone(), events, stall));
         Self {
             conn,
             _endpoint: endpoint,
@@ -304,16 +313,48 @@ async fn read_frame<M: prost::Message + Default>(
     }
 }
 
-async fn accept_lanes(conn: Connection, events: mpsc::UnboundedSender<LaneEvent>) {
+/// Frames above this many bytes make a stalling raw client stop reading their lane.
+pub(crate) const STALL_ABOVE: usize = 8 * 1024;
+
+/// Makes a raw client's lanes stop reading big frames until released.
+pub(crate) struct Stall {
+    /// Notified when a lane stops reading.
+    pub(crate) stalled: tokio::sync::Notify,
+    /// One permit lets one stalled lane read on.
+    pub(crate) release: tokio::sync::Semaphore,
+}
+
+impl Default for Stall {
+    fn default() -> Self {
+        Self {
+            stalled: tokio::sync::Notify::new(),
+            release: tokio::sync::Semaphore::new(0),
+        }
+    }
+}
+
+async fn accept_lanes(
+    conn: Connection,
+    events: mpsc::UnboundedSender<LaneEvent>,
+    stall: Option<Arc<Stall>>,
+) {
     while let Ok((send, mut recv)) = conn.accept_bi().await {
         let lane = RawLane {
             index: send.id().index(),
             send: Arc::new(Mutex::new(send)),
         };
         let events = events.clone();
+        let stall = stall.clone();
         tokio::spawn(async move {
             let mut decoder = FrameDecoder::new(u32::MAX);
-            while let Some(down) = read_frame::<QuicLaneDown>(&mut recv, &mut decoder).await {
+            loop {
+                let down = match &stall {
+                    Some(stall) => {
+                        read_stalling::<QuicLaneDown>(&mut recv, &mut decoder, stall).await
+                    }
+                    None => read_frame::<QuicLaneDown>(&mut recv, &mut decoder).await,
+                };
+                let Some(down) = down else { break };
                 match down.frame {
                     Some(quic_lane_down::Frame::Ping(ping)) => {
                         lane.send(quic_lane_up::Frame::Pong(QuicPong { seq: ping.seq }))
@@ -326,5 +367,26 @@ async fn accept_lanes(conn: Connection, events: mpsc::UnboundedSender<LaneEvent>
                 }
             }
         });
+    }
+}
+
+async fn read_stalling<M: prost::Message + Default>(
+    recv: &mut RecvStream,
+    decoder: &mut FrameDecoder,
+    stall: &Stall,
+) -> Option<M> {
+    let mut stalled = false;
+    loop {
+        if let Some(body) = decoder.next_frame().unwrap() {
+            return Some(decode(body).unwrap());
+        }
+        if !stalled && decoder.wanted() > STALL_ABOVE {
+            stalled = true;
+            stall.stalled.notify_one();
+            stall.release.acquire().await.unwrap().forget();
+        }
+        // Small reads, so the stream's flow-control window is what limits the sender.
+        let chunk = recv.read_chunk(1024, true).await.ok()??;
+        decoder.push(&chunk.bytes);
     }
 }
