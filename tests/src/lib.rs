@@ -8,12 +8,19 @@
 // named, which is exactly what `expect` does.
 #![allow(clippy::expect_used, clippy::panic)]
 
+mod fault;
 mod gateway;
 mod http;
+mod raw_grpc;
 mod scripted;
 mod sdk;
 
+pub use fault::{
+    FaultSpec, FaultWorker, Gauge, Seeded, TcpRelay, UdpRelay, Work, grpc_fault_worker, long_tests,
+    quic_fault_worker,
+};
 pub use gateway::{ApiClient, TestGateway, test_config};
 pub use http::http_get;
+pub use raw_grpc::{RawEnd, RawGrpcWorker, pong, raw_registration, success};
 pub use scripted::{ScriptedTransport, ScriptedWorker, WorkerControl, registration};
 pub use sdk::{RunningWorker, WorkerSpec, grpc_worker, quic_worker, wait_eligible};

@@ -167,7 +167,7 @@ pub async fn quic_worker(
     let worker = quic_builder(gateway, spec, Arc::clone(&served))
         .connect()
         .await?;
-    let id = worker.worker_id().expect("registered after connect");
+    let id = worker.worker_id();
     let handle = worker.handle();
     let task = tokio::spawn(async move {
         let _ = worker.run().await;

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use switchyard_core::{CallerIdentity, WorkerEvent, WorkerMessage};
+use switchyard_core::{CallerIdentity, WorkerMessage};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::dispatch_outcome::Outcome;
 use switchyard_proto::v1::dispatch_stream_reply::Result as StreamResult;
@@ -185,20 +185,20 @@ async fn cancel_ends_the_dispatch_and_tells_the_worker() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drain_deadline_removes_the_worker_and_its_task_runs_elsewhere() {
+async fn a_drain_deadline_cancels_what_the_worker_still_holds() {
     let scripted = ScriptedTransport::default();
     let gateway = TestGateway::start_with(
         |config| config.quic.enabled = false,
         |builder| builder.transport(scripted.clone()),
     )
     .await;
-    let mut events = gateway.gateway().core().registry().subscribe_events();
+    let core = gateway.gateway().core().clone();
     // The stubborn worker holds its task and ignores the drain request.
     let (stubborn, mut held, _keep) = started(&scripted, "drain", 1).await;
     let mut client = gateway.client(None).await;
     let mut producer = client.clone();
     let dispatch = tokio::spawn(async move { producer.dispatch(request("drain", "")).await });
-    timeout(WAIT, held.recv())
+    let task = timeout(WAIT, held.recv())
         .await
         .unwrap()
         .expect("the stubborn worker holds the task");
@@ -215,18 +215,12 @@ async fn a_drain_deadline_removes_the_worker_and_its_task_runs_elsewhere() {
         .into_inner();
     let first = progress.message().await.unwrap().unwrap();
     assert_eq!(first.tasks_remaining, 1);
+    assert_eq!(
+        first.cancelled_at_deadline, 0,
+        "nothing cancelled before the deadline"
+    );
     assert!(!first.done);
 
-    // A willing worker joins; it gets the task once the deadline removes the stubborn one.
-    let willing = scripted
-        .connect(
-            &CallerIdentity::trusted("test"),
-            registration(&["drain"], &["echo"], Some(1)),
-            true,
-        )
-        .await
-        .unwrap();
-    let _willing = willing.serve_echo();
     let last = timeout(WAIT, async {
         loop {
             let step = progress
@@ -241,26 +235,31 @@ async fn a_drain_deadline_removes_the_worker_and_its_task_runs_elsewhere() {
     })
     .await
     .expect("the drain ends at its deadline");
-    assert_eq!(last.removed_at_deadline, vec![stubborn.id().get()]);
+    assert_eq!(last.cancelled_at_deadline, 1);
     let reply = dispatch
         .await
         .unwrap()
         .expect("dispatch answered")
         .into_inner();
     assert!(
-        matches!(reply.outcome.and_then(|o| o.outcome), Some(Outcome::Completed(done)) if done.output == "x"),
-        "the task ran on the willing worker"
+        matches!(
+            reply.outcome.and_then(|o| o.outcome),
+            Some(Outcome::Cancelled(_))
+        ),
+        "the held dispatch ends cancelled"
     );
-    let left = timeout(WAIT, async {
-        loop {
-            if let Ok(WorkerEvent::Disconnected { worker, reason }) = events.recv().await {
-                if worker == stubborn.id() {
-                    return reason;
-                }
-            }
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(left.as_str(), "drained");
+    // The worker stays fenced and keeps the slot until it lets go of the task.
+    let snapshot = core
+        .registry()
+        .worker(stubborn.id())
+        .expect("still registered");
+    assert_eq!(snapshot.eligibility, switchyard_core::Eligibility::Draining);
+    assert_eq!(snapshot.in_flight, 1);
+    core.cancel_acknowledged(stubborn.id(), task.task_id)
+        .expect("the cancel was pending");
+    let snapshot = core
+        .registry()
+        .worker(stubborn.id())
+        .expect("still registered");
+    assert_eq!(snapshot.in_flight, 0);
 }

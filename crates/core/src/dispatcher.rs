@@ -402,6 +402,7 @@ impl Dispatcher {
                 Ok(Signal::Result(TaskResult::Failure { message, retryable })) => {
                     return ActivityOutcome::Failed { message, retryable };
                 }
+                Ok(Signal::Cancelled) => return ActivityOutcome::Cancelled,
                 Ok(Signal::WorkerLost(transport)) => {
                     if !budget.record(Instant::now()) {
                         tracing::warn!(%transport, attempts = deliveries,
@@ -422,6 +423,29 @@ impl Dispatcher {
                 }
             }
         }
+    }
+
+    /// Cancels every dispatch `worker` holds: each ends `Cancelled` at once and the worker is
+    /// sent a cancel per task; the slots stay held until it acknowledges, answers or leaves.
+    /// Returns how many dispatches were cancelled (used when a drain passes its deadline).
+    pub fn cancel_held_by(&self, worker: WorkerId, reason: CancelReason) -> usize {
+        let detached = self.inner.lock_tasks().detach_all(worker);
+        let count = detached.len();
+        for (task, delivery, signal) in detached {
+            let _ = signal.send(Signal::Cancelled);
+            if let Err(error) = delivery.deliver(WorkerMessage::Cancel {
+                task_id: task,
+                reason,
+            }) {
+                tracing::debug!(worker = %worker, task = %task, %error, "cancel not delivered");
+            }
+        }
+        if count > 0 {
+            tracing::info!(worker = %worker, tasks = count, reason = reason.as_str(),
+                "cancelled every task the worker held");
+            self.inner.ended();
+        }
+        count
     }
 
     /// The single entry point for results: hands `result` to the dispatch waiting for `task`.

@@ -90,4 +90,6 @@ pub use delivery::TRANSPORT;
 pub use outbound::Outbound;
 pub use serve::{ServeError, serve};
 pub use service::WorkerService;
+#[doc(hidden)]
+pub use session::fuzz_registered_frames;
 pub use status::{SessionError, admission_status};

@@ -108,6 +108,13 @@ impl WorkerService {
     }
 }
 
+impl WorkerService {
+    /// The state every session of this service shares (for the fuzzing entry).
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.inner)
+    }
+}
+
 impl Shared {
     fn lock_evictions(&self) -> MutexGuard<'_, HashMap<WorkerId, Arc<Eviction>>> {
         self.evictions

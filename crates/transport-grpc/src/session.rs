@@ -203,3 +203,20 @@ impl Session {
         let _ = self.control.send(Control::Close(error.status())).await;
     }
 }
+
+/// Fuzzing entry, not API: feeds `frames` to the frame handler of a stream registered as
+/// `worker` on `service`, exactly as a session does after registration, until one would end the
+/// stream. Returns that error, or `None` if the stream would stay open.
+#[doc(hidden)]
+pub fn fuzz_registered_frames(
+    service: &crate::WorkerService,
+    worker: WorkerId,
+    frames: impl IntoIterator<Item = WorkerFrame>,
+) -> Option<SessionError> {
+    let (control, _) = mpsc::channel(1);
+    let session = Session::new(service.shared(), CallerIdentity::trusted("fuzz"), control);
+    let mut refused = 0;
+    frames
+        .into_iter()
+        .find_map(|frame| session.handle(worker, frame, &mut refused).err())
+}

@@ -18,6 +18,8 @@ pub(crate) enum Signal {
     Result(TaskResult),
     /// The worker left while holding the task.
     WorkerLost(TransportName),
+    /// An operator cancelled every task the worker holds (a drain past its deadline).
+    Cancelled,
 }
 
 /// A task delivered to a worker and not yet finished.
@@ -118,6 +120,26 @@ impl TaskTable {
         let pending = self.pending.get_mut(&task)?;
         pending.signal.take()?;
         Some(Arc::clone(&pending.delivery))
+    }
+
+    /// Ends the wait of every dispatch `worker` holds, as [`TaskTable::detach`] does for one;
+    /// returns each task with its delivery (for the cancel) and its caller's signal.
+    pub(crate) fn detach_all(
+        &mut self,
+        worker: WorkerId,
+    ) -> Vec<(TaskId, Arc<dyn WorkerDelivery>, oneshot::Sender<Signal>)> {
+        let Some(tasks) = self.by_worker.get(&worker) else {
+            return Vec::new();
+        };
+        let mut detached = Vec::new();
+        for task in tasks {
+            if let Some(pending) = self.pending.get_mut(task) {
+                if let Some(signal) = pending.signal.take() {
+                    detached.push((*task, Arc::clone(&pending.delivery), signal));
+                }
+            }
+        }
+        detached
     }
 
     /// Removes every task of a departed worker; their callers are told the worker was lost.

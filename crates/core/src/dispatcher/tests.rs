@@ -762,6 +762,73 @@ async fn the_deadline_sends_a_cancel_and_the_slot_is_freed_when_the_worker_leave
 }
 
 #[tokio::test(start_paused = true)]
+async fn cancelling_what_a_worker_holds_ends_only_its_dispatches() {
+    let s = setup();
+    let mut drained = s.worker(2).await;
+    let mut other = s.worker(2).await;
+    let mut running: HashMap<String, JoinHandle<ActivityOutcome>> = (0..4)
+        .map(|i| {
+            let input = format!("d{i}");
+            (
+                input.clone(),
+                s.spawn(request(&input, Duration::from_secs(30))),
+            )
+        })
+        .collect();
+    let held = [drained.task().await, drained.task().await];
+    let kept = [other.task().await, other.task().await];
+    // Control: a worker holding nothing has nothing cancelled.
+    assert_eq!(
+        s.dispatcher
+            .cancel_held_by(WorkerId::from_raw(u64::MAX), CancelReason::Requested),
+        0
+    );
+
+    assert_eq!(
+        s.dispatcher
+            .cancel_held_by(drained.id, CancelReason::Requested),
+        2
+    );
+    let cancelled: BTreeSet<TaskId> = drained
+        .sent()
+        .into_iter()
+        .map(|message| match message {
+            WorkerMessage::Cancel { task_id, reason } => {
+                assert_eq!(reason, CancelReason::Requested);
+                task_id
+            }
+            other => panic!("only cancels were expected, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(cancelled, held.iter().map(|t| t.task_id).collect());
+    for task in &held {
+        let input = String::from_utf8(task.input.to_vec()).expect("utf-8 input");
+        let handle = running.remove(&input).expect("a dispatch per input");
+        assert_eq!(handle.await.expect("joined"), ActivityOutcome::Cancelled);
+    }
+    assert!(other.sent().is_empty(), "the other worker is not touched");
+    assert_eq!(
+        s.dispatcher.pending_tasks(),
+        4,
+        "slots held until the workers let go"
+    );
+    for task in &kept {
+        let input = String::from_utf8(task.input.to_vec()).expect("utf-8 input");
+        s.dispatcher
+            .complete(other.id, task.task_id, success(&input))
+            .expect("pending");
+        let handle = running.remove(&input).expect("a dispatch per input");
+        assert_eq!(handle.await.expect("joined"), completed(&input));
+    }
+    assert_eq!(
+        s.dispatcher
+            .cancel_held_by(drained.id, CancelReason::Requested),
+        0,
+        "already cancelled"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_acknowledgement_for_a_task_nobody_cancelled_changes_nothing() {
     let s = setup();
     let mut worker = s.worker(1).await;

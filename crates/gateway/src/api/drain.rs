@@ -4,12 +4,13 @@
 //! transport tells it to finish and close, and it leaves the registry when it does. This
 //! driver only watches: it samples the drained workers on every registry event and on a short
 //! tick (in-flight counts fall without events), sends a message whenever the picture changes,
-//! and at the deadline removes the workers still registered, so core dispatches what they
-//! held again on other workers.
+//! and at the deadline cancels what the drained workers still hold: those dispatches end
+//! `Cancelled` and each worker is sent a cancel per task; the workers stay fenced and leave once
+//! they have let go.
 
 use std::time::Duration;
 
-use switchyard_core::{DisconnectReason, Registry, WorkerId};
+use switchyard_core::{CancelReason, Core, Registry, WorkerId};
 use switchyard_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -25,11 +26,12 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// Drains `targets` (already checked to exist and be permitted) and streams progress.
 pub(crate) fn start(
-    registry: Registry,
+    core: Core,
     targets: Vec<WorkerId>,
     deadline: Option<Duration>,
     closing: CancellationToken,
 ) -> ProgressStream {
+    let registry = core.registry().clone();
     let (progress, receiver) = mpsc::channel(16);
     let mut events = registry.subscribe_events();
     for worker in &targets {
@@ -58,14 +60,14 @@ pub(crate) fn start(
                 _ = events.recv() => {}
                 _ = tick.tick() => {}
                 () = sleep_until(deadline) => {
-                    let removed: Vec<u64> = targets
+                    let cancelled: usize = targets
                         .iter()
-                        .filter(|id| registry.deregister(**id, DisconnectReason::Drained))
-                        .map(|id| id.get())
-                        .collect();
-                    tracing::warn!(workers = ?removed, "drain deadline passed; workers removed");
+                        .map(|id| core.dispatcher().cancel_held_by(*id, CancelReason::Requested))
+                        .sum();
+                    tracing::warn!(workers = ?targets, tasks = cancelled,
+                        "drain deadline passed; cancelled what the workers still held");
                     let mut last = sample(&registry, &targets);
-                    last.removed_at_deadline = removed;
+                    last.cancelled_at_deadline = u32::try_from(cancelled).unwrap_or(u32::MAX);
                     last.done = true;
                     let _ = progress.send(Ok(last)).await;
                     return;

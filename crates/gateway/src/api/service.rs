@@ -315,7 +315,7 @@ impl GatewayRpc for GatewayApi {
             (request.deadline_ms > 0).then(|| Duration::from_millis(request.deadline_ms));
         let ids = targets.iter().map(|s| s.worker.id()).collect();
         Ok(Response::new(drain::start(
-            registry.clone(),
+            self.core.clone(),
             ids,
             deadline,
             self.closing.clone(),

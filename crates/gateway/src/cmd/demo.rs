@@ -129,9 +129,7 @@ async fn drive(args: &DemoArgs, gateway: &Gateway) -> Result<(), Failure> {
             stats: grpc_stats,
         },
         DemoWorker {
-            id: quic
-                .worker_id()
-                .map_or_else(|| "?".to_owned(), |id| id.to_string()),
+            id: quic.worker_id().to_string(),
             transport: "quic",
             stats: quic_stats,
         },

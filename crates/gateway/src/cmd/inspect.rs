@@ -361,10 +361,13 @@ pub(crate) async fn drain(args: DrainArgs) -> Result<(), Failure> {
             } else {
                 format!("; {}", holding.join(", "))
             },
-            if step.removed_at_deadline.is_empty() {
+            if step.cancelled_at_deadline == 0 {
                 String::new()
             } else {
-                format!("; removed at deadline: {:?}", step.removed_at_deadline)
+                format!(
+                    "; {} task(s) cancelled at the deadline",
+                    step.cancelled_at_deadline
+                )
             }
         );
         if step.done {

@@ -203,7 +203,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
         }
         TransportKind::Quic => {
             let worker = quic_worker(args.quic_addr, &args.server_name, &setup).await?;
-            announce("quic", worker.worker_id(), &names, args.capacity);
+            announce("quic", Some(worker.worker_id()), &names, args.capacity);
             let handle = worker.handle();
             tokio::spawn(async move {
                 super::serve::shutdown_signal().await;
