@@ -1,0 +1,249 @@
+//! A tiny Rust worker over the WebSocket protocol: register handlers, connect, run.
+//!
+//! A [`WsWorker`] holds one registered socket. Its runtime answers the gateway's pings itself,
+//! runs at most `max_concurrency` handlers at once, fires a handler's cancellation on `cancel`
+//! (and acknowledges the cancel once the handler returns), and on `drain` finishes in-flight
+//! work, then closes with 1000. It does not reconnect: [`WsWorker::run`] returns when the
+//! socket ends, and a caller that wants to stay connected builds a new worker in a loop (the
+//! gateway hands the old one's tasks to other workers in the meantime).
+
+mod activity;
+mod dial;
+mod error;
+mod runtime;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_core::WorkerId;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use activity::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
+pub use error::{ConnectError, RunError};
+
+use dial::Link;
+
+/// Room in the outbound queue beyond one result per task, for pongs and cancel acks.
+const OUTBOUND_HEADROOM: usize = 16;
+
+/// A connected, registered worker; call [`WsWorker::run`] to serve tasks.
+///
+/// # Examples
+///
+/// ```no_run
+/// use bytes::Bytes;
+/// use switchyard_transport_websocket::{ActivityContext, ActivityError, WsWorker};
+///
+/// async fn shout(ctx: ActivityContext, input: Bytes) -> Result<Bytes, ActivityError> {
+///     if ctx.is_cancelled() {
+///         return Err(ActivityError::retryable("cancelled before start"));
+///     }
+///     Ok(Bytes::from(input.to_ascii_uppercase()))
+/// }
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let worker = WsWorker::builder("wss://gateway.example:7443/")
+///     .namespaces(["media"])
+///     .task_queue("text")
+///     .activity("shout", shout)
+///     .max_concurrency(8)
+///     .token("s3cret")
+///     .connect()
+///     .await?;
+/// println!("registered as worker {}", worker.worker_id());
+/// worker.run().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct WsWorker {
+    settings: Arc<Settings>,
+    link: Link,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for WsWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WsWorker")
+            .field("url", &self.settings.url)
+            .field("worker_id", &self.link.worker_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WsWorker {
+    /// Starts configuring a worker for the gateway at `url` (`ws://` or `wss://`).
+    pub fn builder(url: impl Into<String>) -> WsWorkerBuilder {
+        WsWorkerBuilder {
+            settings: Settings {
+                url: url.into(),
+                namespaces: Vec::new(),
+                task_queue: String::new(),
+                node: None,
+                identity: format!("rust-ws pid {}", std::process::id()),
+                activities: BTreeMap::new(),
+                max_concurrency: 16,
+                tls: None,
+                token: None,
+                connect_timeout: Duration::from_secs(10),
+                close_timeout: Duration::from_secs(5),
+                max_message_bytes: 16 * 1024 * 1024,
+            },
+        }
+    }
+
+    /// The id the gateway gave this worker.
+    pub fn worker_id(&self) -> WorkerId {
+        self.link.worker_id
+    }
+
+    /// The task queue the gateway registered the worker in (never empty).
+    pub fn task_queue(&self) -> &str {
+        &self.link.task_queue
+    }
+
+    /// How often the gateway said it will ping.
+    pub fn ping_interval(&self) -> Duration {
+        self.link.ping_interval
+    }
+
+    /// A token that stops [`WsWorker::run`] when cancelled: in-flight handlers are cancelled,
+    /// the socket closes with 1001 (the gateway hands their tasks to other workers) and `run`
+    /// returns `Ok`.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Serves tasks until the gateway's drain is finished (the worker closed after its last
+    /// result, or the gateway closed once nothing was left) or the worker is stopped through
+    /// [`WsWorker::shutdown_token`], both `Ok`; or until the socket ends otherwise.
+    pub async fn run(self) -> Result<(), RunError> {
+        let span = tracing::info_span!("ws_worker", worker = %self.link.worker_id);
+        runtime::serve(self.link, &self.settings, &self.stop)
+            .instrument(span)
+            .await
+    }
+}
+
+/// Configures a [`WsWorker`]; see [`WsWorker::builder`].
+pub struct WsWorkerBuilder {
+    settings: Settings,
+}
+
+impl std::fmt::Debug for WsWorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WsWorkerBuilder")
+            .field("url", &self.settings.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WsWorkerBuilder {
+    /// Adds namespaces to serve (at least one is required).
+    pub fn namespaces<I, S>(mut self, namespaces: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.settings
+            .namespaces
+            .extend(namespaces.into_iter().map(Into::into));
+        self
+    }
+
+    /// The task queue to serve in each namespace (default: the gateway's default queue).
+    pub fn task_queue(mut self, task_queue: impl Into<String>) -> Self {
+        self.settings.task_queue = task_queue.into();
+        self
+    }
+
+    /// The locality label to advertise (default: none).
+    pub fn node(mut self, node: impl Into<String>) -> Self {
+        self.settings.node = Some(node.into());
+        self
+    }
+
+    /// The free-form process description operators see (default: `rust-ws pid <pid>`).
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.settings.identity = identity.into();
+        self
+    }
+
+    /// Serves activity type `name` with `handler` (at least one is required); a later handler
+    /// for the same name replaces the earlier one.
+    pub fn activity(mut self, name: impl Into<String>, handler: impl ActivityHandler) -> Self {
+        self.settings
+            .activities
+            .insert(name.into(), Arc::new(handler));
+        self
+    }
+
+    /// Most handlers running at once, and the capacity advertised to the gateway (default 16).
+    pub fn max_concurrency(mut self, max_concurrency: u32) -> Self {
+        self.settings.max_concurrency = max_concurrency;
+        self
+    }
+
+    /// A bearer token, sent as `Authorization: Bearer <token>` on the upgrade request.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.settings.token = Some(token.into());
+        self
+    }
+
+    /// TLS settings for `wss://` (default: the public web's roots, from `webpki-roots`).
+    pub fn tls(mut self, tls: Arc<rustls::ClientConfig>) -> Self {
+        self.settings.tls = Some(tls);
+        self
+    }
+
+    /// Longest wait for TCP, TLS, the upgrade and the registration answer together
+    /// (default 10 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.connect_timeout = timeout;
+        self
+    }
+
+    /// Largest WebSocket message accepted from the gateway, in bytes (default 16 MiB).
+    pub fn max_message_bytes(mut self, bytes: usize) -> Self {
+        self.settings.max_message_bytes = bytes;
+        self
+    }
+
+    /// Connects, registers, and waits for the gateway's answer.
+    pub async fn connect(self) -> Result<WsWorker, ConnectError> {
+        let settings = Arc::new(self.settings);
+        let link = dial::open(&settings).await?;
+        Ok(WsWorker {
+            settings,
+            link,
+            stop: CancellationToken::new(),
+        })
+    }
+}
+
+/// Everything a worker was configured with.
+pub(crate) struct Settings {
+    pub(crate) url: String,
+    pub(crate) namespaces: Vec<String>,
+    pub(crate) task_queue: String,
+    pub(crate) node: Option<String>,
+    pub(crate) identity: String,
+    pub(crate) activities: BTreeMap<String, Arc<dyn ActivityHandler>>,
+    pub(crate) max_concurrency: u32,
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    pub(crate) token: Option<String>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) close_timeout: Duration,
+    pub(crate) max_message_bytes: usize,
+}
+
+impl Settings {
+    /// One result per task it may hold, plus room for pongs and cancel acks.
+    pub(crate) fn outbound_queue(&self) -> usize {
+        usize::try_from(self.max_concurrency)
+            .unwrap_or(usize::MAX)
+            .min(65_536)
+            .saturating_add(OUTBOUND_HEADROOM)
+    }
+}
