@@ -1,5 +1,7 @@
 //! `switchyard bench` end to end: the real binary, tiny runs on each transport and each way into
 //! the gateway, checking the JSON it prints (never its timings).
+// Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
+#![allow(clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
 use std::process::Command;
