@@ -7,6 +7,7 @@
 //! Core knows no wire format and no socket library.
 #![forbid(unsafe_code)]
 
+mod activity;
 mod address;
 mod admission;
 mod arrival;
@@ -24,6 +25,7 @@ mod registry;
 pub mod testkit;
 mod worker;
 
+pub use activity::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 pub use address::{
     ActivityKey, DEFAULT_TASK_QUEUE, Node, PoolAddress, WorkerId, normalise_task_queue,
 };

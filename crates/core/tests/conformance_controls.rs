@@ -134,7 +134,7 @@ async fn over_delivery_fails_capacity_under_burst() {
     fails(
         Fault::OverstatesCapacity,
         Check::CapacityUnderBurst,
-        "handlers at once with capacity 3",
+        "advertised capacity Some(4)",
     )
     .await;
 }

@@ -23,9 +23,9 @@ use tracing::Instrument;
 pub use backoff::Backoff;
 pub use link::ConnectError;
 
-use crate::activity::ActivityHandler;
 use link::Link;
 use runtime::SessionEnd;
+use switchyard_core::ActivityHandler;
 
 /// Room in the outbound queue beyond one result per task, for pongs and cancel acks.
 const OUTBOUND_HEADROOM: usize = 16;

@@ -70,7 +70,6 @@
 //! ```
 #![forbid(unsafe_code)]
 
-mod activity;
 mod auth;
 mod client;
 mod config;
@@ -82,7 +81,6 @@ mod session;
 mod status;
 mod wire;
 
-pub use activity::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 pub use auth::{AuthenticationError, CallerDirectory, StaticDirectory, certificate_principal};
 pub use client::{Backoff, ConnectError, GrpcWorker, GrpcWorkerBuilder};
 pub use config::GrpcServerConfig;
@@ -93,3 +91,4 @@ pub use service::WorkerService;
 #[doc(hidden)]
 pub use session::fuzz_registered_frames;
 pub use status::{SessionError, admission_status};
+pub use switchyard_core::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};

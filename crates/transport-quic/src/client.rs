@@ -9,7 +9,6 @@
 //! a cancel fires the handler's cancellation token, and a drain lets running tasks finish.
 
 mod backoff;
-mod handler;
 mod lane;
 mod session;
 mod unwind;
@@ -25,12 +24,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use backoff::Backoff;
-pub use handler::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
+pub use switchyard_core::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 
 use crate::config::{ConfigError, LinkSettings};
 use crate::protocol::ErrorCode;
 use crate::tls::ClientTls;
-use handler::Handler;
+/// A registered handler, shared by every lane.
+pub(crate) type Handler = std::sync::Arc<dyn ActivityHandler>;
 use session::{Session, SessionEnd};
 
 /// Why a worker could not start or stopped for good.

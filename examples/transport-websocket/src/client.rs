@@ -7,7 +7,6 @@
 //! socket ends, and a caller that wants to stay connected builds a new worker in a loop (the
 //! gateway hands the old one's tasks to other workers in the meantime).
 
-mod activity;
 mod dial;
 mod error;
 mod runtime;
@@ -20,8 +19,8 @@ use switchyard_core::WorkerId;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use activity::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 pub use error::{ConnectError, RunError};
+pub use switchyard_core::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 
 use dial::Link;
 

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::WorkerSettings;
 use super::link::Link;
-use crate::activity::{ActivityContext, ActivityError};
 use crate::wire;
+use switchyard_core::{ActivityContext, ActivityError};
 
 /// How a stream's session ended.
 pub(crate) enum SessionEnd {

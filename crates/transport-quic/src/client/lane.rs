@@ -13,13 +13,14 @@ use switchyard_proto::v1::{
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::handler::{ActivityContext, ActivityError, ActivityFuture, Handler};
+use super::Handler;
 use super::unwind::CatchUnwind;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameError, FrameReader, encode_frame};
 use crate::outbox::{Item, Outbox, StreamOut};
 use crate::protocol::ErrorCode;
+use switchyard_core::{ActivityContext, ActivityError, ActivityFuture};
 
 /// What every lane of a session shares.
 pub(crate) struct LaneContext {
@@ -146,21 +147,24 @@ async fn run(running: &mut Option<Running>) -> Result<Result<Bytes, ActivityErro
 
 fn start(task: QuicTask, context: &LaneContext) -> Running {
     let cancellation = CancellationToken::new();
-    let activity = ActivityContext {
-        task_id: switchyard_core::TaskId::from_raw(task.task_id),
-        namespace: task.namespace,
-        task_queue: task.task_queue,
-        activity_type: task.activity_type,
-        attempt: task.attempt,
-        deadline: convert::from_unix_ms(task.deadline_unix_ms),
-        cancellation: cancellation.clone(),
-    };
-    let future: ActivityFuture = match context.handlers.get(&activity.activity_type) {
+    let activity = ActivityContext::new(
+        &switchyard_core::ActivityTask {
+            task_id: switchyard_core::TaskId::from_raw(task.task_id),
+            namespace: task.namespace,
+            task_queue: task.task_queue,
+            activity_type: task.activity_type,
+            input: task.input.clone(),
+            attempt: task.attempt,
+            deadline: convert::from_unix_ms(task.deadline_unix_ms),
+        },
+        cancellation.clone(),
+    );
+    let future: ActivityFuture = match context.handlers.get(activity.activity_type()) {
         Some(handler) => handler.call(activity, task.input),
         None => {
             let error = ActivityError::fatal(format!(
                 "activity type {:?} is not served by this worker",
-                activity.activity_type
+                activity.activity_type()
             ));
             Box::pin(std::future::ready(Err(error)))
         }
@@ -185,10 +189,10 @@ fn ending(
     }
     let outcome = match outcome {
         Ok(Ok(output)) => quic_result::Outcome::Output(output),
-        Ok(Err(error)) => {
-            let (message, retryable) = error.into_parts();
-            quic_result::Outcome::Failure(Failure { message, retryable })
-        }
+        Ok(Err(error)) => quic_result::Outcome::Failure(Failure {
+            message: error.message().to_owned(),
+            retryable: error.is_retryable(),
+        }),
         Err(panic) => quic_result::Outcome::Failure(Failure {
             message: format!("activity panicked: {panic}"),
             retryable: false,

@@ -14,11 +14,11 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
 use super::Settings;
-use super::activity::{ActivityContext, ActivityError};
 use super::dial::{Link, Socket};
 use super::error::RunError;
 use crate::protocol::{self, CloseCode, GatewayFrame, ResultFrame, WorkerFrame};
 use crate::socket::{Incoming, close_frame, finish_close, next_message};
+use switchyard_core::{ActivityContext, ActivityError};
 
 /// A handler's end: `None` when the task was cancelled before it started.
 type Finished = (TaskId, Option<TaskResult>);

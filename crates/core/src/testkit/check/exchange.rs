@@ -8,7 +8,7 @@ use bytes::Bytes;
 use crate::outcome::{ActivityOutcome, TaskResult};
 use crate::testkit::fixture::{Fixture, STEP, Verdict, ensure, join, request};
 use crate::testkit::handler::{Handler, TaskCall};
-use crate::testkit::harness::TransportHarness;
+use crate::testkit::harness::{TransportHarness, WorkerHandle};
 use crate::testkit::probe::Probe;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,9 +68,21 @@ pub(super) async fn capacity_under_burst<H: TransportHarness>(fixture: Fixture<'
             TaskResult::Success(call.input)
         }
     });
-    let _worker = fixture
+    let worker = fixture
         .worker_with(CAPACITY as u32, &probe, handler)
         .await?;
+    // The slots the gateway grants are the slots the worker was configured with; a transport
+    // that advertises more lets the gateway over-deliver whenever the burst's timing allows it.
+    let advertised = fixture
+        .core
+        .registry()
+        .worker(worker.worker_id())
+        .and_then(|snapshot| snapshot.capacity);
+    ensure!(
+        advertised == Some(CAPACITY as u32),
+        "the worker advertised capacity {advertised:?} to the gateway when configured with \
+         {CAPACITY}"
+    );
     let burst: Vec<_> = (0..BURST)
         .map(|i| fixture.spawn_dispatch(request(format!("burst {i}"), TIMEOUT)))
         .collect();

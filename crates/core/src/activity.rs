@@ -1,11 +1,14 @@
 //! What a worker runs: activity handlers, the context they get, and how they fail.
+//!
+//! They know no transport: every worker SDK (gRPC, QUIC, or an integrator's) runs the same
+//! handlers, so switching a worker between transports changes only how it connects.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::SystemTime;
 
+use crate::delivery::{ActivityTask, TaskId};
 use bytes::Bytes;
-use switchyard_core::{ActivityTask, TaskId};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 /// What a handler knows about the task it runs.
@@ -64,7 +67,7 @@ impl ActivityContext {
         self.deadline
     }
 
-    /// Fired when the gateway cancels the task or the worker loses its socket; a handler that
+    /// Fired when the gateway cancels the task or the worker loses its stream; a handler that
     /// sees it should stop, since its result will not be used.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancellation
@@ -134,5 +137,39 @@ where
 {
     fn call(&self, context: ActivityContext, input: Bytes) -> ActivityFuture {
         Box::pin(self(context, input))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::*;
+
+    async fn shout(_: ActivityContext, input: Bytes) -> Result<Bytes, ActivityError> {
+        Ok(Bytes::from(input.to_ascii_uppercase()))
+    }
+
+    #[tokio::test]
+    async fn async_fn_is_a_handler_and_sees_cancellation() {
+        let task = ActivityTask {
+            task_id: TaskId::from_raw(1),
+            namespace: "ns".into(),
+            task_queue: "q".into(),
+            activity_type: "shout".into(),
+            input: Bytes::new(),
+            attempt: 1,
+            deadline: UNIX_EPOCH,
+        };
+        let token = CancellationToken::new();
+        let context = ActivityContext::new(&task, token.clone());
+        let handler: Box<dyn ActivityHandler> = Box::new(shout);
+        let output = handler
+            .call(context.clone(), Bytes::from_static(b"hi"))
+            .await;
+        assert_eq!(output, Ok(Bytes::from_static(b"HI")));
+        assert!(!context.is_cancelled());
+        token.cancel();
+        assert!(context.is_cancelled());
     }
 }
