@@ -10,12 +10,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
+use switchyard_core::InMemoryNamespaceStore;
 use switchyard_core::{
     AdmissionError, CallerIdentity, DeliveryError, MAX_ACTIVITY_TYPES, MAX_NAME_BYTES,
-    MAX_NAMESPACES, NamespacePolicy, NamespaceRecord, Node, Placement, Registration, Registry,
-    TransportName, WorkerDelivery, WorkerMessage,
+    MAX_NAMESPACES, MAX_SERVED_PAIRS, NamespacePolicy, NamespaceRecord, Node, Placement,
+    Registration, Registry, TransportName, WorkerDelivery, WorkerMessage,
 };
-use switchyard_core::InMemoryNamespaceStore;
 
 /// A delivery that accepts nothing: admission never delivers.
 struct Inert;
@@ -137,7 +137,10 @@ fuzz_target!(|data: &[u8]| {
                 assert!(registry.is_empty(), "a dropped token left the worker in");
             }
             Err(error) => {
-                assert!(registry.is_empty(), "a refusal changed the registry: {error}");
+                assert!(
+                    registry.is_empty(),
+                    "a refusal changed the registry: {error}"
+                );
                 assert!(!error.to_string().is_empty());
                 let _ = error.kind();
                 if let AdmissionError::TooLong { max, len, .. } = &error {
@@ -157,19 +160,36 @@ fn assert_admissible(registration: &Registration, caller: &CallerIdentity, close
         .chain([&registration.task_queue, &registration.identity]);
     for name in names {
         assert!(name.len() <= MAX_NAME_BYTES, "a long name admitted");
-        assert!(!name.chars().any(char::is_control), "a control character admitted");
+        assert!(
+            !name.chars().any(char::is_control),
+            "a control character admitted"
+        );
     }
     assert!(!registration.namespaces.is_empty() && registration.namespaces.len() <= MAX_NAMESPACES);
     assert!(
         !registration.activity_types.is_empty()
             && registration.activity_types.len() <= MAX_ACTIVITY_TYPES
     );
+    assert!(
+        registration.namespaces.len() * registration.activity_types.len() <= MAX_SERVED_PAIRS,
+        "more (namespace, activity type) pairs admitted than the limit"
+    );
     assert!(registration.namespaces.iter().all(|n| !n.is_empty()));
     assert!(registration.activity_types.iter().all(|a| !a.is_empty()));
     assert!(matches!(registration.max_concurrency, Some(n) if n > 0));
-    assert!(registration.namespaces.iter().all(|n| caller.grant.allows(n)));
+    assert!(
+        registration
+            .namespaces
+            .iter()
+            .all(|n| caller.grant.allows(n))
+    );
     if closed {
-        assert!(registration.namespaces.iter().all(|n| n == "open" || n == "edge"));
+        assert!(
+            registration
+                .namespaces
+                .iter()
+                .all(|n| n == "open" || n == "edge")
+        );
     }
     if registration.namespaces.contains("edge") {
         assert_eq!(

@@ -1,16 +1,24 @@
 //! With a client CA configured, a producer or a worker presenting a client certificate is the
 //! principal its subject names, granted what that principal is granted; callers without one
-//! fall back to tokens.
+//! fall back to tokens, unless `tls.require_client_cert` refuses them in the handshake. A
+//! certificate that does not chain to the CA is refused in the handshake either way.
 
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::unwrap_used)]
 
-use switchyard_gateway::PrincipalConfig;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use switchyard_gateway::{GatewayConfig, PrincipalConfig};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use switchyard_tests::TestGateway;
-use tonic::Code;
+use switchyard_transport_quic::{ActivityContext, ActivityError, ClientTls, QuicWorker};
+use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Request, Status};
 
 struct ClientCertificates {
     ca_pem: String,
@@ -107,4 +115,184 @@ async fn a_client_certificate_names_the_principal() {
     let mut anonymous = gateway.client(None).await;
     let refused = anonymous.describe_pool(describe("ops")).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated);
+}
+
+/// A gateway whose client CA is `ca_pem`, knowing principal `operator` by the certificate
+/// subject `ops.example` and principal `token-holder` by token `t`, both granted `ops`.
+async fn gateway_with_client_ca(ca_pem: &str, require: bool) -> (TestGateway, tempfile::TempDir) {
+    let ca_dir = tempfile::tempdir().unwrap();
+    let ca_path = ca_dir.path().join("client-ca.pem");
+    std::fs::write(&ca_path, ca_pem).unwrap();
+    let gateway = TestGateway::start(|config: &mut GatewayConfig| {
+        config.tls.client_ca = ca_path.display().to_string();
+        config.tls.require_client_cert = require;
+        config.principals = vec![
+            PrincipalConfig {
+                name: "operator".to_owned(),
+                cert_subject: "ops.example".to_owned(),
+                namespaces: vec!["ops".to_owned()],
+                ..PrincipalConfig::default()
+            },
+            PrincipalConfig {
+                name: "token-holder".to_owned(),
+                token: "t".to_owned(),
+                namespaces: vec!["ops".to_owned()],
+                ..PrincipalConfig::default()
+            },
+        ];
+    })
+    .await;
+    (gateway, ca_dir)
+}
+
+/// One producer API call over a fresh TLS connection presenting `cert` and `token`; a failed
+/// connection is reported as `UNAVAILABLE` with the connection error.
+async fn describe_ops(
+    gateway: &TestGateway,
+    cert: Option<&ClientCertificates>,
+    token: Option<&str>,
+) -> Result<(), Status> {
+    let addr = gateway.gateway().addr("grpc").unwrap();
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(gateway.ca_pem()));
+    if let Some(cert) = cert {
+        tls = tls.identity(Identity::from_pem(&cert.cert_pem, &cert.key_pem));
+    }
+    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|error| Status::unavailable(format!("connect: {error:?}")))?;
+    let mut request = Request::new(pb::DescribePoolRequest {
+        namespace: "ops".to_owned(),
+        activity_type: "echo".to_owned(),
+        ..pb::DescribePoolRequest::default()
+    });
+    if let Some(token) = token {
+        let value: MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
+        request.metadata_mut().insert("authorization", value);
+    }
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        GatewayClient::new(channel).describe_pool(request),
+    )
+    .await
+    .map_err(|_| Status::deadline_exceeded("no answer in 5 s"))?
+    .map(drop)
+}
+
+/// A refusal in the TLS handshake: the call never reached the service, so it is neither
+/// answered nor refused by the authentication layer.
+fn assert_refused_in_handshake(result: Result<(), Status>, what: &str) {
+    let status = match result {
+        Ok(()) => panic!("{what}: the call succeeded"),
+        Err(status) => status,
+    };
+    assert!(
+        !matches!(
+            status.code(),
+            Code::Ok | Code::Unauthenticated | Code::PermissionDenied
+        ),
+        "{what}: reached the service: {status:?}"
+    );
+}
+
+/// A QUIC SDK worker serving `ops`, presenting `cert` (or not) and `token` (or not).
+async fn quic_worker_connects(
+    gateway: &TestGateway,
+    cert: Option<&ClientCertificates>,
+    token: Option<&str>,
+) -> Result<switchyard_core::WorkerId, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(gateway.ca_pem().as_bytes()) {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let tls = match cert {
+        None => ClientTls::new(roots).unwrap(),
+        Some(cert) => {
+            let chain = CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).unwrap();
+            ClientTls::with_client_cert(roots, chain, key).unwrap()
+        }
+    };
+    let mut builder = QuicWorker::builder(gateway.gateway().addr("quic").unwrap(), "localhost")
+        .namespaces(["ops"])
+        .max_concurrency(1)
+        .tls(tls)
+        .connect_timeout(Duration::from_secs(5))
+        .activity("echo", |_: ActivityContext, input: Bytes| async move {
+            Ok::<_, ActivityError>(input)
+        });
+    if let Some(token) = token {
+        builder = builder.token(token);
+    }
+    let worker = builder.connect().await.map_err(|error| error.to_string())?;
+    Ok(worker.worker_id())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_from_an_untrusted_ca_is_refused_in_the_handshake() {
+    let trusted = client_certificates("ops.example");
+    // Same subject, signed by a CA the gateway does not trust.
+    let forged = client_certificates("ops.example");
+    let (gateway, _ca_dir) = gateway_with_client_ca(&trusted.ca_pem, false).await;
+
+    assert_refused_in_handshake(
+        describe_ops(&gateway, Some(&forged), None).await,
+        "gRPC, untrusted certificate",
+    );
+    // Even a valid token does not rescue a connection presenting an untrusted certificate.
+    assert_refused_in_handshake(
+        describe_ops(&gateway, Some(&forged), Some("t")).await,
+        "gRPC, untrusted certificate with a valid token",
+    );
+    let quic = quic_worker_connects(&gateway, Some(&forged), None).await;
+    assert!(
+        quic.is_err(),
+        "QUIC worker with an untrusted certificate got in"
+    );
+    assert!(gateway.gateway().core().registry().is_empty());
+
+    // Controls: the trusted certificate and a token alone both get in.
+    describe_ops(&gateway, Some(&trusted), None)
+        .await
+        .expect("the trusted certificate is accepted");
+    describe_ops(&gateway, None, Some("t"))
+        .await
+        .expect("certificates are optional here");
+    let id = quic_worker_connects(&gateway, Some(&trusted), None)
+        .await
+        .expect("a QUIC worker with the trusted certificate registers");
+    assert!(gateway.gateway().core().registry().is_registered(id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_client_certificates_refuse_token_only_callers_in_the_handshake() {
+    let trusted = client_certificates("ops.example");
+    let (gateway, _ca_dir) = gateway_with_client_ca(&trusted.ca_pem, true).await;
+
+    assert_refused_in_handshake(
+        describe_ops(&gateway, None, Some("t")).await,
+        "gRPC, valid token but no certificate",
+    );
+    assert_refused_in_handshake(
+        describe_ops(&gateway, None, None).await,
+        "gRPC, no credential",
+    );
+    let quic = quic_worker_connects(&gateway, None, Some("t")).await;
+    assert!(quic.is_err(), "QUIC worker without a certificate got in");
+    assert!(gateway.gateway().core().registry().is_empty());
+
+    // Control: the certificate gets in on both listeners.
+    describe_ops(&gateway, Some(&trusted), None)
+        .await
+        .expect("the trusted certificate is accepted");
+    let id = quic_worker_connects(&gateway, Some(&trusted), None)
+        .await
+        .expect("a QUIC worker with the certificate registers");
+    assert!(gateway.gateway().core().registry().is_registered(id));
 }

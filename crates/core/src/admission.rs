@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 pub use audit::AdmissionAudit;
 pub use error::{AdmissionError, RefusalKind};
-pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES};
+pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES, MAX_SERVED_PAIRS};
 
 use crate::address::normalise_task_queue;
 use crate::delivery::WorkerDelivery;

@@ -46,10 +46,11 @@ fn server_tls(tls: &TlsMaterial) -> ServerTlsConfig {
     let mut config =
         ServerTlsConfig::new().identity(Identity::from_pem(tls.cert_pem(), tls.key_pem()));
     if let Some(ca) = tls.client_ca_pem() {
-        // Optional: callers without a certificate may still authenticate with a token.
+        // Unless required, callers without a certificate may still authenticate with a token;
+        // a certificate that is presented must chain to the CA either way.
         config = config
             .client_ca_root(Certificate::from_pem(ca))
-            .client_auth_optional(true);
+            .client_auth_optional(!tls.client_cert_required());
     }
     config
 }

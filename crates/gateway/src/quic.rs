@@ -92,8 +92,13 @@ fn server_tls(tls: &TlsMaterial) -> Result<ServerTls, TransportError> {
                 .add(ca)
                 .map_err(|error| TransportError::Tls(error.to_string()))?;
         }
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .allow_unauthenticated()
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+        let verifier = if tls.client_cert_required() {
+            verifier
+        } else {
+            verifier.allow_unauthenticated()
+        };
+        let verifier = verifier
             .build()
             .map_err(|error| TransportError::Tls(error.to_string()))?;
         builder

@@ -48,6 +48,7 @@ pub struct TlsMaterial {
     cert_pem: String,
     key_pem: String,
     client_ca_pem: Option<String>,
+    client_cert_required: bool,
     generated: bool,
 }
 
@@ -85,6 +86,7 @@ impl TlsMaterial {
             key_path,
             dev_ca_path,
             client_ca_path,
+            client_cert_required: section.require_client_cert,
             generated,
         };
         // Parse once now so a bad file fails the start, not the first handshake.
@@ -127,6 +129,12 @@ impl TlsMaterial {
     /// The client CA bundle, PEM, when mutual TLS is configured.
     pub fn client_ca_pem(&self) -> Option<&str> {
         self.client_ca_pem.as_deref()
+    }
+
+    /// True when the handshake refuses callers without a trusted client certificate
+    /// (`tls.require_client_cert`); false lets them authenticate with a token instead.
+    pub fn client_cert_required(&self) -> bool {
+        self.client_cert_required && self.client_ca_pem.is_some()
     }
 
     /// The server certificate chain, DER.

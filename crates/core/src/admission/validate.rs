@@ -11,6 +11,10 @@ pub const MAX_NAME_BYTES: usize = 255;
 pub const MAX_NAMESPACES: usize = 64;
 /// Most activity types one registration may serve.
 pub const MAX_ACTIVITY_TYPES: usize = 1024;
+/// Most `(namespace, activity type)` pairs one registration may serve: the registry indexes a
+/// worker once per pair, so this bounds the work (and the time selection waits) that one
+/// registration costs. 64 namespaces x 1,024 types would be 65,536 entries, ~57 ms to admit.
+pub const MAX_SERVED_PAIRS: usize = 4096;
 
 /// Checks a registration's shape: non-empty sets, bounded sizes, bounded clean names.
 pub(crate) fn validate(registration: &Registration) -> Result<(), AdmissionError> {
@@ -20,6 +24,14 @@ pub(crate) fn validate(registration: &Registration) -> Result<(), AdmissionError
         &registration.activity_types,
         MAX_ACTIVITY_TYPES,
     )?;
+    let pairs = registration.namespaces.len() * registration.activity_types.len();
+    if pairs > MAX_SERVED_PAIRS {
+        return Err(AdmissionError::TooMany {
+            field: "namespaces x activity_types",
+            count: pairs,
+            max: MAX_SERVED_PAIRS,
+        });
+    }
     check_name("task_queue", &registration.task_queue)?;
     if let Some(node) = &registration.node {
         check_name("node", node.as_str())?;
@@ -181,6 +193,32 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn the_pairs_one_registration_serves_are_bounded() {
+        // Fuzzing finding F2: each set within its own limit, but 64 x 1,024 pairs.
+        let mut r = valid();
+        r.namespaces = (0..MAX_NAMESPACES).map(|i| format!("ns{i}")).collect();
+        r.activity_types = (0..MAX_ACTIVITY_TYPES).map(|i| format!("a{i}")).collect();
+        assert_eq!(
+            validate(&r),
+            Err(AdmissionError::TooMany {
+                field: "namespaces x activity_types",
+                count: 65_536,
+                max: MAX_SERVED_PAIRS
+            })
+        );
+        // Control: exactly at the limit is admitted, in either shape.
+        r.namespaces = (0..4).map(|i| format!("ns{i}")).collect();
+        assert_eq!(validate(&r), Ok(()));
+        r.namespaces = (0..MAX_NAMESPACES).map(|i| format!("ns{i}")).collect();
+        r.activity_types = (0..MAX_SERVED_PAIRS / MAX_NAMESPACES)
+            .map(|i| format!("a{i}"))
+            .collect();
+        assert_eq!(validate(&r), Ok(()));
+        r.activity_types.insert("one-more".to_owned());
+        assert!(matches!(validate(&r), Err(AdmissionError::TooMany { .. })));
     }
 
     #[test]

@@ -176,6 +176,9 @@ pub struct TlsSection {
     pub key: String,
     /// PEM CA bundle that client certificates must chain to; empty disables mutual TLS.
     pub client_ca: String,
+    /// Refuse, in the TLS handshake, every caller without a certificate chaining to
+    /// `client_ca` (on both listeners); false lets such callers authenticate with a token.
+    pub require_client_cert: bool,
 }
 
 /// `[[principals]]`: one caller the gateway knows.

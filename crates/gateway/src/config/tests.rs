@@ -247,6 +247,11 @@ fn zero_and_contradictory_limits_are_refused() {
             "dispatch.default_timeout",
         ),
         ("SWITCHYARD_TLS_CERT", "/some/cert.pem", "tls.key"),
+        (
+            "SWITCHYARD_TLS_REQUIRE_CLIENT_CERT",
+            "true",
+            "tls.require_client_cert",
+        ),
     ] {
         let error = GatewayConfig::load(None, env(&[(var, value)]), &[]).unwrap_err();
         assert_eq!(invalid_key(&error).0, key, "{var}={value}");

@@ -204,6 +204,14 @@ fn tls(config: &GatewayConfig) -> Result<(), ConfigError> {
             "tls.cert",
             "is empty while tls.key is set; give both or neither".to_owned(),
         )),
+        _ if config.tls.require_client_cert && config.tls.client_ca.is_empty() => {
+            Err(ConfigError::invalid(
+                "tls.require_client_cert",
+                "is true while tls.client_ca is empty; name the CA client certificates must \
+                 chain to"
+                    .to_owned(),
+            ))
+        }
         _ => Ok(()),
     }
 }

@@ -1,7 +1,11 @@
 //! Frames no well-behaved worker sends close the connection with their documented code.
 
+use switchyard_core::ActivityOutcome;
 use switchyard_core::WorkerEvent;
-use switchyard_proto::v1::{QuicCancelAck, QuicResult, quic_control_up, quic_lane_up, quic_result};
+use switchyard_proto::v1::{
+    QuicCancelAck, QuicCapabilities, QuicDrainRequest, QuicResult, quic_control_up, quic_lane_up,
+    quic_result,
+};
 use switchyard_transport_quic::{AllowAll, ErrorCode, FrameLimits, ServerConfig};
 
 use crate::support::{Gateway, Raw, event, register_frame};
@@ -156,4 +160,42 @@ async fn registering_twice_is_a_protocol_violation() {
     let (code, reason) = raw.closed().await;
     assert_eq!(code, ErrorCode::ProtocolViolation);
     assert_eq!(reason, "register sent twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_before_registration_are_a_protocol_violation_and_register_nothing() {
+    let gateway = Gateway::start().await;
+    let (mut bystander, _) = registered(&gateway).await;
+    let early = [
+        quic_control_up::Frame::Capabilities(QuicCapabilities { max_concurrency: 4 }),
+        quic_control_up::Frame::DrainRequest(QuicDrainRequest {}),
+    ];
+    for frame in early {
+        let mut raw = Raw::connect(&gateway).await;
+        raw.send_control(frame).await;
+        let (code, reason) = raw.closed().await;
+        assert_eq!(code, ErrorCode::ProtocolViolation);
+        assert_eq!(reason, "the first control frame must be register");
+        assert_eq!(
+            gateway.registry().len(),
+            1,
+            "only the bystander is registered"
+        );
+    }
+    // The bystander still takes and answers work.
+    let dispatch = gateway.dispatch("work", b"after");
+    let answer = async {
+        let (lane, task) = bystander.next_task().await;
+        assert_eq!(task.input.as_ref(), b"after");
+        lane.send(quic_lane_up::Frame::Result(QuicResult {
+            task_id: task.task_id,
+            outcome: Some(quic_result::Outcome::Output("ok".into())),
+        }))
+        .await;
+    };
+    let (outcome, ()) = tokio::join!(dispatch, answer);
+    assert!(
+        matches!(outcome, ActivityOutcome::Completed(ref output) if output.as_ref() == b"ok"),
+        "{outcome:?}"
+    );
 }
