@@ -62,6 +62,7 @@ impl QuicTransport {
             max_concurrency_limit: section.max_concurrency_limit,
             registration_timeout: section.registration_timeout.get(),
             max_unregistered_connections: section.max_unregistered_connections,
+            socket_buffer: section.socket_buffer,
         }
     }
 }

@@ -153,6 +153,11 @@ pub struct ServerConfig {
     /// Connections still handshaking or registering at once; more are refused at the QUIC
     /// level (default 1024).
     pub max_unregistered_connections: usize,
+    /// Receive and send buffer asked of the kernel for the listening UDP socket, in bytes
+    /// (default 4 MiB; the kernel caps it at `net.core.rmem_max` / `wmem_max`; 0 keeps the
+    /// kernel's default). Every worker's
+    /// packets arrive on this one socket, so the kernel's default drops bursts.
+    pub socket_buffer: usize,
 }
 
 impl ServerConfig {
@@ -186,6 +191,7 @@ impl Default for ServerConfig {
             max_concurrency_limit: 1024,
             registration_timeout: Duration::from_secs(10),
             max_unregistered_connections: 1024,
+            socket_buffer: 4 * 1024 * 1024,
         }
     }
 }

@@ -112,11 +112,21 @@ impl QuicServerBuilder {
         let mut quic = quinn::ServerConfig::with_crypto(self.tls.quic());
         quic.transport_config(Arc::new(transport))
             .migration(config.migration);
-        let endpoint =
-            Endpoint::server(quic, config.listen).map_err(|source| ServerError::Bind {
+        let socket =
+            bind_udp(config.listen, config.socket_buffer).map_err(|source| ServerError::Bind {
                 addr: config.listen,
                 source,
             })?;
+        let endpoint = Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(quic),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
         let local_addr = endpoint.local_addr().map_err(|source| ServerError::Bind {
             addr: config.listen,
             source,
@@ -241,4 +251,31 @@ impl Drop for QuicServer {
     fn drop(&mut self) {
         self.accept.abort();
     }
+}
+
+/// The listening UDP socket, with the kernel asked for `buffer` bytes each way; the kernel may
+/// grant less (its `rmem_max` / `wmem_max`), which is logged, not refused.
+fn bind_udp(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        // `[::]` serves IPv4 workers too, as quinn's own binding does.
+        let _ = socket.set_only_v6(false);
+    }
+    if buffer > 0
+        && (socket.set_recv_buffer_size(buffer).is_err()
+            || socket.set_send_buffer_size(buffer).is_err())
+    {
+        tracing::warn!(buffer, "the kernel refused the QUIC socket buffer size");
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    tracing::info!(
+        %addr,
+        asked = buffer,
+        receive = socket.recv_buffer_size().ok(),
+        send = socket.send_buffer_size().ok(),
+        "QUIC socket buffers"
+    );
+    Ok(socket.into())
 }

@@ -1,7 +1,8 @@
 //! `--idle-workers K`: K idle workers, alternating gRPC and QUIC, each on its own connection;
 //! the memory they cost the gateway and the time until all K are eligible.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -20,6 +21,40 @@ const IDLE_ACTIVITY: &str = "idle";
 const CONNECTS_AT_ONCE: usize = 64;
 /// How long the connect phase may take in all.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(300);
+/// Connect attempts per idle worker: like a real worker, one whose connect failed tries again;
+/// every retry is counted in the report, with the first reason.
+const ATTEMPTS: u32 = 3;
+
+/// Retries made during the connect phase, and why the first one was needed.
+#[derive(Default)]
+struct Retries {
+    count: AtomicU32,
+    first_reason: Mutex<Option<String>>,
+}
+
+/// Connects one idle worker, trying up to [`ATTEMPTS`] times.
+async fn start_idle(
+    target: &Target,
+    wire: Wire,
+    profile: &Profile<'_>,
+    retries: &Retries,
+) -> Result<workers::Running, Failure> {
+    let mut attempt = 1;
+    loop {
+        match workers::start(target, wire, profile, Arc::new(Counters::default())).await {
+            Err(failure) if attempt < ATTEMPTS => {
+                attempt += 1;
+                retries.count.fetch_add(1, Ordering::Relaxed);
+                let mut first = retries
+                    .first_reason
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                first.get_or_insert(failure.message);
+            }
+            result => return result,
+        }
+    }
+}
 
 /// Connects the idle workers, waits until all are eligible, measures, and disconnects them.
 pub(crate) async fn run(args: &BenchArgs, target: &Target, count: u32) -> Result<String, Failure> {
@@ -29,11 +64,12 @@ pub(crate) async fn run(args: &BenchArgs, target: &Target, count: u32) -> Result
         capacity: 1,
         service_time: Duration::ZERO,
     };
+    let retries = Retries::default();
     let started = Instant::now();
     let connects = futures::stream::iter(0..count)
         .map(|index| {
             let wire = Wire::nth(BenchTransport::Mixed, index);
-            workers::start(target, wire, &profile, Arc::new(Counters::default()))
+            start_idle(target, wire, &profile, &retries)
         })
         .buffer_unordered(CONNECTS_AT_ONCE)
         .collect::<Vec<_>>();
@@ -85,6 +121,11 @@ pub(crate) async fn run(args: &BenchArgs, target: &Target, count: u32) -> Result
         rss_per_worker_bytes: rss_per_worker,
         gateway_peak_rss_bytes: target.peak_rss_bytes(),
         rss_includes_bench: target.shares_process(),
+        connect_retries: retries.count.load(Ordering::Relaxed),
+        first_retry_reason: retries
+            .first_reason
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
         load_average_1m: system::load_average(),
     };
     serde_json::to_string(&report).map_err(|error| Failure::runtime(error.to_string()))

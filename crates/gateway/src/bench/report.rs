@@ -105,6 +105,10 @@ pub(crate) struct IdleReport<'a> {
     pub(crate) gateway_peak_rss_bytes: Option<u64>,
     /// True when that process also holds the workers (so the figures are upper bounds).
     pub(crate) rss_includes_bench: bool,
+    /// Connects that failed and were tried again (each worker gets three attempts).
+    pub(crate) connect_retries: u32,
+    /// Why the first retried connect failed.
+    pub(crate) first_retry_reason: Option<String>,
     /// One-minute load average when the run ended.
     pub(crate) load_average_1m: Option<f64>,
 }

@@ -107,6 +107,9 @@ pub struct QuicSection {
     pub registration_timeout: ConfigDuration,
     /// Connections still handshaking or registering at once; more are refused.
     pub max_unregistered_connections: usize,
+    /// Receive and send buffer asked of the kernel for the UDP socket, in bytes (capped by
+    /// `net.core.rmem_max` / `wmem_max`); every worker's packets share this one socket.
+    pub socket_buffer: usize,
 }
 
 impl Default for QuicSection {
@@ -127,6 +130,7 @@ impl Default for QuicSection {
             max_concurrency_limit: 1024,
             registration_timeout: ConfigDuration::secs(10),
             max_unregistered_connections: 1024,
+            socket_buffer: 4 * 1024 * 1024,
         }
     }
 }
