@@ -18,6 +18,12 @@ use cmd::inspect::{DispatchArgs, DrainArgs, EventsArgs, PoolArgs, UnservedArgs, 
 use cmd::serve::ServeArgs;
 use cmd::worker::WorkerArgs;
 
+/// jemalloc rather than the system allocator: the dispatch path allocates small buffers per
+/// task on several threads, where glibc's malloc took ~11% of a loopback bench's CPU (perf);
+/// gRPC stream dispatch ran ~20% faster with it. The library leaves the choice to embedders.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const AFTER_HELP: &str = "\
 Exit codes:
   0  success
