@@ -80,8 +80,9 @@ pub(crate) struct BenchArgs {
     /// How dispatches enter the gateway.
     #[arg(long, value_enum, default_value_t = Via::Stream)]
     pub(crate) via: Via,
-    /// Instead of the load run: connect K idle workers (alternating gRPC and QUIC), report
-    /// memory per worker and the time until all K are eligible.
+    /// Instead of the load run: connect K idle workers (alternating gRPC and QUIC; a failed
+    /// connect is tried up to 3 times and counted), report memory per worker and the time until
+    /// all K are eligible.
     #[arg(long, value_name = "K")]
     pub(crate) idle_workers: Option<u32>,
     /// Drive a running gateway at this API address (HOST:PORT) instead of starting one.
