@@ -20,7 +20,8 @@ use cmd::worker::WorkerArgs;
 
 /// jemalloc rather than the system allocator: the dispatch path allocates small buffers per
 /// task on several threads, where glibc's malloc took ~11% of a loopback bench's CPU (perf);
-/// gRPC stream dispatch ran ~20% faster with it. The library leaves the choice to embedders.
+/// see docs/benchmarks.md for the A/B figures. Feature `jemalloc` (default).
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -73,6 +73,16 @@ pub enum ConfigError {
         /// The setting.
         field: &'static str,
     },
+    /// A size is beyond what the setting can carry.
+    #[error("{field} {value} is above the limit of {max}")]
+    TooLarge {
+        /// The setting.
+        field: &'static str,
+        /// The value given.
+        value: usize,
+        /// The largest accepted.
+        max: usize,
+    },
 }
 
 impl LinkSettings {
@@ -132,6 +142,9 @@ impl FrameLimits {
     }
 }
 
+/// Largest [`ServerConfig::socket_buffer`]: 1 GiB (the kernel takes an `int`).
+pub const MAX_SOCKET_BUFFER: usize = 1 << 30;
+
 /// The gateway side's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
@@ -169,6 +182,13 @@ impl ServerConfig {
             "max_unregistered_connections",
             self.max_unregistered_connections,
         )?;
+        if self.socket_buffer > MAX_SOCKET_BUFFER {
+            return Err(ConfigError::TooLarge {
+                field: "socket_buffer",
+                value: self.socket_buffer,
+                max: MAX_SOCKET_BUFFER,
+            });
+        }
         self.link.transport(1).map(drop)
     }
 }

@@ -81,7 +81,9 @@ pub use client::{
     ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicWorker,
     QuicWorkerBuilder, WorkerError, WorkerHandle,
 };
-pub use config::{ConfigError, CongestionControl, FrameLimits, LinkSettings, ServerConfig};
+pub use config::{
+    ConfigError, CongestionControl, FrameLimits, LinkSettings, MAX_SOCKET_BUFFER, ServerConfig,
+};
 pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,
     PROTOCOL_VERSION,

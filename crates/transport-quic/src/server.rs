@@ -257,25 +257,48 @@ impl Drop for QuicServer {
 /// grant less (its `rmem_max` / `wmem_max`), which is logged, not refused.
 fn bind_udp(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
+    // IPV6_V6ONLY is left at the system default, as `quinn::Endpoint::server` leaves it.
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    if addr.is_ipv6() && addr.ip().is_unspecified() {
-        // `[::]` serves IPv4 workers too, as quinn's own binding does.
-        let _ = socket.set_only_v6(false);
-    }
-    if buffer > 0
-        && (socket.set_recv_buffer_size(buffer).is_err()
-            || socket.set_send_buffer_size(buffer).is_err())
-    {
-        tracing::warn!(buffer, "the kernel refused the QUIC socket buffer size");
+    if buffer > 0 {
+        if let Err(error) = socket
+            .set_recv_buffer_size(buffer)
+            .and_then(|()| socket.set_send_buffer_size(buffer))
+        {
+            tracing::warn!(buffer, %error, "the kernel refused the QUIC socket buffer size");
+        }
     }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
-    tracing::info!(
-        %addr,
-        asked = buffer,
-        receive = socket.recv_buffer_size().ok(),
-        send = socket.send_buffer_size().ok(),
-        "QUIC socket buffers"
-    );
+    // Linux reports twice what it granted; less than asked means `net.core.rmem_max` capped it.
+    let receive = socket.recv_buffer_size().ok();
+    if buffer > 0 && receive.is_some_and(|granted| granted < buffer) {
+        tracing::warn!(
+            %addr,
+            asked = buffer,
+            receive,
+            "the kernel granted a smaller QUIC receive buffer than asked; raise net.core.rmem_max"
+        );
+    } else {
+        tracing::info!(%addr, asked = buffer, receive, "QUIC socket buffers");
+    }
     Ok(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listener_asks_the_kernel_for_its_socket_buffer() {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let default = socket2::Socket::from(bind_udp(loopback, 0).unwrap())
+            .recv_buffer_size()
+            .unwrap();
+        let asked = socket2::Socket::from(bind_udp(loopback, 2 * default).unwrap())
+            .recv_buffer_size()
+            .unwrap();
+        // The kernel grants up to its rmem_max (and Linux reports twice what was granted); any
+        // grant above the default shows the size was asked for.
+        assert!(asked > default, "asked {asked}, default {default}");
+    }
 }

@@ -45,11 +45,13 @@ async fn start_idle(
             Err(failure) if attempt < ATTEMPTS => {
                 attempt += 1;
                 retries.count.fetch_add(1, Ordering::Relaxed);
-                let mut first = retries
+                retries
                     .first_reason
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                first.get_or_insert(failure.message);
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get_or_insert(failure.message);
+                // Back off a little, as a reconnecting worker would.
+                tokio::time::sleep(Duration::from_millis(250) * attempt).await;
             }
             result => return result,
         }

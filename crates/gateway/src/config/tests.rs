@@ -252,6 +252,11 @@ fn zero_and_contradictory_limits_are_refused() {
             "true",
             "tls.require_client_cert",
         ),
+        (
+            "SWITCHYARD_QUIC_SOCKET_BUFFER",
+            "4294967296",
+            "quic.socket_buffer",
+        ),
     ] {
         let error = GatewayConfig::load(None, env(&[(var, value)]), &[]).unwrap_err();
         assert_eq!(invalid_key(&error).0, key, "{var}={value}");
@@ -271,4 +276,16 @@ fn every_key_has_a_variable_and_is_documented() {
         let var = env_var_for(key);
         assert!(doc.contains(&var), "{var} is not in docs/configuration.md");
     }
+}
+
+#[test]
+fn required_client_certificates_need_tls_on_the_grpc_listener() {
+    let vars = [
+        ("SWITCHYARD_TLS_REQUIRE_CLIENT_CERT", "true"),
+        ("SWITCHYARD_TLS_CLIENT_CA", "/some/ca.pem"),
+    ];
+    GatewayConfig::load(None, env(&vars), &[]).expect("certificates required, with a CA");
+    let plaintext = [vars[0], vars[1], ("SWITCHYARD_GRPC_TLS", "false")];
+    let error = GatewayConfig::load(None, env(&plaintext), &[]).unwrap_err();
+    assert_eq!(invalid_key(&error).0, "tls.require_client_cert");
 }

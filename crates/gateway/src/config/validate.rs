@@ -80,6 +80,16 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(key, "must be at least 1".to_owned()));
         }
     }
+    let max_buffer = switchyard_transport_quic::MAX_SOCKET_BUFFER;
+    if config.quic.socket_buffer > max_buffer {
+        return Err(ConfigError::invalid(
+            "quic.socket_buffer",
+            format!(
+                "{} is above the limit of {max_buffer}",
+                config.quic.socket_buffer
+            ),
+        ));
+    }
     if config.dispatch.default_timeout > config.dispatch.max_timeout {
         return Err(ConfigError::invalid(
             "dispatch.default_timeout",
@@ -203,6 +213,11 @@ fn tls(config: &GatewayConfig) -> Result<(), ConfigError> {
         (true, false) => Err(ConfigError::invalid(
             "tls.cert",
             "is empty while tls.key is set; give both or neither".to_owned(),
+        )),
+        _ if config.tls.require_client_cert && !config.grpc.tls => Err(ConfigError::invalid(
+            "tls.require_client_cert",
+            "is true while grpc.tls is false: a plaintext listener cannot ask for certificates"
+                .to_owned(),
         )),
         _ if config.tls.require_client_cert && config.tls.client_ca.is_empty() => {
             Err(ConfigError::invalid(
