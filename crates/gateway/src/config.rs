@@ -27,7 +27,13 @@ pub const ENV_PREFIX: &str = "SWITCHYARD_";
 
 /// Environment variables with the prefix that belong to the command-line client, not to the
 /// gateway's configuration; the loader leaves them alone.
-pub const CLIENT_ENV_VARS: &[&str] = &["SWITCHYARD_ENDPOINT", "SWITCHYARD_TOKEN", "SWITCHYARD_CA"];
+pub const CLIENT_ENV_VARS: &[&str] = &[
+    "SWITCHYARD_ENDPOINT",
+    "SWITCHYARD_TOKEN",
+    "SWITCHYARD_CA",
+    "SWITCHYARD_CLIENT_CERT",
+    "SWITCHYARD_CLIENT_KEY",
+];
 
 /// The environment variable that overrides `key` (`grpc.listen` → `SWITCHYARD_GRPC_LISTEN`).
 pub fn env_var_for(key: &str) -> String {

@@ -7,7 +7,7 @@ use switchyard_proto::v1::gateway_client::GatewayClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
 use super::Failure;
@@ -32,6 +32,21 @@ pub(crate) struct ClientArgs {
     /// Data directory holding the development CA [default: as `serve` resolves it]
     #[arg(long)]
     pub(crate) data_dir: Option<PathBuf>,
+    /// PEM client certificate chain to present (mutual TLS; with --key)
+    #[arg(long, env = "SWITCHYARD_CLIENT_CERT", requires = "key")]
+    pub(crate) cert: Option<PathBuf>,
+    /// PEM private key of --cert
+    #[arg(long, env = "SWITCHYARD_CLIENT_KEY", requires = "cert")]
+    pub(crate) key: Option<PathBuf>,
+}
+
+/// A client certificate chain and its key, PEM, as read from `--cert` and `--key`.
+#[derive(Clone, Debug)]
+pub(crate) struct ClientIdentity {
+    /// The chain.
+    pub(crate) cert_pem: String,
+    /// Its key.
+    pub(crate) key_pem: String,
 }
 
 impl ClientArgs {
@@ -44,6 +59,24 @@ impl ClientArgs {
             };
             data_dir.join("tls").join("ca.pem")
         })
+    }
+
+    /// The client certificate to present, when `--cert` and `--key` are given.
+    pub(crate) fn identity(&self) -> Result<Option<ClientIdentity>, Failure> {
+        let (cert, key) = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => (cert, key),
+            (None, None) => return Ok(None),
+            _ => return Err(Failure::usage("--cert and --key go together")),
+        };
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read_to_string(path).map_err(|error| {
+                Failure::runtime(format!("{flag} {}: cannot read: {error}", path.display()))
+            })
+        };
+        Ok(Some(ClientIdentity {
+            cert_pem: read("--cert", cert)?,
+            key_pem: read("--key", key)?,
+        }))
     }
 }
 
@@ -77,8 +110,12 @@ pub(crate) async fn connect(args: &ClientArgs) -> Result<ApiClient, Failure> {
                 ca_path.display()
             ))
         })?;
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some(identity) = args.identity()? {
+            tls = tls.identity(Identity::from_pem(identity.cert_pem, identity.key_pem));
+        }
         endpoint = endpoint
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
+            .tls_config(tls)
             .map_err(|error| Failure::runtime(format!("tls: {error}")))?;
     }
     let channel = endpoint.connect().await.map_err(|error| {

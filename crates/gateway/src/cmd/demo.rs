@@ -115,6 +115,7 @@ async fn drive(args: &DemoArgs, gateway: &Gateway) -> Result<(), Failure> {
         activities: &activities,
         capacity: args.capacity,
         ca_pem: &ca_pem,
+        identity: None,
         token: None,
         stats,
     };
@@ -145,6 +146,8 @@ async fn drive(args: &DemoArgs, gateway: &Gateway) -> Result<(), Failure> {
         ca: Some(ca_path.to_owned()),
         token: None,
         data_dir: None,
+        cert: None,
+        key: None,
     };
     let mut client = connect(&client_args).await?;
     let started = Instant::now();

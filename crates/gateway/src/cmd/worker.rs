@@ -15,11 +15,11 @@ use switchyard_transport_grpc::{
 use switchyard_transport_quic::{
     ActivityContext as QuicContext, ActivityError as QuicError, ClientTls, QuicWorker,
 };
-use tonic::transport::{Certificate, ClientTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use super::Failure;
 use super::behaviour::{self, ActivitySpec, WorkerStats};
-use super::client::ClientArgs;
+use super::client::{ClientArgs, ClientIdentity};
 
 /// Which worker transport to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -69,6 +69,7 @@ pub(crate) struct WorkerSetup<'a> {
     pub(crate) activities: &'a [ActivitySpec],
     pub(crate) capacity: u32,
     pub(crate) ca_pem: &'a str,
+    pub(crate) identity: Option<&'a ClientIdentity>,
     pub(crate) token: Option<&'a str>,
     pub(crate) stats: Arc<WorkerStats>,
 }
@@ -83,8 +84,11 @@ pub(crate) async fn grpc_worker(
         .task_queue(setup.task_queue)
         .max_concurrency(setup.capacity);
     if endpoint.starts_with("https://") {
-        builder =
-            builder.tls(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(setup.ca_pem)));
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(setup.ca_pem));
+        if let Some(identity) = setup.identity {
+            tls = tls.identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
+        }
+        builder = builder.tls(tls);
     }
     if let Some(node) = setup.node {
         builder = builder.node(node);
@@ -126,7 +130,19 @@ pub(crate) async fn quic_worker(
             .add(cert)
             .map_err(|error| Failure::runtime(format!("CA: {error}")))?;
     }
-    let tls = ClientTls::new(roots).map_err(|error| Failure::runtime(error.to_string()))?;
+    let tls = match setup.identity {
+        None => ClientTls::new(roots),
+        Some(identity) => {
+            let chain =
+                rustls_pki_types::CertificateDer::pem_slice_iter(identity.cert_pem.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|error| Failure::runtime(format!("--cert: {error}")))?;
+            let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes())
+                .map_err(|error| Failure::runtime(format!("--key: {error}")))?;
+            ClientTls::with_client_cert(roots, chain, key)
+        }
+    }
+    .map_err(|error| Failure::runtime(error.to_string()))?;
     let mut builder = QuicWorker::builder(addr, server_name)
         .namespaces(setup.namespaces.iter().cloned())
         .task_queue(setup.task_queue)
@@ -176,6 +192,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
         } else {
             String::new()
         };
+    let identity = args.client.identity()?;
     let setup = WorkerSetup {
         namespaces: &args.namespaces,
         task_queue: &args.task_queue,
@@ -183,6 +200,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
         activities: &args.activities,
         capacity: args.capacity,
         ca_pem: &ca_pem,
+        identity: identity.as_ref(),
         token: args.client.token.as_deref(),
         stats: Arc::new(WorkerStats::default()),
     };
