@@ -11,6 +11,7 @@ mod activity;
 mod address;
 mod admission;
 mod arrival;
+mod backoff;
 mod delivery;
 mod dispatcher;
 mod eligibility;
@@ -34,6 +35,7 @@ pub use admission::{
     MAX_SERVED_PAIRS, RefusalKind,
 };
 pub use arrival::WorkerArrival;
+pub use backoff::Backoff;
 pub use delivery::{
     ActivityTask, CancelReason, DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage,
 };

@@ -6,7 +6,6 @@
 //! `DrainRequest`, and after a lost stream reconnects with jittered exponential backoff and
 //! registers again (under a new worker id; the gateway re-dispatches what the old one held).
 
-mod backoff;
 mod link;
 mod runtime;
 
@@ -20,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 use tracing::Instrument;
 
-pub use backoff::Backoff;
 pub use link::ConnectError;
+pub use switchyard_core::Backoff;
 
 use link::Link;
 use runtime::SessionEnd;

@@ -8,7 +8,6 @@
 //! concurrency is bounded by the link itself. Pings are answered on the lane they arrive on,
 //! a cancel fires the handler's cancellation token, and a drain lets running tasks finish.
 
-mod backoff;
 mod lane;
 mod session;
 mod unwind;
@@ -23,7 +22,7 @@ use switchyard_core::WorkerId;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use backoff::Backoff;
+pub use switchyard_core::Backoff;
 pub use switchyard_core::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 
 use crate::config::{ConfigError, LinkSettings};

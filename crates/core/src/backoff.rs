@@ -1,10 +1,11 @@
-//! Jittered exponential backoff between reconnection attempts.
+//! Jittered exponential backoff between a worker's reconnection attempts.
 
 use std::time::Duration;
 
 use rand::Rng;
 
-/// How long a worker waits before each reconnection attempt after losing its stream.
+/// How long a worker waits before each reconnection attempt after losing its connection or
+/// stream; the SDKs of every transport use it.
 ///
 /// Attempt `n` (from 0) waits a random time in `[d / 2, d]` with `d = min(max, initial * 2^n)`,
 /// so a fleet of workers cut off together does not come back in one wave. A registration that
