@@ -53,28 +53,7 @@ fn client_certificates(common_name: &str) -> ClientCertificates {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_names_the_principal() {
     let certs = client_certificates("ops.example");
-    let ca_dir = tempfile::tempdir().unwrap();
-    let ca_path = ca_dir.path().join("client-ca.pem");
-    std::fs::write(&ca_path, &certs.ca_pem).unwrap();
-    let gateway = TestGateway::start(|config| {
-        config.quic.enabled = false;
-        config.tls.client_ca = ca_path.display().to_string();
-        config.principals = vec![
-            PrincipalConfig {
-                name: "operator".to_owned(),
-                cert_subject: "ops.example".to_owned(),
-                namespaces: vec!["ops".to_owned()],
-                ..PrincipalConfig::default()
-            },
-            PrincipalConfig {
-                name: "token-holder".to_owned(),
-                token: "t".to_owned(),
-                namespaces: vec!["other".to_owned()],
-                ..PrincipalConfig::default()
-            },
-        ];
-    })
-    .await;
+    let (gateway, _ca_dir) = gateway_with_client_ca(&certs.ca_pem, false, "other").await;
     let addr = gateway.gateway().addr("grpc").unwrap();
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(gateway.ca_pem()))
@@ -119,9 +98,14 @@ async fn a_client_certificate_names_the_principal() {
     assert_eq!(refused.code(), Code::Unauthenticated);
 }
 
-/// A gateway whose client CA is `ca_pem`, knowing principal `operator` by the certificate
-/// subject `ops.example` and principal `token-holder` by token `t`, both granted `ops`.
-async fn gateway_with_client_ca(ca_pem: &str, require: bool) -> (TestGateway, tempfile::TempDir) {
+/// A gateway whose client CA is `ca_pem` (certificates required with `require`), knowing
+/// principal `operator` by the certificate subject `ops.example`, granted `ops`, and principal
+/// `token-holder` by token `t`, granted `token_namespace`.
+async fn gateway_with_client_ca(
+    ca_pem: &str,
+    require: bool,
+    token_namespace: &str,
+) -> (TestGateway, tempfile::TempDir) {
     let ca_dir = tempfile::tempdir().unwrap();
     let ca_path = ca_dir.path().join("client-ca.pem");
     std::fs::write(&ca_path, ca_pem).unwrap();
@@ -138,7 +122,7 @@ async fn gateway_with_client_ca(ca_pem: &str, require: bool) -> (TestGateway, te
             PrincipalConfig {
                 name: "token-holder".to_owned(),
                 token: "t".to_owned(),
-                namespaces: vec!["ops".to_owned()],
+                namespaces: vec![token_namespace.to_owned()],
                 ..PrincipalConfig::default()
             },
         ];
@@ -263,7 +247,7 @@ async fn a_certificate_from_an_untrusted_ca_is_refused_in_the_handshake() {
     let trusted = client_certificates("ops.example");
     // Same subject, signed by a CA the gateway does not trust.
     let forged = client_certificates("ops.example");
-    let (gateway, _ca_dir) = gateway_with_client_ca(&trusted.ca_pem, false).await;
+    let (gateway, _ca_dir) = gateway_with_client_ca(&trusted.ca_pem, false, "ops").await;
 
     assert_refused_in_handshake(
         describe_ops(&gateway, Some(&forged), None).await,
@@ -296,7 +280,7 @@ async fn a_certificate_from_an_untrusted_ca_is_refused_in_the_handshake() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn required_client_certificates_refuse_token_only_callers_in_the_handshake() {
     let trusted = client_certificates("ops.example");
-    let (gateway, _ca_dir) = gateway_with_client_ca(&trusted.ca_pem, true).await;
+    let (gateway, _ca_dir) = gateway_with_client_ca(&trusted.ca_pem, true, "ops").await;
 
     assert_refused_in_handshake(
         describe_ops(&gateway, None, Some("t")).await,
