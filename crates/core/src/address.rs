@@ -99,7 +99,7 @@ impl WorkerId {
 
 impl fmt::Display for WorkerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "w{}", self.0)
+        write!(f, "{}", self.0)
     }
 }
 

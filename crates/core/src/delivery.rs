@@ -53,7 +53,7 @@ impl TaskId {
 
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "t{}", self.0)
+        write!(f, "{}", self.0)
     }
 }
 
@@ -88,6 +88,8 @@ pub enum CancelReason {
     ShuttingDown,
     /// The producer went away (its call was dropped).
     CallerGone,
+    /// An operator's (or the worker's own) drain passed its deadline with the task still held.
+    DrainDeadline,
 }
 
 impl CancelReason {
@@ -98,6 +100,7 @@ impl CancelReason {
             Self::DeadlineExceeded => "deadline exceeded",
             Self::ShuttingDown => "shutting down",
             Self::CallerGone => "caller gone",
+            Self::DrainDeadline => "drain deadline",
         }
     }
 }
@@ -108,8 +111,12 @@ impl CancelReason {
 pub enum WorkerMessage {
     /// Run this task.
     Task(ActivityTask),
-    /// Finish in-flight work, take no more, then close.
+    /// Finish in-flight work, take no more, then close; final: the worker should not return.
     Drain,
+    /// The gateway is stopping: take no more work, finish what is in flight within the
+    /// shutdown grace, and reconnect (with backoff) once the connection closes. Unlike
+    /// [`WorkerMessage::Drain`] it is not final; the close that follows says "come back later".
+    ShuttingDown,
     /// Liveness probe; the worker runtime echoes `seq` back.
     Ping {
         /// Sequence number to echo.
@@ -137,6 +144,15 @@ pub enum DeliveryError {
     /// This transport has no way to carry the message (for example no drain frame).
     #[error("transport cannot carry {0}")]
     Unsupported(&'static str),
+    /// The message, encoded, would exceed the largest frame the worker leg carries. The
+    /// connection is unharmed: the message was never written.
+    #[error("frame of {size} bytes exceeds the worker leg's limit of {limit} bytes")]
+    TooLarge {
+        /// Encoded size of the refused frame, in bytes.
+        size: usize,
+        /// The largest frame the leg carries, in bytes.
+        limit: usize,
+    },
 }
 
 /// The delivery leg of one connected worker, implemented by each transport.

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use config::DispatchConfig;
+pub use config::{DEFAULT_MAX_INPUT_BYTES, DispatchConfig};
 pub use unserved::{UnservedAddress, UnservedQueue};
 
 use crate::address::{WorkerId, normalise_task_queue};
@@ -155,8 +155,15 @@ impl Inner {
     }
 }
 
-/// Checks a request's names: namespace and activity type present, every name bounded.
-fn validate(request: &ActivityRequest) -> Result<(), DispatchError> {
+/// Checks a request: namespace and activity type present, every name bounded, the input within
+/// what a worker leg carries.
+fn validate(request: &ActivityRequest, config: &DispatchConfig) -> Result<(), DispatchError> {
+    if request.input.len() > config.max_input_bytes {
+        return Err(DispatchError::InputTooLarge {
+            size: request.input.len(),
+            limit: config.max_input_bytes,
+        });
+    }
     let names = [
         ("namespace", Some(&request.namespace), true),
         ("activity_type", Some(&request.activity_type), true),
@@ -251,7 +258,7 @@ impl Dispatcher {
         caller: &CallerIdentity,
         request: ActivityRequest,
     ) -> Result<ActivityOutcome, DispatchError> {
-        validate(&request)?;
+        validate(&request, &self.inner.config)?;
         if !caller.grant.allows(&request.namespace) {
             return Err(DispatchError::NamespaceNotGranted {
                 principal: caller.principal.clone(),
@@ -266,7 +273,7 @@ impl Dispatcher {
         let outcome = if self.inner.shutting_down.load(Ordering::Acquire) {
             ActivityOutcome::ShuttingDown
         } else {
-            self.run(&request, &cancel).instrument(span).await
+            self.run(&request, &cancel).instrument(span).await?
         };
         metrics::counter!("switchyard_dispatches_total", "outcome" => outcome.label()).increment(1);
         metrics::histogram!("switchyard_dispatch_latency_seconds")
@@ -300,7 +307,13 @@ impl Dispatcher {
         })
     }
 
-    async fn run(&self, request: &ActivityRequest, cancel: &CancellationToken) -> ActivityOutcome {
+    /// Selects, delivers and waits until the one outcome; `Err` only when a worker leg refuses
+    /// the task as too large to carry (the dispatch then ends at once, no worker harmed).
+    async fn run(
+        &self,
+        request: &ActivityRequest,
+        cancel: &CancellationToken,
+    ) -> Result<ActivityOutcome, DispatchError> {
         let timeout = request.timeout.min(self.inner.config.max_timeout);
         let deadline = Instant::now() + timeout;
         let wall_deadline = SystemTime::now() + timeout;
@@ -311,7 +324,7 @@ impl Dispatcher {
         loop {
             let (worker, reservation) = match self.acquire(request, deadline, cancel).await {
                 Ok(hit) => hit,
-                Err(outcome) => return outcome,
+                Err(outcome) => return Ok(outcome),
             };
             let task = TaskId::from_raw(self.inner.next_task.fetch_add(1, Ordering::Relaxed));
             let (signal, mut wait) = oneshot::channel();
@@ -348,6 +361,17 @@ impl Dispatcher {
                 let removed = self.inner.lock_tasks().remove(task);
                 drop(removed);
                 drop(guard);
+                if let DeliveryError::TooLarge { size, limit } = error {
+                    // No other worker would fare better than the leg's limit allows; the
+                    // worker itself is unharmed, the frame was never written.
+                    tracing::info!(worker = %worker.id(), size, limit,
+                        "task refused by the worker leg as too large");
+                    let framing = size.saturating_sub(request.input.len());
+                    return Err(DispatchError::InputTooLarge {
+                        size: request.input.len(),
+                        limit: limit.saturating_sub(framing),
+                    });
+                }
                 tracing::debug!(worker = %worker.id(), %error, "delivery refused; selecting again");
                 failed_deliveries += 1;
                 if failed_deliveries > 1 {
@@ -357,9 +381,9 @@ impl Dispatcher {
                         .min(MAX_DELIVERY_BACKOFF);
                     tokio::select! {
                         () = tokio::time::sleep(pause) => {}
-                        () = tokio::time::sleep_until(deadline) => return self.unserved_now(request),
-                        () = cancel.cancelled() => return ActivityOutcome::Cancelled,
-                        () = self.inner.stop_all.cancelled() => return ActivityOutcome::ShuttingDown,
+                        () = tokio::time::sleep_until(deadline) => return Ok(self.unserved_now(request)),
+                        () = cancel.cancelled() => return Ok(ActivityOutcome::Cancelled),
+                        () = self.inner.stop_all.cancelled() => return Ok(ActivityOutcome::ShuttingDown),
                     }
                 }
                 continue;
@@ -383,13 +407,13 @@ impl Dispatcher {
                 Ending::Signal(signal) => signal,
                 Ending::Stop(reason, outcome) => {
                     if self.inner.abandon(task, reason) {
-                        return outcome;
+                        return Ok(outcome);
                     }
                     // The worker's answer got in first and is already in the channel: a result
                     // decides the outcome; a loss does not resurrect a stopped dispatch.
                     match wait.await {
                         Ok(Signal::Result(result)) => Ok(Signal::Result(result)),
-                        _ => return outcome,
+                        _ => return Ok(outcome),
                     }
                 }
             };
@@ -397,29 +421,29 @@ impl Dispatcher {
             drop(guard);
             match ended {
                 Ok(Signal::Result(TaskResult::Success(output))) => {
-                    return ActivityOutcome::Completed(output);
+                    return Ok(ActivityOutcome::Completed(output));
                 }
                 Ok(Signal::Result(TaskResult::Failure { message, retryable })) => {
-                    return ActivityOutcome::Failed { message, retryable };
+                    return Ok(ActivityOutcome::Failed { message, retryable });
                 }
-                Ok(Signal::Cancelled) => return ActivityOutcome::Cancelled,
+                Ok(Signal::Cancelled) => return Ok(ActivityOutcome::Cancelled),
                 Ok(Signal::WorkerLost(transport)) => {
                     if !budget.record(Instant::now()) {
                         tracing::warn!(%transport, attempts = deliveries,
                             "transport-loss budget exhausted");
-                        return ActivityOutcome::TransportLost {
+                        return Ok(ActivityOutcome::TransportLost {
                             transport,
                             attempts: deliveries,
-                        };
+                        });
                     }
                     tracing::debug!(%transport, attempts = deliveries, "worker lost; dispatching again");
                 }
                 // The table never drops a signal without sending; treat it as a loss anyway.
                 Err(_) => {
-                    return ActivityOutcome::TransportLost {
+                    return Ok(ActivityOutcome::TransportLost {
                         transport: worker.transport().clone(),
                         attempts: deliveries,
-                    };
+                    });
                 }
             }
         }
@@ -568,12 +592,13 @@ impl Dispatcher {
         self.inner.shutting_down.load(Ordering::Acquire)
     }
 
-    /// Refuses new dispatches (`ShuttingDown`), ends parked ones, drains every worker, waits up
-    /// to `grace` for tasks in flight to finish, then ends the rest `ShuttingDown`.
+    /// Refuses new dispatches (`ShuttingDown`), ends parked ones, tells every worker the gateway
+    /// is stopping ([`WorkerMessage::ShuttingDown`]: not a final drain), waits up to `grace` for
+    /// tasks in flight to finish, then ends the rest `ShuttingDown`.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.shutting_down.store(true, Ordering::Release);
         self.inner.stop_parked.cancel();
-        let drained = self.inner.registry.broadcast_drain();
+        let drained = self.inner.registry.broadcast_shutdown();
         tracing::info!(
             workers = drained,
             grace_ms = grace.as_millis() as u64,

@@ -39,7 +39,10 @@ pub use backoff::Backoff;
 pub use delivery::{
     ActivityTask, CancelReason, DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage,
 };
-pub use dispatcher::{DispatchConfig, Dispatcher, RefusedCounts, UnservedAddress, UnservedQueue};
+pub use dispatcher::{
+    DEFAULT_MAX_INPUT_BYTES, DispatchConfig, Dispatcher, RefusedCounts, UnservedAddress,
+    UnservedQueue,
+};
 pub use eligibility::{DispatchExclusion, Eligibility};
 pub use events::{DisconnectReason, WorkerEvent};
 pub use handle::{Core, CoreConfig};

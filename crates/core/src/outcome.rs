@@ -112,6 +112,14 @@ pub enum DispatchError {
         /// The namespace.
         namespace: String,
     },
+    /// The input is larger than the workers' legs can carry; nothing was sent to any worker.
+    #[error("input is {size} bytes, more than the limit of {limit} bytes a worker can receive")]
+    InputTooLarge {
+        /// The input's size, in bytes.
+        size: usize,
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// A dispatch with the same activity id is in flight in the namespace.
     #[error("activity id {activity_id:?} is already in flight in namespace {namespace:?}")]
     DuplicateActivityId {

@@ -347,9 +347,30 @@ impl Registry {
         self.inner.deregister(worker, reason)
     }
 
-    /// Fences a worker out of selection, then asks its transport to drain it. A transport with
-    /// no drain channel gets the worker deregistered instead. Returns false for an unknown id.
+    /// Fences a worker out of selection, then asks its transport to drain it (final: the
+    /// worker should not come back). A transport with no drain channel gets the worker
+    /// deregistered instead. Returns false for an unknown id.
     pub fn drain_worker(&self, worker: WorkerId) -> bool {
+        self.fence_and_tell(worker, WorkerMessage::Drain)
+    }
+
+    /// Drains every registered worker; returns how many were asked.
+    pub fn broadcast_drain(&self) -> usize {
+        let ids: Vec<WorkerId> = self.inner.lock().workers.ids().collect();
+        ids.into_iter().filter(|id| self.drain_worker(*id)).count()
+    }
+
+    /// Fences every registered worker and tells it the gateway is stopping
+    /// ([`WorkerMessage::ShuttingDown`]): finish in-flight work, then reconnect later. A leg
+    /// that cannot carry that message is sent an ordinary drain. Returns how many were told.
+    pub fn broadcast_shutdown(&self) -> usize {
+        let ids: Vec<WorkerId> = self.inner.lock().workers.ids().collect();
+        ids.into_iter()
+            .filter(|id| self.fence_and_tell(*id, WorkerMessage::ShuttingDown))
+            .count()
+    }
+
+    fn fence_and_tell(&self, worker: WorkerId, message: WorkerMessage) -> bool {
         let delivery = {
             let mut state = self.inner.lock();
             let Some(entry) = state.workers.get_mut(worker) else {
@@ -366,7 +387,11 @@ impl Registry {
             self.deregister(worker, DisconnectReason::Drained);
             return true;
         }
-        match delivery.deliver(WorkerMessage::Drain) {
+        let delivered = match delivery.deliver(message) {
+            Err(DeliveryError::Unsupported(_)) => delivery.deliver(WorkerMessage::Drain),
+            other => other,
+        };
+        match delivered {
             Ok(()) => tracing::info!(worker = %worker, "drain requested"),
             Err(DeliveryError::Closed) => {
                 self.deregister(worker, DisconnectReason::Disconnect);
@@ -376,12 +401,6 @@ impl Registry {
             }
         }
         true
-    }
-
-    /// Drains every registered worker; returns how many were asked.
-    pub fn broadcast_drain(&self) -> usize {
-        let ids: Vec<WorkerId> = self.inner.lock().workers.ids().collect();
-        ids.into_iter().filter(|id| self.drain_worker(*id)).count()
     }
 
     /// True while `worker` is registered.

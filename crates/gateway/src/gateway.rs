@@ -202,6 +202,7 @@ fn core_config(config: &GatewayConfig) -> CoreConfig {
             loss_budget: config.dispatch.loss_budget,
             loss_window: config.dispatch.loss_window.get(),
             max_timeout: config.dispatch.max_timeout.get(),
+            ..DispatchConfig::default()
         },
         liveness: LivenessConfig {
             ping_interval: config.liveness.ping_interval.get(),

@@ -34,6 +34,7 @@ pub(crate) fn register_ack(
         worker_id: worker.get(),
         task_queue: task_queue.to_owned(),
         ping_interval_ms: u32::try_from(ping_interval.as_millis()).unwrap_or(u32::MAX),
+        ..RegisterAck::default()
     }))
 }
 
@@ -54,7 +55,7 @@ pub(crate) fn gateway_frame(message: WorkerMessage) -> Option<GatewayFrame> {
             task_id: task_id.get(),
             reason: cancel_reason(reason).into(),
         }),
-        WorkerMessage::Drain => gateway_frame::Frame::Drain(DrainRequest {}),
+        WorkerMessage::Drain => gateway_frame::Frame::Drain(DrainRequest::default()),
         _ => return None,
     };
     Some(frame(inner))

@@ -16,7 +16,14 @@ pub struct DispatchConfig {
     /// Longest timeout a dispatch may ask for (default 1 hour); longer ones are clamped, so a
     /// forgotten caller cannot hold a slot for ever.
     pub max_timeout: Duration,
+    /// Largest task input accepted, in bytes (default 4 MiB less 64 KiB of framing room). The
+    /// embedding gateway sets it to what every worker leg can carry, so an input no worker
+    /// could receive is refused up front instead of being offered to one.
+    pub max_input_bytes: usize,
 }
+
+/// Default [`DispatchConfig::max_input_bytes`]: 4 MiB less 64 KiB for the task frame around it.
+pub const DEFAULT_MAX_INPUT_BYTES: usize = 4 * 1024 * 1024 - 64 * 1024;
 
 impl Default for DispatchConfig {
     fn default() -> Self {
@@ -24,6 +31,7 @@ impl Default for DispatchConfig {
             loss_budget: 3,
             loss_window: Duration::from_secs(60),
             max_timeout: Duration::from_secs(3600),
+            max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
         }
     }
 }

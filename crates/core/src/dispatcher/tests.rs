@@ -1075,7 +1075,7 @@ async fn shutdown_refuses_new_work_lets_in_flight_finish_and_ends_parked_ones() 
     let dispatcher = s.dispatcher.clone();
     let shutdown = tokio::spawn(async move { dispatcher.shutdown(Duration::from_secs(10)).await });
     assert_eq!(parked.await.expect("joined"), ActivityOutcome::ShuttingDown);
-    assert_eq!(worker.sent(), vec![WorkerMessage::Drain]);
+    assert_eq!(worker.sent(), vec![WorkerMessage::ShuttingDown]);
     assert_eq!(
         s.dispatcher
             .dispatch(&caller(), request("late", Duration::from_secs(1)))

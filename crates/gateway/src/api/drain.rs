@@ -62,7 +62,7 @@ pub(crate) fn start(
                 () = sleep_until(deadline) => {
                     let cancelled: usize = targets
                         .iter()
-                        .map(|id| core.dispatcher().cancel_held_by(*id, CancelReason::Requested))
+                        .map(|id| core.dispatcher().cancel_held_by(*id, CancelReason::DrainDeadline))
                         .sum();
                     tracing::warn!(workers = ?targets, tasks = cancelled,
                         "drain deadline passed; cancelled what the workers still held");

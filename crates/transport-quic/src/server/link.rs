@@ -154,7 +154,7 @@ impl WorkerDelivery for Link {
             }
             WorkerMessage::Drain => {
                 let drain = QuicControlDown {
-                    frame: Some(quic_control_down::Frame::Drain(QuicDrain {})),
+                    frame: Some(quic_control_down::Frame::Drain(QuicDrain::default())),
                 };
                 self.control.try_send(drain).map_err(|error| match error {
                     mpsc::error::TrySendError::Full(_) => DeliveryError::Full,

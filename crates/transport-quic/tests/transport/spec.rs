@@ -121,7 +121,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
             ),
             ("QuicControlDown", "drain") => check(
                 bytes,
-                control_down(quic_control_down::Frame::Drain(QuicDrain {})),
+                control_down(quic_control_down::Frame::Drain(QuicDrain::default())),
             ),
             ("QuicLaneDown", "task") => {
                 check(bytes, lane_down(quic_lane_down::Frame::Task(task.clone())));

@@ -108,7 +108,7 @@ pub(super) async fn run(
                     }
                     continue;
                 }
-                Some(WorkerMessage::Drain) => {
+                Some(WorkerMessage::Drain | WorkerMessage::ShuttingDown) => {
                     draining = true;
                     continue;
                 }
