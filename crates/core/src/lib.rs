@@ -18,6 +18,7 @@ mod eligibility;
 mod events;
 mod handle;
 mod liveness;
+mod metrics;
 mod namespace;
 mod outcome;
 mod registration;
@@ -47,6 +48,11 @@ pub use eligibility::{DispatchExclusion, Eligibility};
 pub use events::{DisconnectReason, WorkerEvent};
 pub use handle::{Core, CoreConfig};
 pub use liveness::{Liveness, LivenessConfig, LivenessTracker, TickActions};
+pub use metrics::{
+    ADMISSION_LABELS, ADMISSION_REFUSALS_TOTAL, DISPATCH_LATENCY_SECONDS, DISPATCHES_TOTAL,
+    OUTCOME_LABELS, REFUSED_RESULT_LABELS, RESULTS_REFUSED_TOTAL, UNSERVED_EPISODES_TOTAL,
+    UNSERVED_LABELS, register_metrics,
+};
 pub use namespace::{
     InMemoryNamespaceStore, NamespacePolicy, NamespaceRecord, NamespaceStore, Placement, StoreError,
 };

@@ -34,7 +34,11 @@ pub(crate) fn recorder() -> Option<&'static PrometheusHandle> {
                 )
                 .ok()?;
             match builder.install_recorder() {
-                Ok(handle) => Some(handle),
+                Ok(handle) => {
+                    // Every series at zero from the start, so dashboards read 0, not "no data".
+                    switchyard_core::register_metrics();
+                    Some(handle)
+                }
                 Err(error) => {
                     tracing::warn!(%error, "metrics recorder not installed; /metrics serves \
                         only the scrape-time gauges");

@@ -1,0 +1,194 @@
+//! Every series core records, so an embedder can export them at zero from the start.
+//!
+//! A dashboard or an `absent()` alert reads a series that was never written as "no data"; a
+//! fresh gateway should say "0". Core records its counters lazily (on the first dispatch, the
+//! first refusal), so [`register_metrics`] writes each counter with every label value it can
+//! take, and the latency histogram, before any traffic. Series labelled by namespace or
+//! transport appear with their first worker.
+
+use crate::admission::AdmissionError;
+use crate::outcome::{ActivityOutcome, CompletionRefused};
+use crate::registry::UnservedReason;
+
+/// `switchyard_dispatches_total{outcome}`: dispatches ended, by outcome.
+pub const DISPATCHES_TOTAL: &str = "switchyard_dispatches_total";
+/// `switchyard_dispatch_latency_seconds`: time from a dispatch call to its outcome.
+pub const DISPATCH_LATENCY_SECONDS: &str = "switchyard_dispatch_latency_seconds";
+/// `switchyard_results_refused_total{reason}`: worker results core refused, by reason.
+pub const RESULTS_REFUSED_TOTAL: &str = "switchyard_results_refused_total";
+/// `switchyard_unserved_episodes_total{reason}`: episodes of a pool having no worker to take a
+/// dispatch, by reason.
+pub const UNSERVED_EPISODES_TOTAL: &str = "switchyard_unserved_episodes_total";
+/// `switchyard_admission_refusals_total{reason}`: registrations refused by the gate, by rule.
+pub const ADMISSION_REFUSALS_TOTAL: &str = "switchyard_admission_refusals_total";
+
+/// Every `outcome` label of [`DISPATCHES_TOTAL`].
+pub const OUTCOME_LABELS: [&str; 7] = [
+    "completed",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "unserved",
+    "transport_lost",
+    "shutting_down",
+];
+
+/// Every `reason` label of [`RESULTS_REFUSED_TOTAL`].
+pub const REFUSED_RESULT_LABELS: [&str; 3] = ["unknown", "foreign", "late"];
+
+/// Every `reason` label of [`UNSERVED_EPISODES_TOTAL`].
+pub const UNSERVED_LABELS: [&str; 7] = [
+    "no_workers",
+    "workers_incompatible",
+    "all_at_capacity",
+    "capacity_unannounced",
+    "workers_unreachable",
+    "on_probation",
+    "draining",
+];
+
+/// Every `reason` label of [`ADMISSION_REFUSALS_TOTAL`].
+pub const ADMISSION_LABELS: [&str; 11] = [
+    "empty_field",
+    "too_long",
+    "too_many",
+    "control_character",
+    "missing_capacity",
+    "zero_capacity",
+    "namespace_not_granted",
+    "unknown_namespace",
+    "placement_violated",
+    "unknown_worker",
+    "store_error",
+];
+
+/// Registers every label-complete series core records, at zero, with the installed `metrics`
+/// recorder. Idempotent; call it once the recorder is installed.
+pub fn register_metrics() {
+    for outcome in OUTCOME_LABELS {
+        metrics::counter!(DISPATCHES_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for reason in REFUSED_RESULT_LABELS {
+        metrics::counter!(RESULTS_REFUSED_TOTAL, "reason" => reason).increment(0);
+    }
+    for reason in UNSERVED_LABELS {
+        metrics::counter!(UNSERVED_EPISODES_TOTAL, "reason" => reason).increment(0);
+    }
+    for reason in ADMISSION_LABELS {
+        metrics::counter!(ADMISSION_REFUSALS_TOTAL, "reason" => reason).increment(0);
+    }
+    // Registering the histogram makes the exporter render it (all buckets at 0).
+    let _ = metrics::histogram!(DISPATCH_LATENCY_SECONDS);
+}
+
+/// Compile-time guards: a new variant of any labelled enum fails to build here until its
+/// label is added to the lists above (the tests check the lists hold each label).
+#[allow(dead_code)]
+fn every_variant_is_listed(
+    outcome: &ActivityOutcome,
+    refused: &CompletionRefused,
+    unserved: UnservedReason,
+    admission: &AdmissionError,
+) {
+    use ActivityOutcome as O;
+    match outcome {
+        O::Completed(_)
+        | O::Failed { .. }
+        | O::TimedOut
+        | O::Cancelled
+        | O::Unserved { .. }
+        | O::TransportLost { .. }
+        | O::ShuttingDown => {}
+    }
+    match refused {
+        CompletionRefused::UnknownTask { .. }
+        | CompletionRefused::NotHeldByWorker { .. }
+        | CompletionRefused::Late { .. } => {}
+    }
+    use UnservedReason as U;
+    match unserved {
+        U::NoWorkers
+        | U::WorkersIncompatible
+        | U::AllAtCapacity
+        | U::CapacityUnannounced
+        | U::WorkersUnreachable
+        | U::OnProbation
+        | U::Draining => {}
+    }
+    use AdmissionError as A;
+    match admission {
+        A::Empty { .. }
+        | A::TooLong { .. }
+        | A::TooMany { .. }
+        | A::ControlCharacter { .. }
+        | A::MissingCapacity
+        | A::ZeroCapacity
+        | A::NamespaceNotGranted { .. }
+        | A::UnknownNamespace { .. }
+        | A::PlacementViolated { .. }
+        | A::UnknownWorker
+        | A::Store(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::delivery::TransportName;
+
+    #[test]
+    fn the_lists_hold_each_label_core_records() {
+        let outcomes = [
+            ActivityOutcome::Completed(Bytes::new()),
+            ActivityOutcome::Failed {
+                message: String::new(),
+                retryable: false,
+            },
+            ActivityOutcome::TimedOut,
+            ActivityOutcome::Cancelled,
+            ActivityOutcome::Unserved {
+                reason: UnservedReason::NoWorkers,
+                detail: String::new(),
+            },
+            ActivityOutcome::TransportLost {
+                transport: TransportName::from_static("t"),
+                attempts: 1,
+            },
+            ActivityOutcome::ShuttingDown,
+        ];
+        let labels: Vec<&str> = outcomes.iter().map(ActivityOutcome::label).collect();
+        assert_eq!(labels, OUTCOME_LABELS);
+
+        let unserved = [
+            UnservedReason::NoWorkers,
+            UnservedReason::WorkersIncompatible,
+            UnservedReason::AllAtCapacity,
+            UnservedReason::CapacityUnannounced,
+            UnservedReason::WorkersUnreachable,
+            UnservedReason::OnProbation,
+            UnservedReason::Draining,
+        ];
+        let labels: Vec<&str> = unserved.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels, UNSERVED_LABELS);
+    }
+
+    #[test]
+    fn every_admission_label_is_listed() {
+        use crate::namespace::StoreError;
+        let errors = [
+            AdmissionError::MissingCapacity,
+            AdmissionError::ZeroCapacity,
+            AdmissionError::UnknownWorker,
+            AdmissionError::Store(StoreError(String::new())),
+        ];
+        for error in &errors {
+            assert!(
+                ADMISSION_LABELS.contains(&error.label()),
+                "{}",
+                error.label()
+            );
+        }
+    }
+}
