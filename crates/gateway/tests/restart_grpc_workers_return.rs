@@ -161,7 +161,12 @@ filter = "warn"
 
 /// Starts `switchyard serve` and waits for its banner; returns it and the instant it is ready.
 async fn serve(config: &Path) -> (Process, Instant) {
-    let mut gateway = Process::spawn(Command::new(switchyard()).arg("serve").arg("--config").arg(config));
+    let mut gateway = Process::spawn(
+        Command::new(switchyard())
+            .arg("serve")
+            .arg("--config")
+            .arg(config),
+    );
     gateway.line_containing("grpc").await;
     (gateway, Instant::now())
 }
@@ -196,7 +201,12 @@ fn unix_ms(at: SystemTime) -> u64 {
 
 /// Polls until a worker for each activity is registered (connected at or after `since`) and
 /// one dispatch to each completes, or `deadline` passes.
-async fn both_serving(port: u16, data_dir: &Path, since: SystemTime, deadline: Instant) -> Vec<u64> {
+async fn both_serving(
+    port: u16,
+    data_dir: &Path,
+    since: SystemTime,
+    deadline: Instant,
+) -> Vec<u64> {
     let since = unix_ms(since);
     loop {
         assert!(
@@ -294,21 +304,21 @@ async fn restart_and_expect_the_fleet_back(end: &str) {
 
     let (mut first, _) = serve(&config).await;
     let mut fleet = fleet(port, &data_dir).await;
-    both_serving(
-        port,
-        &data_dir,
-        UNIX_EPOCH,
-        Instant::now() + PATIENCE,
-    )
-    .await;
+    both_serving(port, &data_dir, UNIX_EPOCH, Instant::now() + PATIENCE).await;
 
     first.signal(end);
     let status = first.exit().await;
     if end == "TERM" {
-        assert!(status.success(), "the gateway stops cleanly on SIGTERM: {status:?}");
+        assert!(
+            status.success(),
+            "the gateway stops cleanly on SIGTERM: {status:?}"
+        );
     }
     // Control: nothing is registered anywhere between the two gateways.
-    assert!(producer(port, &data_dir).await.is_none(), "the old gateway is gone");
+    assert!(
+        producer(port, &data_dir).await.is_none(),
+        "the old gateway is gone"
+    );
     assert!(!fleet.sdk.is_finished(), "the SDK worker keeps trying");
     assert!(
         fleet.cli.child.try_wait().unwrap().is_none(),

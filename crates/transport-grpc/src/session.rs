@@ -109,7 +109,11 @@ impl Session {
             End::CallGone => tracing::info!(deregistered, "worker call dropped"),
             End::Refused(error) => tracing::info!(deregistered, %error, "worker stream ended"),
             End::Farewell(farewell) => {
-                tracing::info!(deregistered, ?farewell, "drained worker holds nothing; ending its stream");
+                tracing::info!(
+                    deregistered,
+                    ?farewell,
+                    "drained worker holds nothing; ending its stream"
+                );
             }
         }
         match (end, farewell) {

@@ -216,7 +216,10 @@ mod tests {
                 CancelReason::ShuttingDown,
                 cancel_activity::Reason::ShuttingDown,
             ),
-            (CancelReason::CallerGone, cancel_activity::Reason::CallerGone),
+            (
+                CancelReason::CallerGone,
+                cancel_activity::Reason::CallerGone,
+            ),
             (
                 CancelReason::DrainDeadline,
                 cancel_activity::Reason::DrainDeadline,

@@ -407,7 +407,10 @@ async fn an_input_too_large_for_the_stream_is_refused_and_no_worker_leaves() {
     assert_eq!(size, limit - 8);
     assert!(fits < size && fits > limit - 256, "{fits}");
     for id in &ids {
-        assert!(gateway.core.registry().is_registered(*id), "worker {id} left");
+        assert!(
+            gateway.core.registry().is_registered(*id),
+            "worker {id} left"
+        );
     }
     assert!(!left_any(&mut events), "no worker left");
     // Control: the same input minus the framing is served.
@@ -462,10 +465,15 @@ async fn a_result_over_the_stated_frame_limit_fails_locally_and_the_worker_stays
     assert!(!retryable);
     assert!(
         message.starts_with("result of ")
-            && message.ends_with(&format!("exceeds the gateway's frame limit of {limit} bytes")),
+            && message.ends_with(&format!(
+                "exceeds the gateway's frame limit of {limit} bytes"
+            )),
         "{message}"
     );
-    assert!(gateway.core.registry().is_registered(id), "the worker stays");
+    assert!(
+        gateway.core.registry().is_registered(id),
+        "the worker stays"
+    );
     // Control: a result within the limit is delivered on the same stream.
     let outcome = dispatch(&gateway.core, request("ns", "inflate", b"1000"));
     assert_eq!(

@@ -11,9 +11,7 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use switchyard_core::{
-    ActivityOutcome, CancelReason, DisconnectReason, MAX_NAME_BYTES, WorkerId,
-};
+use switchyard_core::{ActivityOutcome, CancelReason, DisconnectReason, MAX_NAME_BYTES, WorkerId};
 use switchyard_proto::v1::{
     ActivityResult, CancelAck, RegisterWorker, activity_result, cancel_activity, drain_request,
     gateway_frame, worker_frame,
@@ -33,7 +31,9 @@ async fn worker(gateway: &Gateway) -> (RawStream, WorkerId) {
     (stream, id)
 }
 
-fn drain_reason(frame: Result<Option<gateway_frame::Frame>, tonic::Status>) -> drain_request::Reason {
+fn drain_reason(
+    frame: Result<Option<gateway_frame::Frame>, tonic::Status>,
+) -> drain_request::Reason {
     match frame {
         Ok(Some(gateway_frame::Frame::Drain(drain))) => drain.reason(),
         other => panic!("expected a drain frame, got {other:?}"),
@@ -182,7 +182,10 @@ async fn an_oversized_frame_ends_the_stream_resource_exhausted_naming_the_limit(
     stream.send(result(limit + 1)).await;
     let status = stream.closing_status().await;
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-    assert!(status.message().starts_with("frame too large: "), "{status:?}");
+    assert!(
+        status.message().starts_with("frame too large: "),
+        "{status:?}"
+    );
     assert!(status.message().contains(&limit.to_string()), "{status:?}");
     assert_eq!(gateway.core.dispatcher().refused().unknown, 1);
     assert!(!gateway.core.registry().is_registered(id));
@@ -194,10 +197,15 @@ async fn a_malformed_frame_ends_the_stream_invalid_argument() {
     let mut stream = RawBytesStream::open(&gateway).await;
     let id = stream.register(register(&["ns"], &["work"], Some(1))).await;
     // A truncated varint tag: not a protobuf message at all.
-    stream.send_raw(Bytes::from_static(&[0xFF, 0xFF, 0xFF])).await;
+    stream
+        .send_raw(Bytes::from_static(&[0xFF, 0xFF, 0xFF]))
+        .await;
     let status = stream.closing_status().await;
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert!(status.message().starts_with("malformed frame: "), "{status:?}");
+    assert!(
+        status.message().starts_with("malformed frame: "),
+        "{status:?}"
+    );
     assert!(!gateway.core.registry().is_registered(id));
 }
 
@@ -220,7 +228,8 @@ async fn an_identity_over_255_bytes_is_refused_invalid_argument() {
         .register(registration("i".repeat(MAX_NAME_BYTES)))
         .await;
     let mut over = open(&mut client, Some(TRUSTED_TOKEN)).await.unwrap();
-    over.send(registration("i".repeat(MAX_NAME_BYTES + 1))).await;
+    over.send(registration("i".repeat(MAX_NAME_BYTES + 1)))
+        .await;
     let status = over.closing_status().await;
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("identity"), "{status:?}");

@@ -5,8 +5,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
-use switchyard_core::TaskResult;
 use prost::Message;
+use switchyard_core::TaskResult;
 use switchyard_proto::v1::{
     self, ActivityResult, CancelAck, Failure, Pong, WorkerFrame, activity_result, drain_request,
     gateway_frame::Frame, worker_frame,
@@ -243,7 +243,12 @@ fn within_limit(frame: worker_frame::Frame, limit: usize) -> worker_frame::Frame
     if size <= limit {
         return frame;
     }
-    tracing::warn!(task = result.task_id, size, limit, "result too large for the gateway; failing it");
+    tracing::warn!(
+        task = result.task_id,
+        size,
+        limit,
+        "result too large for the gateway; failing it"
+    );
     worker_frame::Frame::Result(ActivityResult {
         task_id: result.task_id,
         outcome: Some(activity_result::Outcome::Failure(Failure {
@@ -281,7 +286,11 @@ mod tests {
             frame: Some(output(5, 100)),
         }
         .encoded_len();
-        assert_eq!(within_limit(output(5, 100), fits), output(5, 100), "control");
+        assert_eq!(
+            within_limit(output(5, 100), fits),
+            output(5, 100),
+            "control"
+        );
         let worker_frame::Frame::Result(result) = within_limit(output(5, 101), fits) else {
             panic!("still a result");
         };
