@@ -170,7 +170,13 @@ async fn an_oversized_frame_ends_the_stream_resource_exhausted_naming_the_limit(
         .start()
         .await;
     let mut stream = RawBytesStream::open(&gateway).await;
-    let id = stream.register(register(&["ns"], &["work"], Some(1))).await;
+    let ack = stream
+        .register_ack(register(&["ns"], &["work"], Some(1)))
+        .await;
+    // The acknowledgement states the limits the stream is held to.
+    assert_eq!(ack.max_worker_frame_bytes, u32::try_from(limit).unwrap());
+    assert_eq!(ack.max_gateway_frame_bytes, u32::try_from(limit).unwrap());
+    let id = WorkerId::from_raw(ack.worker_id);
     let result = |len: usize| {
         frame(worker_frame::Frame::Result(ActivityResult {
             task_id: 1,

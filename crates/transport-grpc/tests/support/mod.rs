@@ -641,11 +641,16 @@ impl RawBytesStream {
 
     /// Registers and returns the acknowledged worker id.
     pub async fn register(&mut self, frame: WorkerFrame) -> WorkerId {
+        WorkerId::from_raw(self.register_ack(frame).await.worker_id)
+    }
+
+    /// Registers and returns the acknowledgement.
+    pub async fn register_ack(&mut self, frame: WorkerFrame) -> switchyard_proto::v1::RegisterAck {
         self.send(frame).await;
         match within("the acknowledgement", self.recv.message()).await {
             Ok(Some(GatewayFrame {
                 frame: Some(gateway_frame::Frame::RegisterAck(ack)),
-            })) => WorkerId::from_raw(ack.worker_id),
+            })) => ack,
             other => panic!("expected a register ack, got {other:?}"),
         }
     }
