@@ -34,7 +34,7 @@ pub(crate) const CLOSE_FLUSH_LIMIT: Duration = Duration::from_secs(5);
 /// says so (a status) or drops its control sender (a clean end). Frames queued before that end
 /// go out first, so a worker sees the `drain` or `cancel` that explains it; the flush takes
 /// what is already queued (the delivery leg accepts nothing once the session ends) and at most
-/// [`CLOSE_FLUSH_LIMIT`].
+/// 5 s, so a worker that reads slowly cannot hold the end forever.
 pub struct Outbound {
     control: mpsc::Receiver<Control>,
     frames: Option<mpsc::Receiver<GatewayFrame>>,
