@@ -2,9 +2,11 @@
 //!
 //! A [`GrpcWorker`] holds one registered stream at a time. Its runtime answers the gateway's
 //! pings itself, runs at most `max_concurrency` handlers at once, fires a handler's
-//! cancellation token on `CancelActivity`, finishes in-flight work and closes on
-//! `DrainRequest`, and after a lost stream reconnects with jittered exponential backoff and
-//! registers again (under a new worker id; the gateway re-dispatches what the old one held).
+//! cancellation token on `CancelActivity`, and finishes in-flight work and closes on
+//! `DrainRequest`. A drain the gateway sends because it is shutting down, or a lost stream,
+//! is not the end: the worker reconnects with jittered exponential backoff and registers again
+//! (under a new worker id; the gateway re-dispatches what the old one held). Only a requested
+//! drain, or the embedder's shutdown token, ends [`GrpcWorker::run`].
 
 mod link;
 mod runtime;
@@ -121,9 +123,11 @@ impl GrpcWorker {
         self.stop.clone()
     }
 
-    /// Serves tasks until drained by the gateway or stopped through
-    /// [`GrpcWorker::shutdown_token`], reconnecting after every lost stream. Fails only when
-    /// a reconnection is refused for good (see [`ConnectError::is_permanent`]).
+    /// Serves tasks until drained for good by the gateway (a requested drain) or stopped
+    /// through [`GrpcWorker::shutdown_token`]. After the gateway shuts down or the stream is
+    /// lost it reconnects with the configured [`Backoff`], logging (INFO/WARN) what happened
+    /// and when it tries again. Fails only when a reconnection is refused for good (see
+    /// [`ConnectError::is_permanent`]).
     pub async fn run(mut self) -> Result<(), ConnectError> {
         let mut attempt: u32 = 0;
         loop {
@@ -141,17 +145,16 @@ impl GrpcWorker {
                     };
                     match opened {
                         Ok(link) => {
-                            tracing::info!(
-                                worker = link.ack.worker_id,
-                                attempt,
-                                "registered again"
-                            );
+                            tracing::info!(worker = link.ack.worker_id, attempt,
+                                endpoint = %self.settings.endpoint, "reconnected to the gateway");
                             attempt = 0;
                             link
                         }
                         Err(error) if error.is_permanent() => return Err(error),
                         Err(error) => {
-                            tracing::warn!(%error, attempt, "reconnection failed");
+                            let next = self.settings.backoff.ceiling(attempt);
+                            tracing::warn!(%error, attempt, retry_within = ?next,
+                                "reconnection failed; retrying");
                             continue;
                         }
                     }
@@ -161,10 +164,16 @@ impl GrpcWorker {
             let served = runtime::serve(link, &self.settings, &self.permits, &self.stop)
                 .instrument(span)
                 .await;
+            let ceiling = self.settings.backoff.ceiling(attempt);
             match served {
                 SessionEnd::Drained | SessionEnd::Stopped => return Ok(()),
+                SessionEnd::ShuttingDown => {
+                    tracing::warn!(endpoint = %self.settings.endpoint, retry_within = ?ceiling,
+                        "lost the gateway: it is shutting down; reconnecting");
+                }
                 SessionEnd::Lost(reason) => {
-                    tracing::warn!(%reason, "worker stream lost; reconnecting");
+                    tracing::warn!(endpoint = %self.settings.endpoint, %reason,
+                        retry_within = ?ceiling, "lost the gateway; reconnecting");
                 }
             }
         }

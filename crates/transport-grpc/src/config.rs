@@ -21,7 +21,8 @@ pub struct GrpcServerConfig {
     /// worker on it deregistered (default 20 s).
     pub keepalive_timeout: Duration,
     /// Largest encoded message accepted or sent on a worker stream, in bytes (default 16 MiB);
-    /// bounds both task inputs and results.
+    /// bounds both task inputs and results. Workers are told it in `RegisterAck`; a task whose
+    /// frame would exceed it is refused to its producer without touching the worker.
     pub max_message_bytes: usize,
     /// Disables Nagle's algorithm on accepted sockets (default true: tasks and results are
     /// small and latency-bound).

@@ -1,34 +1,67 @@
 //! The server's delivery leg for one worker stream.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use prost::Message;
 use switchyard_core::{DeliveryError, TransportName, WorkerDelivery, WorkerMessage};
 use switchyard_proto::v1::GatewayFrame;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 use crate::wire;
 
 /// The name this transport registers its workers under.
 pub const TRANSPORT: TransportName = TransportName::from_static("grpc");
 
+/// Why the gateway asked a worker to finish and leave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Farewell {
+    /// An operator's (or the worker's own) drain: final.
+    Drain,
+    /// The gateway is stopping: the worker should come back later.
+    ShuttingDown,
+}
+
 /// Pushes core's messages into one stream's bounded outbound queue, never waiting.
 ///
 /// The queue is sized from the worker's stated capacity plus control headroom, so a worker
 /// that reads its stream never sees `Full`; one that stops reading fills it and core stops
-/// choosing it.
+/// choosing it. A frame whose encoding exceeds the stream's message size limit is refused as
+/// `TooLarge` before it is queued: tonic would otherwise fail the whole stream on it.
+///
+/// The leg also remembers which pushed tasks the worker has not answered yet and whether it
+/// was asked to leave, so the session can end the stream once a drained worker holds nothing.
 pub(crate) struct GrpcWorkerDelivery {
     frames: mpsc::Sender<GatewayFrame>,
+    max_frame_bytes: usize,
     closed: AtomicBool,
-    drain_requested: AtomicBool,
+    state: Mutex<LegState>,
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct LegState {
+    /// Tasks pushed and not yet answered by a result or a cancel acknowledgement.
+    held: HashSet<u64>,
+    /// The last drain or shutdown notice queued.
+    farewell: Option<Farewell>,
 }
 
 impl GrpcWorkerDelivery {
-    pub(crate) fn new(frames: mpsc::Sender<GatewayFrame>) -> Self {
+    /// A leg pushing into `frames`, refusing frames larger than `max_frame_bytes` encoded.
+    pub(crate) fn new(frames: mpsc::Sender<GatewayFrame>, max_frame_bytes: usize) -> Self {
         Self {
             frames,
+            max_frame_bytes,
             closed: AtomicBool::new(false),
-            drain_requested: AtomicBool::new(false),
+            state: Mutex::new(LegState::default()),
+            changed: Notify::new(),
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LegState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Marks the stream as ended; later deliveries are refused as `Closed`.
@@ -36,9 +69,29 @@ impl GrpcWorkerDelivery {
         self.closed.store(true, Ordering::Release);
     }
 
-    /// True once a drain request was queued for the worker.
-    pub(crate) fn drain_requested(&self) -> bool {
-        self.drain_requested.load(Ordering::Acquire)
+    /// The worker answered `task` (a result or a cancel acknowledgement).
+    pub(crate) fn answered(&self, task: u64) {
+        if self.lock().held.remove(&task) {
+            self.changed.notify_one();
+        }
+    }
+
+    /// The farewell to end the stream with: a drain or shutdown notice was queued and the
+    /// worker holds no unanswered task.
+    pub(crate) fn farewell_due(&self) -> Option<Farewell> {
+        let state = self.lock();
+        state.farewell.filter(|_| state.held.is_empty())
+    }
+
+    /// The drain or shutdown notice queued, if any.
+    pub(crate) fn farewell(&self) -> Option<Farewell> {
+        self.lock().farewell
+    }
+
+    /// Resolves after a notice is queued or a task answered (or at once if that happened
+    /// since the last call): the moment to check [`GrpcWorkerDelivery::farewell_due`] again.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
     }
 }
 
@@ -59,14 +112,47 @@ impl WorkerDelivery for GrpcWorkerDelivery {
         if !self.is_connected() {
             return Err(DeliveryError::Closed);
         }
-        let is_drain = matches!(message, WorkerMessage::Drain);
+        let farewell = match message {
+            WorkerMessage::Drain => Some(Farewell::Drain),
+            WorkerMessage::ShuttingDown => Some(Farewell::ShuttingDown),
+            _ => None,
+        };
+        let task = match &message {
+            WorkerMessage::Task(task) => Some(task.task_id.get()),
+            _ => None,
+        };
         let frame = wire::gateway_frame(message).ok_or(DeliveryError::Unsupported("message"))?;
-        self.frames.try_send(frame).map_err(|error| match error {
+        let size = frame.encoded_len();
+        if size > self.max_frame_bytes {
+            return Err(DeliveryError::TooLarge {
+                size,
+                limit: self.max_frame_bytes,
+            });
+        }
+        // Held before it is queued, so an answer racing the push always finds it.
+        if let Some(task) = task {
+            self.lock().held.insert(task);
+        }
+        let queued = self.frames.try_send(frame).map_err(|error| match error {
             mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
             mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
-        })?;
-        if is_drain {
-            self.drain_requested.store(true, Ordering::Release);
+        });
+        let mut state = self.lock();
+        match (queued, task) {
+            (Err(error), Some(task)) => {
+                state.held.remove(&task);
+                return Err(error);
+            }
+            (Err(error), None) => return Err(error),
+            (Ok(()), _) => {}
+        }
+        if let Some(farewell) = farewell {
+            // A final drain is never downgraded to a shutdown notice.
+            if state.farewell != Some(Farewell::Drain) {
+                state.farewell = Some(farewell);
+            }
+            drop(state);
+            self.changed.notify_one();
         }
         Ok(())
     }
@@ -74,14 +160,38 @@ impl WorkerDelivery for GrpcWorkerDelivery {
 
 #[cfg(test)]
 mod tests {
-    use switchyard_core::TaskId;
+    use std::time::{Duration, SystemTime};
+
+    use bytes::Bytes;
+    use switchyard_core::{ActivityTask, TaskId};
 
     use super::*;
+
+    const LIMIT: usize = 1024;
+
+    fn task(id: u64, input: usize) -> WorkerMessage {
+        WorkerMessage::Task(ActivityTask {
+            task_id: TaskId::from_raw(id),
+            namespace: "ns".into(),
+            task_queue: "default".into(),
+            activity_type: "echo".into(),
+            input: Bytes::from(vec![7; input]),
+            attempt: 1,
+            deadline: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        })
+    }
+
+    /// The encoded size of a task frame carrying `input` bytes.
+    fn task_frame_len(input: usize) -> usize {
+        wire::gateway_frame(task(1, input))
+            .map(|frame| frame.encoded_len())
+            .unwrap_or_default()
+    }
 
     #[test]
     fn full_queue_and_closed_stream_are_typed_refusals() {
         let (tx, mut rx) = mpsc::channel(1);
-        let leg = GrpcWorkerDelivery::new(tx);
+        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
         assert_eq!(leg.deliver(WorkerMessage::Ping { seq: 1 }), Ok(()));
         assert_eq!(
             leg.deliver(WorkerMessage::Ping { seq: 2 }),
@@ -100,22 +210,72 @@ mod tests {
     #[test]
     fn dropped_receiver_reads_as_disconnected() {
         let (tx, rx) = mpsc::channel(4);
-        let leg = GrpcWorkerDelivery::new(tx);
+        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
         drop(rx);
         assert!(!leg.is_connected());
         assert_eq!(
             leg.deliver(WorkerMessage::Drain),
             Err(DeliveryError::Closed)
         );
-        assert!(!leg.drain_requested());
+        assert_eq!(leg.farewell(), None);
     }
 
     #[test]
-    fn drain_is_remembered_once_queued() {
-        let (tx, _rx) = mpsc::channel(4);
-        let leg = GrpcWorkerDelivery::new(tx);
-        assert!(!leg.drain_requested());
+    fn frame_over_the_limit_is_refused_and_never_queued() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
+        // Find the largest input whose frame fits exactly.
+        let fits = (0..LIMIT).rev().find(|n| task_frame_len(*n) <= LIMIT);
+        let Some(fits) = fits else {
+            panic!("some input fits in {LIMIT} bytes");
+        };
+        assert_eq!(leg.deliver(task(1, fits)), Ok(()), "control: at the limit");
+        assert!(rx.try_recv().is_ok());
+        let over = task_frame_len(fits + 1);
+        assert!(over > LIMIT);
+        assert_eq!(
+            leg.deliver(task(2, fits + 1)),
+            Err(DeliveryError::TooLarge {
+                size: over,
+                limit: LIMIT
+            })
+        );
+        assert!(rx.try_recv().is_err(), "nothing was queued");
+        assert!(leg.is_connected(), "the leg is unharmed");
+        leg.answered(1);
+        assert_eq!(leg.lock().held.len(), 0, "the refused task is not held");
+    }
+
+    #[test]
+    fn farewell_is_due_once_every_task_is_answered() {
+        let (tx, _rx) = mpsc::channel(8);
+        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
+        leg.deliver(task(1, 4)).unwrap();
+        assert_eq!(leg.farewell_due(), None, "no notice yet");
+        leg.deliver(WorkerMessage::ShuttingDown).unwrap();
+        assert_eq!(leg.farewell(), Some(Farewell::ShuttingDown));
+        assert_eq!(leg.farewell_due(), None, "task 1 still held");
+        leg.answered(1);
+        assert_eq!(leg.farewell_due(), Some(Farewell::ShuttingDown));
+    }
+
+    #[test]
+    fn a_final_drain_is_not_downgraded_by_a_shutdown() {
+        let (tx, _rx) = mpsc::channel(8);
+        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
         leg.deliver(WorkerMessage::Drain).unwrap();
-        assert!(leg.drain_requested());
+        leg.deliver(WorkerMessage::ShuttingDown).unwrap();
+        assert_eq!(leg.farewell_due(), Some(Farewell::Drain));
+    }
+
+    #[tokio::test]
+    async fn a_queued_notice_wakes_the_session() {
+        let (tx, _rx) = mpsc::channel(8);
+        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
+        let changed = leg.changed();
+        tokio::pin!(changed);
+        assert!(futures::poll!(changed.as_mut()).is_pending());
+        leg.deliver(WorkerMessage::Drain).unwrap();
+        changed.await;
     }
 }

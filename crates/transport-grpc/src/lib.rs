@@ -9,7 +9,8 @@
 //!
 //! The worker side is [`GrpcWorker`]: activity handlers are async functions of
 //! ([`ActivityContext`], input bytes) returning output bytes or an [`ActivityError`]; the
-//! runtime answers pings, bounds concurrency, honours cancels and drains, and reconnects.
+//! runtime answers pings, bounds concurrency, honours cancels and drains, and reconnects
+//! after a lost stream or a gateway shutdown (only a requested drain is final).
 //!
 //! # Examples
 //!

@@ -1,12 +1,15 @@
 //! The response half of a worker stream: the acknowledgement first, then pushed frames, then
-//! the closing status.
+//! the closing status once the frames queued before it are out.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::Stream;
 use switchyard_proto::v1::GatewayFrame;
 use tokio::sync::mpsc;
+use tokio::time::Sleep;
 use tonic::Status;
 
 /// What the session tells the response stream.
@@ -20,22 +23,37 @@ pub(crate) enum Control {
     Close(Status),
 }
 
+/// How long a closing stream may spend flushing the frames queued before its end; past it the
+/// rest is dropped and the end goes out, so a worker that reads slowly cannot hold it forever.
+pub(crate) const CLOSE_FLUSH_LIMIT: Duration = Duration::from_secs(5);
+
 /// The response stream of a worker call (`GatewayFrame`s, then the closing status).
 ///
 /// Nothing flows before the session hands over the acknowledgement, so a ping queued by core
-/// the instant the worker is admitted can never overtake it. The stream ends when
-/// the session says so (a status) or drops its control sender (a clean end); a closing status
-/// is sent at once, without waiting behind queued frames, since the stream is going away.
+/// the instant the worker is admitted can never overtake it. The stream ends when the session
+/// says so (a status) or drops its control sender (a clean end). Frames queued before that end
+/// go out first, so a worker sees the `drain` or `cancel` that explains it; the flush takes
+/// what is already queued (the delivery leg accepts nothing once the session ends) and at most
+/// 5 s, so a worker that reads slowly cannot hold the end forever.
 pub struct Outbound {
     control: mpsc::Receiver<Control>,
     frames: Option<mpsc::Receiver<GatewayFrame>>,
+    closing: Option<Closing>,
     done: bool,
+}
+
+/// An end the stream is flushing towards.
+struct Closing {
+    /// The status to end with; `None` for a clean end.
+    status: Option<Status>,
+    flush_until: Pin<Box<Sleep>>,
 }
 
 impl std::fmt::Debug for Outbound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Outbound")
             .field("registered", &self.frames.is_some())
+            .field("closing", &self.closing.is_some())
             .field("done", &self.done)
             .finish()
     }
@@ -49,9 +67,29 @@ impl Outbound {
         let stream = Self {
             control: rx,
             frames: None,
+            closing: None,
             done: false,
         };
         (stream, control)
+    }
+
+    /// The next queued frame while closing, or the end once none is left or the flush limit
+    /// passed.
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<GatewayFrame, Status>>> {
+        let Some(closing) = self.closing.as_mut() else {
+            return Poll::Pending;
+        };
+        let expired = closing.flush_until.as_mut().poll(cx).is_ready();
+        if !expired {
+            if let Some(Poll::Ready(Some(frame))) =
+                self.frames.as_mut().map(|frames| frames.poll_recv(cx))
+            {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+        }
+        self.done = true;
+        let status = self.closing.take().and_then(|closing| closing.status);
+        Poll::Ready(status.map(Err))
     }
 }
 
@@ -63,26 +101,28 @@ impl Stream for Outbound {
         if this.done {
             return Poll::Ready(None);
         }
-        match this.control.poll_recv(cx) {
-            Poll::Ready(Some(Control::Registered { ack, frames })) => {
-                this.frames = Some(frames);
-                return Poll::Ready(Some(Ok(ack)));
-            }
-            Poll::Ready(Some(Control::Close(status))) => {
-                this.done = true;
-                return Poll::Ready(Some(Err(status)));
-            }
-            Poll::Ready(None) => {
-                this.done = true;
-                return Poll::Ready(None);
-            }
-            Poll::Pending => {}
+        if this.closing.is_none() {
+            let status = match this.control.poll_recv(cx) {
+                Poll::Ready(Some(Control::Registered { ack, frames })) => {
+                    this.frames = Some(frames);
+                    return Poll::Ready(Some(Ok(ack)));
+                }
+                Poll::Ready(Some(Control::Close(status))) => Some(status),
+                Poll::Ready(None) => None,
+                Poll::Pending => {
+                    return match this.frames.as_mut().map(|frames| frames.poll_recv(cx)) {
+                        Some(Poll::Ready(Some(frame))) => Poll::Ready(Some(Ok(frame))),
+                        // Every delivery handle is gone; the control channel decides the end.
+                        Some(Poll::Ready(None)) | Some(Poll::Pending) | None => Poll::Pending,
+                    };
+                }
+            };
+            this.closing = Some(Closing {
+                status,
+                flush_until: Box::pin(tokio::time::sleep(CLOSE_FLUSH_LIMIT)),
+            });
         }
-        match this.frames.as_mut().map(|frames| frames.poll_recv(cx)) {
-            Some(Poll::Ready(Some(frame))) => Poll::Ready(Some(Ok(frame))),
-            // Every delivery handle is gone; the session's control channel decides the end.
-            Some(Poll::Ready(None)) | Some(Poll::Pending) | None => Poll::Pending,
-        }
+        this.poll_flush(cx)
     }
 }
 
@@ -128,6 +168,64 @@ mod tests {
             .unwrap();
         let status = stream.next().await.unwrap().unwrap_err();
         assert_eq!(status.message(), "no");
+        assert!(stream.next().await.is_none());
+    }
+
+    fn registered(stream_control: &mpsc::Sender<Control>, frames: mpsc::Receiver<GatewayFrame>) {
+        stream_control
+            .try_send(Control::Registered {
+                ack: ping(0),
+                frames,
+            })
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn queued_frames_go_out_before_the_closing_status() {
+        let (mut stream, control) = Outbound::new();
+        let (tx, rx) = mpsc::channel(4);
+        registered(&control, rx);
+        assert_eq!(stream.next().await.unwrap().unwrap(), ping(0));
+        tx.try_send(ping(1)).unwrap();
+        tx.try_send(ping(2)).unwrap();
+        control
+            .try_send(Control::Close(Status::unavailable("bye")))
+            .unwrap();
+        assert_eq!(stream.next().await.unwrap().unwrap(), ping(1));
+        assert_eq!(stream.next().await.unwrap().unwrap(), ping(2));
+        let status = stream.next().await.unwrap().unwrap_err();
+        assert_eq!(status.message(), "bye");
+        assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_clean_end_flushes_too() {
+        let (mut stream, control) = Outbound::new();
+        let (tx, rx) = mpsc::channel(4);
+        registered(&control, rx);
+        assert_eq!(stream.next().await.unwrap().unwrap(), ping(0));
+        tx.try_send(ping(1)).unwrap();
+        drop(control);
+        assert_eq!(stream.next().await.unwrap().unwrap(), ping(1));
+        assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_flush_is_bounded_by_the_limit() {
+        let (mut stream, control) = Outbound::new();
+        let (tx, rx) = mpsc::channel(4);
+        registered(&control, rx);
+        assert_eq!(stream.next().await.unwrap().unwrap(), ping(0));
+        tx.try_send(ping(1)).unwrap();
+        tx.try_send(ping(2)).unwrap();
+        control
+            .try_send(Control::Close(Status::unavailable("bye")))
+            .unwrap();
+        assert_eq!(stream.next().await.unwrap().unwrap(), ping(1));
+        // The reader stalls past the limit: what is left is dropped and the status goes out.
+        tokio::time::advance(CLOSE_FLUSH_LIMIT + Duration::from_millis(1)).await;
+        let status = stream.next().await.unwrap().unwrap_err();
+        assert_eq!(status.message(), "bye");
         assert!(stream.next().await.is_none());
     }
 }

@@ -21,8 +21,10 @@ use crate::status::SessionError;
 /// Each `ConnectWorker` call authenticates its caller, then runs one session on its own task: the
 /// registration deadline, the admission gate, the acknowledgement, and the frame loop that
 /// hands results, pongs and cancel acknowledgements to core. The registration token lives in
-/// that task, so the stream ending for any reason deregisters the worker exactly once; and a
-/// worker that core lets go (liveness timeout) has its stream ended with UNAVAILABLE.
+/// that task, so the stream ending for any reason deregisters the worker exactly once; a
+/// worker that core lets go (liveness timeout) has its stream ended with UNAVAILABLE; and a
+/// drained worker that holds no task any more has its stream ended after its `drain` frame:
+/// cleanly for a requested drain, with UNAVAILABLE ("come back later") for a shutdown.
 ///
 /// # Examples
 ///

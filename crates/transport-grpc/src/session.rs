@@ -10,7 +10,7 @@ use switchyard_proto::v1::{WorkerFrame, worker_frame::Frame};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use crate::delivery::GrpcWorkerDelivery;
+use crate::delivery::{Farewell, GrpcWorkerDelivery};
 use crate::outbound::Control;
 use crate::service::{Eviction, Shared};
 use crate::status::SessionError;
@@ -33,6 +33,8 @@ enum End {
     CallGone,
     /// The gateway ends the stream with this error.
     Refused(SessionError),
+    /// The worker was asked to leave and holds nothing any more: the gateway ends the stream.
+    Farewell(Farewell),
 }
 
 impl Session {
@@ -58,7 +60,8 @@ impl Session {
         let task_queue = normalise_task_queue(&registration.task_queue).to_owned();
         let queue = self.shared.config.queue_size(registration.max_concurrency);
         let (frames, pushed) = mpsc::channel(queue);
-        let delivery = Arc::new(GrpcWorkerDelivery::new(frames));
+        let max_frame_bytes = self.shared.config.max_message_bytes;
+        let delivery = Arc::new(GrpcWorkerDelivery::new(frames, max_frame_bytes));
         let leg: Arc<dyn WorkerDelivery> = delivery.clone();
         tracing::Span::current().record(
             "namespaces",
@@ -75,7 +78,8 @@ impl Session {
         let worker = token.worker_id();
         tracing::Span::current().record("worker", tracing::field::display(worker));
         let eviction = self.shared.watch(worker);
-        let ack = wire::register_ack(worker, &task_queue, core.liveness().config().ping_interval);
+        let ping_interval = core.liveness().config().ping_interval;
+        let ack = wire::register_ack(worker, &task_queue, ping_interval, max_frame_bytes);
         let registered = Control::Registered {
             ack,
             frames: pushed,
@@ -89,12 +93,13 @@ impl Session {
                 reason: DisconnectReason::Disconnect,
             })
         } else {
-            self.serve(worker, &mut inbound, &eviction).await
+            self.serve(worker, &mut inbound, &eviction, &delivery).await
         };
         delivery.close();
         self.shared.unwatch(worker);
-        let reason = match end {
-            End::WorkerClosed if delivery.drain_requested() => DisconnectReason::Drained,
+        let farewell = delivery.farewell();
+        let reason = match (&end, farewell) {
+            (End::WorkerClosed | End::Farewell(_), Some(_)) => DisconnectReason::Drained,
             _ => DisconnectReason::Disconnect,
         };
         let deregistered = token.deregister(reason);
@@ -103,9 +108,22 @@ impl Session {
             End::Lost(status) => tracing::info!(deregistered, %status, "worker stream lost"),
             End::CallGone => tracing::info!(deregistered, "worker call dropped"),
             End::Refused(error) => tracing::info!(deregistered, %error, "worker stream ended"),
+            End::Farewell(farewell) => {
+                tracing::info!(
+                    deregistered,
+                    ?farewell,
+                    "drained worker holds nothing; ending its stream"
+                );
+            }
         }
-        if let End::Refused(error) = end {
-            self.close(error).await;
+        match (end, farewell) {
+            (End::Refused(error), _) => self.close(error).await,
+            // However the drained worker left, a shutdown says "come back later".
+            (End::WorkerClosed | End::Farewell(_), Some(Farewell::ShuttingDown)) => {
+                self.close(SessionError::ShuttingDown).await;
+            }
+            // A final drain ends cleanly: the control sender drops with the session.
+            _ => {}
         }
     }
 
@@ -142,16 +160,20 @@ impl Session {
         worker: WorkerId,
         inbound: &mut Streaming<WorkerFrame>,
         eviction: &Eviction,
+        delivery: &GrpcWorkerDelivery,
     ) -> End {
         let mut refused: u64 = 0;
         let end = loop {
+            if let Some(farewell) = delivery.farewell_due() {
+                break End::Farewell(farewell);
+            }
             tokio::select! {
                 frame = inbound.message() => match frame {
-                    Ok(Some(frame)) => {
-                        if let Err(error) = self.handle(worker, frame, &mut refused) {
-                            break End::Refused(error);
-                        }
-                    }
+                    Ok(Some(frame)) => match self.handle(worker, frame, &mut refused) {
+                        Ok(Some(answered)) => delivery.answered(answered.get()),
+                        Ok(None) => {}
+                        Err(error) => break End::Refused(error),
+                    },
                     Ok(None) => break End::WorkerClosed,
                     Err(status) => match SessionError::from_inbound(&status) {
                         Some(error) => break End::Refused(error),
@@ -163,6 +185,7 @@ impl Session {
                     break End::Refused(SessionError::Deregistered { worker, reason });
                 }
                 () = self.control.closed() => break End::CallGone,
+                () = delivery.changed() => {}
             }
         };
         if refused > 0 {
@@ -171,12 +194,14 @@ impl Session {
         end
     }
 
+    /// Hands one frame to core; returns the task it answers (a result or a cancel
+    /// acknowledgement), if any.
     fn handle(
         &self,
         worker: WorkerId,
         frame: WorkerFrame,
         refused: &mut u64,
-    ) -> Result<(), SessionError> {
+    ) -> Result<Option<TaskId>, SessionError> {
         let core = &self.shared.core;
         match frame.frame {
             Some(Frame::Result(result)) => {
@@ -185,6 +210,7 @@ impl Session {
                     *refused += 1;
                     tracing::debug!(%task, %refusal, "result refused");
                 }
+                return Ok(Some(task));
             }
             Some(Frame::Pong(pong)) => core.record_pong(worker, pong.seq),
             Some(Frame::CancelAck(ack)) => {
@@ -192,12 +218,13 @@ impl Session {
                 if let Err(refusal) = core.cancel_acknowledged(worker, task) {
                     tracing::debug!(%task, %refusal, "cancel acknowledgement refused");
                 }
+                return Ok(Some(task));
             }
             Some(Frame::Register(_)) => return Err(SessionError::DoubleRegistration { worker }),
             // A frame kind from a newer protocol version: it still proves the worker alive.
             None => core.record_frame(worker),
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Ends the stream with `error`'s status.

@@ -53,6 +53,9 @@ pub enum SessionError {
         /// What the decoder said (it names the size and the limit).
         reason: String,
     },
+    /// The gateway is shutting down; the worker should reconnect later.
+    #[error("the gateway is shutting down; reconnect later")]
+    ShuttingDown,
     /// Core deregistered the worker while its stream was open.
     #[error("worker {worker} was deregistered: {}", reason.as_str())]
     Deregistered {
@@ -87,7 +90,7 @@ impl SessionError {
             | Self::ResultWithoutOutcome { .. }
             | Self::MalformedFrame { .. } => Status::invalid_argument(self.to_string()),
             Self::FrameTooLarge { .. } => Status::resource_exhausted(self.to_string()),
-            Self::Deregistered { .. } => Status::unavailable(self.to_string()),
+            Self::Deregistered { .. } | Self::ShuttingDown => Status::unavailable(self.to_string()),
         }
     }
 }

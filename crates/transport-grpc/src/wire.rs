@@ -7,7 +7,8 @@ use switchyard_core::{
 };
 use switchyard_proto::v1::{
     self, ActivityResult, CancelActivity, DrainRequest, Failure, GatewayFrame, LivenessPing,
-    RegisterAck, RegisterWorker, activity_result, cancel_activity, gateway_frame, worker_frame,
+    RegisterAck, RegisterWorker, activity_result, cancel_activity, drain_request, gateway_frame,
+    worker_frame,
 };
 
 use crate::status::SessionError;
@@ -24,17 +25,21 @@ pub(crate) fn registration(frame: RegisterWorker) -> Registration {
     }
 }
 
-/// The first frame of an accepted stream.
+/// The first frame of an accepted stream; `max_frame_bytes` is the stream's message size limit,
+/// the same both ways.
 pub(crate) fn register_ack(
     worker: WorkerId,
     task_queue: &str,
     ping_interval: Duration,
+    max_frame_bytes: usize,
 ) -> GatewayFrame {
+    let max_frame_bytes = u32::try_from(max_frame_bytes).unwrap_or(u32::MAX);
     frame(gateway_frame::Frame::RegisterAck(RegisterAck {
         worker_id: worker.get(),
         task_queue: task_queue.to_owned(),
         ping_interval_ms: u32::try_from(ping_interval.as_millis()).unwrap_or(u32::MAX),
-        ..RegisterAck::default()
+        max_gateway_frame_bytes: max_frame_bytes,
+        max_worker_frame_bytes: max_frame_bytes,
     }))
 }
 
@@ -55,10 +60,17 @@ pub(crate) fn gateway_frame(message: WorkerMessage) -> Option<GatewayFrame> {
             task_id: task_id.get(),
             reason: cancel_reason(reason).into(),
         }),
-        WorkerMessage::Drain => gateway_frame::Frame::Drain(DrainRequest::default()),
+        WorkerMessage::Drain => drain(drain_request::Reason::Requested),
+        WorkerMessage::ShuttingDown => drain(drain_request::Reason::ShuttingDown),
         _ => return None,
     };
     Some(frame(inner))
+}
+
+fn drain(reason: drain_request::Reason) -> gateway_frame::Frame {
+    gateway_frame::Frame::Drain(DrainRequest {
+        reason: reason.into(),
+    })
 }
 
 fn frame(inner: gateway_frame::Frame) -> GatewayFrame {
@@ -71,6 +83,7 @@ fn cancel_reason(reason: CancelReason) -> cancel_activity::Reason {
         CancelReason::DeadlineExceeded => cancel_activity::Reason::DeadlineExceeded,
         CancelReason::ShuttingDown => cancel_activity::Reason::ShuttingDown,
         CancelReason::CallerGone => cancel_activity::Reason::CallerGone,
+        CancelReason::DrainDeadline => cancel_activity::Reason::DrainDeadline,
         _ => cancel_activity::Reason::Unspecified,
     }
 }
@@ -193,15 +206,66 @@ mod tests {
 
     #[test]
     fn cancel_reasons_map_to_their_wire_values() {
-        let Some(GatewayFrame {
-            frame: Some(gateway_frame::Frame::Cancel(cancel)),
-        }) = gateway_frame(WorkerMessage::Cancel {
-            task_id: TaskId::from_raw(3),
-            reason: CancelReason::DeadlineExceeded,
-        })
-        else {
-            panic!("a cancel becomes a cancel frame");
+        let cases = [
+            (CancelReason::Requested, cancel_activity::Reason::Requested),
+            (
+                CancelReason::DeadlineExceeded,
+                cancel_activity::Reason::DeadlineExceeded,
+            ),
+            (
+                CancelReason::ShuttingDown,
+                cancel_activity::Reason::ShuttingDown,
+            ),
+            (
+                CancelReason::CallerGone,
+                cancel_activity::Reason::CallerGone,
+            ),
+            (
+                CancelReason::DrainDeadline,
+                cancel_activity::Reason::DrainDeadline,
+            ),
+        ];
+        for (reason, wire) in cases {
+            let Some(GatewayFrame {
+                frame: Some(gateway_frame::Frame::Cancel(cancel)),
+            }) = gateway_frame(WorkerMessage::Cancel {
+                task_id: TaskId::from_raw(3),
+                reason,
+            })
+            else {
+                panic!("a cancel becomes a cancel frame");
+            };
+            assert_eq!(cancel.reason(), wire, "{reason:?}");
+        }
+    }
+
+    #[test]
+    fn shutdown_and_drain_carry_their_drain_reasons() {
+        let reason = |message| match gateway_frame(message) {
+            Some(GatewayFrame {
+                frame: Some(gateway_frame::Frame::Drain(drain)),
+            }) => drain.reason(),
+            other => panic!("a drain frame, got {other:?}"),
         };
-        assert_eq!(cancel.reason(), cancel_activity::Reason::DeadlineExceeded);
+        assert_eq!(
+            reason(WorkerMessage::ShuttingDown),
+            drain_request::Reason::ShuttingDown
+        );
+        assert_eq!(
+            reason(WorkerMessage::Drain),
+            drain_request::Reason::Requested
+        );
+    }
+
+    #[test]
+    fn acknowledgement_states_the_frame_limits() {
+        let Some(gateway_frame::Frame::RegisterAck(ack)) =
+            register_ack(WorkerId::from_raw(7), "q", Duration::from_secs(2), 4096).frame
+        else {
+            panic!("an acknowledgement");
+        };
+        assert_eq!(ack.max_gateway_frame_bytes, 4096);
+        assert_eq!(ack.max_worker_frame_bytes, 4096);
+        assert_eq!(ack.ping_interval_ms, 2000);
     }
 }

@@ -305,3 +305,179 @@ async fn connect_reports_refusals_as_permanent_and_outages_as_transient() {
     );
     assert!(!unreachable.is_permanent());
 }
+
+/// Waits for the next `Connected` event and returns its worker.
+async fn next_registration(events: &mut tokio::sync::broadcast::Receiver<WorkerEvent>) -> WorkerId {
+    within("a new registration", async {
+        loop {
+            if let WorkerEvent::Connected { worker, .. } = events.recv().await.unwrap() {
+                return worker;
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_shutting_down_gateway_sends_the_worker_back_after_its_in_flight_work() {
+    let gateway = Gateway::start().await;
+    let mut events = gateway.core.registry().subscribe_events();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new(Semaphore::new(0));
+    let counters = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let worker = sdk(&gateway)
+        .activity("echo", echo)
+        .activity(
+            "gated",
+            gated(started_tx, release.clone(), counters.0, counters.1),
+        )
+        .connect()
+        .await
+        .unwrap();
+    let (first, run) = running(&gateway, worker).await;
+    assert_eq!(next_registration(&mut events).await, first);
+
+    let outcome = dispatch(&gateway.core, request("ns", "gated", b"work"));
+    within("the handler to start", started.recv())
+        .await
+        .unwrap();
+    // The registry's shutdown notice, without stopping the server, so the worker can return.
+    assert_eq!(gateway.core.registry().broadcast_shutdown(), 1);
+    release.add_permits(1);
+    assert_eq!(
+        outcome.await.unwrap(),
+        ActivityOutcome::Completed(Bytes::from_static(b"work")),
+        "in-flight work is finished first"
+    );
+    assert_eq!(
+        support::disconnected(&mut events, first).await,
+        DisconnectReason::Drained
+    );
+    let second = next_registration(&mut events).await;
+    assert_ne!(second, first, "it came back as a new registration");
+    assert!(!run.is_finished(), "a shutdown notice is not final");
+    support::eligible(&gateway.core, second).await;
+    let outcome = dispatch(&gateway.core, request("ns", "echo", b"back"));
+    assert_eq!(
+        outcome.await.unwrap(),
+        ActivityOutcome::Completed(Bytes::from_static(b"back"))
+    );
+    // Control: a requested drain is final; `run` returns.
+    assert!(gateway.core.registry().drain_worker(second));
+    within("run to return", run).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn an_input_too_large_for_the_stream_is_refused_and_no_worker_leaves() {
+    let limit = 64 * 1024;
+    let gateway = Gateway::builder()
+        .config(switchyard_transport_grpc::GrpcServerConfig {
+            max_message_bytes: limit,
+            ..switchyard_transport_grpc::GrpcServerConfig::default()
+        })
+        .start()
+        .await;
+    let mut events = gateway.core.registry().subscribe_events();
+    let mut ids = Vec::new();
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let worker = sdk(&gateway)
+            .activity("echo", echo)
+            .connect()
+            .await
+            .unwrap();
+        let (id, run) = running(&gateway, worker).await;
+        ids.push(id);
+        runs.push(run);
+    }
+    let input = |len: usize| switchyard_core::ActivityRequest {
+        input: Bytes::from(vec![b'x'; len]),
+        ..request("ns", "echo", b"")
+    };
+    let producer = CallerIdentity::trusted("producer");
+    // Under the stream limit but over it once framed as a task.
+    let refused = gateway
+        .core
+        .dispatcher()
+        .dispatch(&producer, input(limit - 8))
+        .await;
+    let Err(switchyard_core::DispatchError::InputTooLarge { size, limit: fits }) = refused else {
+        panic!("expected InputTooLarge, got {refused:?}");
+    };
+    assert_eq!(size, limit - 8);
+    assert!(fits < size && fits > limit - 256, "{fits}");
+    for id in &ids {
+        assert!(
+            gateway.core.registry().is_registered(*id),
+            "worker {id} left"
+        );
+    }
+    assert!(!left_any(&mut events), "no worker left");
+    // Control: the same input minus the framing is served.
+    let served = gateway
+        .core
+        .dispatcher()
+        .dispatch(&producer, input(fits))
+        .await
+        .unwrap();
+    assert_eq!(
+        served,
+        ActivityOutcome::Completed(Bytes::from(vec![b'x'; fits]))
+    );
+    assert_eq!(gateway.core.registry().len(), 3);
+}
+
+/// True when a `Disconnected` event is waiting in `events`.
+fn left_any(events: &mut tokio::sync::broadcast::Receiver<WorkerEvent>) -> bool {
+    while let Ok(event) = events.try_recv() {
+        if matches!(event, WorkerEvent::Disconnected { .. }) {
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_result_over_the_stated_frame_limit_fails_locally_and_the_worker_stays() {
+    let limit = 64 * 1024;
+    let gateway = Gateway::builder()
+        .config(switchyard_transport_grpc::GrpcServerConfig {
+            max_message_bytes: limit,
+            ..switchyard_transport_grpc::GrpcServerConfig::default()
+        })
+        .start()
+        .await;
+    async fn inflate(_: ActivityContext, input: Bytes) -> Result<Bytes, ActivityError> {
+        let len: usize = std::str::from_utf8(&input).unwrap().parse().unwrap();
+        Ok(Bytes::from(vec![b'y'; len]))
+    }
+    // The SDK's own limit is the 16 MiB default: only the acknowledgement tells it 64 KiB.
+    let worker = sdk(&gateway)
+        .activity("inflate", inflate)
+        .connect()
+        .await
+        .unwrap();
+    let (id, _run) = running(&gateway, worker).await;
+    let outcome = dispatch(&gateway.core, request("ns", "inflate", b"200000"));
+    let ActivityOutcome::Failed { message, retryable } = outcome.await.unwrap() else {
+        panic!("expected a failure");
+    };
+    assert!(!retryable);
+    assert!(
+        message.starts_with("result of ")
+            && message.ends_with(&format!(
+                "exceeds the gateway's frame limit of {limit} bytes"
+            )),
+        "{message}"
+    );
+    assert!(
+        gateway.core.registry().is_registered(id),
+        "the worker stays"
+    );
+    // Control: a result within the limit is delivered on the same stream.
+    let outcome = dispatch(&gateway.core, request("ns", "inflate", b"1000"));
+    assert_eq!(
+        outcome.await.unwrap(),
+        ActivityOutcome::Completed(Bytes::from(vec![b'y'; 1000]))
+    );
+}

@@ -132,7 +132,7 @@ async fn a_result_without_outcome_closes_the_stream() {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(
         status.message(),
-        "result for task t5 carries neither output nor failure"
+        "result for task 5 carries neither output nor failure"
     );
 }
 

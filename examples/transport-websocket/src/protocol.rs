@@ -21,9 +21,9 @@
 //! | gateway → worker | `ping` | `seq` |
 //! | worker → gateway | `pong` | `seq` (echoed) |
 //! | worker → gateway | `result` | `task_id` and either `output` or `failure: {message, retryable}` |
-//! | gateway → worker | `cancel` | `task_id`, `reason` (`requested`, `deadline_exceeded`, `shutting_down`, `caller_gone`) |
+//! | gateway → worker | `cancel` | `task_id`, `reason` (`requested`, `deadline_exceeded`, `shutting_down`, `caller_gone`, `drain_deadline`: a drain passed its deadline with the task held) |
 //! | worker → gateway | `cancel_ack` | `task_id`: the cancelled task stopped without a result |
-//! | gateway → worker | `drain` | finish what you hold, take nothing new, then close with 1000 |
+//! | gateway → worker | `drain` | `reason`: `requested` (an operator's or the worker's own drain: final) or `shutting_down` (the gateway is stopping: come back later; the close that follows is 1001). Finish what you hold, take nothing new, then close with 1000 |
 //!
 //! The first worker frame must be `register`; the gateway answers `registered`, or `refused`
 //! followed by a close whose [`CloseCode`] names the rule broken. The worker's runtime answers

@@ -535,3 +535,61 @@ async fn a_drain_queued_just_before_shutdown_still_reaches_the_worker_before_the
         closed.frames
     );
 }
+
+#[tokio::test]
+async fn a_shutdown_notice_is_a_drain_saying_shutting_down_ahead_of_the_going_away_close() {
+    let gateway = TestGateway::start(WsServerConfig::default()).await;
+    let (mut socket, _) =
+        raw::connect(gateway.server.local_addr(), Some("Bearer shop-token"), &[]).await;
+    raw::send(&mut socket, &raw::register(1)).await;
+    worker_id(&raw::next(&mut socket).await);
+    let TestGateway { core, server } = gateway;
+    assert_eq!(core.registry().broadcast_shutdown(), 1);
+    let reader = tokio::spawn(async move { raw::closed(&mut socket, true).await });
+    tokio::time::timeout(STEP, server.shutdown())
+        .await
+        .expect("shutdown finishes");
+    let closed = reader.await.unwrap();
+    assert_eq!(closed.code, 1001, "{closed:?}");
+    let drains: Vec<&Value> = closed
+        .frames
+        .iter()
+        .filter(|frame| frame["type"] == "drain")
+        .collect();
+    assert_eq!(drains.len(), 1, "{:?}", closed.frames);
+    assert_eq!(drains[0]["reason"], "shutting_down", "{:?}", closed.frames);
+}
+
+#[tokio::test]
+async fn an_operator_drain_says_requested_and_its_deadline_cancel_says_drain_deadline() {
+    let gateway = TestGateway::start(WsServerConfig::default()).await;
+    let (mut socket, _) =
+        raw::connect(gateway.server.local_addr(), Some("Bearer shop-token"), &[]).await;
+    raw::send(&mut socket, &raw::register(1)).await;
+    let id = worker_id(&raw::next(&mut socket).await);
+    let core = gateway.core.clone();
+    let producer = CallerIdentity::trusted("producer");
+    let dispatch = tokio::spawn(async move {
+        core.dispatcher()
+            .dispatch(&producer, request(b"held"))
+            .await
+    });
+    let task = raw::until(&mut socket, "task").await;
+    assert!(gateway.core.registry().drain_worker(id));
+    let drain = raw::until(&mut socket, "drain").await;
+    assert_eq!(drain["reason"], "requested", "{drain}");
+    let cancelled = gateway
+        .core
+        .dispatcher()
+        .cancel_held_by(id, switchyard_core::CancelReason::DrainDeadline);
+    assert_eq!(cancelled, 1);
+    let cancel = raw::until(&mut socket, "cancel").await;
+    assert_eq!(cancel["task_id"], task["task_id"]);
+    assert_eq!(cancel["reason"], "drain_deadline", "{cancel}");
+    let outcome = tokio::time::timeout(STEP, dispatch)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, ActivityOutcome::Cancelled);
+}

@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use rustls_pki_types::pem::PemObject;
 use switchyard_core::WorkerId;
 use switchyard_transport_grpc::{
-    ActivityContext as GrpcContext, ActivityError as GrpcError, GrpcWorker,
+    ActivityContext as GrpcContext, ActivityError as GrpcError, Backoff, GrpcWorker,
 };
 use switchyard_transport_quic::{
     ActivityContext as QuicContext, ActivityError as QuicError, ClientTls, QuicWorker,
@@ -74,6 +74,10 @@ pub(crate) struct WorkerSetup<'a> {
     pub(crate) stats: Arc<WorkerStats>,
 }
 
+/// Longest wait between the CLI worker's reconnection attempts: a restarted gateway finds it
+/// back within a couple of seconds of being ready.
+const GRPC_RECONNECT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A connected gRPC worker; `run` it to serve.
 pub(crate) async fn grpc_worker(
     endpoint: &str,
@@ -82,7 +86,11 @@ pub(crate) async fn grpc_worker(
     let mut builder = GrpcWorker::builder(endpoint)
         .namespaces(setup.namespaces.iter().cloned())
         .task_queue(setup.task_queue)
-        .max_concurrency(setup.capacity);
+        .max_concurrency(setup.capacity)
+        .backoff(Backoff {
+            max: GRPC_RECONNECT_MAX,
+            ..Backoff::default()
+        });
     if endpoint.starts_with("https://") {
         let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(setup.ca_pem));
         if let Some(identity) = setup.identity {
@@ -207,6 +215,9 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
     let names: Vec<&str> = args.activities.iter().map(|a| a.name.as_str()).collect();
     match args.transport {
         TransportKind::Grpc => {
+            // The SDK says on stderr when it loses the gateway and when it is back; a
+            // subscriber installed already (by an embedding test, say) is kept.
+            let _ = switchyard_gateway::init_logging(&switchyard_gateway::LogSection::default());
             let worker = grpc_worker(&args.client.endpoint, &setup).await?;
             announce("grpc", Some(worker.worker_id()), &names, args.capacity);
             let stop = worker.shutdown_token();

@@ -5,9 +5,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
+use prost::Message;
 use switchyard_core::TaskResult;
 use switchyard_proto::v1::{
-    self, ActivityResult, CancelAck, Failure, Pong, WorkerFrame, activity_result,
+    self, ActivityResult, CancelAck, Failure, Pong, WorkerFrame, activity_result, drain_request,
     gateway_frame::Frame, worker_frame,
 };
 use tokio::sync::{Semaphore, mpsc};
@@ -21,8 +22,10 @@ use switchyard_core::{ActivityContext, ActivityError};
 
 /// How a stream's session ended.
 pub(crate) enum SessionEnd {
-    /// The gateway asked for a drain; every task was reported and the stream closed.
+    /// The gateway asked for a final drain; every task was reported and the stream closed.
     Drained,
+    /// The gateway is shutting down; every task was reported. Reconnect later.
+    ShuttingDown,
     /// The embedder stopped the worker.
     Stopped,
     /// The stream broke or the gateway ended it; the worker should reconnect.
@@ -53,12 +56,13 @@ pub(crate) async fn serve(
         settings,
         permits,
         outbound,
+        max_frame_bytes: frame_limit(&ack, settings),
         running: HashMap::new(),
         handlers: JoinSet::new(),
     };
-    let mut draining = false;
+    let mut draining: Option<SessionEnd> = None;
     let end = loop {
-        if draining && session.handlers.is_empty() {
+        if draining.is_some() && session.handlers.is_empty() {
             break None;
         }
         tokio::select! {
@@ -78,16 +82,35 @@ pub(crate) async fn serve(
                             token.cancel();
                         }
                     }
-                    Some(Frame::Drain(_)) => {
-                        tracing::info!(worker = ack.worker_id, in_flight = session.handlers.len(),
-                            "drain requested; finishing in-flight tasks");
-                        draining = true;
+                    Some(Frame::Drain(drain)) => {
+                        let in_flight = session.handlers.len();
+                        draining = Some(match drain.reason() {
+                            drain_request::Reason::ShuttingDown => {
+                                tracing::info!(worker = ack.worker_id, in_flight,
+                                    "the gateway is shutting down; finishing in-flight tasks, \
+                                     then reconnecting");
+                                SessionEnd::ShuttingDown
+                            }
+                            drain_request::Reason::Requested
+                            | drain_request::Reason::Unspecified => {
+                                tracing::info!(worker = ack.worker_id, in_flight,
+                                    "drain requested; finishing in-flight tasks, then leaving");
+                                SessionEnd::Drained
+                            }
+                        });
                     }
                     Some(Frame::RegisterAck(_)) | None => {
                         tracing::debug!("ignoring an unexpected gateway frame");
                     }
                 },
                 Ok(None) => break Some(SessionEnd::Lost("gateway closed the stream".into())),
+                Err(status) if draining.is_some() => {
+                    // The gateway gave up waiting (its shutdown grace ended): what is still
+                    // running goes back to it, so stop it.
+                    tracing::info!(code = %status.code(), message = status.message(),
+                        "the gateway ended the stream during the drain");
+                    break draining.take();
+                }
                 Err(status) => break Some(SessionEnd::Lost(format!(
                     "stream ended ({}): {}", status.code(), status.message()))),
             },
@@ -115,13 +138,25 @@ pub(crate) async fn serve(
         tracing::debug!("gateway kept the stream open after the drain; closing it");
     }
     tracing::info!(worker = ack.worker_id, "drained");
-    SessionEnd::Drained
+    draining.unwrap_or(SessionEnd::Drained)
+}
+
+/// The largest frame the worker sends: the gateway's stated limit, within the worker's own.
+fn frame_limit(ack: &v1::RegisterAck, settings: &WorkerSettings) -> usize {
+    let stated = usize::try_from(ack.max_worker_frame_bytes).unwrap_or(usize::MAX);
+    // 0: a gateway that states no limit.
+    match stated {
+        0 => settings.max_message_bytes,
+        stated => stated.min(settings.max_message_bytes),
+    }
 }
 
 struct Session<'a> {
     settings: &'a Arc<WorkerSettings>,
     permits: &'a Arc<Semaphore>,
     outbound: mpsc::Sender<WorkerFrame>,
+    /// Largest encoded frame the gateway accepts on this stream.
+    max_frame_bytes: usize,
     /// Cancellation of each task not yet reported.
     running: HashMap<u64, CancellationToken>,
     handlers: JoinSet<Finished>,
@@ -176,7 +211,7 @@ impl Session<'_> {
             }),
             _ => worker_frame::Frame::CancelAck(CancelAck { task_id: id }),
         };
-        self.send(frame).await
+        self.send(within_limit(frame, self.max_frame_bytes)).await
     }
 
     async fn send(&self, frame: worker_frame::Frame) -> bool {
@@ -195,9 +230,87 @@ impl Session<'_> {
     }
 }
 
+/// `frame`, or when it is a result too large for the gateway, a non-retryable failure saying
+/// so: sent as is, it would end the stream with RESOURCE_EXHAUSTED.
+fn within_limit(frame: worker_frame::Frame, limit: usize) -> worker_frame::Frame {
+    let worker_frame::Frame::Result(result) = &frame else {
+        return frame;
+    };
+    let size = WorkerFrame {
+        frame: Some(frame.clone()),
+    }
+    .encoded_len();
+    if size <= limit {
+        return frame;
+    }
+    tracing::warn!(
+        task = result.task_id,
+        size,
+        limit,
+        "result too large for the gateway; failing it"
+    );
+    worker_frame::Frame::Result(ActivityResult {
+        task_id: result.task_id,
+        outcome: Some(activity_result::Outcome::Failure(Failure {
+            message: format!(
+                "result of {size} bytes exceeds the gateway's frame limit of {limit} bytes"
+            ),
+            retryable: false,
+        })),
+    })
+}
+
 fn failure(error: &ActivityError) -> TaskResult {
     TaskResult::Failure {
         message: error.message().to_owned(),
         retryable: error.is_retryable(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn output(task_id: u64, len: usize) -> worker_frame::Frame {
+        worker_frame::Frame::Result(ActivityResult {
+            task_id,
+            outcome: Some(activity_result::Outcome::Output(Bytes::from(vec![1; len]))),
+        })
+    }
+
+    #[test]
+    fn a_result_over_the_limit_becomes_a_final_failure_naming_it() {
+        let fits = WorkerFrame {
+            frame: Some(output(5, 100)),
+        }
+        .encoded_len();
+        assert_eq!(
+            within_limit(output(5, 100), fits),
+            output(5, 100),
+            "control"
+        );
+        let worker_frame::Frame::Result(result) = within_limit(output(5, 101), fits) else {
+            panic!("still a result");
+        };
+        assert_eq!(result.task_id, 5);
+        let Some(activity_result::Outcome::Failure(failure)) = result.outcome else {
+            panic!("a failure");
+        };
+        assert!(!failure.retryable);
+        assert_eq!(
+            failure.message,
+            format!(
+                "result of {} bytes exceeds the gateway's frame limit of {fits} bytes",
+                fits + 1
+            )
+        );
+    }
+
+    #[test]
+    fn other_frames_pass_whatever_their_size() {
+        let pong = worker_frame::Frame::Pong(Pong { seq: 1 });
+        assert_eq!(within_limit(pong.clone(), 0), pong);
     }
 }

@@ -546,3 +546,135 @@ async fn relay(
     // Silent until severed: both halves are dropped (closed) only then.
     severed.cancelled().await;
 }
+
+/// Sends each message's bytes as given (malformed protobuf included), decodes replies as
+/// `GatewayFrame`s.
+#[derive(Clone, Copy, Debug, Default)]
+struct BytesCodec;
+
+struct BytesEncoder;
+
+struct FrameDecoder;
+
+impl tonic::codec::Codec for BytesCodec {
+    type Encode = Bytes;
+    type Decode = GatewayFrame;
+    type Encoder = BytesEncoder;
+    type Decoder = FrameDecoder;
+
+    fn encoder(&mut self) -> BytesEncoder {
+        BytesEncoder
+    }
+
+    fn decoder(&mut self) -> FrameDecoder {
+        FrameDecoder
+    }
+}
+
+impl tonic::codec::Encoder for BytesEncoder {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for FrameDecoder {
+    type Item = GatewayFrame;
+    type Error = Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<GatewayFrame>, Status> {
+        <GatewayFrame as prost::Message>::decode(src)
+            .map(Some)
+            .map_err(|error| Status::internal(error.to_string()))
+    }
+}
+
+/// A worker stream whose messages are raw bytes: what a broken worker can put on the wire.
+pub struct RawBytesStream {
+    pub send: mpsc::Sender<Bytes>,
+    pub recv: Streaming<GatewayFrame>,
+}
+
+impl RawBytesStream {
+    /// Opens a call to `gateway` as the trusted caller.
+    pub async fn open(gateway: &Gateway) -> Self {
+        let channel = Endpoint::from_shared(gateway.endpoint())
+            .unwrap()
+            .tls_config(gateway.pki.client_tls())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut grpc = tonic::client::Grpc::new(channel).max_encoding_message_size(usize::MAX);
+        grpc.ready().await.unwrap();
+        let (send, outbound) = mpsc::channel(16);
+        let mut request = Request::new(ReceiverStream::new(outbound));
+        let token = MetadataValue::try_from(format!("Bearer {TRUSTED_TOKEN}")).unwrap();
+        request.metadata_mut().insert("authorization", token);
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/switchyard.v1.WorkerGateway/ConnectWorker",
+        );
+        let recv = grpc
+            .streaming(request, path, BytesCodec)
+            .await
+            .unwrap()
+            .into_inner();
+        Self { send, recv }
+    }
+
+    /// Sends a well-formed frame.
+    pub async fn send(&self, frame: WorkerFrame) {
+        self.send_raw(Bytes::from(prost::Message::encode_to_vec(&frame)))
+            .await;
+    }
+
+    /// Sends one message's bytes as they are.
+    pub async fn send_raw(&self, message: Bytes) {
+        self.send.send(message).await.unwrap();
+    }
+
+    /// Registers and returns the acknowledged worker id.
+    pub async fn register(&mut self, frame: WorkerFrame) -> WorkerId {
+        WorkerId::from_raw(self.register_ack(frame).await.worker_id)
+    }
+
+    /// Registers and returns the acknowledgement.
+    pub async fn register_ack(&mut self, frame: WorkerFrame) -> switchyard_proto::v1::RegisterAck {
+        self.send(frame).await;
+        match within("the acknowledgement", self.recv.message()).await {
+            Ok(Some(GatewayFrame {
+                frame: Some(gateway_frame::Frame::RegisterAck(ack)),
+            })) => ack,
+            other => panic!("expected a register ack, got {other:?}"),
+        }
+    }
+
+    /// The status the call ends with, answering pings and dropping other frames on the way.
+    pub async fn closing_status(&mut self) -> Status {
+        within("the stream to end", async {
+            loop {
+                match self.recv.message().await {
+                    Ok(Some(GatewayFrame {
+                        frame: Some(gateway_frame::Frame::Ping(ping)),
+                    })) => {
+                        let pong = frame(worker_frame::Frame::Pong(Pong { seq: ping.seq }));
+                        let _ = self
+                            .send
+                            .send(Bytes::from(prost::Message::encode_to_vec(&pong)))
+                            .await;
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => panic!("stream ended without a status"),
+                    Err(status) => return status,
+                }
+            }
+        })
+        .await
+    }
+}

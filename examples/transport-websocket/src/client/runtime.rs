@@ -178,9 +178,10 @@ impl Session<'_> {
                     token.cancel();
                 }
             }
-            GatewayFrame::Drain => {
+            GatewayFrame::Drain { reason } => {
                 tracing::info!(
                     in_flight = self.handlers.len(),
+                    %reason,
                     "drain requested; finishing in-flight tasks"
                 );
                 self.draining = true;

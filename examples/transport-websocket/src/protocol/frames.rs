@@ -75,11 +75,25 @@ pub(crate) enum GatewayFrame {
         task_id: u64,
         reason: String,
     },
-    /// Finish in-flight work, take no more, then close.
-    Drain,
+    /// Finish in-flight work, take no more, then close; `reason` says whether to come back.
+    Drain {
+        /// [`DRAIN_REQUESTED`] (final) or [`DRAIN_SHUTTING_DOWN`] (reconnect later); absent
+        /// reads as requested.
+        #[serde(default = "requested")]
+        reason: String,
+    },
     /// A frame type from a later protocol revision.
     #[serde(other)]
     Unknown,
+}
+
+/// The drain reason of an operator's (or the worker's own) drain: final, do not come back.
+pub(crate) const DRAIN_REQUESTED: &str = "requested";
+/// The drain reason of a gateway that is shutting down: finish, then reconnect later.
+pub(crate) const DRAIN_SHUTTING_DOWN: &str = "shutting_down";
+
+fn requested() -> String {
+    DRAIN_REQUESTED.to_owned()
 }
 
 /// The `register` frame. Every field defaults, so a missing one reaches the admission gate as
@@ -244,7 +258,12 @@ impl GatewayFrame {
     pub(crate) fn from_message(message: WorkerMessage) -> Option<Self> {
         Some(match message {
             WorkerMessage::Task(task) => Self::Task(task.into()),
-            WorkerMessage::Drain => Self::Drain,
+            WorkerMessage::Drain => Self::Drain {
+                reason: DRAIN_REQUESTED.to_owned(),
+            },
+            WorkerMessage::ShuttingDown => Self::Drain {
+                reason: DRAIN_SHUTTING_DOWN.to_owned(),
+            },
             WorkerMessage::Ping { seq } => Self::Ping { seq },
             WorkerMessage::Cancel { task_id, reason } => Self::Cancel {
                 task_id: task_id.get(),
@@ -262,6 +281,7 @@ fn cancel_reason(reason: CancelReason) -> &'static str {
         CancelReason::DeadlineExceeded => "deadline_exceeded",
         CancelReason::ShuttingDown => "shutting_down",
         CancelReason::CallerGone => "caller_gone",
+        CancelReason::DrainDeadline => "drain_deadline",
         _ => "other",
     }
 }
@@ -351,7 +371,7 @@ mod tests {
             any::<u64>().prop_map(|seq| GatewayFrame::Ping { seq }),
             (any::<u64>(), "[a-z_]{1,12}")
                 .prop_map(|(task_id, reason)| GatewayFrame::Cancel { task_id, reason }),
-            Just(GatewayFrame::Drain),
+            "[a-z_]{1,12}".prop_map(|reason| GatewayFrame::Drain { reason }),
         ]
     }
 
@@ -511,7 +531,33 @@ mod tests {
         );
         assert_eq!(
             GatewayFrame::from_message(WorkerMessage::Drain),
-            Some(GatewayFrame::Drain)
+            Some(GatewayFrame::Drain {
+                reason: "requested".to_owned()
+            })
+        );
+        assert_eq!(
+            GatewayFrame::from_message(WorkerMessage::ShuttingDown),
+            Some(GatewayFrame::Drain {
+                reason: "shutting_down".to_owned()
+            })
+        );
+        let at_deadline = WorkerMessage::Cancel {
+            task_id: TaskId::from_raw(4),
+            reason: CancelReason::DrainDeadline,
+        };
+        assert_eq!(
+            GatewayFrame::from_message(at_deadline),
+            Some(GatewayFrame::Cancel {
+                task_id: 4,
+                reason: "drain_deadline".to_owned()
+            })
+        );
+        // An older gateway's drain, without a reason, is a requested one.
+        assert_eq!(
+            super::super::decode_gateway(r#"{"type":"drain"}"#).unwrap(),
+            GatewayFrame::Drain {
+                reason: "requested".to_owned()
+            }
         );
         assert_eq!(
             GatewayFrame::from_message(WorkerMessage::Ping { seq: 5 }),

@@ -56,7 +56,10 @@ where
     // dropped; a queued drain or cancel still tells the worker something true, ahead of the
     // close frame (a gateway that drains and then closes at once must not lose the drain).
     while let Ok(frame) = queue.try_recv() {
-        if !matches!(frame, GatewayFrame::Drain | GatewayFrame::Cancel { .. }) {
+        if !matches!(
+            frame,
+            GatewayFrame::Drain { .. } | GatewayFrame::Cancel { .. }
+        ) {
             continue;
         }
         let Ok(text) = protocol::encode(&frame) else {
