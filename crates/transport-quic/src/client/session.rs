@@ -6,7 +6,7 @@ use std::sync::Arc;
 use quinn::{ConnectionError, Endpoint, SendStream, VarInt};
 use switchyard_core::WorkerId;
 use switchyard_proto::v1::{
-    QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainRequest, QuicRegister,
+    QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest, QuicRegister,
     QuicRegistered, quic_control_down, quic_control_up,
 };
 use tokio::sync::watch;
@@ -205,8 +205,13 @@ impl Session {
 
     fn control(&mut self, down: QuicControlDown) -> Result<(), Fault> {
         match down.frame {
-            Some(quic_control_down::Frame::Drain(_)) => {
-                tracing::info!(worker = %self.worker, "draining: finishing tasks in flight");
+            Some(quic_control_down::Frame::Drain(drain)) => {
+                if drain.reason() == QuicDrainReason::ShuttingDown {
+                    tracing::info!(worker = %self.worker,
+                        "the gateway is shutting down: finishing tasks in flight, then reconnecting");
+                } else {
+                    tracing::info!(worker = %self.worker, "draining: finishing tasks in flight");
+                }
                 Ok(())
             }
             Some(quic_control_down::Frame::Registered(_)) => Err(Fault::close(

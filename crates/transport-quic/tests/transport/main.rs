@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod capacity;
+mod closing;
 mod conformance;
 mod delivery;
 mod isolation;
