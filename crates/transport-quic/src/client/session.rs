@@ -137,6 +137,7 @@ impl Session {
         let mut capacity = shared.capacity.subscribe();
         let mut drain_sent = false;
         let mut announce = true;
+        let mut control_ended = false;
         let fault = loop {
             if announce {
                 announce = false;
@@ -153,12 +154,15 @@ impl Session {
                     }
                     Err(_) => Some(Fault::Gone),
                 },
-                down = self.control_reader.next::<QuicControlDown>() => match down {
+                down = self.control_reader.next::<QuicControlDown>(), if !control_ended => match down {
                     Ok(Some(down)) => self.control(down).err(),
-                    Ok(None) => Some(Fault::close(
-                        ErrorCode::ProtocolViolation,
-                        "the gateway finished the control stream",
-                    )),
+                    Ok(None) => {
+                        // The gateway finishes its streams right before it closes, so that
+                        // what it sent arrives first: wait for its close and its code.
+                        tracing::debug!(worker = %self.worker, "the gateway finished the control stream");
+                        control_ended = true;
+                        None
+                    }
                     Err(error) => Some(Fault::read(error, &CONTROL)),
                 },
                 changed = capacity.changed() => {

@@ -7,6 +7,7 @@ mod closing;
 mod conformance;
 mod delivery;
 mod isolation;
+mod oversized;
 mod registration;
 mod relay;
 mod spec;
