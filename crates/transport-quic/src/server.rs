@@ -12,6 +12,7 @@ mod connection;
 mod lane;
 mod lanes;
 mod link;
+mod reset;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -94,17 +95,6 @@ pub struct QuicServerBuilder {
     reset_key: Option<ring::hmac::Key>,
 }
 
-/// Domain label of the stateless-reset key derivation, so the key shares nothing usable with
-/// the material it is derived from.
-const RESET_KEY_LABEL: &[u8] = b"switchyard quic stateless reset key v1";
-
-/// The stateless-reset key derived from `material`: HMAC-SHA256 keyed by a fixed label.
-fn reset_key(material: &[u8]) -> ring::hmac::Key {
-    let label = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, RESET_KEY_LABEL);
-    let secret = ring::hmac::sign(&label, material);
-    ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_ref())
-}
-
 impl QuicServerBuilder {
     /// Settings (default [`ServerConfig::default`]).
     pub fn config(mut self, config: ServerConfig) -> Self {
@@ -127,7 +117,7 @@ impl QuicServerBuilder {
     /// the new process resets the old connections on their first packet and the workers
     /// reconnect at once instead of waiting for their idle timeout.
     pub fn stateless_reset_key(mut self, material: &[u8]) -> Self {
-        self.reset_key = Some(reset_key(material));
+        self.reset_key = Some(reset::reset_key(material));
         self
     }
 
@@ -146,7 +136,11 @@ impl QuicServerBuilder {
                 source,
             })?;
         let endpoint_config = match self.reset_key {
-            Some(key) => quinn::EndpointConfig::new(Arc::new(key)),
+            Some(key) => {
+                let mut endpoint = quinn::EndpointConfig::new(Arc::new(key));
+                endpoint.cid_generator(|| Box::new(reset::RandomCids));
+                endpoint
+            }
             None => quinn::EndpointConfig::default(),
         };
         let endpoint = Endpoint::new(
@@ -345,21 +339,6 @@ fn bind_udp(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpSoc
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_reset_key_is_the_same_for_the_same_material_and_differs_otherwise() {
-        let token = |key: &ring::hmac::Key| ring::hmac::sign(key, b"connection id").as_ref().to_vec();
-        let first = token(&reset_key(b"material of one gateway"));
-        let again = token(&reset_key(b"material of one gateway"));
-        let other = token(&reset_key(b"material of another gateway"));
-        assert_eq!(first, again, "a restart with the same material keeps the tokens");
-        assert_ne!(first, other);
-        // Control: the label is applied, so the material itself is never the key.
-        assert_ne!(
-            first,
-            token(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"material of one gateway"))
-        );
-    }
 
     #[test]
     fn the_listener_asks_the_kernel_for_its_socket_buffer() {
