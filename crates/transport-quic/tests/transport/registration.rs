@@ -228,3 +228,39 @@ async fn a_worker_core_deregisters_is_closed_with_deregistered() {
     assert_eq!(code, ErrorCode::Deregistered);
     assert!(reason.contains("timeout"), "{reason}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_alpn_fails_the_handshake_with_crypto_error_0x178() {
+    use std::sync::Arc;
+
+    let gateway = Gateway::start().await;
+    let connect = |alpn: &[u8]| {
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(gateway.ca.roots().unwrap())
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![alpn.to_vec()];
+        let config = quinn::ClientConfig::new(Arc::new(
+            quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
+        ));
+        let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let connecting = endpoint
+            .connect_with(config, gateway.addr(), "localhost")
+            .unwrap();
+        async move { (connecting.await, endpoint) }
+    };
+    match connect(b"h3").await.0 {
+        Err(quinn::ConnectionError::ConnectionClosed(close)) => {
+            assert_eq!(u64::from(close.error_code), 0x178, "{close}");
+        }
+        other => panic!("expected CRYPTO_ERROR 0x178, got {other:?}"),
+    }
+    // Control: the protocol's ALPN gets through the handshake.
+    assert!(
+        connect(switchyard_transport_quic::ALPN).await.0.is_ok(),
+        "the right ALPN connects"
+    );
+}
