@@ -381,6 +381,10 @@ async fn manage_lanes(
                 applied = Some(target);
             }
             let mut to_open = link.lanes().set_target(target);
+            if to_open > 0 {
+                // Until the worker grants the stream credit, operators see why it takes no task.
+                registry.set_pending_capacity(worker, target);
+            }
             let mut superseded = false;
             while to_open > 0 {
                 tokio::select! {
