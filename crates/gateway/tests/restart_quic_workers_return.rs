@@ -248,7 +248,10 @@ fn sdk_registration(worker: &mut SdkWorker, lost: bool) -> Option<WorkerId> {
         if current.is_none() == lost {
             return current;
         }
-        assert!(Instant::now() < until, "the SDK worker never became lost={lost}");
+        assert!(
+            Instant::now() < until,
+            "the SDK worker never became lost={lost}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use quinn::{ConnectionError, Endpoint, SendStream, VarInt};
 use switchyard_core::WorkerId;
 use switchyard_proto::v1::{
-    QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest, QuicRegister,
-    QuicRegistered, quic_control_down, quic_control_up,
+    QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest,
+    QuicRegister, QuicRegistered, quic_control_down, quic_control_up,
 };
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};

@@ -441,7 +441,11 @@ mod tests {
             .collect();
         assert_eq!(busy, [ids[3], ids[2]]);
         assert_eq!(table.set_target(1), 0);
-        assert_eq!(table.len(), 3, "idle lane 1 went; lane 0 stays, the busy ones too");
+        assert_eq!(
+            table.len(),
+            3,
+            "idle lane 1 went; lane 0 stays, the busy ones too"
+        );
         assert!(!table.contains(ids[1]));
         assert_eq!(table.busy(), 2, "shrinking cancels nothing");
         let done = table.finish(busy[0], t(1), Ending::Result).unwrap();
@@ -476,7 +480,11 @@ mod tests {
             // Tasks end in lane order, so a low lane ends first (it used to be retired then).
             for (lane, task) in held {
                 let finished = table.finish(lane, task, Ending::Result).unwrap();
-                assert_eq!(finished.retired, lane >= ids[2], "mask {busy_mask:04b}, {lane}");
+                assert_eq!(
+                    finished.retired,
+                    lane >= ids[2],
+                    "mask {busy_mask:04b}, {lane}"
+                );
             }
             let kept: Vec<LaneId> = table.order.clone();
             assert_eq!(kept, ids[..2], "mask {busy_mask:04b}");

@@ -176,7 +176,10 @@ impl Link {
                 out.settled().await;
             }
         };
-        if tokio::time::timeout_at(deadline, acknowledged).await.is_err() {
+        if tokio::time::timeout_at(deadline, acknowledged)
+            .await
+            .is_err()
+        {
             tracing::debug!("the worker did not acknowledge every lane before the close");
         }
     }
@@ -190,15 +193,15 @@ impl Link {
     /// Encodes a lane frame; one larger than the lane frame limit is refused as `TooLarge`
     /// (it is never written, and the connection is unharmed).
     fn lane_frame(&self, frame: quic_lane_down::Frame) -> Result<Bytes, DeliveryError> {
-        encode_frame(&QuicLaneDown { frame: Some(frame) }, self.lane_frame_limit).map_err(
-            |error| match error {
+        encode_frame(&QuicLaneDown { frame: Some(frame) }, self.lane_frame_limit).map_err(|error| {
+            match error {
                 FrameError::TooLarge { len, max } => DeliveryError::TooLarge {
                     size: usize::try_from(len).unwrap_or(usize::MAX),
                     limit: usize::try_from(max).unwrap_or(usize::MAX),
                 },
                 _ => DeliveryError::Unsupported("a lane frame that does not encode"),
-            },
-        )
+            }
+        })
     }
 
     /// Queues a `drain` with `reason` on the control stream and fences the lanes.

@@ -59,7 +59,10 @@ mod tests {
         let first = token(&reset_key(b"material of one gateway"));
         let again = token(&reset_key(b"material of one gateway"));
         let other = token(&reset_key(b"material of another gateway"));
-        assert_eq!(first, again, "a restart with the same material keeps the tokens");
+        assert_eq!(
+            first, again,
+            "a restart with the same material keeps the tokens"
+        );
         assert_ne!(first, other);
         // Control: the label is applied, so the material itself is never the key.
         let raw = hmac::Key::new(hmac::HMAC_SHA256, b"material of one gateway");

@@ -71,7 +71,11 @@ async fn a_shutdown_tells_an_idle_worker_to_come_back_later() {
         drain(QuicDrainReason::ShuttingDown)
     );
     let (code, reason) = raw.closed().await;
-    assert_eq!(code, ErrorCode::ShuttingDown, "not a final DRAINED: {reason}");
+    assert_eq!(
+        code,
+        ErrorCode::ShuttingDown,
+        "not a final DRAINED: {reason}"
+    );
     assert!(!code.is_final());
 }
 

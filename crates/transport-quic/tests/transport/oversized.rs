@@ -44,7 +44,10 @@ async fn a_task_larger_than_the_lane_limit_is_refused_at_once_and_the_worker_sta
     match refused {
         Err(DispatchError::InputTooLarge { size, limit }) => {
             assert_eq!(size, 2000);
-            assert!(limit < LANE_LIMIT as usize, "the input limit left by framing: {limit}");
+            assert!(
+                limit < LANE_LIMIT as usize,
+                "the input limit left by framing: {limit}"
+            );
         }
         other => panic!("expected InputTooLarge, got {other:?}"),
     }

@@ -293,8 +293,13 @@ async fn capacity_announced_without_stream_credit_has_its_own_standing() {
     })
     .await;
     let census = gateway.census("work");
-    assert_eq!(census.capacity_unannounced, 0, "not unannounced: {census:?}");
-    let explained = gateway.registry().explain(crate::support::NS, "", "work", None);
+    assert_eq!(
+        census.capacity_unannounced, 0,
+        "not unannounced: {census:?}"
+    );
+    let explained = gateway
+        .registry()
+        .explain(crate::support::NS, "", "work", None);
     assert_eq!(
         explained[0].eligibility,
         switchyard_core::Eligibility::AwaitingStreams { announced: 3 }

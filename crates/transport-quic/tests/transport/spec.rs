@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use prost::Message;
 use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicCancelReason, QuicCapabilities, QuicControlDown,
-    QuicControlUp, QuicDrain, QuicDrainReason, QuicDrainRequest, QuicLaneDown, QuicLaneUp, QuicPing, QuicPong,
-    QuicRegister, QuicRegistered, QuicResult, QuicTask, quic_control_down, quic_control_up,
-    quic_lane_down, quic_lane_up, quic_result,
+    QuicControlUp, QuicDrain, QuicDrainReason, QuicDrainRequest, QuicLaneDown, QuicLaneUp,
+    QuicPing, QuicPong, QuicRegister, QuicRegistered, QuicResult, QuicTask, quic_control_down,
+    quic_control_up, quic_lane_down, quic_lane_up, quic_result,
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{

@@ -79,12 +79,11 @@ impl Gateway {
         let core = Core::start(Registry::builder(), CoreConfig::default());
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
-            let mut builder = QuicServer::builder(core.clone(), ca.server_tls().unwrap()).config(
-                ServerConfig {
+            let mut builder =
+                QuicServer::builder(core.clone(), ca.server_tls().unwrap()).config(ServerConfig {
                     listen: addr,
                     ..ServerConfig::default()
-                },
-            );
+                });
             if let Some(material) = reset_material {
                 builder = builder.stateless_reset_key(material);
             }

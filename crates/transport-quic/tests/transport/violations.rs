@@ -116,10 +116,7 @@ async fn a_result_for_an_unknown_task_closes_with_unknown_task() {
     assert_eq!(code, ErrorCode::UnknownTask);
     assert_eq!(
         reason,
-        format!(
-            "result: lane {} holds no task, not task 999999",
-            lane.index
-        )
+        format!("result: lane {} holds no task, not task 999999", lane.index)
     );
     assert_eq!(
         gateway.core.dispatcher().refused().unknown,
@@ -159,9 +156,11 @@ async fn a_cancel_ack_never_cancelled_is_a_protocol_violation_even_on_another_la
     let registered = raw.register(register_frame(&["work"])).await;
     raw.announce(2).await;
     let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
-    event(&mut events, "capacity 2", |e| {
-        matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker)
-    })
+    event(
+        &mut events,
+        "capacity 2",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
+    )
     .await;
     let dispatches: Vec<_> = (0..2)
         .map(|_| {
