@@ -278,3 +278,18 @@ fn spec_reason_tables_name_every_wire_value() {
         assert!(SPEC.contains(end), "the spec does not list {end}");
     }
 }
+
+#[test]
+fn spec_quotes_the_sentences_the_code_says() {
+    let flat = SPEC.split_whitespace().collect::<Vec<_>>().join(" ");
+    let awaiting = switchyard_core::Eligibility::AwaitingStreams { announced: 7 }
+        .to_string()
+        .replace('7', "N");
+    assert!(flat.contains(&awaiting), "{awaiting}");
+    for sentence in [
+        "`cancel_ack: task N was not cancelled`",
+        "`result of N bytes exceeds the gateway's lane frame limit of L bytes`",
+    ] {
+        assert!(flat.contains(sentence), "{sentence}");
+    }
+}
