@@ -522,3 +522,30 @@ impl WorkerHandle {
         self.0.endpoint.local_addr()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: ErrorCode) -> WorkerError {
+        WorkerError::Refused {
+            code,
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_shutdown_or_a_reset_asks_the_worker_back_and_a_drain_does_not() {
+        for back in [
+            refused(ErrorCode::ShuttingDown),
+            WorkerError::Connection(ConnectionError::Reset),
+        ] {
+            assert!(back.is_shutdown(), "{back}");
+            assert!(!back.is_permanent(), "{back}: reconnect");
+        }
+        // Control: the final drain stops the worker, and a plain loss is no shutdown.
+        assert!(refused(ErrorCode::Drained).is_permanent());
+        assert!(!refused(ErrorCode::Drained).is_shutdown());
+        assert!(!WorkerError::Connection(ConnectionError::TimedOut).is_shutdown());
+    }
+}

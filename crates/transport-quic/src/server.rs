@@ -289,7 +289,7 @@ impl QuicServer {
             }
         };
         // The flush is bounded per connection; this bounds a connection driver that is stuck.
-        let _ = tokio::time::timeout(2 * link::FLUSH_PATIENCE + SHUTDOWN_SLACK, closed).await;
+        let _ = tokio::time::timeout(link::FLUSH_PATIENCE + SHUTDOWN_SLACK, closed).await;
         self.close();
     }
 

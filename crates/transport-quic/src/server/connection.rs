@@ -287,7 +287,13 @@ async fn run(admitted: Admitted, server: &ServerShared) {
                 };
             }
             () = link.closing() => {
-                let close = (ErrorCode::ShuttingDown, "the gateway is shutting down; reconnect later");
+                // An operator's drain under way stays final.
+                let close = match link.drain_close() {
+                    (ErrorCode::Drained, _) => {
+                        (ErrorCode::Drained, "drained; the gateway is shutting down")
+                    }
+                    close => close,
+                };
                 close_flushed(&link, &mut control_send, &mut control_rx, limit, close).await;
                 break Exit::Ended;
             }

@@ -262,6 +262,8 @@ impl WorkerDelivery for Link {
                 self.final_drain.store(true, Ordering::Release);
                 self.drain(QuicDrainReason::Requested)
             }
+            // A final drain under way stays final: the worker must not come back.
+            WorkerMessage::ShuttingDown if self.final_drain.load(Ordering::Acquire) => Ok(()),
             WorkerMessage::ShuttingDown => self.drain(QuicDrainReason::ShuttingDown),
             _ => Err(DeliveryError::Unsupported("an unknown message kind")),
         }

@@ -159,3 +159,25 @@ async fn a_worker_comes_back_by_itself_after_a_shutdown_but_not_after_a_drain() 
         .unwrap()
         .expect("cleanly");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_drain_stays_final_through_a_shutdown() {
+    let gateway = Arc::new(Gateway::start().await);
+    let (mut raw, worker) = announced(&gateway, 1).await;
+    let dispatch = tokio::spawn({
+        let gateway = Arc::clone(&gateway);
+        async move { gateway.dispatch("work", b"held").await }
+    });
+    let (_lane, task) = raw.next_task().await;
+    assert!(gateway.registry().drain_worker(worker));
+    assert_eq!(raw.next_control().await, drain(QuicDrainReason::Requested));
+    gateway.core.shutdown(Duration::from_millis(10)).await;
+    gateway.server.shutdown().await;
+    let cancel = tokio::time::timeout(PATIENCE, raw.cancels.recv())
+        .await
+        .unwrap();
+    assert_eq!(cancel.map(|c| c.task_id), Some(task.task_id));
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::Drained, "the final drain wins: {reason}");
+    assert_eq!(dispatch.await.unwrap(), ActivityOutcome::ShuttingDown);
+}
