@@ -181,3 +181,31 @@ async fn an_operator_drain_stays_final_through_a_shutdown() {
     assert_eq!(code, ErrorCode::Drained, "the final drain wins: {reason}");
     assert_eq!(dispatch.await.unwrap(), ActivityOutcome::ShuttingDown);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_at_a_drain_deadline_says_so() {
+    let gateway = Arc::new(Gateway::start().await);
+    let (mut raw, worker) = announced(&gateway, 1).await;
+    let dispatch = tokio::spawn({
+        let gateway = Arc::clone(&gateway);
+        async move { gateway.dispatch("work", b"held").await }
+    });
+    let (_lane, task) = raw.next_task().await;
+    assert!(gateway.registry().drain_worker(worker));
+    gateway
+        .core
+        .dispatcher()
+        .cancel_held_by(worker, switchyard_core::CancelReason::DrainDeadline);
+    let cancel = tokio::time::timeout(PATIENCE, raw.cancels.recv())
+        .await
+        .unwrap();
+    assert_eq!(
+        cancel,
+        Some(QuicCancel {
+            task_id: task.task_id,
+            // Not REQUESTED: the producer did not cancel.
+            reason: QuicCancelReason::DrainDeadline.into(),
+        })
+    );
+    dispatch.abort();
+}
