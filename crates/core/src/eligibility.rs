@@ -36,6 +36,12 @@ pub enum Eligibility {
     },
     /// It has not yet said how many tasks it runs at once.
     CapacityUnannounced,
+    /// It announced its capacity, but its connection cannot carry tasks yet (the transport
+    /// is waiting for the worker to let it open the streams tasks travel on).
+    AwaitingStreams {
+        /// Slots announced.
+        announced: u32,
+    },
     /// The liveness probe has not yet proven it reachable.
     OnProbation,
     /// The liveness probe lost it.
@@ -59,6 +65,7 @@ impl Eligibility {
         draining: bool,
         exclusion: Option<DispatchExclusion>,
         capacity: Option<NonZeroU32>,
+        pending: Option<NonZeroU32>,
         in_flight: u32,
     ) -> Self {
         if !connected {
@@ -73,7 +80,12 @@ impl Eligibility {
             None => {}
         }
         match capacity {
-            None => Self::CapacityUnannounced,
+            None => match pending {
+                Some(announced) => Self::AwaitingStreams {
+                    announced: announced.get(),
+                },
+                None => Self::CapacityUnannounced,
+            },
             Some(capacity) if in_flight >= capacity.get() => Self::AtCapacity {
                 in_flight,
                 capacity: capacity.get(),
@@ -97,6 +109,11 @@ impl fmt::Display for Eligibility {
                 write!(f, "at capacity {in_flight}/{capacity}")
             }
             Self::CapacityUnannounced => f.write_str("capacity unannounced"),
+            Self::AwaitingStreams { announced } => write!(
+                f,
+                "announced {announced} slots but its connection cannot carry tasks yet (no \
+                 stream credit granted)"
+            ),
             Self::OnProbation => f.write_str("on probation"),
             Self::Unreachable => f.write_str("unreachable"),
             Self::Draining => f.write_str("draining"),
@@ -114,38 +131,59 @@ mod tests {
     }
 
     #[test]
+    fn an_announced_capacity_the_connection_cannot_carry_has_its_own_standing() {
+        let awaiting = Eligibility::derive(true, false, None, None, cap(3), 0);
+        assert_eq!(awaiting, Eligibility::AwaitingStreams { announced: 3 });
+        assert_eq!(
+            awaiting.to_string(),
+            "announced 3 slots but its connection cannot carry tasks yet (no stream credit \
+             granted)"
+        );
+        // Control: without the announcement it is still unannounced, and once the capacity
+        // is in force the announcement no longer matters.
+        assert_eq!(
+            Eligibility::derive(true, false, None, None, None, 0),
+            Eligibility::CapacityUnannounced
+        );
+        assert_eq!(
+            Eligibility::derive(true, false, None, cap(3), cap(3), 0),
+            Eligibility::Eligible
+        );
+    }
+
+    #[test]
     fn precedence_is_fixed() {
         let probation = Some(DispatchExclusion::OpeningProbation);
         let lost = Some(DispatchExclusion::ReachabilityLost);
         assert_eq!(
-            Eligibility::derive(true, false, None, cap(2), 1),
+            Eligibility::derive(true, false, None, cap(2), None, 1),
             Eligibility::Eligible
         );
         assert_eq!(
-            Eligibility::derive(true, false, None, cap(2), 2),
+            Eligibility::derive(true, false, None, cap(2), None, 2),
             Eligibility::AtCapacity {
                 in_flight: 2,
                 capacity: 2
             }
         );
         assert_eq!(
-            Eligibility::derive(true, false, None, None, 0),
+            Eligibility::derive(true, false, None, None, None, 0),
             Eligibility::CapacityUnannounced
         );
         assert_eq!(
-            Eligibility::derive(true, false, probation, None, 0),
+            Eligibility::derive(true, false, probation, None, None, 0),
             Eligibility::OnProbation
         );
         assert_eq!(
-            Eligibility::derive(true, false, lost, cap(2), 2),
+            Eligibility::derive(true, false, lost, cap(2), None, 2),
             Eligibility::Unreachable
         );
         assert_eq!(
-            Eligibility::derive(true, true, lost, cap(2), 0),
+            Eligibility::derive(true, true, lost, cap(2), None, 0),
             Eligibility::Draining
         );
         assert_eq!(
-            Eligibility::derive(false, true, lost, cap(2), 0),
+            Eligibility::derive(false, true, lost, cap(2), None, 0),
             Eligibility::Disconnected
         );
     }

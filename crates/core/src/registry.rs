@@ -266,6 +266,7 @@ impl Registry {
                 .get_mut(worker)
                 .ok_or(crate::AdmissionError::UnknownWorker)?;
             entry.capacity = Some(capacity);
+            entry.pending_capacity = None;
             state.refresh_id(worker);
         }
         tracing::debug!(worker = %worker, capacity = capacity.get(), "capacity announced");
@@ -275,6 +276,17 @@ impl Registry {
         });
         self.inner.wake();
         Ok(())
+    }
+
+    /// Records that `worker` announced `announced` slots that its connection cannot carry yet
+    /// (a transport that must open a stream per slot, waiting for the worker's permission), so
+    /// operators see that instead of an unannounced capacity; the next
+    /// [`Registry::set_advertised_capacity`] replaces it.
+    pub fn set_pending_capacity(&self, worker: WorkerId, announced: u32) {
+        let mut state = self.inner.lock();
+        if let Some(entry) = state.workers.get_mut(worker) {
+            entry.pending_capacity = NonZeroU32::new(announced);
+        }
     }
 
     /// Replaces the whole map of liveness exclusions (workers absent from `exclusions` are no

@@ -67,6 +67,16 @@ impl QuicTransport {
     }
 }
 
+/// The secret the stateless-reset key is derived from: the gateway's TLS private key, which
+/// persists across restarts (the development key in the data directory, or the configured
+/// one), so a restarted gateway resets the connections of its previous process at once.
+fn reset_key_material(tls: &TlsMaterial) -> Result<Vec<u8>, TransportError> {
+    let key = tls
+        .private_key()
+        .map_err(|error| TransportError::Tls(error.to_string()))?;
+    Ok(key.secret_der().to_vec())
+}
+
 /// The server's rustls configuration: the gateway's certificate, and client certificates
 /// verified against the client CA when one is configured but not required, so token-only
 /// workers still connect.
@@ -156,6 +166,7 @@ impl Transport for QuicTransport {
         let config = self.server_config();
         let server = QuicServer::builder(context.core.clone(), server_tls(&context.tls)?)
             .config(config)
+            .stateless_reset_key(&reset_key_material(&context.tls)?)
             .authenticator(PrincipalAuthenticator {
                 principals: Arc::clone(&context.principals),
                 stopping: context.stop_accepting.clone(),
@@ -173,7 +184,8 @@ impl Transport for QuicTransport {
         let serving = async move {
             // Connections stay open through the drain so workers can finish their tasks.
             close.cancelled().await;
-            server.close();
+            // Lets the `drain` and the shutdown cancels queued just before reach the workers.
+            server.shutdown().await;
             let _ = tokio::time::timeout(CLOSE_GRACE, server.wait_idle()).await;
             Ok(())
         };
@@ -184,5 +196,25 @@ impl Transport for QuicTransport {
             }],
             serving: Box::pin(serving),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TlsSection;
+
+    #[test]
+    fn the_reset_key_material_survives_a_restart_and_differs_between_data_dirs() {
+        let one = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let section = TlsSection::default();
+        let first = reset_key_material(&TlsMaterial::load(&section, one.path()).unwrap()).unwrap();
+        let restarted =
+            reset_key_material(&TlsMaterial::load(&section, one.path()).unwrap()).unwrap();
+        let elsewhere =
+            reset_key_material(&TlsMaterial::load(&section, other.path()).unwrap()).unwrap();
+        assert_eq!(first, restarted, "the same data dir gives the same key");
+        assert_ne!(first, elsewhere, "another data dir gives another key");
     }
 }

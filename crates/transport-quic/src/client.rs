@@ -32,6 +32,15 @@ use crate::tls::ClientTls;
 pub(crate) type Handler = std::sync::Arc<dyn ActivityHandler>;
 use session::{Session, SessionEnd};
 
+/// The worker's default QUIC keep-alive interval: the longest it stays silent when the gateway
+/// is.
+///
+/// While the gateway is up its pings reach the worker more often than this, so no keep-alive
+/// is sent; once the gateway is gone, the keep-alive is what draws the stateless reset of a
+/// restarted gateway, so the worker notices the restart within seconds instead of at its
+/// idle timeout.
+pub const WORKER_KEEP_ALIVE: Duration = Duration::from_secs(2);
+
 /// Why a worker could not start or stopped for good.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -87,6 +96,18 @@ impl From<ConnectionError> for WorkerError {
 }
 
 impl WorkerError {
+    /// True when the gateway closed the connection because it is shutting down (or, after a
+    /// restart, reset it statelessly): it asks the worker to come back.
+    pub fn is_shutdown(&self) -> bool {
+        matches!(
+            self,
+            Self::Refused {
+                code: ErrorCode::ShuttingDown,
+                ..
+            } | Self::Connection(ConnectionError::Reset)
+        )
+    }
+
     /// True when reconnecting cannot help (configuration, or a refusal the gateway marks
     /// final such as `UNAUTHENTICATED` or `CAPACITY_REFUSED`).
     pub fn is_permanent(&self) -> bool {
@@ -200,7 +221,8 @@ impl QuicWorkerBuilder {
         self
     }
 
-    /// QUIC tuning (default [`LinkSettings::default`]).
+    /// QUIC tuning (default [`LinkSettings::default`] with a keep-alive of
+    /// [`WORKER_KEEP_ALIVE`]).
     pub fn link(mut self, link: LinkSettings) -> Self {
         self.link = link;
         self
@@ -347,7 +369,10 @@ impl QuicWorker {
             identity: None,
             token: None,
             tls: None,
-            link: LinkSettings::default(),
+            link: LinkSettings {
+                keep_alive_interval: Some(WORKER_KEEP_ALIVE),
+                ..LinkSettings::default()
+            },
             handlers: HashMap::new(),
             max_concurrency: 16,
             backoff: Backoff::default(),
@@ -390,6 +415,9 @@ impl QuicWorker {
                 None => {
                     let delay = self.settings.backoff.delay(attempt, &mut rand::rng());
                     attempt = attempt.saturating_add(1);
+                    tracing::info!(gateway = %self.settings.addr, attempt,
+                        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                        "reconnecting to the gateway");
                     let opened = tokio::select! {
                         () = self.shared.stop.cancelled() => return Ok(()),
                         // Nothing is held while disconnected, so a drain is already complete.
@@ -429,7 +457,13 @@ impl QuicWorker {
                         tracing::info!(%error, "connection ended while draining; worker stopping");
                         return Ok(());
                     }
-                    tracing::warn!(%error, "connection lost; reconnecting");
+                    if error.is_shutdown() {
+                        tracing::info!(gateway = %self.settings.addr, %error,
+                            "the gateway shut down; reconnecting with backoff");
+                    } else {
+                        tracing::warn!(gateway = %self.settings.addr, %error,
+                            "lost the gateway; reconnecting with backoff");
+                    }
                 }
             }
         }
@@ -486,5 +520,32 @@ impl WorkerHandle {
     /// The local UDP address in use.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.0.endpoint.local_addr()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: ErrorCode) -> WorkerError {
+        WorkerError::Refused {
+            code,
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_shutdown_or_a_reset_asks_the_worker_back_and_a_drain_does_not() {
+        for back in [
+            refused(ErrorCode::ShuttingDown),
+            WorkerError::Connection(ConnectionError::Reset),
+        ] {
+            assert!(back.is_shutdown(), "{back}");
+            assert!(!back.is_permanent(), "{back}: reconnect");
+        }
+        // Control: the final drain stops the worker, and a plain loss is no shutdown.
+        assert!(refused(ErrorCode::Drained).is_permanent());
+        assert!(!refused(ErrorCode::Drained).is_shutdown());
+        assert!(!WorkerError::Connection(ConnectionError::TimedOut).is_shutdown());
     }
 }

@@ -78,6 +78,7 @@ pub(crate) fn cancel_reason(reason: CancelReason) -> QuicCancelReason {
         CancelReason::DeadlineExceeded => QuicCancelReason::DeadlineExceeded,
         CancelReason::ShuttingDown => QuicCancelReason::ShuttingDown,
         CancelReason::CallerGone => QuicCancelReason::CallerGone,
+        CancelReason::DrainDeadline => QuicCancelReason::DrainDeadline,
         _ => QuicCancelReason::Requested,
     }
 }
@@ -139,6 +140,30 @@ mod tests {
                 namespace: "n".into()
             }),
             ErrorCode::NamespaceNotGranted
+        );
+    }
+
+    #[test]
+    fn every_cancel_reason_has_its_own_wire_value() {
+        assert_eq!(
+            cancel_reason(CancelReason::DrainDeadline),
+            QuicCancelReason::DrainDeadline
+        );
+        assert_eq!(
+            cancel_reason(CancelReason::Requested),
+            QuicCancelReason::Requested
+        );
+        assert_eq!(
+            cancel_reason(CancelReason::ShuttingDown),
+            QuicCancelReason::ShuttingDown
+        );
+        assert_eq!(
+            cancel_reason(CancelReason::DeadlineExceeded),
+            QuicCancelReason::DeadlineExceeded
+        );
+        assert_eq!(
+            cancel_reason(CancelReason::CallerGone),
+            QuicCancelReason::CallerGone
         );
     }
 

@@ -79,7 +79,7 @@ mod tls;
 pub use auth::{AllowAll, AuthError, Authenticator, PeerCredentials, StaticTokens};
 pub use client::{
     ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicWorker,
-    QuicWorkerBuilder, WorkerError, WorkerHandle,
+    QuicWorkerBuilder, WORKER_KEEP_ALIVE, WorkerError, WorkerHandle,
 };
 pub use config::{
     ConfigError, CongestionControl, FrameLimits, LinkSettings, MAX_SOCKET_BUFFER, ServerConfig,

@@ -16,7 +16,7 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use quinn::SendStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::fault::Fault;
@@ -40,6 +40,9 @@ pub(crate) type OnFault = Arc<dyn Fn(Fault) + Send + Sync>;
 pub(crate) struct StreamOut {
     index: u64,
     state: Mutex<OutState>,
+    /// True once the stream is finished and the peer acknowledged all of its data, or it
+    /// failed: nothing queued on it is left to lose by closing the connection.
+    settled: watch::Sender<bool>,
 }
 
 struct OutState {
@@ -59,7 +62,28 @@ impl StreamOut {
                 backlog: VecDeque::new(),
                 failed: false,
             }),
+            settled: watch::Sender::new(false),
         })
+    }
+
+    /// Resolves once the stream was finished and the peer acknowledged every byte of it (or
+    /// the stream failed). Quinn discards unsent stream data when the connection closes, so a
+    /// close waits for this first.
+    pub(crate) async fn settled(&self) {
+        let mut settled = self.settled.subscribe();
+        // The sender lives in `self`, so the wait can only end by the value turning true.
+        let _ = settled.wait_for(|settled| *settled).await;
+    }
+
+    /// Finishes `send` and marks the stream settled once the peer acknowledged all of it.
+    fn finish(self: &Arc<Self>, mut send: SendStream) {
+        // Already finished or reset: nothing left to tell the peer.
+        let _ = send.finish();
+        let out = Arc::clone(self);
+        tokio::spawn(async move {
+            let _ = send.stopped().await;
+            out.settled.send_replace(true);
+        });
     }
 
     /// Items held back by flow control, waiting for the flusher.
@@ -91,8 +115,9 @@ impl StreamOut {
         };
         let frame = match item {
             Item::Finish => {
-                // Already finished or reset: nothing left to tell the peer.
-                let _ = send.finish();
+                if let Some(send) = stream.take() {
+                    self.finish(send);
+                }
                 return Ok(());
             }
             Item::Frame(frame) => frame,
@@ -102,6 +127,7 @@ impl StreamOut {
             Poll::Ready(Ok(_)) if chunks[0].is_empty() => Ok(()),
             Poll::Ready(Err(error)) => {
                 state.failed = true;
+                self.settled.send_replace(true);
                 Err(Fault::write(error, &self.name()))
             }
             // Blocked, or only part written: the rest goes through a flusher, in order.
@@ -140,8 +166,8 @@ async fn flush(out: Arc<StreamOut>, mut send: SendStream, outbox: Shared) {
         };
         let written = match item {
             Item::Finish => {
-                let _ = send.finish();
-                Ok(())
+                out.finish(send);
+                return;
             }
             Item::Frame(frame) => tokio::select! {
                 written = send.write_chunk(frame) => written,
@@ -150,6 +176,7 @@ async fn flush(out: Arc<StreamOut>, mut send: SendStream, outbox: Shared) {
         };
         if let Err(error) = written {
             out.lock().failed = true;
+            out.settled.send_replace(true);
             (outbox.on_fault)(Fault::write(error, &out.name()));
             return;
         }

@@ -12,6 +12,7 @@ mod connection;
 mod lane;
 mod lanes;
 mod link;
+mod reset;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -46,6 +47,9 @@ pub enum ServerError {
         source: std::io::Error,
     },
 }
+
+/// Time a shutdown allows a connection's driver beyond its flush.
+const SHUTDOWN_SLACK: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// State shared by the accept loop and every connection.
 pub(crate) struct ServerShared {
@@ -88,6 +92,7 @@ pub struct QuicServerBuilder {
     tls: ServerTls,
     config: ServerConfig,
     auth: Arc<dyn Authenticator>,
+    reset_key: Option<ring::hmac::Key>,
 }
 
 impl QuicServerBuilder {
@@ -100,6 +105,19 @@ impl QuicServerBuilder {
     /// Who may register (default [`AllowAll`]).
     pub fn authenticator(mut self, auth: impl Authenticator) -> Self {
         self.auth = Arc::new(auth);
+        self
+    }
+
+    /// Derives the stateless-reset key from `material`, secret bytes that outlive the process
+    /// (default: a random key per process).
+    ///
+    /// QUIC lets a server that lost a connection's state tell the peer at once with a
+    /// stateless reset, but only when it can compute the reset token it promised, which it
+    /// derives from this key. With the same material after a restart (even after `kill -9`),
+    /// the new process resets the old connections on their first packet and the workers
+    /// reconnect at once instead of waiting for their idle timeout.
+    pub fn stateless_reset_key(mut self, material: &[u8]) -> Self {
+        self.reset_key = Some(reset::reset_key(material));
         self
     }
 
@@ -117,8 +135,16 @@ impl QuicServerBuilder {
                 addr: config.listen,
                 source,
             })?;
+        let endpoint_config = match self.reset_key {
+            Some(key) => {
+                let mut endpoint = quinn::EndpointConfig::new(Arc::new(key));
+                endpoint.cid_generator(|| Box::new(reset::RandomCids));
+                endpoint
+            }
+            None => quinn::EndpointConfig::default(),
+        };
         let endpoint = Endpoint::new(
-            quinn::EndpointConfig::default(),
+            endpoint_config,
             Some(quic),
             socket,
             Arc::new(quinn::TokioRuntime),
@@ -218,6 +244,7 @@ impl QuicServer {
             tls,
             config: ServerConfig::default(),
             auth: Arc::new(AllowAll),
+            reset_key: None,
         }
     }
 
@@ -239,6 +266,31 @@ impl QuicServer {
             ErrorCode::ShuttingDown.var_int(),
             b"the gateway is shutting down",
         );
+    }
+
+    /// Stops accepting, then closes every registered connection with `SHUTTING_DOWN` once the
+    /// frames queued toward it (a `drain`, the cancels of the shutdown) have reached the worker,
+    /// waiting at most about a second for a worker that does not acknowledge them; other
+    /// connections are closed at once. Call it after core's shutdown.
+    pub async fn shutdown(&self) {
+        self.accept.abort();
+        let links: Vec<Arc<Link>> = self
+            .shared
+            .connections()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for link in &links {
+            link.close_when_flushed();
+        }
+        let closed = async {
+            for link in &links {
+                link.connection().closed().await;
+            }
+        };
+        // The flush is bounded per connection; this bounds a connection driver that is stuck.
+        let _ = tokio::time::timeout(link::FLUSH_PATIENCE + SHUTDOWN_SLACK, closed).await;
+        self.close();
     }
 
     /// Waits until every connection has been closed and its peer told.

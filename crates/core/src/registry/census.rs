@@ -26,6 +26,8 @@ pub struct PoolCensus {
     pub at_capacity: usize,
     /// Compatible workers that have not announced capacity.
     pub capacity_unannounced: usize,
+    /// Compatible workers that announced capacity their connection cannot carry yet.
+    pub awaiting_streams: usize,
     /// Compatible workers on opening probation.
     pub on_probation: usize,
     /// Compatible workers the liveness probe lost.
@@ -53,6 +55,8 @@ pub enum UnservedReason {
     AllAtCapacity,
     /// Compatible workers exist but have not announced their capacity.
     CapacityUnannounced,
+    /// Compatible workers announced capacity their connection cannot carry yet.
+    AwaitingStreams,
     /// Every compatible worker is unreachable by the liveness probe.
     WorkersUnreachable,
     /// Compatible workers are on opening probation; this clears by itself within seconds.
@@ -69,6 +73,7 @@ impl UnservedReason {
             Self::WorkersIncompatible => "workers_incompatible",
             Self::AllAtCapacity => "all_at_capacity",
             Self::CapacityUnannounced => "capacity_unannounced",
+            Self::AwaitingStreams => "awaiting_streams",
             Self::WorkersUnreachable => "workers_unreachable",
             Self::OnProbation => "on_probation",
             Self::Draining => "draining",
@@ -103,6 +108,8 @@ impl PoolCensus {
             UnservedReason::AllAtCapacity
         } else if self.on_probation > 0 {
             UnservedReason::OnProbation
+        } else if self.awaiting_streams > 0 {
+            UnservedReason::AwaitingStreams
         } else if self.capacity_unannounced > 0 {
             UnservedReason::CapacityUnannounced
         } else if self.reachability_lost > 0 {
@@ -138,6 +145,11 @@ impl PoolCensus {
             UnservedReason::CapacityUnannounced => format!(
                 "{} compatible worker(s) have not announced their capacity",
                 self.capacity_unannounced
+            ),
+            UnservedReason::AwaitingStreams => format!(
+                "{} compatible worker(s) announced their capacity but their connection cannot \
+                 carry tasks yet (no stream credit granted)",
+                self.awaiting_streams
             ),
             UnservedReason::WorkersUnreachable => format!(
                 "{} compatible worker(s) are unreachable by the liveness probe",
@@ -188,6 +200,7 @@ impl Registry {
                     Eligibility::Eligible => census.eligible += 1,
                     Eligibility::AtCapacity { .. } => census.at_capacity += 1,
                     Eligibility::CapacityUnannounced => census.capacity_unannounced += 1,
+                    Eligibility::AwaitingStreams { .. } => census.awaiting_streams += 1,
                     Eligibility::OnProbation => census.on_probation += 1,
                     Eligibility::Unreachable => census.reachability_lost += 1,
                     Eligibility::Draining => census.draining += 1,

@@ -69,6 +69,7 @@ impl State {
             entry.draining,
             self.exclusions.get(&entry.id).copied(),
             entry.capacity,
+            entry.pending_capacity,
             entry.in_flight,
         )
     }

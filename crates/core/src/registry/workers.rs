@@ -27,6 +27,9 @@ pub(crate) struct WorkerEntry {
     pub(crate) delivery: Arc<dyn WorkerDelivery>,
     pub(crate) worker: Worker,
     pub(crate) capacity: Option<NonZeroU32>,
+    /// Capacity announced that the connection cannot carry yet (see
+    /// [`crate::Registry::set_pending_capacity`]).
+    pub(crate) pending_capacity: Option<NonZeroU32>,
     pub(crate) in_flight: u32,
     pub(crate) draining: bool,
     pub(crate) connected_at: SystemTime,
@@ -42,6 +45,7 @@ impl WorkerEntry {
             delivery: Arc::clone(worker.delivery()),
             worker,
             capacity,
+            pending_capacity: None,
             in_flight: 0,
             draining: false,
             connected_at: SystemTime::now(),

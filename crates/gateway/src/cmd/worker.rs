@@ -14,6 +14,7 @@ use switchyard_transport_grpc::{
 };
 use switchyard_transport_quic::{
     ActivityContext as QuicContext, ActivityError as QuicError, ClientTls, QuicWorker,
+    WorkerHandle as QuicWorkerHandle,
 };
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
@@ -234,14 +235,38 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
             let worker = quic_worker(args.quic_addr, &args.server_name, &setup).await?;
             announce("quic", Some(worker.worker_id()), &names, args.capacity);
             let handle = worker.handle();
+            tokio::spawn(report_reconnections(handle.clone(), args.quic_addr));
             tokio::spawn(async move {
                 super::serve::shutdown_signal().await;
                 handle.drain();
             });
+            // Returns only on a final drain (the operator's, or Ctrl-C's own) or a refusal
+            // reconnecting cannot cure; a gateway shutting down or restarting is waited out.
             worker
                 .run()
                 .await
                 .map_err(|error| Failure::runtime(error.to_string()))
+        }
+    }
+}
+
+/// Tells the operator when the QUIC worker loses its gateway and when it is registered again
+/// (the SDK reconnects by itself, with jittered backoff).
+async fn report_reconnections(handle: QuicWorkerHandle, gateway: SocketAddr) {
+    let mut registrations = handle.registrations();
+    let mut lost = false;
+    while registrations.changed().await.is_ok() {
+        let current = *registrations.borrow_and_update();
+        match current {
+            None if !lost => {
+                lost = true;
+                eprintln!("lost the gateway at {gateway}; reconnecting with backoff");
+            }
+            Some(id) if lost => {
+                lost = false;
+                println!("worker {id} registered again over quic");
+            }
+            _ => {}
         }
     }
 }

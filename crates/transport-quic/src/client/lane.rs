@@ -90,10 +90,10 @@ async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Res
                 let down = down.map_err(|error| Fault::read(error, &name))?;
                 let Some(down) = down else {
                     if let Some(task) = &running {
-                        return Err(Fault::close(
-                            ErrorCode::ProtocolViolation,
-                            format!("the gateway retired {name} while task {} ran on it", task.task_id),
-                        ));
+                        // The gateway finishes a busy lane only right before it closes the
+                        // connection: nobody will take the task's result any more.
+                        tracing::debug!(task = task.task_id, "{name} finished while its task ran: the gateway is closing");
+                        task.cancellation.cancel();
                     }
                     // Retired: answer the gateway's FIN with ours.
                     context.outbox.push(&out, Item::Finish);

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use quinn::{ConnectionError, Endpoint, SendStream, VarInt};
 use switchyard_core::WorkerId;
 use switchyard_proto::v1::{
-    QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainRequest, QuicRegister,
-    QuicRegistered, quic_control_down, quic_control_up,
+    QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest,
+    QuicRegister, QuicRegistered, quic_control_down, quic_control_up,
 };
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -137,6 +137,7 @@ impl Session {
         let mut capacity = shared.capacity.subscribe();
         let mut drain_sent = false;
         let mut announce = true;
+        let mut control_ended = false;
         let fault = loop {
             if announce {
                 announce = false;
@@ -153,12 +154,15 @@ impl Session {
                     }
                     Err(_) => Some(Fault::Gone),
                 },
-                down = self.control_reader.next::<QuicControlDown>() => match down {
+                down = self.control_reader.next::<QuicControlDown>(), if !control_ended => match down {
                     Ok(Some(down)) => self.control(down).err(),
-                    Ok(None) => Some(Fault::close(
-                        ErrorCode::ProtocolViolation,
-                        "the gateway finished the control stream",
-                    )),
+                    Ok(None) => {
+                        // The gateway finishes its streams right before it closes, so that
+                        // what it sent arrives first: wait for its close and its code.
+                        tracing::debug!(worker = %self.worker, "the gateway finished the control stream");
+                        control_ended = true;
+                        None
+                    }
                     Err(error) => Some(Fault::read(error, &CONTROL)),
                 },
                 changed = capacity.changed() => {
@@ -205,8 +209,13 @@ impl Session {
 
     fn control(&mut self, down: QuicControlDown) -> Result<(), Fault> {
         match down.frame {
-            Some(quic_control_down::Frame::Drain(_)) => {
-                tracing::info!(worker = %self.worker, "draining: finishing tasks in flight");
+            Some(quic_control_down::Frame::Drain(drain)) => {
+                if drain.reason() == QuicDrainReason::ShuttingDown {
+                    tracing::info!(worker = %self.worker,
+                        "the gateway is shutting down: finishing tasks in flight, then reconnecting");
+                } else {
+                    tracing::info!(worker = %self.worker, "draining: finishing tasks in flight");
+                }
                 Ok(())
             }
             Some(quic_control_down::Frame::Registered(_)) => Err(Fault::close(

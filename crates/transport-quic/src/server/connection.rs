@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::ServerShared;
 use super::lane::OpenedLane;
-use super::link::Link;
+use super::link::{FLUSH_PATIENCE, Link};
 use crate::auth::PeerCredentials;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
@@ -213,6 +213,40 @@ enum Exit {
     Ended,
 }
 
+/// Writes the control frames still queued, then finishes the control stream and waits (until
+/// `deadline`) for the worker to acknowledge it, so a `drain` queued just before a close is
+/// not lost with it.
+async fn flush_control(
+    send: &mut SendStream,
+    queued: &mut mpsc::Receiver<QuicControlDown>,
+    limit: u32,
+    deadline: Instant,
+) {
+    while let Ok(down) = queued.try_recv() {
+        if write_control(send, &down, limit).await.is_err() {
+            return;
+        }
+    }
+    let _ = send.finish();
+    let _ = tokio::time::timeout_at(deadline, send.stopped()).await;
+}
+
+/// Closes `link` with `code` once the control stream and every lane have been flushed.
+async fn close_flushed(
+    link: &Link,
+    control_send: &mut SendStream,
+    control_rx: &mut mpsc::Receiver<QuicControlDown>,
+    limit: u32,
+    (code, reason): (ErrorCode, &str),
+) {
+    let deadline = Instant::now() + FLUSH_PATIENCE;
+    tokio::join!(
+        flush_control(control_send, control_rx, limit, deadline),
+        link.flush(deadline)
+    );
+    link.close(code, reason);
+}
+
 /// Serves a registered worker: capacity announcements, drains, and the lane manager.
 async fn run(admitted: Admitted, server: &ServerShared) {
     let Admitted {
@@ -224,6 +258,7 @@ async fn run(admitted: Admitted, server: &ServerShared) {
         ..
     } = admitted;
     let worker = token.worker_id();
+    let limit = server.config.frames.control;
     server.track(worker, &link);
     let (capacity_tx, capacity_rx) = watch::channel(None);
     let manager = manage_lanes(&link, server, worker, capacity_rx);
@@ -241,11 +276,26 @@ async fn run(admitted: Admitted, server: &ServerShared) {
                 }
             }
             Some(down) = control_rx.recv() => {
-                write_control(&mut control_send, &down, server.config.frames.control).await.err()
+                write_control(&mut control_send, &down, limit).await.err()
             }
             () = link.drained.notified() => {
-                link.close(ErrorCode::Drained, "drained: every task the worker held has ended");
-                break Exit::Drained;
+                let close = link.drain_close();
+                close_flushed(&link, &mut control_send, &mut control_rx, limit, close).await;
+                break match close.0 {
+                    ErrorCode::Drained => Exit::Drained,
+                    _ => Exit::Ended,
+                };
+            }
+            () = link.closing() => {
+                // An operator's drain under way stays final.
+                let close = match link.drain_close() {
+                    (ErrorCode::Drained, _) => {
+                        (ErrorCode::Drained, "drained; the gateway is shutting down")
+                    }
+                    close => close,
+                };
+                close_flushed(&link, &mut control_send, &mut control_rx, limit, close).await;
+                break Exit::Ended;
             }
             Err(fault) = &mut manager => Some(fault),
             _ = link.connection().closed() => break Exit::Ended,
@@ -337,6 +387,10 @@ async fn manage_lanes(
                 applied = Some(target);
             }
             let mut to_open = link.lanes().set_target(target);
+            if to_open > 0 {
+                // Until the worker grants the stream credit, operators see why it takes no task.
+                registry.set_pending_capacity(worker, target);
+            }
             let mut superseded = false;
             while to_open > 0 {
                 tokio::select! {

@@ -141,13 +141,26 @@ impl<S: LaneSink> LaneTable<S> {
 
     /// Sets how many lanes are wanted; idle lanes above it are retired at once. Returns how
     /// many lanes must be opened to reach it.
+    ///
+    /// The lanes kept are the `target` lowest-numbered ones; every lane above them is retired,
+    /// idle ones now and busy ones when their task ends ([`LaneTable::finish`]).
     pub(crate) fn set_target(&mut self, target: u32) -> usize {
         self.target = target as usize;
-        while self.lanes.len() > self.target {
-            let Some(lane) = self.idle.pop() else { break };
-            self.retire(lane);
+        let above: Vec<LaneId> = self.order.iter().skip(self.target).copied().collect();
+        for lane in above {
+            if self.idle.contains(&lane) {
+                self.retire(lane);
+            }
         }
         self.target.saturating_sub(self.lanes.len())
+    }
+
+    /// True when `lane` is above the wanted lanes: `target` or more lanes have lower numbers.
+    fn is_above_target(&self, lane: LaneId) -> bool {
+        self.order
+            .iter()
+            .position(|id| *id == lane)
+            .is_some_and(|rank| rank >= self.target)
     }
 
     /// Queues `frame` (a task) on an idle lane, which then holds `task`.
@@ -219,6 +232,17 @@ impl<S: LaneSink> LaneTable<S> {
         task: TaskId,
         ending: Ending,
     ) -> Result<Finished, FinishError> {
+        // A cancel_ack is judged by the task first: one the gateway never cancelled is a
+        // protocol violation wherever it came from (so a wrong lane does not hide it).
+        if ending == Ending::CancelAck {
+            let holder = self
+                .by_task
+                .get(&task)
+                .and_then(|holder| self.lanes.get(holder));
+            if holder.is_some_and(|holder| !holder.cancelled) {
+                return Err(FinishError::NotCancelled { task });
+            }
+        }
         let lane = self.lanes.get_mut(&lane_id);
         let held = lane.as_ref().and_then(|lane| lane.task);
         let Some(lane) = lane.filter(|_| held == Some(task)) else {
@@ -228,13 +252,10 @@ impl<S: LaneSink> LaneTable<S> {
                 held,
             });
         };
-        if ending == Ending::CancelAck && !lane.cancelled {
-            return Err(FinishError::NotCancelled { task });
-        }
         lane.task = None;
         lane.cancelled = false;
         self.by_task.remove(&task);
-        let retired = self.lanes.len() > self.target;
+        let retired = self.is_above_target(lane_id);
         if retired {
             self.retire(lane_id);
         } else {
@@ -252,13 +273,22 @@ impl<S: LaneSink> LaneTable<S> {
         self.by_task.is_empty()
     }
 
-    /// The connection is gone: every sink is dropped and every later call is refused.
-    pub(crate) fn close(&mut self) {
+    /// True when every task held has been sent its cancel (or none is held): nothing more
+    /// will be queued on a lane for the tasks in flight.
+    pub(crate) fn settled(&self) -> bool {
+        self.lanes
+            .values()
+            .all(|lane| lane.task.is_none() || lane.cancelled)
+    }
+
+    /// The connection is gone: every later call is refused, and the sinks are handed back
+    /// (dropping them finishes the lanes).
+    pub(crate) fn close(&mut self) -> Vec<S> {
         self.closed = true;
-        self.lanes.clear();
         self.order.clear();
         self.idle.clear();
         self.by_task.clear();
+        self.lanes.drain().map(|(_, lane)| lane.sink).collect()
     }
 
     fn retire(&mut self, lane: LaneId) {
@@ -405,21 +435,61 @@ mod tests {
     #[test]
     fn shrinking_retires_idle_lanes_now_and_busy_lanes_when_they_finish() {
         let sinks: Vec<Recorder> = (0..4).map(|_| Recorder::new(8)).collect();
-        let (mut table, _) = table_with(&sinks);
-        let busy: Vec<LaneId> = (1..=3)
+        let (mut table, ids) = table_with(&sinks);
+        let busy: Vec<LaneId> = (1..=2)
             .map(|n| table.assign(t(n), frame("task")).unwrap())
             .collect();
+        assert_eq!(busy, [ids[3], ids[2]]);
         assert_eq!(table.set_target(1), 0);
-        assert_eq!(table.len(), 3, "the idle lane went, the busy ones stay");
-        assert_eq!(table.busy(), 3, "shrinking cancels nothing");
+        assert_eq!(
+            table.len(),
+            3,
+            "idle lane 1 went; lane 0 stays, the busy ones too"
+        );
+        assert!(!table.contains(ids[1]));
+        assert_eq!(table.busy(), 2, "shrinking cancels nothing");
         let done = table.finish(busy[0], t(1), Ending::Result).unwrap();
         assert!(done.retired);
         assert!(!table.contains(busy[0]));
-        table.finish(busy[1], t(2), Ending::Result).unwrap();
-        let last = table.finish(busy[2], t(3), Ending::Result).unwrap();
-        assert!(!last.retired, "the target lane stays");
+        let last = table.finish(busy[1], t(2), Ending::Result).unwrap();
+        assert!(last.retired);
         assert_eq!(table.len(), 1);
+        assert!(table.contains(ids[0]), "the target lane stays");
         assert_eq!(table.set_target(3), 2, "growing asks for lanes to open");
+    }
+
+    #[test]
+    fn shrinking_keeps_the_lowest_lanes_and_finishes_every_lane_above_the_target() {
+        // Every order of idle and busy lanes: the lanes kept are always 0..m.
+        for busy_mask in 0u8..16 {
+            let sinks: Vec<Recorder> = (0..4).map(|_| Recorder::new(8)).collect();
+            let (mut table, ids) = table_with(&sinks);
+            table.idle = ids.clone();
+            let mut held = Vec::new();
+            for (n, lane) in ids.iter().enumerate() {
+                if busy_mask & (1 << n) != 0 {
+                    let task = t(n as u64 + 1);
+                    let lanes = table.lanes.get_mut(lane).unwrap();
+                    lanes.task = Some(task);
+                    table.by_task.insert(task, *lane);
+                    table.idle.retain(|id| id != lane);
+                    held.push((*lane, task));
+                }
+            }
+            table.set_target(2);
+            // Tasks end in lane order, so a low lane ends first (it used to be retired then).
+            for (lane, task) in held {
+                let finished = table.finish(lane, task, Ending::Result).unwrap();
+                assert_eq!(
+                    finished.retired,
+                    lane >= ids[2],
+                    "mask {busy_mask:04b}, {lane}"
+                );
+            }
+            let kept: Vec<LaneId> = table.order.clone();
+            assert_eq!(kept, ids[..2], "mask {busy_mask:04b}");
+            assert_eq!(table.len(), 2);
+        }
     }
 
     #[test]

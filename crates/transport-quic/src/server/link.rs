@@ -1,23 +1,25 @@
 //! One worker connection as core sees it: the [`WorkerDelivery`] leg over its lanes.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-
-use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::Connection;
 use switchyard_core::{DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage};
 use switchyard_proto::v1::{
-    QuicCancel, QuicControlDown, QuicDrain, QuicLaneDown, QuicPing, quic_control_down,
-    quic_lane_down,
+    QuicCancel, QuicControlDown, QuicDrain, QuicDrainReason, QuicLaneDown, QuicPing,
+    quic_control_down, quic_lane_down,
 };
 use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::lanes::{Ending, FinishError, Finished, LaneId, LaneSink, LaneTable};
 use crate::convert;
 use crate::fault::{Fault, close_connection};
-use crate::frame::encode_frame;
+use crate::frame::{FrameError, encode_frame};
 use crate::outbox::{Item, Outbox, StreamOut};
 use crate::protocol::ErrorCode;
 
@@ -25,6 +27,11 @@ use crate::protocol::ErrorCode;
 pub(crate) const LANE_QUEUE: usize = 8;
 /// Control frames queued toward the worker (only drains travel this way after registration).
 pub(crate) const CONTROL_QUEUE: usize = 4;
+
+/// Longest a close waits for the frames queued before it to reach the worker (and, at
+/// shutdown, for the cancels of the tasks still held to be queued); a dead peer cannot hold
+/// the close longer.
+pub(crate) const FLUSH_PATIENCE: Duration = Duration::from_secs(1);
 
 /// The transport name core sees for QUIC workers.
 pub const TRANSPORT: TransportName = TransportName::from_static("quic");
@@ -39,6 +46,12 @@ pub(crate) struct Link {
     lane_frame_limit: u32,
     /// Fired once when a drain finds (or leaves) no task held.
     pub(crate) drained: Notify,
+    /// Set by an operator's (or the worker's own) drain, which is final.
+    final_drain: AtomicBool,
+    /// Woken whenever a cancel is queued or a task ends, for a close waiting on them.
+    changed: Notify,
+    /// Cancelled when the server asks for a flushed close.
+    closing: CancellationToken,
 }
 
 impl Link {
@@ -62,6 +75,9 @@ impl Link {
             connected: AtomicBool::new(true),
             lane_frame_limit,
             drained: Notify::new(),
+            final_drain: AtomicBool::new(false),
+            changed: Notify::new(),
+            closing: CancellationToken::new(),
         };
         (link, control_rx)
     }
@@ -95,6 +111,7 @@ impl Link {
         ending: Ending,
     ) -> Result<Finished, FinishError> {
         let finished = self.lanes().finish(lane, task, ending)?;
+        self.changed.notify_waiters();
         if finished.drain_complete {
             self.drained.notify_one();
         }
@@ -106,15 +123,102 @@ impl Link {
         close_connection(&self.conn, code, reason);
     }
 
+    /// The code a finished drain closes with: `DRAINED` (final) after an operator's or the
+    /// worker's own drain, else `SHUTTING_DOWN` (come back later). A final drain wins.
+    pub(crate) fn drain_close(&self) -> (ErrorCode, &'static str) {
+        if self.final_drain.load(Ordering::Acquire) {
+            (
+                ErrorCode::Drained,
+                "drained: every task the worker held has ended",
+            )
+        } else {
+            (
+                ErrorCode::ShuttingDown,
+                "the gateway is shutting down; reconnect later",
+            )
+        }
+    }
+
+    /// Asks the connection's driver to close with `SHUTTING_DOWN` once what was queued toward
+    /// the worker has reached it.
+    pub(crate) fn close_when_flushed(&self) {
+        self.closing.cancel();
+    }
+
+    /// Resolves once [`Link::close_when_flushed`] was called.
+    pub(crate) async fn closing(&self) {
+        self.closing.cancelled().await;
+    }
+
+    /// Delivers what was queued toward the worker before a close, until `deadline` at most:
+    /// waits for every task held to be cancelled or ended (so their cancels are queued too),
+    /// finishes every lane after its queued frames, and waits for the worker to acknowledge
+    /// them. The link refuses every later message.
+    pub(crate) async fn flush(&self, deadline: Instant) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.lanes().settled() {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                break;
+            }
+        }
+        self.connected.store(false, Ordering::Release);
+        let sinks = self.lanes().close();
+        let outs: Vec<Arc<StreamOut>> = sinks.iter().map(|sink| Arc::clone(&sink.out)).collect();
+        // Dropping a sink queues its lane's FIN after the frames queued before.
+        drop(sinks);
+        let acknowledged = async {
+            for out in &outs {
+                out.settled().await;
+            }
+        };
+        if tokio::time::timeout_at(deadline, acknowledged)
+            .await
+            .is_err()
+        {
+            tracing::debug!("the worker did not acknowledge every lane before the close");
+        }
+    }
+
     /// Marks the link gone: core stops selecting it and every lane sink is dropped.
     pub(crate) fn disconnect(&self) {
         self.connected.store(false, Ordering::Release);
-        self.lanes().close();
+        drop(self.lanes().close());
     }
 
+    /// Encodes a lane frame; one larger than the lane frame limit is refused as `TooLarge`
+    /// (it is never written, and the connection is unharmed).
     fn lane_frame(&self, frame: quic_lane_down::Frame) -> Result<Bytes, DeliveryError> {
-        encode_frame(&QuicLaneDown { frame: Some(frame) }, self.lane_frame_limit)
-            .map_err(|_| DeliveryError::Unsupported("a task larger than the lane frame limit"))
+        encode_frame(&QuicLaneDown { frame: Some(frame) }, self.lane_frame_limit).map_err(|error| {
+            match error {
+                FrameError::TooLarge { len, max } => DeliveryError::TooLarge {
+                    size: usize::try_from(len).unwrap_or(usize::MAX),
+                    limit: usize::try_from(max).unwrap_or(usize::MAX),
+                },
+                _ => DeliveryError::Unsupported("a lane frame that does not encode"),
+            }
+        })
+    }
+
+    /// Queues a `drain` with `reason` on the control stream and fences the lanes.
+    fn drain(&self, reason: QuicDrainReason) -> Result<(), DeliveryError> {
+        let drain = QuicControlDown {
+            frame: Some(quic_control_down::Frame::Drain(QuicDrain {
+                reason: reason.into(),
+            })),
+        };
+        self.control.try_send(drain).map_err(|error| match error {
+            mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
+            mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
+        })?;
+        if self.lanes().start_drain() {
+            self.drained.notify_one();
+        }
+        Ok(())
     }
 }
 
@@ -150,21 +254,17 @@ impl WorkerDelivery for Link {
                     task_id: task_id.get(),
                     reason: convert::cancel_reason(reason).into(),
                 }))?;
-                self.lanes().cancel(task_id, frame)
-            }
-            WorkerMessage::Drain => {
-                let drain = QuicControlDown {
-                    frame: Some(quic_control_down::Frame::Drain(QuicDrain::default())),
-                };
-                self.control.try_send(drain).map_err(|error| match error {
-                    mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
-                    mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
-                })?;
-                if self.lanes().start_drain() {
-                    self.drained.notify_one();
-                }
+                self.lanes().cancel(task_id, frame)?;
+                self.changed.notify_waiters();
                 Ok(())
             }
+            WorkerMessage::Drain => {
+                self.final_drain.store(true, Ordering::Release);
+                self.drain(QuicDrainReason::Requested)
+            }
+            // A final drain under way stays final: the worker must not come back.
+            WorkerMessage::ShuttingDown if self.final_drain.load(Ordering::Acquire) => Ok(()),
+            WorkerMessage::ShuttingDown => self.drain(QuicDrainReason::ShuttingDown),
             _ => Err(DeliveryError::Unsupported("an unknown message kind")),
         }
     }

@@ -3,9 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod capacity;
+mod closing;
 mod conformance;
 mod delivery;
 mod isolation;
+mod oversized;
 mod registration;
 mod relay;
 mod spec;

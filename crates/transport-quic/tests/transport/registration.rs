@@ -228,3 +228,110 @@ async fn a_worker_core_deregisters_is_closed_with_deregistered() {
     assert_eq!(code, ErrorCode::Deregistered);
     assert!(reason.contains("timeout"), "{reason}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_alpn_fails_the_handshake_with_crypto_error_0x178() {
+    use std::sync::Arc;
+
+    let gateway = Gateway::start().await;
+    let connect = |alpn: &[u8]| {
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(gateway.ca.roots().unwrap())
+        .with_no_client_auth();
+        tls.alpn_protocols = vec![alpn.to_vec()];
+        let config = quinn::ClientConfig::new(Arc::new(
+            quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
+        ));
+        let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let connecting = endpoint
+            .connect_with(config, gateway.addr(), "localhost")
+            .unwrap();
+        async move { (connecting.await, endpoint) }
+    };
+    match connect(b"h3").await.0 {
+        Err(quinn::ConnectionError::ConnectionClosed(close)) => {
+            assert_eq!(u64::from(close.error_code), 0x178, "{close}");
+        }
+        other => panic!("expected CRYPTO_ERROR 0x178, got {other:?}"),
+    }
+    // Control: the protocol's ALPN gets through the handshake.
+    assert!(
+        connect(switchyard_transport_quic::ALPN).await.0.is_ok(),
+        "the right ALPN connects"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_announced_without_stream_credit_has_its_own_standing() {
+    let gateway = Gateway::start().await;
+    let mut events = gateway.registry().subscribe_events();
+    let mut config = crate::support::client_config(&gateway);
+    let mut transport = quinn::TransportConfig::default();
+    // Credit for lane 0 only, as the protocol asks before capacity is announced.
+    transport.max_concurrent_bidi_streams(quinn::VarInt::from_u32(1));
+    config.transport_config(std::sync::Arc::new(transport));
+    let mut raw = Raw::connect_with(&gateway, config, None).await;
+    let registered = raw.register(register_frame(&["work"])).await;
+    let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
+    event(
+        &mut events,
+        "probation lifted",
+        |e| matches!(e, WorkerEvent::Recovered { worker: w } if *w == worker),
+    )
+    .await;
+    // Three slots announced, but the stream limit left at the one lane 0 took.
+    raw.send_control(switchyard_proto::v1::quic_control_up::Frame::Capabilities(
+        switchyard_proto::v1::QuicCapabilities { max_concurrency: 3 },
+    ))
+    .await;
+    crate::support::eventually("awaiting streams", || {
+        gateway.census("work").awaiting_streams == 1
+    })
+    .await;
+    let census = gateway.census("work");
+    assert_eq!(
+        census.capacity_unannounced, 0,
+        "not unannounced: {census:?}"
+    );
+    let explained = gateway
+        .registry()
+        .explain(crate::support::NS, "", "work", None);
+    assert_eq!(
+        explained[0].eligibility,
+        switchyard_core::Eligibility::AwaitingStreams { announced: 3 }
+    );
+    let sentence = census.describe().unwrap();
+    assert!(
+        sentence.contains("cannot carry tasks yet (no stream credit granted)"),
+        "{sentence}"
+    );
+    let outcome = gateway
+        .dispatch_with(request("work", b"x", Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            ActivityOutcome::Unserved {
+                reason: UnservedReason::AwaitingStreams,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+
+    // Control: granting the credit lets the lanes open and the capacity take effect.
+    raw.conn
+        .set_max_concurrent_bi_streams(quinn::VarInt::from_u32(3));
+    event(
+        &mut events,
+        "capacity 3",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, capacity: 3 } if *w == worker),
+    )
+    .await;
+    assert_eq!(gateway.census("work").eligible, 1);
+    assert_eq!(gateway.census("work").awaiting_streams, 0);
+}

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use prost::Message;
 use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicCancelReason, QuicCapabilities, QuicControlDown,
-    QuicControlUp, QuicDrain, QuicDrainRequest, QuicLaneDown, QuicLaneUp, QuicPing, QuicPong,
-    QuicRegister, QuicRegistered, QuicResult, QuicTask, quic_control_down, quic_control_up,
-    quic_lane_down, quic_lane_up, quic_result,
+    QuicControlUp, QuicDrain, QuicDrainReason, QuicDrainRequest, QuicLaneDown, QuicLaneUp,
+    QuicPing, QuicPong, QuicRegister, QuicRegistered, QuicResult, QuicTask, quic_control_down,
+    quic_control_up, quic_lane_down, quic_lane_up, quic_result,
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{
@@ -119,9 +119,24 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                 bytes,
                 control_up(quic_control_up::Frame::DrainRequest(QuicDrainRequest {})),
             ),
-            ("QuicControlDown", "drain") => check(
+            ("QuicControlDown", "drain_requested") => check(
                 bytes,
-                control_down(quic_control_down::Frame::Drain(QuicDrain::default())),
+                control_down(quic_control_down::Frame::Drain(QuicDrain {
+                    reason: QuicDrainReason::Requested.into(),
+                })),
+            ),
+            ("QuicControlDown", "drain_shutting_down") => check(
+                bytes,
+                control_down(quic_control_down::Frame::Drain(QuicDrain {
+                    reason: QuicDrainReason::ShuttingDown.into(),
+                })),
+            ),
+            ("QuicLaneDown", "cancel_drain_deadline") => check(
+                bytes,
+                lane_down(quic_lane_down::Frame::Cancel(QuicCancel {
+                    task_id: 42,
+                    reason: QuicCancelReason::DrainDeadline.into(),
+                })),
             ),
             ("QuicLaneDown", "task") => {
                 check(bytes, lane_down(quic_lane_down::Frame::Task(task.clone())));
@@ -178,9 +193,11 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
         [
             "cancel",
             "cancel_ack",
+            "cancel_drain_deadline",
             "capabilities",
-            "drain",
             "drain_request",
+            "drain_requested",
+            "drain_shutting_down",
             "ping",
             "pong",
             "register",
@@ -221,4 +238,58 @@ fn spec_tables_match_the_code() {
         "at most {} bytes each",
         switchyard_core::MAX_NAME_BYTES
     )));
+}
+
+#[test]
+fn spec_reason_tables_name_every_wire_value() {
+    for reason in (0..=5).map(|v| QuicCancelReason::try_from(v).unwrap()) {
+        let row = format!("| {} | `{}` |", reason as i32, reason.as_str_name());
+        assert!(SPEC.contains(&row), "no row {row}");
+    }
+    assert!(
+        QuicCancelReason::try_from(6).is_err(),
+        "a new cancel reason needs a row"
+    );
+    for reason in (0..=2).map(|v| QuicDrainReason::try_from(v).unwrap()) {
+        let row = format!("| {} | `{}` |", reason as i32, reason.as_str_name());
+        assert!(SPEC.contains(&row), "no row {row}");
+    }
+    assert!(
+        QuicDrainReason::try_from(3).is_err(),
+        "a new drain reason needs a row"
+    );
+    // The drain table names the close each reason ends with.
+    let close_of = |name: &str| {
+        SPEC.lines()
+            .find(|line| line.contains(&format!("`{name}`")) && line.starts_with("| "))
+            .unwrap_or_else(|| panic!("no row for {name}"))
+            .to_owned()
+    };
+    assert!(close_of("QUIC_DRAIN_REASON_REQUESTED").contains("`DRAINED`"));
+    assert!(close_of("QUIC_DRAIN_REASON_SHUTTING_DOWN").contains("`SHUTTING_DOWN`"));
+    // The ends decided by the QUIC layer are listed too.
+    for end in [
+        "`CRYPTO_ERROR` `0x178`",
+        "`CONNECTION_REFUSED` (0x02)",
+        "`STREAM_LIMIT_ERROR` (0x04)",
+        "| idle timeout",
+        "| stateless reset",
+    ] {
+        assert!(SPEC.contains(end), "the spec does not list {end}");
+    }
+}
+
+#[test]
+fn spec_quotes_the_sentences_the_code_says() {
+    let flat = SPEC.split_whitespace().collect::<Vec<_>>().join(" ");
+    let awaiting = switchyard_core::Eligibility::AwaitingStreams { announced: 7 }
+        .to_string()
+        .replace('7', "N");
+    assert!(flat.contains(&awaiting), "{awaiting}");
+    for sentence in [
+        "`cancel_ack: task N was not cancelled`",
+        "`result of N bytes exceeds the gateway's lane frame limit of L bytes`",
+    ] {
+        assert!(flat.contains(sentence), "{sentence}");
+    }
 }

@@ -13,7 +13,7 @@ use switchyard_core::{
     WorkerEvent,
 };
 use switchyard_proto::v1::{
-    QuicControlDown, QuicControlUp, QuicLaneDown, QuicLaneUp, QuicPong, QuicRegister,
+    QuicCancel, QuicControlDown, QuicControlUp, QuicLaneDown, QuicLaneUp, QuicPong, QuicRegister,
     QuicRegistered, QuicTask, quic_control_down, quic_control_up, quic_lane_down, quic_lane_up,
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
@@ -66,6 +66,36 @@ impl Gateway {
             .await
             .unwrap();
         Self { core, server, ca }
+    }
+
+    /// A fresh core and listener at `addr` with `ca`'s certificate, as after a restart; with
+    /// `reset_material`, its stateless-reset key is derived from it. Retries the bind while
+    /// the previous listener's socket is still being released.
+    pub(crate) async fn at(
+        addr: SocketAddr,
+        ca: Arc<SelfSigned>,
+        reset_material: Option<&[u8]>,
+    ) -> Self {
+        let core = Core::start(Registry::builder(), CoreConfig::default());
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let mut builder =
+                QuicServer::builder(core.clone(), ca.server_tls().unwrap()).config(ServerConfig {
+                    listen: addr,
+                    ..ServerConfig::default()
+                });
+            if let Some(material) = reset_material {
+                builder = builder.stateless_reset_key(material);
+            }
+            match builder.bind().await {
+                Ok(server) => return Self { core, server, ca },
+                Err(error) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(%error, "address still in use");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => panic!("cannot bind {addr} again: {error}"),
+            }
+        }
     }
 
     pub(crate) fn addr(&self) -> SocketAddr {
@@ -191,6 +221,8 @@ pub(crate) struct Raw {
     control_recv: Option<RecvStream>,
     control_decoder: FrameDecoder,
     pub(crate) lanes: mpsc::UnboundedReceiver<LaneEvent>,
+    /// Every cancel the gateway sent, on any lane.
+    pub(crate) cancels: mpsc::UnboundedReceiver<QuicCancel>,
 }
 
 impl Raw {
@@ -215,7 +247,8 @@ impl Raw {
             .unwrap();
         let (control, control_recv) = conn.open_bi().await.unwrap();
         let (events, lanes) = mpsc::unbounded_channel();
-        tokio::spawn(accept_lanes(conn.clone(), events, stall));
+        let (cancel_tx, cancels) = mpsc::unbounded_channel();
+        tokio::spawn(accept_lanes(conn.clone(), events, cancel_tx, stall));
         Self {
             conn,
             _endpoint: endpoint,
@@ -223,6 +256,7 @@ impl Raw {
             control_recv: Some(control_recv),
             control_decoder: FrameDecoder::new(u32::MAX),
             lanes,
+            cancels,
         }
     }
 
@@ -336,6 +370,7 @@ impl Default for Stall {
 async fn accept_lanes(
     conn: Connection,
     events: mpsc::UnboundedSender<LaneEvent>,
+    cancels: mpsc::UnboundedSender<QuicCancel>,
     stall: Option<Arc<Stall>>,
 ) {
     while let Ok((send, mut recv)) = conn.accept_bi().await {
@@ -344,6 +379,7 @@ async fn accept_lanes(
             send: Arc::new(Mutex::new(send)),
         };
         let events = events.clone();
+        let cancels = cancels.clone();
         let stall = stall.clone();
         tokio::spawn(async move {
             let mut decoder = FrameDecoder::new(u32::MAX);
@@ -363,7 +399,10 @@ async fn accept_lanes(
                     Some(quic_lane_down::Frame::Task(task)) => {
                         let _ = events.send(LaneEvent(lane.clone(), task));
                     }
-                    Some(quic_lane_down::Frame::Cancel(_)) | None => {}
+                    Some(quic_lane_down::Frame::Cancel(cancel)) => {
+                        let _ = cancels.send(cancel);
+                    }
+                    None => {}
                 }
             }
         });

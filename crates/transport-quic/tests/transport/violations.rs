@@ -116,10 +116,7 @@ async fn a_result_for_an_unknown_task_closes_with_unknown_task() {
     assert_eq!(code, ErrorCode::UnknownTask);
     assert_eq!(
         reason,
-        format!(
-            "result: lane {} holds no task, not task t999999",
-            lane.index
-        )
+        format!("result: lane {} holds no task, not task 999999", lane.index)
     );
     assert_eq!(
         gateway.core.dispatcher().refused().unknown,
@@ -145,10 +142,50 @@ async fn a_cancel_ack_without_a_cancel_is_a_protocol_violation() {
     assert_eq!(code, ErrorCode::ProtocolViolation);
     assert_eq!(
         reason,
-        format!("cancel_ack: task t{} was not cancelled", task.task_id)
+        format!("cancel_ack: task {} was not cancelled", task.task_id)
     );
     // With its only worker gone the dispatch waits for another; it is not needed further.
     dispatch.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_ack_never_cancelled_is_a_protocol_violation_even_on_another_lane() {
+    let gateway = std::sync::Arc::new(Gateway::start().await);
+    let mut events = gateway.registry().subscribe_events();
+    let mut raw = Raw::connect(&gateway).await;
+    let registered = raw.register(register_frame(&["work"])).await;
+    raw.announce(2).await;
+    let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
+    event(
+        &mut events,
+        "capacity 2",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
+    )
+    .await;
+    let dispatches: Vec<_> = (0..2)
+        .map(|_| {
+            let gateway = std::sync::Arc::clone(&gateway);
+            tokio::spawn(async move { gateway.dispatch("work", b"x").await })
+        })
+        .collect();
+    let (first_lane, first) = raw.next_task().await;
+    let (second_lane, _) = raw.next_task().await;
+    assert_ne!(first_lane.index, second_lane.index);
+    // Two rules apply (wrong lane, never cancelled): the one about the task wins.
+    second_lane
+        .send(quic_lane_up::Frame::CancelAck(QuicCancelAck {
+            task_id: first.task_id,
+        }))
+        .await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::ProtocolViolation, "{reason}");
+    assert_eq!(
+        reason,
+        format!("cancel_ack: task {} was not cancelled", first.task_id)
+    );
+    for dispatch in dispatches {
+        dispatch.abort();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
