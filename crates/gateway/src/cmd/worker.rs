@@ -214,11 +214,11 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
         stats: Arc::new(WorkerStats::default()),
     };
     let names: Vec<&str> = args.activities.iter().map(|a| a.name.as_str()).collect();
+    // Either SDK says on stderr when it loses the gateway and when it is back; a subscriber
+    // installed already (by an embedding test, say) is kept.
+    let _ = switchyard_gateway::init_logging(&switchyard_gateway::LogSection::default());
     match args.transport {
         TransportKind::Grpc => {
-            // The SDK says on stderr when it loses the gateway and when it is back; a
-            // subscriber installed already (by an embedding test, say) is kept.
-            let _ = switchyard_gateway::init_logging(&switchyard_gateway::LogSection::default());
             let worker = grpc_worker(&args.client.endpoint, &setup).await?;
             announce("grpc", Some(worker.worker_id()), &names, args.capacity);
             let stop = worker.shutdown_token();
