@@ -37,11 +37,12 @@ pub const OUTCOME_LABELS: [&str; 7] = [
 pub const REFUSED_RESULT_LABELS: [&str; 3] = ["unknown", "foreign", "late"];
 
 /// Every `reason` label of [`UNSERVED_EPISODES_TOTAL`].
-pub const UNSERVED_LABELS: [&str; 7] = [
+pub const UNSERVED_LABELS: [&str; 8] = [
     "no_workers",
     "workers_incompatible",
     "all_at_capacity",
     "capacity_unannounced",
+    "awaiting_streams",
     "workers_unreachable",
     "on_probation",
     "draining",
@@ -111,6 +112,7 @@ fn every_variant_is_listed(
         | U::WorkersIncompatible
         | U::AllAtCapacity
         | U::CapacityUnannounced
+        | U::AwaitingStreams
         | U::WorkersUnreachable
         | U::OnProbation
         | U::Draining => {}
@@ -166,6 +168,7 @@ mod tests {
             UnservedReason::WorkersIncompatible,
             UnservedReason::AllAtCapacity,
             UnservedReason::CapacityUnannounced,
+            UnservedReason::AwaitingStreams,
             UnservedReason::WorkersUnreachable,
             UnservedReason::OnProbation,
             UnservedReason::Draining,
