@@ -13,6 +13,12 @@ pub enum AdmissionError {
         /// The field.
         field: &'static str,
     },
+    /// A list held an empty name (an entry, not the list, is empty).
+    #[error("{field} holds an empty entry")]
+    EmptyEntry {
+        /// The list field.
+        field: &'static str,
+    },
     /// A name was longer than allowed.
     #[error("{field} entry is {len} bytes, more than the limit of {max}")]
     TooLong {
@@ -102,6 +108,7 @@ impl AdmissionError {
     pub fn kind(&self) -> RefusalKind {
         match self {
             Self::Empty { .. }
+            | Self::EmptyEntry { .. }
             | Self::TooLong { .. }
             | Self::TooMany { .. }
             | Self::ControlCharacter { .. }
@@ -119,6 +126,7 @@ impl AdmissionError {
     pub fn label(&self) -> &'static str {
         match self {
             Self::Empty { .. } => "empty_field",
+            Self::EmptyEntry { .. } => "empty_entry",
             Self::TooLong { .. } => "too_long",
             Self::TooMany { .. } => "too_many",
             Self::ControlCharacter { .. } => "control_character",
