@@ -526,23 +526,75 @@ async fn results_for_tasks_a_worker_does_not_hold_are_refused_counted_and_never_
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_result_after_the_deadline_is_refused_as_late_and_frees_the_slot() {
+async fn a_result_instead_of_a_cancel_ack_frees_the_slot_and_is_not_a_refusal() {
     let s = setup();
     let mut worker = s.worker(1).await;
     let running = s.spawn(request("slow", Duration::from_secs(5)));
     let task = worker.task().await;
     assert_eq!(running.await.expect("joined"), ActivityOutcome::TimedOut);
+    assert_eq!(
+        worker.sent(),
+        vec![WorkerMessage::Cancel {
+            task_id: task.task_id,
+            reason: CancelReason::DeadlineExceeded
+        }]
+    );
     assert_eq!(s.in_flight(&worker), 1, "the worker still runs it");
     assert_eq!(
         s.dispatcher
             .complete(worker.id, task.task_id, success("slow")),
-        Err(CompletionRefused::Late { task: task.task_id })
+        Ok(()),
+        "answered instead of acknowledging the cancel: accepted like a cancel_ack"
     );
-    assert_eq!(s.dispatcher.refused().late, 1);
+    assert_eq!(s.dispatcher.refused(), RefusedCounts::default());
+    assert_eq!(s.dispatcher.results_after_cancel(), 1);
+    assert_eq!(s.in_flight(&worker), 0, "the answer lets go of the slot");
+    let next = s.spawn(request("next", Duration::from_secs(5)));
+    let second = worker.task().await;
+    s.dispatcher
+        .complete(worker.id, second.task_id, success("next"))
+        .expect("served on the freed slot");
+    assert_eq!(next.await.expect("joined"), completed("next"));
+    assert_eq!(
+        s.dispatcher.results_after_cancel(),
+        1,
+        "an ordinary result is not counted as one after a cancel"
+    );
+    // Control: a result for the same task again finds nothing held and is refused.
+    assert_eq!(
+        s.dispatcher
+            .complete(worker.id, task.task_id, success("again")),
+        Err(CompletionRefused::UnknownTask { task: task.task_id })
+    );
+    assert_eq!(s.dispatcher.refused().unknown, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_result_after_a_producer_cancel_is_taken_as_the_acknowledgement() {
+    let s = setup();
+    let mut worker = s.worker(1).await;
+    let running = s.spawn(with_id(request("x", Duration::from_secs(30)), "job-r"));
+    let task = worker.task().await;
+    s.dispatcher
+        .cancel(&caller(), NS, "job-r")
+        .expect("in flight");
+    assert_eq!(running.await.expect("joined"), ActivityOutcome::Cancelled);
     assert_eq!(
         s.in_flight(&worker),
-        0,
-        "the late answer lets go of the slot"
+        1,
+        "control: the cancelled task holds its slot"
+    );
+    assert_eq!(
+        s.dispatcher
+            .complete(worker.id, task.task_id, success("done anyway")),
+        Ok(())
+    );
+    assert_eq!(s.in_flight(&worker), 0);
+    assert_eq!(s.dispatcher.refused(), RefusedCounts::default());
+    assert_eq!(
+        s.dispatcher.cancel_acknowledged(worker.id, task.task_id),
+        Err(CompletionRefused::UnknownTask { task: task.task_id }),
+        "a cancel_ack after the result finds nothing held"
     );
 }
 

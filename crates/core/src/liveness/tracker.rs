@@ -437,7 +437,12 @@ mod tests {
             "the schedule stays on whole intervals from registration"
         );
         // Control: nothing is due before the schedule says so.
-        assert!(tracker.tick(t0 + Duration::from_millis(2999)).pings.is_empty());
+        assert!(
+            tracker
+                .tick(t0 + Duration::from_millis(2999))
+                .pings
+                .is_empty()
+        );
     }
 
     #[test]
