@@ -204,10 +204,13 @@ impl Registry {
             task_queue: worker.task_queue().to_owned(),
             node: worker.node().cloned(),
         });
-        if self.inner.opening_probation {
-            self.inner.emit(WorkerEvent::Excluded {
+        // A capacity stated in the registration is announced like a later announcement, so
+        // watchers see one `CapacityAnnounced` per worker whatever its transport. The opening
+        // probation is routine for every new worker and is not announced as an exclusion.
+        if let Some(capacity) = capacity {
+            self.inner.emit(WorkerEvent::CapacityAnnounced {
                 worker: worker.id(),
-                exclusion: DispatchExclusion::OpeningProbation,
+                capacity: capacity.get(),
             });
         }
         self.inner.wake();

@@ -317,17 +317,16 @@ impl Registry {
                 let before = previous.get(&id).copied();
                 let after = state.exclusions.get(&id).copied();
                 if before != after {
-                    changed.push((id, after));
+                    changed.push((id, before, after));
                 }
                 reopened |= state.refresh_id(id);
             }
         }
         let wake = reopened || !changed.is_empty();
-        for (worker, after) in changed {
-            self.inner.emit(match after {
-                Some(exclusion) => WorkerEvent::Excluded { worker, exclusion },
-                None => WorkerEvent::Recovered { worker },
-            });
+        for (worker, before, after) in changed {
+            if let Some(event) = crate::events::standing_change(worker, before, after) {
+                self.inner.emit(event);
+            }
         }
         // The prober publishes every round: a round that changed nobody's standing wakes nobody.
         // A change does wake, even one that excludes, so parked dispatches re-read their reason.
