@@ -607,6 +607,11 @@ impl Dispatcher {
         self.inner.unserved.warnings()
     }
 
+    /// The largest input a dispatch accepts ([`DispatchConfig::max_input_bytes`]).
+    pub fn max_input_bytes(&self) -> usize {
+        self.inner.config.max_input_bytes
+    }
+
     /// True once [`Dispatcher::shutdown`] has started.
     pub fn is_shutting_down(&self) -> bool {
         self.inner.shutting_down.load(Ordering::Acquire)

@@ -202,7 +202,8 @@ fn core_config(config: &GatewayConfig) -> CoreConfig {
             loss_budget: config.dispatch.loss_budget,
             loss_window: config.dispatch.loss_window.get(),
             max_timeout: config.dispatch.max_timeout.get(),
-            ..DispatchConfig::default()
+            max_input_bytes: crate::limits::max_input_bytes(config)
+                .unwrap_or(switchyard_core::DEFAULT_MAX_INPUT_BYTES),
         },
         liveness: LivenessConfig {
             ping_interval: config.liveness.ping_interval.get(),

@@ -17,7 +17,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use switchyard_core::CallerIdentity;
 use switchyard_transport_grpc::{CallerDirectory, GrpcServerConfig, WorkerService};
 
-use crate::api::{ApiSettings, GatewayApi};
+use crate::api::{ApiSettings, GatewayApi, OversizedAsExhausted};
 use crate::auth::Principals;
 use crate::config::GrpcSection;
 use crate::tls::TlsMaterial;
@@ -127,6 +127,7 @@ impl Transport for GrpcTransport {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(TransportError::other)?;
+        let max_input = context.core.dispatcher().max_input_bytes();
         let api = GatewayApi::new(
             context.core.clone(),
             Arc::clone(&context.principals),
@@ -134,8 +135,12 @@ impl Transport for GrpcTransport {
         )
         .ending_on(context.close.clone())
         .into_service()
-        .max_decoding_message_size(section.max_message_size)
+        .max_decoding_message_size(crate::limits::api_decode_limit(
+            section.max_message_size,
+            max_input,
+        ))
         .max_encoding_message_size(section.max_message_size);
+        let api = OversizedAsExhausted::new(api, max_input);
 
         let workers = section.workers.then(|| {
             WorkerService::new(
