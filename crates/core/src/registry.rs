@@ -359,11 +359,16 @@ impl Registry {
         ids.into_iter().filter(|id| self.drain_worker(*id)).count()
     }
 
-    /// Fences every registered worker and tells it the gateway is stopping
-    /// ([`WorkerMessage::ShuttingDown`]): finish in-flight work, then reconnect later. A leg
-    /// that cannot carry that message is sent an ordinary drain. Returns how many were told.
+    /// Stops admitting workers ([`crate::AdmissionError::ShuttingDown`]), then fences every
+    /// registered worker and tells it the gateway is stopping ([`WorkerMessage::ShuttingDown`]):
+    /// finish in-flight work, then reconnect later. A leg that cannot carry that message is
+    /// sent an ordinary drain. Returns how many were told.
     pub fn broadcast_shutdown(&self) -> usize {
-        let ids: Vec<WorkerId> = self.inner.lock().workers.ids().collect();
+        let ids: Vec<WorkerId> = {
+            let mut state = self.inner.lock();
+            state.closed = true;
+            state.workers.ids().collect()
+        };
         ids.into_iter()
             .filter(|id| self.fence_and_tell(*id, WorkerMessage::ShuttingDown))
             .count()

@@ -143,8 +143,14 @@ mod tests {
             let quic = input_room(limit, quic_task_framing);
             assert!(quic_task(quic) <= limit, "QUIC frame for {limit}");
             // Control: the bound is tight, a few bytes, not a guessed margin.
-            assert!(grpc_task(grpc + 8) > limit, "gRPC bound is loose for {limit}");
-            assert!(quic_task(quic + 8) > limit, "QUIC bound is loose for {limit}");
+            assert!(
+                grpc_task(grpc + 8) > limit,
+                "gRPC bound is loose for {limit}"
+            );
+            assert!(
+                quic_task(quic + 8) > limit,
+                "QUIC bound is loose for {limit}"
+            );
         }
     }
 

@@ -79,6 +79,9 @@ pub enum AdmissionError {
         /// The nodes the namespace is pinned to.
         required: Vec<Node>,
     },
+    /// The gateway is shutting down and admits no worker; register again once it is back.
+    #[error("the gateway is shutting down; register again once it is back")]
+    ShuttingDown,
     /// The worker being announced is not registered.
     #[error("worker is not registered")]
     UnknownWorker,
@@ -118,7 +121,7 @@ impl AdmissionError {
             Self::NamespaceNotGranted { .. } => RefusalKind::Unauthorised,
             Self::UnknownNamespace { .. } => RefusalKind::NotFound,
             Self::PlacementViolated { .. } => RefusalKind::Placement,
-            Self::Store(_) => RefusalKind::Unavailable,
+            Self::Store(_) | Self::ShuttingDown => RefusalKind::Unavailable,
         }
     }
 
@@ -137,6 +140,7 @@ impl AdmissionError {
             Self::PlacementViolated { .. } => "placement_violated",
             Self::UnknownWorker => "unknown_worker",
             Self::Store(_) => "store_error",
+            Self::ShuttingDown => "shutting_down",
         }
     }
 }

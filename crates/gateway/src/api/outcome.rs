@@ -74,7 +74,9 @@ pub(crate) fn refusal(error: &DispatchError) -> Status {
 /// limit, stating that limit. `None` for any other status.
 pub(crate) fn oversized_request(status: &Status, max_input: usize) -> Option<Status> {
     let oversized = status.code() == Code::OutOfRange
-        && status.message().contains("decoded message length too large");
+        && status
+            .message()
+            .contains("decoded message length too large");
     oversized.then(|| {
         Status::resource_exhausted(format!(
             "request too large for the producer API ({}); an input may be at most {max_input} \
@@ -175,7 +177,11 @@ mod tests {
         );
         let mapped = oversized_request(&tonic, 4000).expect("recognised");
         assert_eq!(mapped.code(), Code::ResourceExhausted);
-        assert!(mapped.message().contains("at most 4000 bytes"), "{}", mapped.message());
+        assert!(
+            mapped.message().contains("at most 4000 bytes"),
+            "{}",
+            mapped.message()
+        );
         // Control: other statuses, even OUT_OF_RANGE ones, pass through untouched.
         assert!(oversized_request(&Status::out_of_range("seq"), 4000).is_none());
         assert!(oversized_request(&Status::cancelled("gone"), 4000).is_none());
