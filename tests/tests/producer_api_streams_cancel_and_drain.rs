@@ -1,6 +1,6 @@
 //! The producer API's flow control and operator actions: a `DispatchStream` runs at most its
 //! in-flight bound, `Cancel` ends a dispatch and tells its worker, and `Drain` with a deadline
-//! removes a worker that does not finish so its task runs elsewhere.
+//! cancels what a worker that does not finish still holds, reporting `done` once it has left.
 
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::panic)]
