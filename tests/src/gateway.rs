@@ -45,6 +45,24 @@ impl Interceptor for Bearer {
 /// A producer/operator API client.
 pub type ApiClient = GatewayClient<InterceptedService<Channel, Bearer>>;
 
+/// A TLS client of the producer API at `addr` trusting `ca_pem`, with `token` as bearer when
+/// given; for tests that connect while the [`TestGateway`] is busy shutting down.
+pub async fn api_client_at(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    token: Option<&str>,
+) -> Result<ApiClient, tonic::transport::Error> {
+    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
+        .expect("valid endpoint")
+        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)))
+        .expect("tls config")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    let token = token.map(|t| format!("Bearer {t}").parse().expect("ascii token"));
+    Ok(GatewayClient::with_interceptor(channel, Bearer(token)))
+}
+
 /// A started gateway and the directory its TLS material lives in.
 #[derive(Debug)]
 pub struct TestGateway {
@@ -100,16 +118,9 @@ impl TestGateway {
     /// A TLS client of the producer API, with `token` as bearer when given.
     pub async fn client(&self, token: Option<&str>) -> ApiClient {
         let addr = self.gateway().addr("grpc").expect("grpc listens");
-        let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
-            .expect("valid endpoint")
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.ca_pem())))
-            .expect("tls config")
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
+        api_client_at(addr, &self.ca_pem(), token)
             .await
-            .expect("connects to the gateway");
-        let token = token.map(|t| format!("Bearer {t}").parse().expect("ascii token"));
-        GatewayClient::with_interceptor(channel, Bearer(token))
+            .expect("connects to the gateway")
     }
 
     /// Shuts the gateway down gracefully (as SIGTERM would).

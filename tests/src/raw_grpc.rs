@@ -82,11 +82,14 @@ impl RawGrpcWorker {
     /// Opens a call to the gateway's worker service over TLS, anonymously.
     pub async fn open(gateway: &TestGateway) -> Result<Self, Status> {
         let addr = gateway.gateway().addr("grpc").expect("grpc listens");
+        Self::open_at(addr, &gateway.ca_pem()).await
+    }
+
+    /// Like [`RawGrpcWorker::open`], for a gateway at `addr` whose CA is `ca_pem`.
+    pub async fn open_at(addr: std::net::SocketAddr, ca_pem: &str) -> Result<Self, Status> {
         let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
             .expect("valid endpoint")
-            .tls_config(
-                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(gateway.ca_pem())),
-            )
+            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)))
             .expect("tls config")
             .connect()
             .await
@@ -138,6 +141,21 @@ impl RawGrpcWorker {
     /// The next frame, pings included, answered or not.
     pub async fn next_any(&mut self) -> Result<Option<pb::gateway_frame::Frame>, Status> {
         Ok(self.replies.message().await?.and_then(|frame| frame.frame))
+    }
+
+    /// Sends `frame` and returns how the gateway answered it: the acknowledgement, or the
+    /// status the call ended with.
+    pub async fn try_register(
+        &mut self,
+        frame: pb::WorkerFrame,
+    ) -> Result<pb::RegisterAck, Status> {
+        self.send(frame).await;
+        match self.next_frame().await? {
+            Some(pb::gateway_frame::Frame::RegisterAck(ack)) => Ok(ack),
+            other => Err(Status::internal(format!(
+                "expected an acknowledgement, got {other:?}"
+            ))),
+        }
     }
 
     /// Registers with `frame` and returns the worker id from the acknowledgement.

@@ -118,7 +118,7 @@ async fn each_unserved_reason_is_named_and_served_is_reported() {
         .await
         .unwrap()
         .answer_pings_in_background();
-    wait_recovered(&mut events, unannounced.id()).await;
+    wait_probation_passed(&mut events, unannounced.id()).await;
     let reply = describe(&mut client, "unannounced").await;
     assert_eq!(reason(&reply), pb::UnservedReason::CapacityUnannounced);
     // Control: announcing capacity serves the queue.
@@ -131,7 +131,7 @@ async fn each_unserved_reason_is_named_and_served_is_reported() {
         .await
         .unwrap()
         .answer_pings_in_background();
-    wait_recovered(&mut events, busy.id()).await;
+    wait_probation_passed(&mut events, busy.id()).await;
     assert!(
         describe(&mut client, "busy").await.served,
         "eligible before it takes the task"
@@ -165,7 +165,7 @@ async fn each_unserved_reason_is_named_and_served_is_reported() {
         .await
         .unwrap()
         .answer_pings_in_background();
-    wait_recovered(&mut events, draining.id()).await;
+    wait_probation_passed(&mut events, draining.id()).await;
     assert!(describe(&mut client, "draining").await.served);
     let progress = client
         .drain(pb::DrainWorkersRequest {
@@ -183,10 +183,10 @@ async fn each_unserved_reason_is_named_and_served_is_reported() {
     assert!(reply.detail.contains("draining"), "{}", reply.detail);
 }
 
-async fn wait_recovered(events: &mut broadcast::Receiver<WorkerEvent>, id: WorkerId) {
+async fn wait_probation_passed(events: &mut broadcast::Receiver<WorkerEvent>, id: WorkerId) {
     wait_for(
         events,
-        |e| matches!(e, WorkerEvent::Recovered { worker } if *worker == id),
+        |e| matches!(e, WorkerEvent::ProbationPassed { worker } if *worker == id),
     )
     .await;
 }

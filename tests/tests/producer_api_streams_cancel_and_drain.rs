@@ -1,6 +1,6 @@
 //! The producer API's flow control and operator actions: a `DispatchStream` runs at most its
 //! in-flight bound, `Cancel` ends a dispatch and tells its worker, and `Drain` with a deadline
-//! removes a worker that does not finish so its task runs elsewhere.
+//! cancels what a worker that does not finish still holds, reporting `done` once it has left.
 
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::panic)]
@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use switchyard_core::{CallerIdentity, WorkerMessage};
+use switchyard_core::{CallerIdentity, CancelReason, WorkerMessage};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::dispatch_outcome::Outcome;
 use switchyard_proto::v1::dispatch_stream_reply::Result as StreamResult;
@@ -185,7 +185,7 @@ async fn cancel_ends_the_dispatch_and_tells_the_worker() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drain_deadline_cancels_what_the_worker_still_holds() {
+async fn a_drain_deadline_cancels_what_the_worker_holds_and_done_waits_for_its_departure() {
     let scripted = ScriptedTransport::default();
     let gateway = TestGateway::start_with(
         |config| config.quic.enabled = false,
@@ -194,20 +194,27 @@ async fn a_drain_deadline_cancels_what_the_worker_still_holds() {
     .await;
     let core = gateway.gateway().core().clone();
     // The stubborn worker holds its task and ignores the drain request.
-    let (stubborn, mut held, _keep) = started(&scripted, "drain", 1).await;
+    let mut stubborn = scripted
+        .connect(
+            &CallerIdentity::trusted("test"),
+            registration(&["drain"], &["echo"], Some(1)),
+            true,
+        )
+        .await
+        .expect("admitted");
+    let id = stubborn.id();
     let mut client = gateway.client(None).await;
     let mut producer = client.clone();
     let dispatch = tokio::spawn(async move { producer.dispatch(request("drain", "")).await });
-    let task = timeout(WAIT, held.recv())
-        .await
-        .unwrap()
-        .expect("the stubborn worker holds the task");
+    let task = next_matching(&mut stubborn, |m| match m {
+        WorkerMessage::Task(task) => Some(task),
+        _ => None,
+    })
+    .await;
 
     let mut progress = client
         .drain(pb::DrainWorkersRequest {
-            target: Some(pb::drain_workers_request::Target::WorkerId(
-                stubborn.id().get(),
-            )),
+            target: Some(pb::drain_workers_request::Target::WorkerId(id.get())),
             deadline_ms: 300,
         })
         .await
@@ -221,6 +228,52 @@ async fn a_drain_deadline_cancels_what_the_worker_still_holds() {
     );
     assert!(!first.done);
 
+    // At the deadline the worker is sent a cancel naming the drain deadline.
+    let reason = next_matching(&mut stubborn, |m| match m {
+        WorkerMessage::Cancel { task_id, reason } if task_id == task.task_id => Some(reason),
+        _ => None,
+    })
+    .await;
+    assert_eq!(reason, CancelReason::DrainDeadline);
+    let reply = dispatch
+        .await
+        .unwrap()
+        .expect("dispatch answered")
+        .into_inner();
+    assert!(
+        matches!(
+            reply.outcome.and_then(|o| o.outcome),
+            Some(Outcome::Cancelled(_))
+        ),
+        "the held dispatch ends cancelled"
+    );
+    // The progress after the deadline reports the cancel, and is not done: the worker is
+    // still registered, fenced, holding the slot until it lets go.
+    let after = timeout(WAIT, async {
+        loop {
+            let step = progress.message().await.unwrap().expect("progress");
+            if step.cancelled_at_deadline > 0 || step.done {
+                return step;
+            }
+        }
+    })
+    .await
+    .expect("the deadline is reported");
+    assert_eq!(after.cancelled_at_deadline, 1);
+    assert!(
+        !after.done,
+        "not done while the worker is registered: {after:?}"
+    );
+    assert_eq!(after.tasks_remaining, 1);
+    assert_eq!(after.workers.len(), 1);
+    let snapshot = core.registry().worker(id).expect("still registered");
+    assert_eq!(snapshot.eligibility, switchyard_core::Eligibility::Draining);
+    assert_eq!(snapshot.in_flight, 1);
+
+    // Control: once the worker lets go and leaves, the last message is done.
+    core.cancel_acknowledged(id, task.task_id)
+        .expect("the cancel was pending");
+    drop(stubborn);
     let last = timeout(WAIT, async {
         loop {
             let step = progress
@@ -234,32 +287,37 @@ async fn a_drain_deadline_cancels_what_the_worker_still_holds() {
         }
     })
     .await
-    .expect("the drain ends at its deadline");
-    assert_eq!(last.cancelled_at_deadline, 1);
-    let reply = dispatch
-        .await
-        .unwrap()
-        .expect("dispatch answered")
-        .into_inner();
-    assert!(
-        matches!(
-            reply.outcome.and_then(|o| o.outcome),
-            Some(Outcome::Cancelled(_))
-        ),
-        "the held dispatch ends cancelled"
+    .expect("the drain ends once the worker left");
+    assert!(last.workers.is_empty());
+    assert_eq!((last.workers_left, last.tasks_remaining), (1, 0));
+    assert_eq!(
+        last.cancelled_at_deadline, 1,
+        "the count stays on the last message"
     );
-    // The worker stays fenced and keeps the slot until it lets go of the task.
-    let snapshot = core
-        .registry()
-        .worker(stubborn.id())
-        .expect("still registered");
-    assert_eq!(snapshot.eligibility, switchyard_core::Eligibility::Draining);
-    assert_eq!(snapshot.in_flight, 1);
-    core.cancel_acknowledged(stubborn.id(), task.task_id)
-        .expect("the cancel was pending");
-    let snapshot = core
-        .registry()
-        .worker(stubborn.id())
-        .expect("still registered");
-    assert_eq!(snapshot.in_flight, 0);
+    assert!(
+        progress.message().await.unwrap().is_none(),
+        "nothing after done"
+    );
+}
+
+/// Reads the worker's messages (answering pings) until `pick` accepts one.
+async fn next_matching<T>(
+    worker: &mut switchyard_tests::ScriptedWorker,
+    pick: impl Fn(WorkerMessage) -> Option<T>,
+) -> T {
+    timeout(WAIT, async {
+        loop {
+            match worker.next().await {
+                Some(WorkerMessage::Ping { seq }) => worker.pong(seq),
+                Some(message) => {
+                    if let Some(found) = pick(message) {
+                        return found;
+                    }
+                }
+                None => panic!("disconnected"),
+            }
+        }
+    })
+    .await
+    .expect("the message arrives")
 }

@@ -106,7 +106,7 @@ impl Registry {
             None
         };
         self.mint(unknown, &registration).await?;
-        Ok(self.insert(caller, registration, delivery, capacity))
+        self.insert(caller, registration, delivery, capacity)
     }
 
     /// Steps three and four for the namespaces the store knows: refuses unknown ones under
@@ -155,7 +155,7 @@ impl Registry {
         registration: Registration,
         delivery: Arc<dyn WorkerDelivery>,
         capacity: Option<NonZeroU32>,
-    ) -> RegistrationToken {
+    ) -> Result<RegistrationToken, AdmissionError> {
         let Registration {
             namespaces,
             task_queue,
@@ -167,6 +167,11 @@ impl Registry {
         let task_queue = normalise_task_queue(&task_queue).to_owned();
         let worker = {
             let mut state = self.inner.lock();
+            // Checked under the lock the shutdown broadcast takes, so no worker is admitted
+            // after the broadcast listed who to tell.
+            if state.closed {
+                return Err(AdmissionError::ShuttingDown);
+            }
             let id = state.mint_id();
             let worker = Worker::new(
                 id,
@@ -204,14 +209,17 @@ impl Registry {
             task_queue: worker.task_queue().to_owned(),
             node: worker.node().cloned(),
         });
-        if self.inner.opening_probation {
-            self.inner.emit(WorkerEvent::Excluded {
+        // A capacity stated in the registration is announced like a later announcement, so
+        // watchers see one `CapacityAnnounced` per worker whatever its transport. The opening
+        // probation is routine for every new worker and is not announced as an exclusion.
+        if let Some(capacity) = capacity {
+            self.inner.emit(WorkerEvent::CapacityAnnounced {
                 worker: worker.id(),
-                exclusion: DispatchExclusion::OpeningProbation,
+                capacity: capacity.get(),
             });
         }
         self.inner.wake();
-        RegistrationToken::new(Arc::clone(&self.inner), worker.id())
+        Ok(RegistrationToken::new(Arc::clone(&self.inner), worker.id()))
     }
 }
 

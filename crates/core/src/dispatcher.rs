@@ -55,7 +55,10 @@ pub struct RefusedCounts {
     pub unknown: u64,
     /// Results from a worker that did not hold the task.
     pub foreign: u64,
-    /// Results after the dispatch ended.
+    /// Results refused as late. Always 0 now: a result for a dispatch that already ended (its
+    /// worker was sent a cancel) stands in for the cancel acknowledgement, as `worker.proto`
+    /// allows, and is counted by [`Dispatcher::results_after_cancel`] instead. Kept so a
+    /// dashboard reading the `late` series sees 0, not a missing field.
     pub late: u64,
 }
 
@@ -82,6 +85,7 @@ struct Inner {
     refused_unknown: AtomicU64,
     refused_foreign: AtomicU64,
     refused_late: AtomicU64,
+    results_after_cancel: AtomicU64,
     /// Selection attempts since start (each parked dispatch tries once per wake).
     selections: AtomicU64,
 }
@@ -232,6 +236,7 @@ impl Dispatcher {
             refused_unknown: AtomicU64::new(0),
             refused_foreign: AtomicU64::new(0),
             refused_late: AtomicU64::new(0),
+            results_after_cancel: AtomicU64::new(0),
             selections: AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&inner);
@@ -474,8 +479,11 @@ impl Dispatcher {
 
     /// The single entry point for results: hands `result` to the dispatch waiting for `task`.
     ///
-    /// Refused (and counted) when the task is not pending, is held by another worker, or its
-    /// dispatch already ended; a refusal never reaches any caller.
+    /// Refused (and counted) when the task is not pending or is held by another worker; a
+    /// refusal never reaches any caller. A result for a task whose dispatch already ended
+    /// (cancelled, timed out, its caller gone) is the worker answering instead of acknowledging
+    /// the cancel: accepted the same way as a `cancel_ack` (the slot is freed), counted in
+    /// [`Dispatcher::results_after_cancel`], never as a refusal.
     pub fn complete(
         &self,
         worker: WorkerId,
@@ -483,16 +491,22 @@ impl Dispatcher {
         result: TaskResult,
     ) -> Result<(), CompletionRefused> {
         let taken = self.inner.lock_tasks().take_for_result(worker, task);
-        let outcome = taken.and_then(|mut pending| {
+        let outcome = taken.map(|mut pending| {
             let signal = pending.signal.take();
             // Free the slot before the caller hears back, so its next dispatch finds it free.
             drop(pending);
-            // No signal: the dispatch already ended (cancel, deadline); a caller that stopped
-            // listening this instant is the same.
-            signal
-                .ok_or(CompletionRefused::Late { task })?
-                .send(Signal::Result(result))
-                .map_err(|_| CompletionRefused::Late { task })
+            // No signal, or a caller that stopped listening this instant: the dispatch ended
+            // and its cancel is on its way (or crossed this result on the wire).
+            let delivered =
+                signal.is_some_and(|signal| signal.send(Signal::Result(result)).is_ok());
+            if !delivered {
+                self.inner
+                    .results_after_cancel
+                    .fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("switchyard_results_after_cancel_total").increment(1);
+                tracing::debug!(worker = %worker, task = %task,
+                    "result for an ended dispatch taken as its cancel acknowledgement");
+            }
         });
         if let Err(refusal) = &outcome {
             self.count_refusal(refusal);
@@ -500,6 +514,12 @@ impl Dispatcher {
         }
         self.inner.ended();
         outcome
+    }
+
+    /// Results that arrived for a dispatch that had already ended and were taken as the cancel
+    /// acknowledgement, since start.
+    pub fn results_after_cancel(&self) -> u64 {
+        self.inner.results_after_cancel.load(Ordering::Relaxed)
     }
 
     /// A worker confirmed it stopped a cancelled task; its slot is freed.
@@ -585,6 +605,11 @@ impl Dispatcher {
     #[cfg(test)]
     pub(crate) fn unserved_warnings(&self) -> u64 {
         self.inner.unserved.warnings()
+    }
+
+    /// The largest input a dispatch accepts ([`DispatchConfig::max_input_bytes`]).
+    pub fn max_input_bytes(&self) -> usize {
+        self.inner.config.max_input_bytes
     }
 
     /// True once [`Dispatcher::shutdown`] has started.

@@ -53,14 +53,21 @@ pub enum WorkerEvent {
         /// Why.
         reason: DisconnectReason,
     },
-    /// The liveness prober excluded a worker from selection.
+    /// The liveness prober excluded a worker from selection. Never emitted for a new worker's
+    /// opening probation, which every worker goes through: an alert on exclusions must not
+    /// fire once per registration.
     Excluded {
         /// Its id.
         worker: WorkerId,
         /// The exclusion.
         exclusion: DispatchExclusion,
     },
-    /// A previously excluded worker is eligible again.
+    /// A new worker passed its opening probation and is eligible for the first time.
+    ProbationPassed {
+        /// Its id.
+        worker: WorkerId,
+    },
+    /// A worker excluded by an [`WorkerEvent::Excluded`] is eligible again.
     Recovered {
         /// Its id.
         worker: WorkerId,
@@ -72,4 +79,22 @@ pub enum WorkerEvent {
         /// The new capacity.
         capacity: u32,
     },
+}
+
+/// The event (if any) announcing that `worker`'s liveness exclusion went from `before` to
+/// `after`: entering or leaving the opening probation is not an exclusion or a recovery.
+pub(crate) fn standing_change(
+    worker: WorkerId,
+    before: Option<DispatchExclusion>,
+    after: Option<DispatchExclusion>,
+) -> Option<WorkerEvent> {
+    match (before, after) {
+        (_, Some(DispatchExclusion::OpeningProbation)) => None,
+        (Some(DispatchExclusion::OpeningProbation), None) => {
+            Some(WorkerEvent::ProbationPassed { worker })
+        }
+        (_, Some(exclusion)) => Some(WorkerEvent::Excluded { worker, exclusion }),
+        (Some(_), None) => Some(WorkerEvent::Recovered { worker }),
+        (None, None) => None,
+    }
 }

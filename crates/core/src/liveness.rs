@@ -186,6 +186,15 @@ impl Liveness {
             let mut ticker = tokio::time::interval(period.max(std::time::Duration::from_millis(1)));
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             loop {
+                // Rounds run on the ticker (expiries, verdicts) and also exactly when a ping
+                // falls due, so pings keep `ping_interval` instead of the ticker's granularity.
+                let next_ping = liveness.tracker().next_ping_due();
+                let ping_due = async move {
+                    match next_ping {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     event = events.recv() => match event {
                         Ok(WorkerEvent::Connected { worker, .. }) => liveness.admit(worker),
@@ -197,6 +206,7 @@ impl Liveness {
                         Err(RecvError::Closed) => break,
                     },
                     _ = ticker.tick() => liveness.round(),
+                    () = ping_due => liveness.round(),
                 }
             }
         })

@@ -148,7 +148,8 @@ pub enum CompletionRefused {
         /// The worker that quoted it.
         worker: WorkerId,
     },
-    /// The dispatch already ended (cancelled or timed out); the result arrived late.
+    /// The dispatch already ended and its result could not be taken. [`crate::Dispatcher`]
+    /// no longer refuses this way: such a result stands in for the cancel acknowledgement.
     #[error("task {task} already ended; result arrived late")]
     Late {
         /// The task quoted.

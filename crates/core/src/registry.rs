@@ -329,17 +329,16 @@ impl Registry {
                 let before = previous.get(&id).copied();
                 let after = state.exclusions.get(&id).copied();
                 if before != after {
-                    changed.push((id, after));
+                    changed.push((id, before, after));
                 }
                 reopened |= state.refresh_id(id);
             }
         }
         let wake = reopened || !changed.is_empty();
-        for (worker, after) in changed {
-            self.inner.emit(match after {
-                Some(exclusion) => WorkerEvent::Excluded { worker, exclusion },
-                None => WorkerEvent::Recovered { worker },
-            });
+        for (worker, before, after) in changed {
+            if let Some(event) = crate::events::standing_change(worker, before, after) {
+                self.inner.emit(event);
+            }
         }
         // The prober publishes every round: a round that changed nobody's standing wakes nobody.
         // A change does wake, even one that excludes, so parked dispatches re-read their reason.
@@ -372,11 +371,16 @@ impl Registry {
         ids.into_iter().filter(|id| self.drain_worker(*id)).count()
     }
 
-    /// Fences every registered worker and tells it the gateway is stopping
-    /// ([`WorkerMessage::ShuttingDown`]): finish in-flight work, then reconnect later. A leg
-    /// that cannot carry that message is sent an ordinary drain. Returns how many were told.
+    /// Stops admitting workers ([`crate::AdmissionError::ShuttingDown`]), then fences every
+    /// registered worker and tells it the gateway is stopping ([`WorkerMessage::ShuttingDown`]):
+    /// finish in-flight work, then reconnect later. A leg that cannot carry that message is
+    /// sent an ordinary drain. Returns how many were told.
     pub fn broadcast_shutdown(&self) -> usize {
-        let ids: Vec<WorkerId> = self.inner.lock().workers.ids().collect();
+        let ids: Vec<WorkerId> = {
+            let mut state = self.inner.lock();
+            state.closed = true;
+            state.workers.ids().collect()
+        };
         ids.into_iter()
             .filter(|id| self.fence_and_tell(*id, WorkerMessage::ShuttingDown))
             .count()

@@ -9,8 +9,10 @@ mod caller;
 mod convert;
 mod drain;
 mod outcome;
+mod oversized;
 mod service;
 mod stream;
 
 pub(crate) use convert::unix_ms;
+pub(crate) use oversized::OversizedAsExhausted;
 pub use service::{ApiSettings, GatewayApi};

@@ -4,9 +4,10 @@
 //! admission gate, one dispatcher, one prober) from configuration, the principal table, the TLS
 //! material, the operations listener, and the transports — the built-in gRPC (with the producer
 //! API) and QUIC ones from configuration, plus any added with [`GatewayBuilder::transport`], all
-//! started through the same [`Transport`] trait. [`Gateway::shutdown`] stops accepting, lets
-//! core drain every worker for up to `shutdown.drain_timeout`, ends what remains
-//! `ShuttingDown`, and closes the transports.
+//! started through the same [`Transport`] trait. [`Gateway::shutdown`] takes no new worker,
+//! tells every worker the gateway is stopping and waits up to `shutdown.drain_timeout` for the
+//! tasks in flight (producers still get an answer: new dispatches end `ShuttingDown`), ends
+//! what remains `ShuttingDown`, and only then closes the transports' listeners.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -202,7 +203,8 @@ fn core_config(config: &GatewayConfig) -> CoreConfig {
             loss_budget: config.dispatch.loss_budget,
             loss_window: config.dispatch.loss_window.get(),
             max_timeout: config.dispatch.max_timeout.get(),
-            ..DispatchConfig::default()
+            max_input_bytes: crate::limits::max_input_bytes(config)
+                .unwrap_or(switchyard_core::DEFAULT_MAX_INPUT_BYTES),
         },
         liveness: LivenessConfig {
             ping_interval: config.liveness.ping_interval.get(),
@@ -347,9 +349,10 @@ impl Gateway {
         failure.map_or(Ok(()), Err)
     }
 
-    /// Graceful shutdown: not ready, stop accepting, drain every worker for up to the drain
-    /// timeout, end what remains `ShuttingDown`, close the transports and the operations
-    /// listener.
+    /// Graceful shutdown: not ready, take no new worker, tell every worker the gateway is
+    /// stopping and wait up to the drain timeout for tasks in flight (the producer API keeps
+    /// answering, new dispatches end `ShuttingDown`), end what remains `ShuttingDown`, then
+    /// close the transports and the operations listener.
     pub async fn shutdown(mut self) {
         tracing::info!(
             drain_timeout_ms = self.drain_timeout.as_millis() as u64,

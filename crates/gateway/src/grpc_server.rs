@@ -17,7 +17,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use switchyard_core::CallerIdentity;
 use switchyard_transport_grpc::{CallerDirectory, GrpcServerConfig, WorkerService};
 
-use crate::api::{ApiSettings, GatewayApi};
+use crate::api::{ApiSettings, GatewayApi, OversizedAsExhausted};
 use crate::auth::Principals;
 use crate::config::GrpcSection;
 use crate::tls::TlsMaterial;
@@ -127,6 +127,7 @@ impl Transport for GrpcTransport {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(TransportError::other)?;
+        let max_input = context.core.dispatcher().max_input_bytes();
         let api = GatewayApi::new(
             context.core.clone(),
             Arc::clone(&context.principals),
@@ -134,8 +135,12 @@ impl Transport for GrpcTransport {
         )
         .ending_on(context.close.clone())
         .into_service()
-        .max_decoding_message_size(section.max_message_size)
+        .max_decoding_message_size(crate::limits::api_decode_limit(
+            section.max_message_size,
+            max_input,
+        ))
         .max_encoding_message_size(section.max_message_size);
+        let api = OversizedAsExhausted::new(api, max_input);
 
         let workers = section.workers.then(|| {
             WorkerService::new(
@@ -155,19 +160,28 @@ impl Transport for GrpcTransport {
         let stop_accepting = context.stop_accepting.clone();
         let close = context.close.clone();
         let serving = async move {
-            let stopped = {
+            // The listener keeps accepting through the shutdown grace: producers still get a
+            // `shutting_down` outcome for a new dispatch (and core refuses new workers) instead
+            // of a transport error. Health reports not serving from the start of the grace;
+            // the listener closes (and HTTP/2 GOAWAY goes out) only once `close` fires.
+            let not_serving = {
                 let health = health.clone();
-                let stop_accepting = stop_accepting.clone();
                 async move {
                     stop_accepting.cancelled().await;
                     health.set_not_serving::<GatewayServer<GatewayApi>>().await;
                 }
             };
-            let serve = router.serve_with_incoming_shutdown(incoming, stopped);
+            let serve =
+                router.serve_with_incoming_shutdown(incoming, close.clone().cancelled_owned());
             tokio::pin!(serve);
-            tokio::select! {
-                result = &mut serve => return result.map_err(TransportError::other),
-                () = close.cancelled() => {}
+            tokio::pin!(not_serving);
+            let mut reported = false;
+            loop {
+                tokio::select! {
+                    result = &mut serve => return result.map_err(TransportError::other),
+                    () = &mut not_serving, if !reported => reported = true,
+                    () = close.cancelled() => break,
+                }
             }
             // Connections still open after the drain get a short grace, then are left to end
             // with the process.

@@ -24,6 +24,7 @@ mod auth;
 mod config;
 mod gateway;
 mod grpc_server;
+mod limits;
 mod logging;
 mod ops;
 mod quic;

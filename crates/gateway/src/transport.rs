@@ -4,8 +4,8 @@
 //! started once against the shared [`TransportContext`] (the process-wide [`Core`], the
 //! principal table, the TLS material) and answers with the addresses it listens on and the
 //! future that serves them. Shutdown comes in two steps so that workers can drain: first
-//! [`TransportContext::stop_accepting`] fires (refuse new connections and registrations, keep
-//! the existing ones), then, once core has drained every worker or the drain timeout passed,
+//! [`TransportContext::stop_accepting`] fires (take no new worker, keep the existing
+//! connections), then, once core has drained every worker or the drain timeout passed,
 //! [`TransportContext::close`] fires (close what is left). The serving future ends after that.
 
 use std::fmt;
@@ -29,7 +29,10 @@ pub struct TransportContext {
     pub principals: Arc<Principals>,
     /// The gateway's server certificate, key and optional client CA.
     pub tls: Arc<TlsMaterial>,
-    /// Fires when the gateway stops: refuse new connections, keep existing ones.
+    /// Fires when the gateway starts its shutdown grace: keep existing connections and stop
+    /// taking new workers (core refuses their registration anyway). A transport that also
+    /// serves producers keeps accepting them until `close`, so they hear `shutting_down`
+    /// rather than a transport error.
     pub stop_accepting: CancellationToken,
     /// Fires after the drain: close every remaining connection and end the serving future.
     pub close: CancellationToken,

@@ -13,6 +13,12 @@ pub enum AdmissionError {
         /// The field.
         field: &'static str,
     },
+    /// A list held an empty name (an entry, not the list, is empty).
+    #[error("{field} holds an empty entry")]
+    EmptyEntry {
+        /// The list field.
+        field: &'static str,
+    },
     /// A name was longer than allowed.
     #[error("{field} entry is {len} bytes, more than the limit of {max}")]
     TooLong {
@@ -73,6 +79,9 @@ pub enum AdmissionError {
         /// The nodes the namespace is pinned to.
         required: Vec<Node>,
     },
+    /// The gateway is shutting down and admits no worker; register again once it is back.
+    #[error("the gateway is shutting down; register again once it is back")]
+    ShuttingDown,
     /// The worker being announced is not registered.
     #[error("worker is not registered")]
     UnknownWorker,
@@ -102,6 +111,7 @@ impl AdmissionError {
     pub fn kind(&self) -> RefusalKind {
         match self {
             Self::Empty { .. }
+            | Self::EmptyEntry { .. }
             | Self::TooLong { .. }
             | Self::TooMany { .. }
             | Self::ControlCharacter { .. }
@@ -111,7 +121,7 @@ impl AdmissionError {
             Self::NamespaceNotGranted { .. } => RefusalKind::Unauthorised,
             Self::UnknownNamespace { .. } => RefusalKind::NotFound,
             Self::PlacementViolated { .. } => RefusalKind::Placement,
-            Self::Store(_) => RefusalKind::Unavailable,
+            Self::Store(_) | Self::ShuttingDown => RefusalKind::Unavailable,
         }
     }
 
@@ -119,6 +129,7 @@ impl AdmissionError {
     pub fn label(&self) -> &'static str {
         match self {
             Self::Empty { .. } => "empty_field",
+            Self::EmptyEntry { .. } => "empty_entry",
             Self::TooLong { .. } => "too_long",
             Self::TooMany { .. } => "too_many",
             Self::ControlCharacter { .. } => "control_character",
@@ -129,6 +140,7 @@ impl AdmissionError {
             Self::PlacementViolated { .. } => "placement_violated",
             Self::UnknownWorker => "unknown_worker",
             Self::Store(_) => "store_error",
+            Self::ShuttingDown => "shutting_down",
         }
     }
 }

@@ -347,3 +347,30 @@ async fn a_repeated_identical_refusal_is_logged_once_per_window() {
         "logged again in the next window"
     );
 }
+
+#[tokio::test]
+async fn a_gateway_shutting_down_admits_no_worker_and_says_come_back() {
+    let registry = Registry::default();
+    let before = admit(&registry, registration(&["ns"], "", "", &["dev"]))
+        .await
+        .expect("control: admitted before the shutdown");
+    assert_eq!(
+        registry.broadcast_shutdown(),
+        1,
+        "the registered worker is told"
+    );
+    let refusal = admit(&registry, registration(&["ns"], "", "", &["dev"]))
+        .await
+        .expect_err("refused during the shutdown");
+    assert_eq!(refusal, AdmissionError::ShuttingDown);
+    assert_eq!(refusal.kind(), RefusalKind::Unavailable);
+    assert_eq!(
+        refusal.to_string(),
+        "the gateway is shutting down; register again once it is back"
+    );
+    assert!(
+        registry.is_registered(before.id()),
+        "the registered worker stays to finish"
+    );
+    assert_eq!(registry.len(), 1);
+}

@@ -39,14 +39,6 @@ pub(crate) fn validate(registration: &Registration) -> Result<(), AdmissionError
     check_name("identity", &registration.identity)
 }
 
-/// Checks one name that must be present (a dispatch's namespace or activity type, say).
-fn check_required_name(field: &'static str, value: &str) -> Result<(), AdmissionError> {
-    if value.is_empty() {
-        return Err(AdmissionError::Empty { field });
-    }
-    check_name(field, value)
-}
-
 fn check_set(
     field: &'static str,
     set: &BTreeSet<String>,
@@ -62,8 +54,10 @@ fn check_set(
             max,
         });
     }
-    set.iter()
-        .try_for_each(|name| check_required_name(field, name))
+    if set.iter().any(String::is_empty) {
+        return Err(AdmissionError::EmptyEntry { field });
+    }
+    set.iter().try_for_each(|name| check_name(field, name))
 }
 
 fn check_name(field: &'static str, value: &str) -> Result<(), AdmissionError> {
@@ -119,13 +113,37 @@ mod tests {
                 field: "activity_types"
             })
         );
+    }
+
+    #[test]
+    fn an_empty_entry_is_named_as_an_entry_not_as_an_empty_list() {
         let mut r = valid();
-        r.namespaces.insert(String::new());
+        r.namespaces = [String::new()].into();
+        let refused = validate(&r);
         assert_eq!(
-            validate(&r),
-            Err(AdmissionError::Empty {
+            refused,
+            Err(AdmissionError::EmptyEntry {
                 field: "namespaces"
             })
+        );
+        assert_eq!(
+            refused.map_err(|e| e.to_string()),
+            Err("namespaces holds an empty entry".to_owned())
+        );
+        let mut r = valid();
+        r.activity_types.insert(String::new());
+        assert_eq!(
+            validate(&r),
+            Err(AdmissionError::EmptyEntry {
+                field: "activity_types"
+            })
+        );
+        // Control: an empty list is still refused as an empty list.
+        let mut r = valid();
+        r.namespaces.clear();
+        assert_eq!(
+            validate(&r).map_err(|e| e.to_string()),
+            Err("namespaces is empty".to_owned())
         );
     }
 

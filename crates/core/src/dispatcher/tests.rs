@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,7 +26,12 @@ struct Leg {
     connected: AtomicBool,
     /// Task deliveries still to refuse with `Full`.
     refuse_tasks: AtomicU32,
+    /// Largest task frame the leg carries; a task frame is its input plus [`TASK_FRAMING`].
+    frame_limit: AtomicUsize,
 }
+
+/// Bytes a task frame adds around its input on the test leg.
+const TASK_FRAMING: usize = 20;
 
 impl WorkerDelivery for Leg {
     fn transport(&self) -> TransportName {
@@ -42,6 +47,13 @@ impl WorkerDelivery for Leg {
     }
 
     fn deliver(&self, message: WorkerMessage) -> Result<(), DeliveryError> {
+        if let WorkerMessage::Task(task) = &message {
+            let size = task.input.len() + TASK_FRAMING;
+            let limit = self.frame_limit.load(Ordering::Acquire);
+            if size > limit {
+                return Err(DeliveryError::TooLarge { size, limit });
+            }
+        }
         if matches!(message, WorkerMessage::Task(_))
             && self
                 .refuse_tasks
@@ -146,6 +158,7 @@ impl Setup {
             tx,
             connected: AtomicBool::new(true),
             refuse_tasks: AtomicU32::new(0),
+            frame_limit: AtomicUsize::new(usize::MAX),
         });
         let token = self
             .registry
@@ -258,6 +271,81 @@ async fn a_worker_refusing_every_delivery_backs_off_instead_of_spinning() {
         "{tries} selection attempts in one second"
     );
     assert!(worker.sent().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_input_over_max_input_bytes_is_refused_up_front_and_nothing_is_sent() {
+    let s = setup_with(DispatchConfig {
+        max_input_bytes: 10,
+        ..DispatchConfig::default()
+    });
+    let mut worker = s.worker(1).await;
+    let refused = s
+        .dispatcher
+        .dispatch(&caller(), request(&"x".repeat(11), Duration::from_secs(5)))
+        .await;
+    assert_eq!(
+        refused,
+        Err(DispatchError::InputTooLarge {
+            size: 11,
+            limit: 10
+        })
+    );
+    assert_eq!(
+        refused.map_err(|e| e.to_string()),
+        Err("input is 11 bytes, more than the limit of 10 bytes a worker can receive".to_owned())
+    );
+    assert!(worker.sent().is_empty(), "no worker was offered the task");
+    // Control: an input exactly at the limit is delivered.
+    let running = s.spawn(request(&"x".repeat(10), Duration::from_secs(5)));
+    let task = worker.task().await;
+    assert_eq!(task.input.len(), 10);
+    s.dispatcher
+        .complete(worker.id, task.task_id, success("ok"))
+        .expect("accepted");
+    assert_eq!(running.await.expect("joined"), completed("ok"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leg_refusing_a_task_as_too_large_ends_the_dispatch_at_once_and_keeps_the_worker() {
+    let s = setup();
+    let mut small = s.worker(1).await;
+    let mut other = s.worker(1).await;
+    small.leg.frame_limit.store(30, Ordering::Release);
+    other.leg.frame_limit.store(30, Ordering::Release);
+    let started = Instant::now();
+    let refused = s
+        .dispatcher
+        .dispatch(&caller(), request(&"x".repeat(15), Duration::from_secs(30)))
+        .await;
+    assert_eq!(
+        refused,
+        Err(DispatchError::InputTooLarge {
+            size: 15,
+            limit: 30 - TASK_FRAMING
+        }),
+        "the limit is restated for the input, less the leg's framing"
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "refused at once, not at the deadline"
+    );
+    for worker in [&small, &other] {
+        assert!(s.registry.is_registered(worker.id), "no worker leaves");
+        assert_eq!(s.in_flight(worker), 0, "no slot stays held");
+    }
+    assert!(small.sent().is_empty() && other.sent().is_empty());
+    // Control: the next input that fits is served by the same pool.
+    let running = s.spawn(request(&"x".repeat(10), Duration::from_secs(30)));
+    let (worker, task) = tokio::select! {
+        task = small.task() => (small.id, task),
+        task = other.task() => (other.id, task),
+    };
+    s.dispatcher
+        .complete(worker, task.task_id, success("fits"))
+        .expect("accepted");
+    assert_eq!(running.await.expect("joined"), completed("fits"));
 }
 
 // Rule 2: park on a miss, listed in unserved_queues, one WARN per episode, never spin.
@@ -526,23 +614,75 @@ async fn results_for_tasks_a_worker_does_not_hold_are_refused_counted_and_never_
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_result_after_the_deadline_is_refused_as_late_and_frees_the_slot() {
+async fn a_result_instead_of_a_cancel_ack_frees_the_slot_and_is_not_a_refusal() {
     let s = setup();
     let mut worker = s.worker(1).await;
     let running = s.spawn(request("slow", Duration::from_secs(5)));
     let task = worker.task().await;
     assert_eq!(running.await.expect("joined"), ActivityOutcome::TimedOut);
+    assert_eq!(
+        worker.sent(),
+        vec![WorkerMessage::Cancel {
+            task_id: task.task_id,
+            reason: CancelReason::DeadlineExceeded
+        }]
+    );
     assert_eq!(s.in_flight(&worker), 1, "the worker still runs it");
     assert_eq!(
         s.dispatcher
             .complete(worker.id, task.task_id, success("slow")),
-        Err(CompletionRefused::Late { task: task.task_id })
+        Ok(()),
+        "answered instead of acknowledging the cancel: accepted like a cancel_ack"
     );
-    assert_eq!(s.dispatcher.refused().late, 1);
+    assert_eq!(s.dispatcher.refused(), RefusedCounts::default());
+    assert_eq!(s.dispatcher.results_after_cancel(), 1);
+    assert_eq!(s.in_flight(&worker), 0, "the answer lets go of the slot");
+    let next = s.spawn(request("next", Duration::from_secs(5)));
+    let second = worker.task().await;
+    s.dispatcher
+        .complete(worker.id, second.task_id, success("next"))
+        .expect("served on the freed slot");
+    assert_eq!(next.await.expect("joined"), completed("next"));
+    assert_eq!(
+        s.dispatcher.results_after_cancel(),
+        1,
+        "an ordinary result is not counted as one after a cancel"
+    );
+    // Control: a result for the same task again finds nothing held and is refused.
+    assert_eq!(
+        s.dispatcher
+            .complete(worker.id, task.task_id, success("again")),
+        Err(CompletionRefused::UnknownTask { task: task.task_id })
+    );
+    assert_eq!(s.dispatcher.refused().unknown, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_result_after_a_producer_cancel_is_taken_as_the_acknowledgement() {
+    let s = setup();
+    let mut worker = s.worker(1).await;
+    let running = s.spawn(with_id(request("x", Duration::from_secs(30)), "job-r"));
+    let task = worker.task().await;
+    s.dispatcher
+        .cancel(&caller(), NS, "job-r")
+        .expect("in flight");
+    assert_eq!(running.await.expect("joined"), ActivityOutcome::Cancelled);
     assert_eq!(
         s.in_flight(&worker),
-        0,
-        "the late answer lets go of the slot"
+        1,
+        "control: the cancelled task holds its slot"
+    );
+    assert_eq!(
+        s.dispatcher
+            .complete(worker.id, task.task_id, success("done anyway")),
+        Ok(())
+    );
+    assert_eq!(s.in_flight(&worker), 0);
+    assert_eq!(s.dispatcher.refused(), RefusedCounts::default());
+    assert_eq!(
+        s.dispatcher.cancel_acknowledged(worker.id, task.task_id),
+        Err(CompletionRefused::UnknownTask { task: task.task_id }),
+        "a cancel_ack after the result finds nothing held"
     );
 }
 

@@ -332,3 +332,29 @@ async fn silence_for_the_heartbeat_window_deregisters_and_its_task_moves() {
     assert_eq!(core.registry().len(), 1);
     responder.abort();
 }
+
+#[tokio::test(start_paused = true)]
+async fn pings_arrive_every_ping_interval_whatever_the_round_granularity() {
+    // A ping timeout under the interval makes the prober's ticker (half the timeout,
+    // 750 ms here) not divide the 2 s interval: pings must still come every 2 s.
+    let config = LivenessConfig {
+        ping_interval: Duration::from_secs(2),
+        ping_timeout: Duration::from_millis(1500),
+        ..LivenessConfig::default()
+    };
+    let registry = Registry::builder().opening_probation(true).build();
+    let liveness = Liveness::new(registry.clone(), config);
+    let _prober = liveness.spawn();
+    let mut worker = healthy(&registry, &liveness).await;
+    let mut last = Instant::now();
+    let mut gaps = Vec::new();
+    for _ in 0..5 {
+        let seq = worker.ping().await;
+        liveness.record_pong(worker.id, seq);
+        let now = Instant::now();
+        gaps.push(now - last);
+        last = now;
+    }
+    assert_eq!(gaps, vec![Duration::from_secs(2); 5]);
+    assert_eq!(standing(&registry, &worker), Some(Eligibility::Eligible));
+}

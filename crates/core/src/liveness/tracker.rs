@@ -25,7 +25,10 @@ struct Probe {
     outstanding: BTreeMap<u64, Instant>,
     misses: u32,
     last_frame: Instant,
-    last_ping: Option<Instant>,
+    /// When the next regular ping is due. Anchored to the schedule (advanced by the interval
+    /// from the previous due time, not from when a round happened to run), so a round running
+    /// a millisecond late never pushes a ping a whole round later.
+    next_ping: Instant,
 }
 
 impl Probe {
@@ -81,7 +84,7 @@ impl LivenessTracker {
                 outstanding: BTreeMap::new(),
                 misses: 0,
                 last_frame: now,
-                last_ping: None,
+                next_ping: now + self.config.ping_interval,
             },
         );
         (0..self.config.probation_pings.max(1))
@@ -104,7 +107,6 @@ impl LivenessTracker {
         self.next_seq += 1;
         if let Some(probe) = self.probes.get_mut(&worker) {
             probe.outstanding.insert(seq, now);
-            probe.last_ping = Some(now);
         }
         seq
     }
@@ -186,10 +188,13 @@ impl LivenessTracker {
                 actions.timed_out.push(*worker);
                 continue;
             }
-            let ping_due = probe
-                .last_ping
-                .is_none_or(|at| now.saturating_duration_since(at) >= config.ping_interval);
-            if ping_due {
+            if now >= probe.next_ping {
+                probe.next_ping += config.ping_interval;
+                if probe.next_ping <= now {
+                    // The prober stalled for more than an interval: resume the cadence from
+                    // now rather than sending the missed pings in a burst.
+                    probe.next_ping = now + config.ping_interval;
+                }
                 due.push(*worker);
             }
         }
@@ -201,6 +206,11 @@ impl LivenessTracker {
             actions.pings.push((worker, seq));
         }
         actions
+    }
+
+    /// The earliest time a regular ping falls due, so the driver can run a round exactly then.
+    pub fn next_ping_due(&self) -> Option<Instant> {
+        self.probes.values().map(|probe| probe.next_ping).min()
     }
 
     /// The exclusion `worker` stands under now (`None` when healthy or untracked).
@@ -403,5 +413,49 @@ mod tests {
         }
         assert_eq!(timed_out, vec![w(1)]);
         assert_eq!(tracker.workers().collect::<Vec<_>>(), vec![w(2)]);
+    }
+
+    #[test]
+    fn a_round_running_late_keeps_the_ping_cadence_anchored_to_the_interval() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        healthy(&mut tracker, w(1), t0);
+        let late = Duration::from_micros(300);
+        // The first regular ping is due at t0 + 1 s; the round runs a little late.
+        let first = tracker.tick(t0 + Duration::from_secs(1) + late);
+        assert_eq!(first.pings.len(), 1);
+        for (_, seq) in first.pings {
+            tracker.record_pong(w(1), seq, t0 + Duration::from_secs(1) + late);
+        }
+        // The next round runs on time, a hair under an interval after the late one: the ping
+        // is due by the schedule (t0 + 2 s), not a whole interval after the late send.
+        let second = tracker.tick(t0 + Duration::from_secs(2));
+        assert_eq!(second.pings.len(), 1, "due at t0 + 2 s, sent at t0 + 2 s");
+        assert_eq!(
+            tracker.next_ping_due(),
+            Some(t0 + Duration::from_secs(3)),
+            "the schedule stays on whole intervals from registration"
+        );
+        // Control: nothing is due before the schedule says so.
+        assert!(
+            tracker
+                .tick(t0 + Duration::from_millis(2999))
+                .pings
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_stalled_prober_resumes_the_cadence_without_a_burst() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        healthy(&mut tracker, w(1), t0);
+        let resumed = t0 + Duration::from_millis(4500);
+        assert_eq!(tracker.tick(resumed).pings.len(), 1, "one ping, not four");
+        assert_eq!(
+            tracker.next_ping_due(),
+            Some(resumed + Duration::from_secs(1))
+        );
+        assert!(tracker.tick(resumed).pings.is_empty());
     }
 }

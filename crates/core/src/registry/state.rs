@@ -36,6 +36,8 @@ pub(crate) struct State {
     pub(crate) exclusions: HashMap<WorkerId, DispatchExclusion>,
     /// When the last worker serving a key on a node left.
     pub(crate) departures: HashMap<ActivityKey, HashMap<Option<Node>, Instant>>,
+    /// Set once the gateway started shutting down: no worker is admitted any more.
+    pub(crate) closed: bool,
 }
 
 impl State {

@@ -154,6 +154,8 @@ pub(crate) fn event(event: &WorkerEvent) -> Option<pb::GatewayEvent> {
                 .to_owned(),
             }),
         ),
+        // Every new worker passes its probation; watchers learn it is serving from the census.
+        WorkerEvent::ProbationPassed { .. } => return None,
         WorkerEvent::Recovered { worker } => {
             (*worker, Event::Recovered(pb::WorkerRecoveredEvent {}))
         }

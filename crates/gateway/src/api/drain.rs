@@ -6,7 +6,8 @@
 //! tick (in-flight counts fall without events), sends a message whenever the picture changes,
 //! and at the deadline cancels what the drained workers still hold: those dispatches end
 //! `Cancelled` and each worker is sent a cancel per task; the workers stay fenced and leave once
-//! they have let go.
+//! they have let go. The last message (`done`) is sent once every drained worker has left,
+//! whether or not a deadline passed first.
 
 use std::time::Duration;
 
@@ -40,11 +41,16 @@ pub(crate) fn start(
     tracing::info!(workers = ?targets, deadline_ms = deadline.map(|d| d.as_millis() as u64),
         "drain requested");
     tokio::spawn(async move {
-        let deadline = deadline.map(|d| Instant::now() + d);
+        let mut deadline = deadline.map(|d| Instant::now() + d);
+        let mut cancelled_at_deadline = 0;
         let mut last: Option<pb::DrainProgress> = None;
         let mut tick = tokio::time::interval(SAMPLE_EVERY);
         loop {
-            let now = sample(&registry, &targets);
+            let now = pb::DrainProgress {
+                cancelled_at_deadline,
+                ..sample(&registry, &targets)
+            };
+            // Done means every drained worker has left the registry, deadline or not.
             let finished = now.workers.is_empty();
             if last.as_ref() != Some(&now) || finished {
                 let message = pb::DrainProgress {
@@ -60,17 +66,14 @@ pub(crate) fn start(
                 _ = events.recv() => {}
                 _ = tick.tick() => {}
                 () = sleep_until(deadline) => {
+                    deadline = None;
                     let cancelled: usize = targets
                         .iter()
                         .map(|id| core.dispatcher().cancel_held_by(*id, CancelReason::DrainDeadline))
                         .sum();
                     tracing::warn!(workers = ?targets, tasks = cancelled,
                         "drain deadline passed; cancelled what the workers still held");
-                    let mut last = sample(&registry, &targets);
-                    last.cancelled_at_deadline = u32::try_from(cancelled).unwrap_or(u32::MAX);
-                    last.done = true;
-                    let _ = progress.send(Ok(last)).await;
-                    return;
+                    cancelled_at_deadline = u32::try_from(cancelled).unwrap_or(u32::MAX);
                 }
                 () = progress.closed() => return,
                 () = closing.cancelled() => return,

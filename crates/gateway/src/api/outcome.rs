@@ -63,9 +63,27 @@ pub(crate) fn refusal(error: &DispatchError) -> Status {
         DispatchError::Invalid { .. } => Code::InvalidArgument,
         DispatchError::NamespaceNotGranted { .. } => Code::PermissionDenied,
         DispatchError::DuplicateActivityId { .. } => Code::AlreadyExists,
+        DispatchError::InputTooLarge { .. } => Code::ResourceExhausted,
         _ => Code::FailedPrecondition,
     };
     Status::new(code, error.to_string())
+}
+
+/// The status for a request tonic would not decode because it exceeds the API's decode limit
+/// (tonic reports `OUT_OF_RANGE`): `RESOURCE_EXHAUSTED`, like an input over the dispatch
+/// limit, stating that limit. `None` for any other status.
+pub(crate) fn oversized_request(status: &Status, max_input: usize) -> Option<Status> {
+    let oversized = status.code() == Code::OutOfRange
+        && status
+            .message()
+            .contains("decoded message length too large");
+    oversized.then(|| {
+        Status::resource_exhausted(format!(
+            "request too large for the producer API ({}); an input may be at most {max_input} \
+             bytes",
+            status.message()
+        ))
+    })
 }
 
 /// The status of a cancel that found nothing to cancel.
@@ -144,6 +162,29 @@ mod tests {
             activity_id: "a".to_owned(),
         });
         assert_eq!(missing.code(), Code::NotFound);
+        let too_large = refusal(&DispatchError::InputTooLarge {
+            size: 11,
+            limit: 10,
+        });
+        assert_eq!(too_large.code(), Code::ResourceExhausted);
+        assert!(too_large.message().contains("limit of 10 bytes"));
+    }
+
+    #[test]
+    fn a_request_over_the_decode_limit_is_resource_exhausted_naming_the_input_limit() {
+        let tonic = Status::out_of_range(
+            "Error, decoded message length too large: found 9000 bytes, the limit is: 5000 bytes",
+        );
+        let mapped = oversized_request(&tonic, 4000).expect("recognised");
+        assert_eq!(mapped.code(), Code::ResourceExhausted);
+        assert!(
+            mapped.message().contains("at most 4000 bytes"),
+            "{}",
+            mapped.message()
+        );
+        // Control: other statuses, even OUT_OF_RANGE ones, pass through untouched.
+        assert!(oversized_request(&Status::out_of_range("seq"), 4000).is_none());
+        assert!(oversized_request(&Status::cancelled("gone"), 4000).is_none());
     }
 
     #[test]

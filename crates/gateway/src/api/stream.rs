@@ -106,7 +106,12 @@ async fn drive(
                         continue;
                     }
                     Err(status) => {
-                        tracing::debug!(%status, "dispatch stream ended by the producer");
+                        match outcome::oversized_request(&status, dispatcher.max_input_bytes()) {
+                            Some(refusal) => {
+                                let _ = replies.send(Err(refusal)).await;
+                            }
+                            None => tracing::debug!(%status, "dispatch stream ended by the producer"),
+                        }
                         return;
                     }
                 }

@@ -22,7 +22,7 @@ async fn unannounced_worker_is_never_dispatched_to_until_it_announces() {
     event(
         &mut events,
         "probation lifted",
-        |e| matches!(e, WorkerEvent::Recovered { worker: w } if *w == worker),
+        |e| matches!(e, WorkerEvent::ProbationPassed { worker: w } if *w == worker),
     )
     .await;
     let census = gateway.census("work");

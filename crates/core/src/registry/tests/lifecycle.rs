@@ -10,7 +10,9 @@ use crate::delivery::{TransportName, WorkerMessage};
 use crate::eligibility::{DispatchExclusion, Eligibility};
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::registry::Registry;
-use crate::registry::testing::{TestLeg, admit, admit_on, hold, listed, pick, registration};
+use crate::registry::testing::{
+    CAPACITY, TestLeg, admit, admit_on, hold, listed, pick, registration,
+};
 
 /// Every event received so far, without waiting.
 fn drain_events(events: &mut broadcast::Receiver<WorkerEvent>) -> Vec<WorkerEvent> {
@@ -235,28 +237,98 @@ fn events_announce_connection_exclusion_recovery_and_capacity() {
 }
 
 #[test]
-fn an_opening_probation_is_announced_as_an_exclusion_and_its_end_as_a_recovery() {
+fn an_opening_probation_is_not_an_exclusion_and_its_end_is_not_a_recovery() {
     let registry = Registry::builder().opening_probation(true).build();
     let mut events = registry.subscribe_events();
     let worker = admit(&registry, registration(&["ns"], "", "", &["dev"]));
     let id = worker.id();
-    assert_eq!(pick(&registry, "ns", "", "dev", None), None);
+    assert_eq!(pick(&registry, "ns", "", "dev", None), None, "on probation");
 
     registry.publish_verdicts(HashMap::new(), Some(id));
     assert_eq!(pick(&registry, "ns", "", "dev", None), Some(id));
+    // Control: a real loss later is announced, and so is its recovery.
+    registry.publish_verdicts(
+        HashMap::from([(id, DispatchExclusion::ReachabilityLost)]),
+        Some(id),
+    );
+    registry.publish_verdicts(HashMap::new(), Some(id));
     let kinds: Vec<_> = drain_events(&mut events)
         .into_iter()
         .map(|event| match event {
             WorkerEvent::Connected { .. } => "connected",
+            WorkerEvent::CapacityAnnounced { .. } => "capacity",
+            WorkerEvent::ProbationPassed { .. } => "probation passed",
             WorkerEvent::Excluded {
                 exclusion: DispatchExclusion::OpeningProbation,
                 ..
-            } => "probation",
+            } => "excluded: probation",
+            WorkerEvent::Excluded { .. } => "excluded",
             WorkerEvent::Recovered { .. } => "recovered",
             _ => "other",
         })
         .collect();
-    assert_eq!(kinds, ["connected", "probation", "recovered"]);
+    assert_eq!(
+        kinds,
+        [
+            "connected",
+            "capacity",
+            "probation passed",
+            "excluded",
+            "recovered"
+        ]
+    );
+}
+
+#[test]
+fn a_worker_lost_during_its_probation_is_announced_as_excluded() {
+    let registry = Registry::builder().opening_probation(true).build();
+    let worker = admit(&registry, registration(&["ns"], "", "", &["dev"]));
+    let mut events = registry.subscribe_events();
+    registry.publish_verdicts(
+        HashMap::from([(worker.id(), DispatchExclusion::ReachabilityLost)]),
+        Some(worker.id()),
+    );
+    assert_eq!(
+        drain_events(&mut events),
+        vec![WorkerEvent::Excluded {
+            worker: worker.id(),
+            exclusion: DispatchExclusion::ReachabilityLost
+        }]
+    );
+}
+
+#[test]
+fn a_registration_carrying_capacity_announces_it_and_an_announcing_leg_waits() {
+    let registry = Registry::default();
+    let mut events = registry.subscribe_events();
+    let carried = admit(&registry, registration(&["ns"], "", "", &["dev"]));
+    let announcing = admit_on(
+        &registry,
+        registration(&["ns"], "", "", &["dev"]),
+        TestLeg::announcing(),
+    );
+    let capacities: Vec<_> = drain_events(&mut events)
+        .into_iter()
+        .filter_map(|event| match event {
+            WorkerEvent::CapacityAnnounced { worker, capacity } => Some((worker, capacity)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        capacities,
+        vec![(carried.id(), CAPACITY)],
+        "control: the announcing worker has stated nothing yet"
+    );
+    registry
+        .set_advertised_capacity(announcing.id(), 3)
+        .unwrap();
+    assert_eq!(
+        drain_events(&mut events),
+        vec![WorkerEvent::CapacityAnnounced {
+            worker: announcing.id(),
+            capacity: 3
+        }]
+    );
 }
 
 #[test]
