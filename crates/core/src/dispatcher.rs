@@ -503,7 +503,7 @@ impl Dispatcher {
                 self.inner
                     .results_after_cancel
                     .fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("switchyard_results_after_cancel_total").increment(1);
+                metrics::counter!(crate::metrics::RESULTS_AFTER_CANCEL_TOTAL).increment(1);
                 tracing::debug!(worker = %worker, task = %task,
                     "result for an ended dispatch taken as its cancel acknowledgement");
             }

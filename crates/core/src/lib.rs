@@ -50,8 +50,8 @@ pub use handle::{Core, CoreConfig};
 pub use liveness::{Liveness, LivenessConfig, LivenessTracker, TickActions};
 pub use metrics::{
     ADMISSION_LABELS, ADMISSION_REFUSALS_TOTAL, DISPATCH_LATENCY_SECONDS, DISPATCHES_TOTAL,
-    OUTCOME_LABELS, REFUSED_RESULT_LABELS, RESULTS_REFUSED_TOTAL, UNSERVED_EPISODES_TOTAL,
-    UNSERVED_LABELS, register_metrics,
+    OUTCOME_LABELS, REFUSED_RESULT_LABELS, RESULTS_AFTER_CANCEL_TOTAL, RESULTS_REFUSED_TOTAL,
+    UNSERVED_EPISODES_TOTAL, UNSERVED_LABELS, register_metrics,
 };
 pub use namespace::{
     InMemoryNamespaceStore, NamespacePolicy, NamespaceRecord, NamespaceStore, Placement, StoreError,

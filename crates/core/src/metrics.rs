@@ -16,6 +16,9 @@ pub const DISPATCHES_TOTAL: &str = "switchyard_dispatches_total";
 pub const DISPATCH_LATENCY_SECONDS: &str = "switchyard_dispatch_latency_seconds";
 /// `switchyard_results_refused_total{reason}`: worker results core refused, by reason.
 pub const RESULTS_REFUSED_TOTAL: &str = "switchyard_results_refused_total";
+/// `switchyard_results_after_cancel_total`: results that arrived for a cancelled task still
+/// held, taken as its cancel acknowledgement (not refusals).
+pub const RESULTS_AFTER_CANCEL_TOTAL: &str = "switchyard_results_after_cancel_total";
 /// `switchyard_unserved_episodes_total{reason}`: episodes of a pool having no worker to take a
 /// dispatch, by reason.
 pub const UNSERVED_EPISODES_TOTAL: &str = "switchyard_unserved_episodes_total";
@@ -49,8 +52,9 @@ pub const UNSERVED_LABELS: [&str; 8] = [
 ];
 
 /// Every `reason` label of [`ADMISSION_REFUSALS_TOTAL`].
-pub const ADMISSION_LABELS: [&str; 11] = [
+pub const ADMISSION_LABELS: [&str; 13] = [
     "empty_field",
+    "empty_entry",
     "too_long",
     "too_many",
     "control_character",
@@ -61,6 +65,7 @@ pub const ADMISSION_LABELS: [&str; 11] = [
     "placement_violated",
     "unknown_worker",
     "store_error",
+    "shutting_down",
 ];
 
 /// Registers every label-complete series core records, at zero, with the installed `metrics`
@@ -72,6 +77,7 @@ pub fn register_metrics() {
     for reason in REFUSED_RESULT_LABELS {
         metrics::counter!(RESULTS_REFUSED_TOTAL, "reason" => reason).increment(0);
     }
+    metrics::counter!(RESULTS_AFTER_CANCEL_TOTAL).increment(0);
     for reason in UNSERVED_LABELS {
         metrics::counter!(UNSERVED_EPISODES_TOTAL, "reason" => reason).increment(0);
     }
@@ -120,6 +126,7 @@ fn every_variant_is_listed(
     use AdmissionError as A;
     match admission {
         A::Empty { .. }
+        | A::EmptyEntry { .. }
         | A::TooLong { .. }
         | A::TooMany { .. }
         | A::ControlCharacter { .. }
@@ -129,7 +136,8 @@ fn every_variant_is_listed(
         | A::UnknownNamespace { .. }
         | A::PlacementViolated { .. }
         | A::UnknownWorker
-        | A::Store(_) => {}
+        | A::Store(_)
+        | A::ShuttingDown => {}
     }
 }
 
@@ -184,6 +192,7 @@ mod tests {
             AdmissionError::MissingCapacity,
             AdmissionError::ZeroCapacity,
             AdmissionError::UnknownWorker,
+            AdmissionError::ShuttingDown,
             AdmissionError::Store(StoreError(String::new())),
         ];
         for error in &errors {

@@ -99,6 +99,7 @@ fn a_fresh_gateway_exports_every_core_series_at_zero() {
         ));
     }
     expected.push("switchyard_dispatch_latency_seconds_count 0".to_owned());
+    expected.push("switchyard_results_after_cancel_total 0".to_owned());
     let missing: Vec<&String> = expected
         .iter()
         .filter(|line| !metrics.lines().any(|have| have == line.as_str()))

@@ -32,6 +32,7 @@ pub(crate) fn unserved_reason(reason: UnservedReason) -> pb::UnservedReason {
         UnservedReason::WorkersUnreachable => pb::UnservedReason::WorkersUnreachable,
         UnservedReason::OnProbation => pb::UnservedReason::OnProbation,
         UnservedReason::Draining => pb::UnservedReason::Draining,
+        UnservedReason::AwaitingStreams => pb::UnservedReason::AwaitingStreams,
         _ => pb::UnservedReason::Unspecified,
     }
 }
@@ -50,6 +51,7 @@ pub(crate) fn census(census: &PoolCensus) -> pb::PoolCensus {
         disconnected: count(census.disconnected),
         eligible: count(census.eligible),
         last_compatible_departure_ms: census.last_compatible_departure.map(millis),
+        awaiting_streams: count(census.awaiting_streams),
     }
 }
 
@@ -65,6 +67,7 @@ pub(crate) fn eligibility(eligibility: &Eligibility) -> pb::Eligibility {
         Eligibility::Unreachable => pb::Eligibility::Unreachable,
         Eligibility::Draining => pb::Eligibility::Draining,
         Eligibility::Disconnected => pb::Eligibility::Disconnected,
+        Eligibility::AwaitingStreams { .. } => pb::Eligibility::AwaitingStreams,
         _ => pb::Eligibility::Other,
     }
 }
@@ -180,5 +183,41 @@ pub(crate) fn missed(count: u64) -> pb::GatewayEvent {
         worker_id: 0,
         at_unix_ms: unix_ms(SystemTime::now()),
         event: Some(pb::gateway_event::Event::Missed(pb::EventsMissed { count })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_unserved_reason_has_its_own_wire_value() {
+        let reasons = [
+            UnservedReason::NoWorkers,
+            UnservedReason::WorkersIncompatible,
+            UnservedReason::AllAtCapacity,
+            UnservedReason::CapacityUnannounced,
+            UnservedReason::AwaitingStreams,
+            UnservedReason::WorkersUnreachable,
+            UnservedReason::OnProbation,
+            UnservedReason::Draining,
+        ];
+        let wire: Vec<pb::UnservedReason> = reasons.into_iter().map(unserved_reason).collect();
+        assert!(!wire.contains(&pb::UnservedReason::Unspecified), "{wire:?}");
+        let mut distinct = wire.clone();
+        distinct.sort_by_key(|reason| *reason as i32);
+        distinct.dedup();
+        assert_eq!(distinct.len(), wire.len(), "{wire:?}");
+    }
+
+    #[test]
+    fn awaiting_streams_is_its_own_standing_on_the_wire() {
+        let standing = Eligibility::AwaitingStreams { announced: 4 };
+        assert_eq!(eligibility(&standing), pb::Eligibility::AwaitingStreams);
+        // Control: a standing the wire names keeps its own value too.
+        assert_eq!(
+            eligibility(&Eligibility::CapacityUnannounced),
+            pb::Eligibility::CapacityUnannounced
+        );
     }
 }
