@@ -138,6 +138,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ids_read_in_messages_as_the_bare_integers_the_wire_carries() {
+        let worker = WorkerId::from_raw(22);
+        let task = crate::delivery::TaskId::from_raw(7);
+        assert_eq!(format!("worker {worker}, task {task}"), "worker 22, task 7");
+        assert_eq!(worker.to_string(), worker.get().to_string());
+    }
+
+    #[test]
     fn empty_task_queue_normalises_but_namespace_does_not() {
         let pool = PoolAddress::new("", "");
         assert_eq!(pool.task_queue(), DEFAULT_TASK_QUEUE);
