@@ -163,6 +163,34 @@ impl GatewayBuilder {
     }
 
     pub async fn start(self) -> Gateway {
+        let (core, directory, config) = self.parts();
+        Gateway::serve(core, directory, config).await
+    }
+
+    /// Stops `old` and starts a new gateway (a fresh core) on its address with its PKI, as a
+    /// gateway restarted in place would be; workers connected to `old` reconnect to it.
+    pub async fn restart_of(self, mut old: Gateway) -> Gateway {
+        let (core, directory, config) = self.parts();
+        if let Some(stop) = old.stop.take() {
+            let _ = stop.send(());
+        }
+        let addr = old.addr;
+        let pki = std::mem::replace(&mut old.pki, Pki::new());
+        drop(old);
+        // The old server lets go of the port once its accept loop sees the stop.
+        let listener = within("the old gateway's port to be free", async {
+            loop {
+                match TcpListener::bind(addr).await {
+                    Ok(listener) => return listener,
+                    Err(_) => tokio::task::yield_now().await,
+                }
+            }
+        })
+        .await;
+        Gateway::serve_on(listener, pki, core, directory, config)
+    }
+
+    fn parts(self) -> (Core, StaticDirectory, GrpcServerConfig) {
         let core = Core::start(
             self.registry,
             CoreConfig {
@@ -180,17 +208,27 @@ impl GatewayBuilder {
                 CERT_PRINCIPAL,
                 NamespaceGrant::Only(["billing".to_owned()].into()),
             );
-        Gateway::serve(core, directory, self.config).await
+        (core, directory, self.config)
     }
 }
 
 impl Gateway {
     /// Serves `core` over TLS on an ephemeral loopback port with a fresh PKI.
     pub async fn serve(core: Core, directory: StaticDirectory, config: GrpcServerConfig) -> Self {
-        let service = WorkerService::new(core.clone(), Arc::new(directory), config);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve_on(listener, Pki::new(), core, directory, config)
+    }
+
+    /// Serves `core` over TLS from `pki` on `listener`.
+    fn serve_on(
+        listener: TcpListener,
+        pki: Pki,
+        core: Core,
+        directory: StaticDirectory,
+        config: GrpcServerConfig,
+    ) -> Self {
+        let service = WorkerService::new(core.clone(), Arc::new(directory), config);
         let addr = listener.local_addr().unwrap();
-        let pki = Pki::new();
         let (stop, stopped) = oneshot::channel::<()>();
         let tls = pki.server_tls();
         tokio::spawn(async move {
