@@ -19,7 +19,8 @@ use switchyard_proto::v1::{
     ActivityResult, GatewayFrame, Pong, RegisterWorker, WorkerFrame, activity_result,
     gateway_frame, worker_frame,
 };
-use switchyard_transport_grpc::{GrpcServerConfig, StaticDirectory, WorkerService, serve};
+use switchyard_auth::CallerTable;
+use switchyard_transport_grpc::{GrpcServerConfig, WorkerService, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -144,6 +145,7 @@ pub struct GatewayBuilder {
     registry: RegistryBuilder,
     config: GrpcServerConfig,
     liveness: LivenessConfig,
+    anonymous: Option<CallerIdentity>,
 }
 
 impl GatewayBuilder {
@@ -154,6 +156,12 @@ impl GatewayBuilder {
 
     pub fn config(mut self, config: GrpcServerConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Who callers presenting no credential are (default: refused).
+    pub fn anonymous(mut self, caller: CallerIdentity) -> Self {
+        self.anonymous = Some(caller);
         self
     }
 
@@ -170,7 +178,7 @@ impl GatewayBuilder {
                 ..CoreConfig::default()
             },
         );
-        let directory = StaticDirectory::new()
+        let mut directory = CallerTable::new()
             .with_token(TRUSTED_TOKEN, CallerIdentity::trusted("tester"))
             .with_token(
                 BILLING_TOKEN,
@@ -178,15 +186,21 @@ impl GatewayBuilder {
             )
             .with_certificate(
                 CERT_PRINCIPAL,
-                NamespaceGrant::Only(["billing".to_owned()].into()),
+                CallerIdentity {
+                    principal: CERT_PRINCIPAL.to_owned(),
+                    grant: NamespaceGrant::Only(["billing".to_owned()].into()),
+                },
             );
+        if let Some(anonymous) = self.anonymous {
+            directory = directory.anonymous(anonymous);
+        }
         Gateway::serve(core, directory, self.config).await
     }
 }
 
 impl Gateway {
     /// Serves `core` over TLS on an ephemeral loopback port with a fresh PKI.
-    pub async fn serve(core: Core, directory: StaticDirectory, config: GrpcServerConfig) -> Self {
+    pub async fn serve(core: Core, directory: CallerTable, config: GrpcServerConfig) -> Self {
         let service = WorkerService::new(core.clone(), Arc::new(directory), config);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -212,6 +226,7 @@ impl Gateway {
             registry: Registry::builder(),
             config: GrpcServerConfig::default(),
             liveness: fast_liveness(),
+            anonymous: None,
         }
     }
 
