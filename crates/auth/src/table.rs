@@ -36,7 +36,11 @@ impl CallerTable {
     }
 
     /// Adds a certificate principal (see [`crate::certificate_principal`]) and its caller.
-    pub fn with_certificate(mut self, principal: impl Into<String>, caller: CallerIdentity) -> Self {
+    pub fn with_certificate(
+        mut self,
+        principal: impl Into<String>,
+        caller: CallerIdentity,
+    ) -> Self {
         self.certificates.insert(principal.into(), caller);
         self
     }
@@ -76,7 +80,9 @@ impl Authenticate for CallerTable {
 impl fmt::Debug for CallerTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let principals = |map: &HashMap<String, CallerIdentity>| {
-            map.values().map(|c| c.principal.clone()).collect::<Vec<_>>()
+            map.values()
+                .map(|c| c.principal.clone())
+                .collect::<Vec<_>>()
         };
         f.debug_struct("CallerTable")
             .field("token_principals", &principals(&self.tokens))

@@ -21,27 +21,29 @@ pub struct Principals {
 impl Principals {
     /// The table for `principals`; development mode when the list is empty.
     pub fn new(principals: &[PrincipalConfig]) -> Self {
-        let table = principals.iter().fold(CallerTable::new(), |table, principal| {
-            let grant = if principal.namespaces.iter().any(|ns| ns == "*") {
-                NamespaceGrant::All
-            } else {
-                NamespaceGrant::Only(principal.namespaces.iter().cloned().collect())
-            };
-            let identity = CallerIdentity {
-                principal: principal.name.clone(),
-                grant,
-            };
-            let table = if principal.token.is_empty() {
-                table
-            } else {
-                table.with_token(principal.token.clone(), identity.clone())
-            };
-            if principal.cert_subject.is_empty() {
-                table
-            } else {
-                table.with_certificate(principal.cert_subject.clone(), identity)
-            }
-        });
+        let table = principals
+            .iter()
+            .fold(CallerTable::new(), |table, principal| {
+                let grant = if principal.namespaces.iter().any(|ns| ns == "*") {
+                    NamespaceGrant::All
+                } else {
+                    NamespaceGrant::Only(principal.namespaces.iter().cloned().collect())
+                };
+                let identity = CallerIdentity {
+                    principal: principal.name.clone(),
+                    grant,
+                };
+                let table = if principal.token.is_empty() {
+                    table
+                } else {
+                    table.with_token(principal.token.clone(), identity.clone())
+                };
+                if principal.cert_subject.is_empty() {
+                    table
+                } else {
+                    table.with_certificate(principal.cert_subject.clone(), identity)
+                }
+            });
         Self { table }
     }
 

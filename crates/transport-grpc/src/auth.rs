@@ -59,7 +59,11 @@ mod tests {
     fn bearer_scheme_is_case_insensitive() {
         for value in ["Bearer t1", "bearer t1", " BEARER  t1 "] {
             let caller = authenticate_request(&table(), &request(Some(value)));
-            assert_eq!(caller, Ok(CallerIdentity::granted("alice", ["a"])), "{value}");
+            assert_eq!(
+                caller,
+                Ok(CallerIdentity::granted("alice", ["a"])),
+                "{value}"
+            );
         }
     }
 

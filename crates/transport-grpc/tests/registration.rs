@@ -222,7 +222,9 @@ async fn mtls_principal_is_the_client_certificate_subject() {
 
     // A trusted certificate naming no known principal is not authenticated, whatever token
     // rides along.
-    let mut client = gateway.raw_client_with(gateway.pki.client_tls_as("stranger")).await;
+    let mut client = gateway
+        .raw_client_with(gateway.pki.client_tls_as("stranger"))
+        .await;
     let status = open(&mut client, Some(TRUSTED_TOKEN)).await.err().unwrap();
     assert_eq!(status.code(), Code::Unauthenticated);
     assert_eq!(

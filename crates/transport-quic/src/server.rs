@@ -24,11 +24,11 @@ use tokio::task::JoinHandle;
 
 pub use link::TRANSPORT;
 
-use switchyard_auth::{AllowAll, Authenticate};
 use crate::config::{ConfigError, ServerConfig};
 use crate::protocol::ErrorCode;
 use crate::tls::ServerTls;
 use link::Link;
+use switchyard_auth::{AllowAll, Authenticate};
 
 /// Why the QUIC listener could not start.
 #[derive(Debug, thiserror::Error)]

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use switchyard_auth::Authenticate;
 use crate::config::WsServerConfig;
 use shared::Shared;
+use switchyard_auth::Authenticate;
 
 /// The WebSocket worker listener over one [`Core`]; dropping it stops accepting and closes
 /// every worker socket in the background, [`WsServer::shutdown`] does so and waits.

@@ -13,5 +13,6 @@ pub(crate) fn identify<T>(
     principals: &Principals,
     request: &Request<T>,
 ) -> Result<CallerIdentity, Status> {
-    authenticate_request(principals, request).map_err(|error| Status::unauthenticated(error.to_string()))
+    authenticate_request(principals, request)
+        .map_err(|error| Status::unauthenticated(error.to_string()))
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use switchyard_auth::CallerTable;
 use switchyard_core::{
     ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, LivenessConfig,
     NamespaceGrant, Registry, RegistryBuilder, WorkerEvent, WorkerId,
@@ -19,7 +20,6 @@ use switchyard_proto::v1::{
     ActivityResult, GatewayFrame, Pong, RegisterWorker, WorkerFrame, activity_result,
     gateway_frame, worker_frame,
 };
-use switchyard_auth::CallerTable;
 use switchyard_transport_grpc::{GrpcServerConfig, WorkerService, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

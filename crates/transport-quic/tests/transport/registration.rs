@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
+use switchyard_auth::{AllowAll, CallerTable};
 use switchyard_core::{
     ActivityOutcome, CallerIdentity, DisconnectReason, UnservedReason, WorkerEvent,
 };
 use switchyard_proto::v1::{QuicResult, quic_lane_up, quic_result};
-use switchyard_auth::{AllowAll, CallerTable};
 use switchyard_transport_quic::{ErrorCode, ServerConfig, WorkerError};
 
 use crate::support::{Gateway, NS, PATIENCE, Raw, closed_with, event, register_frame, request};

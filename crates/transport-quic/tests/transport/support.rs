@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use quinn::crypto::rustls::QuicClientConfig;
 use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream};
+use switchyard_auth::{AllowAll, Authenticate};
 use switchyard_core::{
     ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, PoolCensus, Registry,
     WorkerEvent,
@@ -16,11 +17,10 @@ use switchyard_proto::v1::{
     QuicControlDown, QuicControlUp, QuicLaneDown, QuicLaneUp, QuicPong, QuicRegister,
     QuicRegistered, QuicTask, quic_control_down, quic_control_up, quic_lane_down, quic_lane_up,
 };
-use switchyard_auth::{AllowAll, Authenticate};
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{
-    ALPN, ActivityContext, ActivityError, ErrorCode, QuicServer,
-    QuicWorker, QuicWorkerBuilder, SelfSigned, ServerConfig,
+    ALPN, ActivityContext, ActivityError, ErrorCode, QuicServer, QuicWorker, QuicWorkerBuilder,
+    SelfSigned, ServerConfig,
 };
 use tokio::sync::{Mutex, broadcast, mpsc};
 

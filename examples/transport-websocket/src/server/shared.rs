@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use switchyard_core::{Core, DisconnectReason, WorkerId};
 use tokio_util::sync::CancellationToken;
 
-use switchyard_auth::Authenticate;
 use crate::config::WsServerConfig;
+use switchyard_auth::Authenticate;
 
 /// What every connection of one [`WsServer`](crate::WsServer) reads.
 pub(crate) struct Shared {

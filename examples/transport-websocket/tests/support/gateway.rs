@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use switchyard_auth::CallerTable;
 use switchyard_core::testkit::conformance_config;
 use switchyard_core::{CallerIdentity, Core, Registry};
-use switchyard_auth::CallerTable;
 use switchyard_transport_websocket::{WsServer, WsServerConfig};
 
 /// The namespace the test principal is granted.

@@ -12,8 +12,7 @@ use switchyard_core::testkit::{
 use switchyard_core::{Core, TaskResult, WorkerId};
 use switchyard_transport_websocket::client::ConnectError as WsConnectError;
 use switchyard_transport_websocket::{
-    ActivityContext, ActivityError, ActivityHandler, CloseCode, WsServer, WsServerConfig,
-    WsWorker,
+    ActivityContext, ActivityError, ActivityHandler, CloseCode, WsServer, WsServerConfig, WsWorker,
 };
 use tokio::task::JoinHandle;
 
