@@ -14,11 +14,9 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
-use switchyard_core::CallerIdentity;
-use switchyard_transport_grpc::{CallerDirectory, GrpcServerConfig, WorkerService};
+use switchyard_transport_grpc::{GrpcServerConfig, WorkerService};
 
 use crate::api::{ApiSettings, GatewayApi, OversizedAsExhausted};
-use crate::auth::Principals;
 use crate::config::GrpcSection;
 use crate::tls::TlsMaterial;
 use crate::transport::{
@@ -56,38 +54,14 @@ fn server_tls(tls: &TlsMaterial) -> ServerTlsConfig {
 }
 
 /// The worker service's settings from the gateway's `[grpc]` section.
-fn worker_config(section: &GrpcSection, principals: &Principals) -> GrpcServerConfig {
+fn worker_config(section: &GrpcSection) -> GrpcServerConfig {
     GrpcServerConfig {
         registration_deadline: section.registration_deadline.get(),
         keepalive_interval: Some(section.keepalive_interval.get()),
         keepalive_timeout: section.keepalive_timeout.get(),
         max_message_bytes: section.max_message_size,
         tcp_nodelay: section.tcp_nodelay,
-        anonymous: principals
-            .is_development()
-            .then(|| CallerIdentity::trusted("anonymous")),
         ..GrpcServerConfig::default()
-    }
-}
-
-/// The principal table as the gRPC worker service looks callers up.
-struct Directory(Arc<Principals>);
-
-impl CallerDirectory for Directory {
-    fn by_token(&self, token: &str) -> Option<CallerIdentity> {
-        self.0.by_token(token).cloned().or_else(|| {
-            self.0
-                .is_development()
-                .then(|| CallerIdentity::trusted("anonymous"))
-        })
-    }
-
-    fn by_certificate(&self, principal: &str) -> Option<CallerIdentity> {
-        self.0.by_subject(principal).cloned().or_else(|| {
-            self.0
-                .is_development()
-                .then(|| CallerIdentity::trusted("anonymous"))
-        })
     }
 }
 
@@ -145,8 +119,8 @@ impl Transport for GrpcTransport {
         let workers = section.workers.then(|| {
             WorkerService::new(
                 context.core.clone(),
-                Arc::new(Directory(Arc::clone(&context.principals))),
-                worker_config(&section, &context.principals),
+                context.principals.clone(),
+                worker_config(&section),
             )
             .into_server()
         });

@@ -33,7 +33,7 @@ mod tls;
 mod transport;
 
 pub use api::{ApiSettings, GatewayApi};
-pub use auth::{AuthError, Credentials, Principals, bearer_token};
+pub use auth::Principals;
 pub use config::{
     CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionConfig, DispatchSection,
     DurationSyntax, ENV_PREFIX, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,

@@ -7,14 +7,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
+use switchyard_auth::{AuthError, Authenticate, Credentials};
 use switchyard_core::CallerIdentity;
 use switchyard_transport_quic::{
-    AuthError as QuicAuthError, Authenticator, CongestionControl, FrameLimits, LinkSettings,
-    PeerCredentials, QuicServer, ServerConfig, ServerTls,
+    CongestionControl, FrameLimits, LinkSettings, QuicServer, ServerConfig, ServerTls,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::{AuthError, Credentials, Principals};
+use crate::auth::Principals;
 use crate::config::{CongestionConfig, QuicSection};
 use crate::tls::TlsMaterial;
 use crate::transport::{
@@ -120,36 +120,21 @@ fn server_tls(tls: &TlsMaterial) -> Result<ServerTls, TransportError> {
     ServerTls::from_rustls(config).map_err(|error| TransportError::Tls(error.to_string()))
 }
 
-/// Workers authenticated against the principal table; none admitted once shutdown began.
-struct PrincipalAuthenticator {
+/// The principal table, refusing every registration once shutdown began (the QUIC server has
+/// no stop-accepting step of its own, and a refused registration is the earliest point it asks).
+struct UntilStopping {
     principals: Arc<Principals>,
     stopping: CancellationToken,
 }
 
-impl Authenticator for PrincipalAuthenticator {
-    fn authenticate(&self, peer: &PeerCredentials<'_>) -> Result<CallerIdentity, QuicAuthError> {
+impl Authenticate for UntilStopping {
+    fn authenticate(&self, credentials: &Credentials<'_>) -> Result<CallerIdentity, AuthError> {
         if self.stopping.is_cancelled() {
-            return Err(QuicAuthError::Refused(
+            return Err(AuthError::Refused(
                 "the gateway is shutting down".to_owned(),
             ));
         }
-        let subject = match peer.certificates.first() {
-            Some(leaf) => Some(
-                switchyard_transport_grpc::certificate_principal(leaf.as_ref())
-                    .map_err(|error| QuicAuthError::Refused(error.to_string()))?,
-            ),
-            None => None,
-        };
-        self.principals
-            .identify(Credentials {
-                cert_subject: subject.as_deref(),
-                bearer_token: peer.token,
-            })
-            .map_err(|error| match error {
-                AuthError::Missing => QuicAuthError::MissingToken,
-                AuthError::UnknownToken => QuicAuthError::UnknownToken,
-                other => QuicAuthError::Refused(other.to_string()),
-            })
+        self.principals.authenticate(credentials)
     }
 }
 
@@ -167,10 +152,10 @@ impl Transport for QuicTransport {
         let server = QuicServer::builder(context.core.clone(), server_tls(&context.tls)?)
             .config(config)
             .stateless_reset_key(&reset_key_material(&context.tls)?)
-            .authenticator(PrincipalAuthenticator {
+            .authenticator(Arc::new(UntilStopping {
                 principals: Arc::clone(&context.principals),
                 stopping: context.stop_accepting.clone(),
-            })
+            }))
             .bind()
             .await
             .map_err(|error| match error {

@@ -2,12 +2,9 @@
 
 use std::time::Duration;
 
-use switchyard_core::CallerIdentity;
-
 /// Settings for [`WorkerService`](crate::WorkerService) and the HTTP/2 server that carries it.
 ///
-/// The per-stream rules (registration deadline, message size, queue headroom, anonymous
-/// access) are applied by the service itself; the connection rules (HTTP/2 keepalive,
+/// The per-stream rules (registration deadline, message size, queue headroom) are applied by the service itself; the connection rules (HTTP/2 keepalive,
 /// TCP_NODELAY) belong to the server, so an embedder mounting the service on its own tonic
 /// server applies them with [`GrpcServerConfig::server_builder`].
 #[derive(Clone, Debug)]
@@ -33,9 +30,6 @@ pub struct GrpcServerConfig {
     /// Largest push queue of one worker, whatever capacity it states (default 65 536): a
     /// worker stating more still registers, and pushes beyond the queue are refused as full.
     pub max_queue: usize,
-    /// Who a caller presenting neither a client certificate nor a bearer token is (default
-    /// `None`: refused with UNAUTHENTICATED).
-    pub anonymous: Option<CallerIdentity>,
 }
 
 impl Default for GrpcServerConfig {
@@ -48,7 +42,6 @@ impl Default for GrpcServerConfig {
             tcp_nodelay: true,
             control_headroom: 32,
             max_queue: 65_536,
-            anonymous: None,
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Workers open one `switchyard.v1.WorkerGateway/ConnectWorker` stream each (the contract is
 //! `proto/proto/switchyard/v1/worker.proto`; any gRPC stack can implement it). The server side
-//! is [`WorkerService`]: it authenticates the caller ([`CallerDirectory`]), passes the first
+//! is [`WorkerService`]: it authenticates the caller (an
+//! [`Authenticate`](switchyard_auth::Authenticate), see [`authenticate_request`]), passes the first
 //! frame through core's admission gate, pushes tasks, pings, cancels and drain requests
 //! through a bounded per-worker queue, and hands results, pongs and cancel acknowledgements to
 //! core. The stream is the registration: it ending deregisters the worker once.
@@ -22,10 +23,11 @@
 //! use std::time::Duration;
 //!
 //! use bytes::Bytes;
+//! use switchyard_auth::CallerTable;
 //! use switchyard_core::{ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig,
 //!     Registry};
 //! use switchyard_transport_grpc::{ActivityContext, ActivityError, GrpcServerConfig,
-//!     GrpcWorker, StaticDirectory, WorkerService, serve};
+//!     GrpcWorker, WorkerService, serve};
 //!
 //! async fn greet(_: ActivityContext, name: Bytes) -> Result<Bytes, ActivityError> {
 //!     let name = std::str::from_utf8(&name).map_err(|_| ActivityError::fatal("not utf-8"))?;
@@ -35,11 +37,8 @@
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
 //! // Gateway side: core, plus the worker service; callers without credentials are trusted.
 //! let core = Core::start(Registry::builder(), CoreConfig::default());
-//! let config = GrpcServerConfig {
-//!     anonymous: Some(CallerIdentity::trusted("local")),
-//!     ..GrpcServerConfig::default()
-//! };
-//! let service = WorkerService::new(core.clone(), Arc::new(StaticDirectory::new()), config);
+//! let callers = CallerTable::new().anonymous(CallerIdentity::trusted("local"));
+//! let service = WorkerService::new(core.clone(), Arc::new(callers), GrpcServerConfig::default());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! let endpoint = format!("http://{}", listener.local_addr()?);
 //! tokio::spawn(serve(listener, None, service, std::future::pending()));
@@ -82,7 +81,7 @@ mod session;
 mod status;
 mod wire;
 
-pub use auth::{AuthenticationError, CallerDirectory, StaticDirectory, certificate_principal};
+pub use auth::authenticate_request;
 pub use client::{Backoff, ConnectError, GrpcWorker, GrpcWorkerBuilder};
 pub use config::GrpcServerConfig;
 pub use delivery::TRANSPORT;

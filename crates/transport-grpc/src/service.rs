@@ -10,7 +10,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::auth::{CallerDirectory, authenticate};
+use switchyard_auth::Authenticate;
+
+use crate::auth::authenticate_request;
 use crate::config::GrpcServerConfig;
 use crate::outbound::Outbound;
 use crate::session::Session;
@@ -33,12 +35,13 @@ use crate::status::SessionError;
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
+/// use switchyard_auth::CallerTable;
 /// use switchyard_core::{Core, CoreConfig, Registry};
-/// use switchyard_transport_grpc::{GrpcServerConfig, StaticDirectory, WorkerService};
+/// use switchyard_transport_grpc::{GrpcServerConfig, WorkerService};
 ///
 /// let core = Core::start(Registry::builder(), CoreConfig::default());
 /// let config = GrpcServerConfig::default();
-/// let workers = WorkerService::new(core, Arc::new(StaticDirectory::new()), config.clone());
+/// let workers = WorkerService::new(core, Arc::new(CallerTable::new()), config.clone());
 /// config
 ///     .server_builder()
 ///     .add_service(workers.into_server())
@@ -55,7 +58,7 @@ pub struct WorkerService {
 pub(crate) struct Shared {
     pub(crate) core: Core,
     pub(crate) config: GrpcServerConfig,
-    directory: Arc<dyn CallerDirectory>,
+    auth: Arc<dyn Authenticate>,
     /// Open sessions by worker, to end the stream of a worker core let go of.
     evictions: Mutex<HashMap<WorkerId, Arc<Eviction>>>,
 }
@@ -76,12 +79,12 @@ impl std::fmt::Debug for WorkerService {
 }
 
 impl WorkerService {
-    /// A service admitting workers into `core`, authenticating callers against `directory`.
-    pub fn new(core: Core, directory: Arc<dyn CallerDirectory>, config: GrpcServerConfig) -> Self {
+    /// A service admitting workers into `core`, authenticating callers with `auth`.
+    pub fn new(core: Core, auth: Arc<dyn Authenticate>, config: GrpcServerConfig) -> Self {
         let inner = Arc::new(Shared {
             core,
             config,
-            directory,
+            auth,
             evictions: Mutex::new(HashMap::new()),
         });
         let weak: Weak<Shared> = Arc::downgrade(&inner);
@@ -153,14 +156,7 @@ impl WorkerGateway for WorkerService {
         request: Request<Streaming<WorkerFrame>>,
     ) -> Result<Response<Self::ConnectWorkerStream>, Status> {
         let peer = request.remote_addr();
-        let certificates = request.peer_certs();
-        let caller = authenticate(
-            certificates.as_deref().map(Vec::as_slice),
-            request.metadata(),
-            self.inner.directory.as_ref(),
-            self.inner.config.anonymous.as_ref(),
-        )
-        .map_err(|error| {
+        let caller = authenticate_request(self.inner.auth.as_ref(), &request).map_err(|error| {
             tracing::info!(?peer, %error, "worker stream refused");
             SessionError::from(error).status()
         })?;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use switchyard_core::{AdmissionError, DisconnectReason, RefusalKind, TaskId, WorkerId};
 use tonic::{Code, Status};
 
-use crate::auth::AuthenticationError;
+use switchyard_auth::AuthError;
 
 /// Why the gateway ends a worker stream (or refuses it) with a status.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -13,7 +13,7 @@ use crate::auth::AuthenticationError;
 pub enum SessionError {
     /// The caller could not be authenticated.
     #[error(transparent)]
-    Unauthenticated(#[from] AuthenticationError),
+    Unauthenticated(#[from] AuthError),
     /// No frame arrived within the registration deadline.
     #[error("no register frame within the registration deadline of {deadline:?}")]
     RegistrationDeadline {

@@ -18,7 +18,6 @@ use switchyard_core::testkit::{
 use switchyard_core::{Core, RefusalKind, TaskResult, WorkerId};
 use switchyard_transport_grpc::{
     ActivityContext, ActivityError, Backoff, ConnectError, GrpcServerConfig, GrpcWorker,
-    StaticDirectory,
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -39,12 +38,10 @@ impl TransportHarness for GrpcHarness {
     type Worker = KitWorker;
 
     async fn start(&self, core: Core) -> Result<Gateway, BoxError> {
-        let directory = testkit::callers()
-            .into_iter()
-            .enumerate()
-            .fold(StaticDirectory::new(), |directory, (index, caller)| {
-                directory.with_token(token(index), caller)
-            });
+        let directory = testkit::callers().into_iter().enumerate().fold(
+            switchyard_auth::CallerTable::new(),
+            |directory, (index, caller)| directory.with_token(token(index), caller),
+        );
         Ok(Gateway::serve(core, directory, GrpcServerConfig::default()).await)
     }
 

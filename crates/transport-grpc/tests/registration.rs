@@ -147,7 +147,7 @@ async fn callers_without_valid_credentials_are_unauthenticated() {
     assert_eq!(no_credentials.code(), Code::Unauthenticated);
     assert_eq!(
         no_credentials.message(),
-        "no client certificate and no authorization bearer token"
+        "no credential: present a client certificate or an authorization bearer token"
     );
     let unknown = open(&mut client, Some("guessed")).await.err().unwrap();
     assert_eq!(unknown.code(), Code::Unauthenticated);
@@ -163,13 +163,10 @@ async fn callers_without_valid_credentials_are_unauthenticated() {
 #[tokio::test]
 async fn anonymous_callers_get_the_configured_identity() {
     let gateway = Gateway::builder()
-        .config(GrpcServerConfig {
-            anonymous: Some(switchyard_core::CallerIdentity::granted(
-                "anonymous",
-                ["public"],
-            )),
-            ..GrpcServerConfig::default()
-        })
+        .anonymous(switchyard_core::CallerIdentity::granted(
+            "anonymous",
+            ["public"],
+        ))
         .start()
         .await;
     let mut client = gateway.raw_client().await;
@@ -221,6 +218,18 @@ async fn mtls_principal_is_the_client_certificate_subject() {
             namespace: "payroll".into()
         }
         .to_string()
+    );
+
+    // A trusted certificate naming no known principal is not authenticated, whatever token
+    // rides along.
+    let mut client = gateway
+        .raw_client_with(gateway.pki.client_tls_as("stranger"))
+        .await;
+    let status = open(&mut client, Some(TRUSTED_TOKEN)).await.err().unwrap();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert_eq!(
+        status.message(),
+        "client certificate subject \"stranger\" not recognised"
     );
 }
 

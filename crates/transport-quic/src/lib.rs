@@ -65,7 +65,6 @@
 //! ```
 #![forbid(unsafe_code)]
 
-mod auth;
 mod client;
 mod config;
 mod convert;
@@ -76,7 +75,6 @@ mod protocol;
 mod server;
 mod tls;
 
-pub use auth::{AllowAll, AuthError, Authenticator, PeerCredentials, StaticTokens};
 pub use client::{
     ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicWorker,
     QuicWorkerBuilder, WORKER_KEEP_ALIVE, WorkerError, WorkerHandle,

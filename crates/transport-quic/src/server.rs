@@ -25,11 +25,11 @@ use tokio::task::JoinHandle;
 
 pub use link::TRANSPORT;
 
-use crate::auth::{AllowAll, Authenticator};
 use crate::config::{ConfigError, ServerConfig};
 use crate::protocol::ErrorCode;
 use crate::tls::ServerTls;
 use link::Link;
+use switchyard_auth::{AllowAll, Authenticate};
 
 /// Why the QUIC listener could not start.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +55,7 @@ const SHUTDOWN_SLACK: std::time::Duration = std::time::Duration::from_millis(500
 pub(crate) struct ServerShared {
     pub(crate) core: Core,
     pub(crate) config: ServerConfig,
-    pub(crate) auth: Arc<dyn Authenticator>,
+    pub(crate) auth: Arc<dyn Authenticate>,
     /// Registered connections, so a worker core removes (for example on timeout) is closed.
     connections: Mutex<HashMap<WorkerId, Weak<Link>>>,
 }
@@ -91,7 +91,7 @@ pub struct QuicServerBuilder {
     core: Core,
     tls: ServerTls,
     config: ServerConfig,
-    auth: Arc<dyn Authenticator>,
+    auth: Arc<dyn Authenticate>,
     reset_key: Option<ring::hmac::Key>,
 }
 
@@ -102,9 +102,10 @@ impl QuicServerBuilder {
         self
     }
 
-    /// Who may register (default [`AllowAll`]).
-    pub fn authenticator(mut self, auth: impl Authenticator) -> Self {
-        self.auth = Arc::new(auth);
+    /// Who may register (default [`AllowAll`]): the registration's `auth_token` and the verified
+    /// client certificate go to `auth`; a refusal closes with `UNAUTHENTICATED`.
+    pub fn authenticator(mut self, auth: Arc<dyn Authenticate>) -> Self {
+        self.auth = auth;
         self
     }
 

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use switchyard_core::CallerIdentity;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 /// Settings for [`WsServer`](crate::WsServer).
@@ -31,8 +30,6 @@ pub struct WsServerConfig {
     /// How long closing a socket may take: flushing what is queued, sending the close frame
     /// and hearing the peer's (default 5 s).
     pub close_timeout: Duration,
-    /// Who a caller presenting no token at all is (default `None`: refused with 4401).
-    pub anonymous: Option<CallerIdentity>,
 }
 
 impl Default for WsServerConfig {
@@ -45,7 +42,6 @@ impl Default for WsServerConfig {
             max_queue: 65_536,
             max_connections: 10_000,
             close_timeout: Duration::from_secs(5),
-            anonymous: None,
         }
     }
 }

@@ -6,14 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use switchyard_core::CallerIdentity;
 use switchyard_gateway::{
-    Credentials, ListenAddr, Listening, Principals, Protocol, TlsMaterial, Transport,
-    TransportContext, TransportError,
+    ListenAddr, Listening, Protocol, TlsMaterial, Transport, TransportContext, TransportError,
 };
 use tokio::net::TcpListener;
 
-use crate::auth::TokenDirectory;
 use crate::config::WsServerConfig;
 use crate::server::WsServer;
 
@@ -95,9 +92,6 @@ impl Transport for WsTransport {
         if config.tls.is_none() && !self.plaintext {
             config.tls = Some(server_tls(&context.tls)?);
         }
-        if context.principals.is_development() && config.anonymous.is_none() {
-            config.anonymous = Some(CallerIdentity::trusted("anonymous"));
-        }
         let listener =
             TcpListener::bind(self.listen)
                 .await
@@ -105,8 +99,7 @@ impl Transport for WsTransport {
                     addr: self.listen,
                     source,
                 })?;
-        let directory = Arc::new(PrincipalTokens(Arc::clone(&context.principals)));
-        let server = WsServer::serve(listener, context.core.clone(), directory, config)
+        let server = WsServer::serve(listener, context.core.clone(), context.principals, config)
             .map_err(TransportError::other)?;
         let addr = server.local_addr();
         let TransportContext {
@@ -137,20 +130,6 @@ impl Transport for WsTransport {
             }],
             serving: Box::pin(serving),
         })
-    }
-}
-
-/// The gateway's principal table as a token directory.
-struct PrincipalTokens(Arc<Principals>);
-
-impl TokenDirectory for PrincipalTokens {
-    fn caller(&self, token: &str) -> Option<CallerIdentity> {
-        self.0
-            .identify(Credentials {
-                cert_subject: None,
-                bearer_token: Some(token),
-            })
-            .ok()
     }
 }
 

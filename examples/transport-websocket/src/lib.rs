@@ -21,7 +21,6 @@ pub mod protocol;
 mod server;
 mod socket;
 
-pub use auth::{AuthenticationError, TokenDirectory, TokenTable};
 pub use client::{
     ActivityContext, ActivityError, ActivityHandler, ConnectError, RunError, WsWorker,
     WsWorkerBuilder,

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::auth::TokenDirectory;
 use crate::config::WsServerConfig;
 use shared::Shared;
+use switchyard_auth::Authenticate;
 
 /// The WebSocket worker listener over one [`Core`]; dropping it stops accepting and closes
 /// every worker socket in the background, [`WsServer::shutdown`] does so and waits.
@@ -30,7 +30,7 @@ use shared::Shared;
 ///
 /// Each accepted connection runs on its own task: the TLS handshake (if configured), the
 /// WebSocket upgrade, the `register` frame within the registration timeout, authentication
-/// against the [`TokenDirectory`], and then core's admission gate, the only way in. The
+/// with the embedder's [`Authenticate`], and then core's admission gate, the only way in. The
 /// [`RegistrationToken`](switchyard_core::RegistrationToken) lives in that task, so the socket
 /// ending for any reason deregisters the worker exactly once. Frames from the worker go to
 /// core's entry points as they arrive; core's messages to the worker go through a bounded
@@ -43,10 +43,11 @@ use shared::Shared;
 /// # async fn run() -> std::io::Result<()> {
 /// use std::sync::Arc;
 /// use switchyard_core::{CallerIdentity, Core, CoreConfig, Registry};
-/// use switchyard_transport_websocket::{TokenTable, WsServer, WsServerConfig};
+/// use switchyard_auth::CallerTable;
+/// use switchyard_transport_websocket::{WsServer, WsServerConfig};
 ///
 /// let core = Core::start(Registry::builder(), CoreConfig::default());
-/// let tokens = TokenTable::new().with_token("s3cret", CallerIdentity::trusted("workers"));
+/// let tokens = CallerTable::new().with_token("s3cret", CallerIdentity::trusted("workers"));
 /// let server =
 ///     WsServer::bind("0.0.0.0:7443", core, Arc::new(tokens), WsServerConfig::default()).await?;
 /// println!("workers connect to ws://{}/", server.local_addr());
@@ -76,24 +77,24 @@ impl WsServer {
     pub async fn bind(
         addr: impl ToSocketAddrs,
         core: Core,
-        directory: Arc<dyn TokenDirectory>,
+        auth: Arc<dyn Authenticate>,
         config: WsServerConfig,
     ) -> io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
-        Self::serve(listener, core, directory, config)
+        Self::serve(listener, core, auth, config)
     }
 
     /// Starts serving workers into `core` on an already bound listener.
     pub fn serve(
         listener: TcpListener,
         core: Core,
-        directory: Arc<dyn TokenDirectory>,
+        auth: Arc<dyn Authenticate>,
         config: WsServerConfig,
     ) -> io::Result<Self> {
         let local_addr = listener.local_addr()?;
         let stop = CancellationToken::new();
         let connections = TaskTracker::new();
-        let shared = Shared::new(core, directory, config, stop.clone());
+        let shared = Shared::new(core, auth, config, stop.clone());
         let accepting = shared.accepting.clone();
         let span = tracing::info_span!("ws_listener", %local_addr);
         let accept = tokio::spawn(

@@ -320,3 +320,73 @@ async fn websocket_workers_authenticate_against_the_gateway_principal_table() {
     drop(admitted);
     gateway.shutdown().await;
 }
+
+/// How a raw WebSocket registration through the gateway ended: admitted, or the close code.
+async fn raw_registration(gateway: &Gateway, authorization: Option<&str>) -> Result<(), u16> {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::Connector;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+
+    let mut request = ws_url(gateway).into_client_request().unwrap();
+    if let Some(value) = authorization {
+        request
+            .headers_mut()
+            .insert("authorization", HeaderValue::from_str(value).unwrap());
+    }
+    let tcp = tokio::net::TcpStream::connect(gateway.addr("websocket").unwrap())
+        .await
+        .unwrap();
+    let connector = Connector::Rustls(ws_tls(gateway));
+    let (mut socket, _) =
+        tokio_tungstenite::client_async_tls_with_config(request, tcp, None, Some(connector))
+            .await
+            .unwrap();
+    let register = serde_json::json!({
+        "type": "register",
+        "namespaces": [NAMESPACE],
+        "activity_types": [ACTIVITY],
+        "identity": "raw credential row",
+        "max_concurrency": 1,
+    });
+    socket
+        .send(Message::text(register.to_string()))
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        let message = tokio::time::timeout(STEP, socket.next())
+            .await
+            .expect("an answer within the step")
+            .expect("an answer before the stream ends")
+            .expect("a healthy socket until the close");
+        match message {
+            Message::Text(text) if text.contains("\"registered\"") => return Ok(()),
+            Message::Close(Some(close)) => return Err(close.code.into()),
+            _ => {}
+        }
+    }
+    panic!("no registration answer within 100 messages");
+}
+
+/// The WebSocket column of `docs/security.md` "Credentials × transports": the header's scheme
+/// in any case, an unknown token and no credential at all, against the gateway's principal
+/// table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_answers_each_websocket_credential_like_every_transport() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let gateway = gateway(data_dir.path()).await;
+    let unauthenticated = Err(CloseCode::Unauthenticated.code());
+    let rows = [
+        (Some(format!("Bearer {TOKEN}")), Ok(())),
+        (Some(format!("bearer {TOKEN}")), Ok(())),
+        (Some("Bearer guess".to_owned()), unauthenticated),
+        (Some(format!("Basic {TOKEN}")), unauthenticated),
+        (None, unauthenticated),
+    ];
+    for (authorization, expected) in rows {
+        let answer = raw_registration(&gateway, authorization.as_deref()).await;
+        assert_eq!(answer, expected, "{authorization:?}");
+    }
+    gateway.shutdown().await;
+}

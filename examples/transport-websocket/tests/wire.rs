@@ -194,7 +194,7 @@ async fn refusals_send_the_whole_sentence_then_close_with_a_code_naming_the_rule
             authorization: None,
             first: Message::Json(raw::register(1)),
             code: 4401,
-            names: "no bearer token",
+            names: "no credential",
         },
         Refused {
             case: "a token in the header and the frame",

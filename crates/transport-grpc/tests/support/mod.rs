@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use switchyard_auth::CallerTable;
 use switchyard_core::{
     ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, LivenessConfig,
     NamespaceGrant, Registry, RegistryBuilder, WorkerEvent, WorkerId,
@@ -19,7 +20,7 @@ use switchyard_proto::v1::{
     ActivityResult, GatewayFrame, Pong, RegisterWorker, WorkerFrame, activity_result,
     gateway_frame, worker_frame,
 };
-use switchyard_transport_grpc::{GrpcServerConfig, StaticDirectory, WorkerService, serve};
+use switchyard_transport_grpc::{GrpcServerConfig, WorkerService, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -144,6 +145,7 @@ pub struct GatewayBuilder {
     registry: RegistryBuilder,
     config: GrpcServerConfig,
     liveness: LivenessConfig,
+    anonymous: Option<CallerIdentity>,
 }
 
 impl GatewayBuilder {
@@ -154,6 +156,12 @@ impl GatewayBuilder {
 
     pub fn config(mut self, config: GrpcServerConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Who callers presenting no credential are (default: refused).
+    pub fn anonymous(mut self, caller: CallerIdentity) -> Self {
+        self.anonymous = Some(caller);
         self
     }
 
@@ -190,7 +198,7 @@ impl GatewayBuilder {
         Gateway::serve_on(listener, pki, core, directory, config)
     }
 
-    fn parts(self) -> (Core, StaticDirectory, GrpcServerConfig) {
+    fn parts(self) -> (Core, CallerTable, GrpcServerConfig) {
         let core = Core::start(
             self.registry,
             CoreConfig {
@@ -198,7 +206,7 @@ impl GatewayBuilder {
                 ..CoreConfig::default()
             },
         );
-        let directory = StaticDirectory::new()
+        let mut directory = CallerTable::new()
             .with_token(TRUSTED_TOKEN, CallerIdentity::trusted("tester"))
             .with_token(
                 BILLING_TOKEN,
@@ -206,15 +214,21 @@ impl GatewayBuilder {
             )
             .with_certificate(
                 CERT_PRINCIPAL,
-                NamespaceGrant::Only(["billing".to_owned()].into()),
+                CallerIdentity {
+                    principal: CERT_PRINCIPAL.to_owned(),
+                    grant: NamespaceGrant::Only(["billing".to_owned()].into()),
+                },
             );
+        if let Some(anonymous) = self.anonymous {
+            directory = directory.anonymous(anonymous);
+        }
         (core, directory, self.config)
     }
 }
 
 impl Gateway {
     /// Serves `core` over TLS on an ephemeral loopback port with a fresh PKI.
-    pub async fn serve(core: Core, directory: StaticDirectory, config: GrpcServerConfig) -> Self {
+    pub async fn serve(core: Core, directory: CallerTable, config: GrpcServerConfig) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         Self::serve_on(listener, Pki::new(), core, directory, config)
     }
@@ -224,7 +238,7 @@ impl Gateway {
         listener: TcpListener,
         pki: Pki,
         core: Core,
-        directory: StaticDirectory,
+        directory: CallerTable,
         config: GrpcServerConfig,
     ) -> Self {
         let service = WorkerService::new(core.clone(), Arc::new(directory), config);
@@ -250,6 +264,7 @@ impl Gateway {
             registry: Registry::builder(),
             config: GrpcServerConfig::default(),
             liveness: fast_liveness(),
+            anonymous: None,
         }
     }
 

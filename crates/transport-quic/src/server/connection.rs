@@ -17,7 +17,6 @@ use tracing::Instrument;
 use super::ServerShared;
 use super::lane::OpenedLane;
 use super::link::{FLUSH_PATIENCE, Link};
-use crate::auth::PeerCredentials;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
@@ -180,14 +179,13 @@ fn authenticate(
         .and_then(|identity| identity.downcast::<Vec<CertificateDer<'static>>>().ok())
         .map(|chain| *chain)
         .unwrap_or_default();
-    let peer = PeerCredentials {
-        token: Some(register.auth_token.as_str()).filter(|t| !t.is_empty()),
-        certificates: &certificates,
-        remote: conn.remote_address(),
-    };
+    let credentials = switchyard_auth::Credentials::new()
+        .certificate_chain(&certificates)
+        .bearer_token(Some(register.auth_token.as_str()))
+        .remote(conn.remote_address());
     server
         .auth
-        .authenticate(&peer)
+        .authenticate(&credentials)
         .map_err(|error| Fault::close(ErrorCode::Unauthenticated, error.to_string()))
 }
 

@@ -10,7 +10,7 @@ use switchyard_core::testkit::{
 use switchyard_core::{Core, RefusalKind, TaskResult, WorkerEvent, WorkerId};
 use switchyard_transport_quic::{
     ActivityContext, ActivityError, ActivityFuture, ErrorCode, QuicServer, QuicWorker, SelfSigned,
-    ServerConfig, StaticTokens, WorkerError,
+    ServerConfig, WorkerError,
 };
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -62,17 +62,17 @@ impl TransportHarness for QuicHarness {
     async fn start(&self, core: Core) -> Result<Gateway, BoxError> {
         let ca = SelfSigned::new(["localhost"])?;
         // Each kit caller authenticates with its principal as its token.
-        let tokens = StaticTokens::new(
-            testkit::callers()
-                .into_iter()
-                .map(|caller| (caller.principal.clone(), caller)),
-        );
+        let tokens = testkit::callers()
+            .into_iter()
+            .fold(switchyard_auth::CallerTable::new(), |table, caller| {
+                table.with_token(caller.principal.clone(), caller)
+            });
         let server = QuicServer::builder(core.clone(), ca.server_tls()?)
             .config(ServerConfig {
                 listen: "127.0.0.1:0".parse()?,
                 ..ServerConfig::default()
             })
-            .authenticator(tokens)
+            .authenticator(std::sync::Arc::new(tokens))
             .bind()
             .await?;
         Ok(Gateway { core, server, ca })

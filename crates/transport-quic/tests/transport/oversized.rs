@@ -3,10 +3,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use switchyard_auth::AllowAll;
 use switchyard_core::{ActivityOutcome, CallerIdentity, DispatchError};
-use switchyard_transport_quic::{
-    ActivityContext, ActivityError, AllowAll, FrameLimits, ServerConfig,
-};
+use switchyard_transport_quic::{ActivityContext, ActivityError, FrameLimits, ServerConfig};
 
 use crate::support::{Gateway, PATIENCE, eventually, request};
 

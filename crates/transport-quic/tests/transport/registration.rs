@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
+use switchyard_auth::{AllowAll, CallerTable};
 use switchyard_core::{
     ActivityOutcome, CallerIdentity, DisconnectReason, UnservedReason, WorkerEvent,
 };
 use switchyard_proto::v1::{QuicResult, quic_lane_up, quic_result};
-use switchyard_transport_quic::{AllowAll, ErrorCode, ServerConfig, StaticTokens, WorkerError};
+use switchyard_transport_quic::{ErrorCode, ServerConfig, WorkerError};
 
 use crate::support::{Gateway, NS, PATIENCE, Raw, closed_with, event, register_frame, request};
 
@@ -105,7 +106,7 @@ async fn capacity_above_the_gateway_limit_is_refused_and_the_limit_is_announced(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_decide_who_registers_and_what_they_are_granted() {
-    let tokens = StaticTokens::new([("good", CallerIdentity::granted("team", [NS]))]);
+    let tokens = CallerTable::new().with_token("good", CallerIdentity::granted("team", [NS]));
     let gateway = Gateway::with(ServerConfig::default(), tokens).await;
 
     let refused = gateway.worker().token("bad").connect().await.unwrap_err();

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use quinn::crypto::rustls::QuicClientConfig;
 use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream};
+use switchyard_auth::{AllowAll, Authenticate};
 use switchyard_core::{
     ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, PoolCensus, Registry,
     WorkerEvent,
@@ -18,8 +19,8 @@ use switchyard_proto::v1::{
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{
-    ALPN, ActivityContext, ActivityError, AllowAll, Authenticator, ErrorCode, QuicServer,
-    QuicWorker, QuicWorkerBuilder, SelfSigned, ServerConfig,
+    ALPN, ActivityContext, ActivityError, ErrorCode, QuicServer, QuicWorker, QuicWorkerBuilder,
+    SelfSigned, ServerConfig,
 };
 use tokio::sync::{Mutex, broadcast, mpsc};
 
@@ -40,13 +41,13 @@ impl Gateway {
         Self::with(ServerConfig::default(), AllowAll).await
     }
 
-    pub(crate) async fn with(config: ServerConfig, auth: impl Authenticator) -> Self {
+    pub(crate) async fn with(config: ServerConfig, auth: impl Authenticate) -> Self {
         Self::with_tls(config, auth, false).await
     }
 
     pub(crate) async fn with_tls(
         config: ServerConfig,
-        auth: impl Authenticator,
+        auth: impl Authenticate,
         mutual: bool,
     ) -> Self {
         let ca = Arc::new(SelfSigned::new(["localhost"]).unwrap());
@@ -61,7 +62,7 @@ impl Gateway {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 ..config
             })
-            .authenticator(auth)
+            .authenticator(Arc::new(auth))
             .bind()
             .await
             .unwrap();

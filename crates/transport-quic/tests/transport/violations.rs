@@ -1,12 +1,13 @@
 //! Frames no well-behaved worker sends close the connection with their documented code.
 
+use switchyard_auth::AllowAll;
 use switchyard_core::ActivityOutcome;
 use switchyard_core::WorkerEvent;
 use switchyard_proto::v1::{
     QuicCancelAck, QuicCapabilities, QuicDrainRequest, QuicResult, quic_control_up, quic_lane_up,
     quic_result,
 };
-use switchyard_transport_quic::{AllowAll, ErrorCode, FrameLimits, ServerConfig};
+use switchyard_transport_quic::{ErrorCode, FrameLimits, ServerConfig};
 
 use crate::support::{Gateway, Raw, event, register_frame};
 

@@ -91,13 +91,8 @@ where
     let (registration, frame_token) = first_frame(shared, socket, deadline)
         .await?
         .into_registration();
-    let caller = authenticate(
-        authorization,
-        frame_token.as_deref(),
-        shared.directory.as_ref(),
-        shared.config.anonymous.as_ref(),
-    )
-    .map_err(|error| Closing::new(CloseCode::Unauthenticated, error.to_string()))?;
+    let caller = authenticate(authorization, frame_token.as_deref(), shared.auth.as_ref())
+        .map_err(|error| Closing::new(CloseCode::Unauthenticated, error.to_string()))?;
     let span = tracing::Span::current();
     span.record("principal", caller.principal.as_str());
     span.record(

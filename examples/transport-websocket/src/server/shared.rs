@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use switchyard_core::{Core, DisconnectReason, WorkerId};
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::TokenDirectory;
 use crate::config::WsServerConfig;
+use switchyard_auth::Authenticate;
 
 /// What every connection of one [`WsServer`](crate::WsServer) reads.
 pub(crate) struct Shared {
     pub(crate) core: Core,
     pub(crate) config: WsServerConfig,
-    pub(crate) directory: Arc<dyn TokenDirectory>,
+    pub(crate) auth: Arc<dyn Authenticate>,
     pub(crate) tls: Option<tokio_rustls::TlsAcceptor>,
     /// Cancelled when the listener stops accepting: no new connection or registration is
     /// taken; registered workers stay. A child of `stop`.
@@ -35,7 +35,7 @@ pub(crate) struct Eviction {
 impl Shared {
     pub(crate) fn new(
         core: Core,
-        directory: Arc<dyn TokenDirectory>,
+        auth: Arc<dyn Authenticate>,
         config: WsServerConfig,
         stop: CancellationToken,
     ) -> Arc<Self> {
@@ -43,7 +43,7 @@ impl Shared {
         let shared = Arc::new(Self {
             core,
             config,
-            directory,
+            auth,
             tls,
             accepting: stop.child_token(),
             stop,

@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
+use switchyard_auth::CallerTable;
 use switchyard_core::testkit::conformance_config;
 use switchyard_core::{CallerIdentity, Core, Registry};
-use switchyard_transport_websocket::{TokenTable, WsServer, WsServerConfig};
+use switchyard_transport_websocket::{WsServer, WsServerConfig};
 
 /// The namespace the test principal is granted.
 pub const NAMESPACE: &str = "shop";
@@ -19,7 +20,7 @@ pub struct TestGateway {
 impl TestGateway {
     pub async fn start(config: WsServerConfig) -> Self {
         let core = Core::start(Registry::builder(), conformance_config());
-        let tokens = TokenTable::new()
+        let tokens = CallerTable::new()
             .with_token(TOKEN, CallerIdentity::granted("shop-workers", [NAMESPACE]));
         let server = WsServer::bind("127.0.0.1:0", core.clone(), Arc::new(tokens), config)
             .await

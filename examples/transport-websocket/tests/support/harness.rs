@@ -12,8 +12,7 @@ use switchyard_core::testkit::{
 use switchyard_core::{Core, TaskResult, WorkerId};
 use switchyard_transport_websocket::client::ConnectError as WsConnectError;
 use switchyard_transport_websocket::{
-    ActivityContext, ActivityError, ActivityHandler, CloseCode, TokenTable, WsServer,
-    WsServerConfig, WsWorker,
+    ActivityContext, ActivityError, ActivityHandler, CloseCode, WsServer, WsServerConfig, WsWorker,
 };
 use tokio::task::JoinHandle;
 
@@ -78,7 +77,7 @@ impl TransportHarness for WsHarness {
     type Worker = KitWorker;
 
     async fn start(&self, core: Core) -> Result<KitGateway, BoxError> {
-        let mut table = TokenTable::new();
+        let mut table = switchyard_auth::CallerTable::new();
         let mut tokens = HashMap::new();
         for (i, caller) in testkit::callers().into_iter().enumerate() {
             let token = format!("kit-token-{i}");

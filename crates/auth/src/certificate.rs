@@ -1,23 +1,22 @@
-//! The principal named by an X.509 client certificate.
+//! The one certificate → principal rule.
 
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use super::AuthenticationError;
+use crate::AuthError;
 
-/// The principal a DER-encoded client certificate names: the first Common Name of its
-/// subject, or the whole subject (RFC 4514 form, as in `O=Example, OU=Workers`) when it has
-/// none.
+/// The principal a DER-encoded client certificate names: the first Common Name of its subject,
+/// or the whole subject (RFC 4514 form, as in `O=Example, OU=Workers`) when it has none.
 ///
 /// The certificate is not verified here; the TLS handshake has already done that.
-pub fn certificate_principal(der: &[u8]) -> Result<String, AuthenticationError> {
+pub fn certificate_principal(der: &[u8]) -> Result<String, AuthError> {
     let (_, certificate) = X509Certificate::from_der(der)
-        .map_err(|error| AuthenticationError::UnreadableCertificate(error.to_string()))?;
+        .map_err(|error| AuthError::UnreadableCertificate(error.to_string()))?;
     let subject = certificate.subject();
     match subject.iter_common_name().next() {
         Some(common_name) => common_name
             .as_str()
             .map(str::to_owned)
-            .map_err(|error| AuthenticationError::UnreadableCertificate(error.to_string())),
+            .map_err(|error| AuthError::UnreadableCertificate(error.to_string())),
         None => Ok(subject.to_string()),
     }
 }
@@ -55,7 +54,7 @@ mod tests {
     fn garbage_is_unreadable() {
         assert!(matches!(
             certificate_principal(b"not a certificate"),
-            Err(AuthenticationError::UnreadableCertificate(_))
+            Err(AuthError::UnreadableCertificate(_))
         ));
     }
 }

@@ -1,0 +1,378 @@
+//! The same credential gets the same answer on every transport and on the producer API: the
+//! table "Credentials × transports" in `docs/security.md`, walked row by row over real sockets
+//! against one gateway whose principal table knows a token and a certificate subject.
+//!
+//! Rows whose answer differs from the gateway before authentication had one vocabulary:
+//! - `bearer t` (lower-case scheme) on the gRPC worker stream: was UNAUTHENTICATED (the worker
+//!   service parsed `Bearer ` case-sensitively); now admitted, as on the producer API.
+//! - a trusted certificate with an unknown subject on the gRPC worker stream: was admitted with
+//!   no grant and refused PERMISSION_DENIED at registration; now UNAUTHENTICATED, as on QUIC
+//!   and the producer API.
+//!
+//! The WebSocket transport takes no client certificate; its token rows are covered in its own
+//! crate (`examples/transport-websocket`, `auth.rs` and `tests/wire.rs`).
+
+// Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use switchyard_gateway::{GatewayConfig, PrincipalConfig};
+use switchyard_proto::v1 as pb;
+use switchyard_proto::v1::gateway_client::GatewayClient;
+use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
+use switchyard_tests::{TestGateway, raw_registration};
+use switchyard_transport_quic::{
+    ActivityContext, ActivityError, ClientTls, ErrorCode, QuicWorker, WorkerError,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Request, Status};
+
+/// The namespace both known principals are granted.
+const GRANTED: &str = "ops";
+/// A namespace nobody is granted.
+const NOT_GRANTED: &str = "payroll";
+/// The token of principal `token-holder`.
+const TOKEN: &str = "t-ops";
+/// The certificate subject of principal `operator`.
+const KNOWN_SUBJECT: &str = "ops.example";
+/// A subject the CA signs but the principal table does not know.
+const UNKNOWN_SUBJECT: &str = "stranger.example";
+
+/// The answer's family, the same on every transport.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Answer {
+    /// Authenticated and admitted (a worker registered, a producer call answered).
+    Admitted,
+    /// gRPC `UNAUTHENTICATED`, QUIC `UNAUTHENTICATED` close.
+    Unauthenticated,
+    /// gRPC `PERMISSION_DENIED`, QUIC `NAMESPACE_NOT_GRANTED` close.
+    NotGranted,
+    /// Anything else, with what it was.
+    Other(String),
+}
+
+fn grpc_answer(status: &Status) -> Answer {
+    match status.code() {
+        Code::Unauthenticated => Answer::Unauthenticated,
+        Code::PermissionDenied => Answer::NotGranted,
+        _ => Answer::Other(format!("{status:?}")),
+    }
+}
+
+/// One row of the table.
+struct Row {
+    credential: &'static str,
+    certificate: Option<&'static str>,
+    /// The `authorization` value on gRPC; QUIC carries the bare token after the scheme.
+    authorization: Option<&'static str>,
+    namespace: &'static str,
+    expected: Answer,
+}
+
+fn rows() -> Vec<Row> {
+    vec![
+        Row {
+            credential: "valid token, `Bearer`",
+            certificate: None,
+            authorization: Some("Bearer t-ops"),
+            namespace: GRANTED,
+            expected: Answer::Admitted,
+        },
+        Row {
+            credential: "valid token, `bearer`",
+            certificate: None,
+            authorization: Some("bearer t-ops"),
+            namespace: GRANTED,
+            expected: Answer::Admitted,
+        },
+        Row {
+            credential: "unknown token",
+            certificate: None,
+            authorization: Some("Bearer guess"),
+            namespace: GRANTED,
+            expected: Answer::Unauthenticated,
+        },
+        Row {
+            credential: "no credential",
+            certificate: None,
+            authorization: None,
+            namespace: GRANTED,
+            expected: Answer::Unauthenticated,
+        },
+        Row {
+            credential: "trusted certificate, known subject",
+            certificate: Some(KNOWN_SUBJECT),
+            authorization: None,
+            namespace: GRANTED,
+            expected: Answer::Admitted,
+        },
+        Row {
+            credential: "trusted certificate, unknown subject (with a valid token)",
+            certificate: Some(UNKNOWN_SUBJECT),
+            authorization: Some("Bearer t-ops"),
+            namespace: GRANTED,
+            expected: Answer::Unauthenticated,
+        },
+        Row {
+            credential: "valid token, namespace not granted",
+            certificate: None,
+            authorization: Some("Bearer t-ops"),
+            namespace: NOT_GRANTED,
+            expected: Answer::NotGranted,
+        },
+        Row {
+            credential: "known certificate, namespace not granted",
+            certificate: Some(KNOWN_SUBJECT),
+            authorization: None,
+            namespace: NOT_GRANTED,
+            expected: Answer::NotGranted,
+        },
+    ]
+}
+
+/// A client CA and the certificates it issues.
+struct Pki {
+    ca: rcgen::CertificateParams,
+    ca_key: rcgen::KeyPair,
+    ca_pem: String,
+}
+
+/// A client certificate and its key, PEM.
+struct ClientCertificate {
+    cert_pem: String,
+    key_pem: String,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "test client CA");
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        Self { ca, ca_key, ca_pem }
+    }
+
+    fn issue(&self, common_name: &str) -> ClientCertificate {
+        let issuer = rcgen::Issuer::new(self.ca.clone(), &self.ca_key);
+        let mut client = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        client
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        client.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = client.signed_by(&key, &issuer).unwrap();
+        ClientCertificate {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+}
+
+/// A gateway trusting `pki`'s client certificates (optional), knowing principal `operator` by
+/// [`KNOWN_SUBJECT`] and principal `token-holder` by [`TOKEN`], both granted [`GRANTED`].
+async fn gateway(pki: &Pki) -> (TestGateway, tempfile::TempDir) {
+    let ca_dir = tempfile::tempdir().unwrap();
+    let ca_path = ca_dir.path().join("client-ca.pem");
+    std::fs::write(&ca_path, &pki.ca_pem).unwrap();
+    let gateway = TestGateway::start(|config: &mut GatewayConfig| {
+        config.tls.client_ca = ca_path.display().to_string();
+        config.tls.require_client_cert = false;
+        config.principals = vec![
+            PrincipalConfig {
+                name: "operator".to_owned(),
+                cert_subject: KNOWN_SUBJECT.to_owned(),
+                namespaces: vec![GRANTED.to_owned()],
+                ..PrincipalConfig::default()
+            },
+            PrincipalConfig {
+                name: "token-holder".to_owned(),
+                token: TOKEN.to_owned(),
+                namespaces: vec![GRANTED.to_owned()],
+                ..PrincipalConfig::default()
+            },
+        ];
+    })
+    .await;
+    (gateway, ca_dir)
+}
+
+/// A fresh TLS channel to the gRPC port, presenting `certificate` when given.
+async fn grpc_channel(gateway: &TestGateway, certificate: Option<&ClientCertificate>) -> Channel {
+    let addr = gateway.gateway().addr("grpc").unwrap();
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(gateway.ca_pem()));
+    if let Some(certificate) = certificate {
+        tls = tls.identity(Identity::from_pem(
+            &certificate.cert_pem,
+            &certificate.key_pem,
+        ));
+    }
+    Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap()
+}
+
+fn with_authorization<T>(message: T, authorization: Option<&str>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(value) = authorization {
+        request
+            .metadata_mut()
+            .insert("authorization", value.parse().unwrap());
+    }
+    request
+}
+
+/// A producer API call (`DescribePool` on the row's namespace).
+async fn producer_api(
+    gateway: &TestGateway,
+    certificate: Option<&ClientCertificate>,
+    row: &Row,
+) -> Answer {
+    let mut client = GatewayClient::new(grpc_channel(gateway, certificate).await);
+    let request = with_authorization(
+        pb::DescribePoolRequest {
+            namespace: row.namespace.to_owned(),
+            activity_type: "echo".to_owned(),
+            ..pb::DescribePoolRequest::default()
+        },
+        row.authorization,
+    );
+    match tokio::time::timeout(Duration::from_secs(5), client.describe_pool(request)).await {
+        Err(_) => Answer::Other("no answer in 5 s".to_owned()),
+        Ok(Ok(_)) => Answer::Admitted,
+        Ok(Err(status)) => grpc_answer(&status),
+    }
+}
+
+/// A gRPC worker stream registering for the row's namespace.
+async fn grpc_worker(
+    gateway: &TestGateway,
+    certificate: Option<&ClientCertificate>,
+    row: &Row,
+) -> Answer {
+    let mut client = WorkerGatewayClient::new(grpc_channel(gateway, certificate).await);
+    let (send, frames) = mpsc::channel(4);
+    send.send(raw_registration(row.namespace, "echo", 1))
+        .await
+        .unwrap();
+    let request = with_authorization(ReceiverStream::new(frames), row.authorization);
+    let answered = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut replies = match client.connect_worker(request).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => return grpc_answer(&status),
+        };
+        loop {
+            match replies.message().await {
+                Ok(Some(pb::GatewayFrame {
+                    frame: Some(pb::gateway_frame::Frame::RegisterAck(_)),
+                })) => return Answer::Admitted,
+                Ok(Some(_)) => {}
+                Ok(None) => return Answer::Other("stream ended without an answer".into()),
+                Err(status) => return grpc_answer(&status),
+            }
+        }
+    })
+    .await;
+    drop(send);
+    answered.unwrap_or_else(|_| Answer::Other("no answer in 5 s".to_owned()))
+}
+
+/// A QUIC SDK worker registering for the row's namespace; the token is the part of the row's
+/// `authorization` after the scheme (QUIC's registration carries a bare token).
+async fn quic_worker(
+    gateway: &TestGateway,
+    certificate: Option<&ClientCertificate>,
+    row: &Row,
+) -> Answer {
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(gateway.ca_pem().as_bytes()) {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let tls = match certificate {
+        None => ClientTls::new(roots).unwrap(),
+        Some(certificate) => {
+            let chain = CertificateDer::pem_slice_iter(certificate.cert_pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_slice(certificate.key_pem.as_bytes()).unwrap();
+            ClientTls::with_client_cert(roots, chain, key).unwrap()
+        }
+    };
+    let mut builder = QuicWorker::builder(gateway.gateway().addr("quic").unwrap(), "localhost")
+        .namespaces([row.namespace])
+        .max_concurrency(1)
+        .tls(tls)
+        .connect_timeout(Duration::from_secs(5))
+        .activity("echo", |_: ActivityContext, input: Bytes| async move {
+            Ok::<_, ActivityError>(input)
+        });
+    if let Some((_scheme, token)) = row.authorization.and_then(|value| value.split_once(' ')) {
+        builder = builder.token(token);
+    }
+    match builder.connect().await {
+        Ok(_worker) => Answer::Admitted,
+        Err(WorkerError::Refused {
+            code: ErrorCode::Unauthenticated,
+            ..
+        }) => Answer::Unauthenticated,
+        Err(WorkerError::Refused {
+            code: ErrorCode::NamespaceNotGranted,
+            ..
+        }) => Answer::NotGranted,
+        Err(other) => Answer::Other(other.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_credential_gets_the_same_answer_on_every_transport() {
+    let pki = Pki::new();
+    let known = pki.issue(KNOWN_SUBJECT);
+    let unknown = pki.issue(UNKNOWN_SUBJECT);
+    let (gateway, _ca_dir) = gateway(&pki).await;
+
+    let mut mismatches = Vec::new();
+    for row in rows() {
+        let certificate = match row.certificate {
+            Some(KNOWN_SUBJECT) => Some(&known),
+            Some(_) => Some(&unknown),
+            None => None,
+        };
+        let answers = [
+            (
+                "gRPC worker stream",
+                grpc_worker(&gateway, certificate, &row).await,
+            ),
+            (
+                "QUIC worker",
+                quic_worker(&gateway, certificate, &row).await,
+            ),
+            (
+                "producer API",
+                producer_api(&gateway, certificate, &row).await,
+            ),
+        ];
+        for (transport, answer) in answers {
+            if answer != row.expected {
+                mismatches.push(format!(
+                    "{} on the {transport}: expected {:?}, got {answer:?}",
+                    row.credential, row.expected
+                ));
+            }
+        }
+    }
+    // Every transport is asked every row, and the rows hold admissions and both refusal
+    // families, so a transport that admitted everyone, or refused everyone alike, fails here.
+    assert!(mismatches.is_empty(), "{mismatches:#?}");
+}
