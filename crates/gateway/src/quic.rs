@@ -7,14 +7,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
-use switchyard_auth::{AuthError, Authenticate, Credentials};
-use switchyard_core::CallerIdentity;
+use switchyard_auth::Authenticate;
 use switchyard_transport_quic::{
     CongestionControl, FrameLimits, LinkSettings, QuicServer, ServerConfig, ServerTls,
 };
-use tokio_util::sync::CancellationToken;
 
-use crate::auth::Principals;
 use crate::config::{CongestionConfig, QuicSection};
 use crate::tls::TlsMaterial;
 use crate::transport::{
@@ -120,24 +117,6 @@ fn server_tls(tls: &TlsMaterial) -> Result<ServerTls, TransportError> {
     ServerTls::from_rustls(config).map_err(|error| TransportError::Tls(error.to_string()))
 }
 
-/// The principal table, refusing every registration once shutdown began (the QUIC server has
-/// no stop-accepting step of its own, and a refused registration is the earliest point it asks).
-struct UntilStopping {
-    principals: Arc<Principals>,
-    stopping: CancellationToken,
-}
-
-impl Authenticate for UntilStopping {
-    fn authenticate(&self, credentials: &Credentials<'_>) -> Result<CallerIdentity, AuthError> {
-        if self.stopping.is_cancelled() {
-            return Err(AuthError::Refused(
-                "the gateway is shutting down".to_owned(),
-            ));
-        }
-        self.principals.authenticate(credentials)
-    }
-}
-
 #[async_trait]
 impl Transport for QuicTransport {
     fn name(&self) -> &str {
@@ -152,10 +131,9 @@ impl Transport for QuicTransport {
         let server = QuicServer::builder(context.core.clone(), server_tls(&context.tls)?)
             .config(config)
             .stateless_reset_key(&reset_key_material(&context.tls)?)
-            .authenticator(Arc::new(UntilStopping {
-                principals: Arc::clone(&context.principals),
-                stopping: context.stop_accepting.clone(),
-            }))
+            // Registrations during a shutdown are refused by core's gate
+            // (`AdmissionError::ShuttingDown`, closed `SHUTTING_DOWN`: come back later).
+            .authenticator(Arc::clone(&context.principals) as Arc<dyn Authenticate>)
             .bind()
             .await
             .map_err(|error| match error {

@@ -47,8 +47,11 @@ pub(crate) fn registration(register: QuicRegister) -> Result<Registration, (Erro
 
 /// The close code for an admission refusal; the reason phrase is the refusal's `Display`.
 pub(crate) fn refusal_code(error: &AdmissionError) -> ErrorCode {
-    if matches!(error, AdmissionError::ZeroCapacity) {
-        return ErrorCode::CapacityRefused;
+    match error {
+        AdmissionError::ZeroCapacity => return ErrorCode::CapacityRefused,
+        // Not final: the worker comes back once the gateway is (re)started.
+        AdmissionError::ShuttingDown => return ErrorCode::ShuttingDown,
+        _ => {}
     }
     match error.kind() {
         RefusalKind::Invalid => ErrorCode::RegistrationInvalid,

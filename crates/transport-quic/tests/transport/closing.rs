@@ -62,6 +62,20 @@ async fn an_idle_drained_worker_gets_the_drain_frame_before_the_final_close() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_during_a_shutdown_is_told_to_come_back_later() {
+    let gateway = Gateway::start().await;
+    // Control: before the shutdown the same registration is admitted.
+    let (_admitted, _) = announced(&gateway, 1).await;
+    gateway.registry().broadcast_shutdown();
+    let mut raw = Raw::connect(&gateway).await;
+    raw.send_control(quic_control_up::Frame::Register(register_frame(&["work"])))
+        .await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::ShuttingDown, "{reason}");
+    assert!(!code.is_final(), "a worker refused now must come back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_tells_an_idle_worker_to_come_back_later() {
     let gateway = Gateway::start().await;
     let (mut raw, _) = announced(&gateway, 2).await;
