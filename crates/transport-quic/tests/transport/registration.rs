@@ -281,7 +281,7 @@ async fn capacity_announced_without_stream_credit_has_its_own_standing() {
     event(
         &mut events,
         "probation lifted",
-        |e| matches!(e, WorkerEvent::Recovered { worker: w } if *w == worker),
+        |e| matches!(e, WorkerEvent::ProbationPassed { worker: w } if *w == worker),
     )
     .await;
     // Three slots announced, but the stream limit left at the one lane 0 took.
