@@ -35,7 +35,7 @@ if [ "$(id -u)" -ne 0 ] || [ ! -c /dev/net/tun ]; then
 fi
 
 if [ -z "${NO_BUILD:-}" ]; then
-    cargo build --release -p switchyard-gateway -p switchyard-linkem >&2
+    cargo build --release -p switchyard -p switchyard-linkem >&2
 fi
 switchyard="$root/target/release/switchyard"
 linkem="$root/target/release/linkem"

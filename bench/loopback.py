@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Loopback throughput/latency table for docs/benchmarks.md.
 
-Runs `switchyard bench` (release build) RUNS times for each transport and `--via`, with the
-issue's parameters (W=4, C=64, P=256, 64-byte payload, zero service time), and prints one
-Markdown row per configuration: the median of each figure with its min-max. Every run's JSON
-is also written to bench/results/loopback-<transport>-<via>-<n>.json when --keep is given.
+Runs `switchyard bench` (release build: `cargo build --release -p switchyard`) RUNS times for
+each transport and `--via`, with the issue's parameters (W=4, C=64, P=256, 64-byte payload,
+zero service time), and prints one Markdown row per configuration: the median of each figure
+with its min-max. Every run's JSON is also written to
+bench/results/loopback-<transport>-<via>-<n>.json when --keep is given.
 
 Usage: bench/loopback.py [--runs 3] [--tasks 200000] [--transports grpc,quic,mixed]
                          [--vias stream,unary,core] [--keep]
