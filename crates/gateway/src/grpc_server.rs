@@ -56,7 +56,7 @@ fn server_tls(tls: &TlsMaterial) -> ServerTlsConfig {
 }
 
 /// The worker service's settings from the gateway's `[grpc]` section.
-fn worker_config(section: &GrpcSection, principals: &Principals) -> GrpcServerConfig {
+pub(crate) fn worker_config(section: &GrpcSection, principals: &Principals) -> GrpcServerConfig {
     GrpcServerConfig {
         registration_deadline: section.registration_deadline.get(),
         keepalive_interval: Some(section.keepalive_interval.get()),

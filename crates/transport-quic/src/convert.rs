@@ -47,7 +47,10 @@ pub(crate) fn registration(register: QuicRegister) -> Result<Registration, (Erro
 
 /// The close code for an admission refusal; the reason phrase is the refusal's `Display`.
 pub(crate) fn refusal_code(error: &AdmissionError) -> ErrorCode {
-    if matches!(error, AdmissionError::ZeroCapacity) {
+    if matches!(
+        error,
+        AdmissionError::ZeroCapacity | AdmissionError::CapacityAboveLimit { .. }
+    ) {
         return ErrorCode::CapacityRefused;
     }
     match error.kind() {
@@ -123,9 +126,16 @@ mod tests {
     }
 
     #[test]
-    fn refusals_map_by_kind_and_zero_capacity_has_its_own_code() {
+    fn refusals_map_by_kind_and_the_capacity_rule_has_its_own_code() {
         assert_eq!(
             refusal_code(&AdmissionError::ZeroCapacity),
+            ErrorCode::CapacityRefused
+        );
+        assert_eq!(
+            refusal_code(&AdmissionError::CapacityAboveLimit {
+                max_concurrency: 2,
+                limit: 1
+            }),
             ErrorCode::CapacityRefused
         );
         assert_eq!(
