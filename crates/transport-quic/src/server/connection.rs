@@ -338,7 +338,7 @@ fn control(
                 .core
                 .registry()
                 .check_announced_capacity(worker, capabilities.max_concurrency)
-                .map_err(|error| Fault::close(convert::refusal_code(&error), error.to_string()))?
+                .map_err(refused)?
                 .get();
             tracing::debug!(max_concurrency = wanted, "capacity announced");
             capacity.send_replace(Some(wanted));
@@ -381,9 +381,7 @@ async fn manage_lanes(
                 // Until the worker grants the stream credit, operators see why it takes no task.
                 registry
                     .set_pending_capacity(worker, target)
-                    .map_err(|error| {
-                        Fault::close(convert::refusal_code(&error), error.to_string())
-                    })?;
+                    .map_err(refused)?;
             }
             let mut superseded = false;
             while to_open > 0 {
@@ -420,5 +418,10 @@ fn apply(
 ) -> Result<(), Fault> {
     registry
         .set_advertised_capacity(worker, capacity)
-        .map_err(|error| Fault::close(convert::refusal_code(&error), error.to_string()))
+        .map_err(refused)
+}
+
+/// Closes the connection for a refusal of the gate, with its code and its sentence.
+fn refused(error: switchyard_core::AdmissionError) -> Fault {
+    Fault::close(convert::refusal_code(&error), error.to_string())
 }
