@@ -21,10 +21,10 @@ use super::duration::ConfigDuration;
 use crate::api::ApiSettings;
 
 /// `grpc.listen`'s default: loopback, first of the gateway's three adjacent ports.
-pub(crate) const GRPC_LISTEN: SocketAddr =
+const GRPC_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7700);
 /// `quic.listen`'s default: loopback, next to `grpc.listen`.
-pub(crate) const QUIC_LISTEN: SocketAddr =
+const QUIC_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7701);
 
 /// The whole gateway configuration.
