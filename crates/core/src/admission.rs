@@ -1,6 +1,7 @@
 //! The one admission gate every transport's registrations pass through.
 
 mod audit;
+mod capacity;
 mod error;
 #[cfg(test)]
 mod tests;
@@ -10,6 +11,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 pub use audit::AdmissionAudit;
+pub use capacity::DEFAULT_MAX_CONCURRENCY_LIMIT;
 pub use error::{AdmissionError, RefusalKind};
 pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES, MAX_SERVED_PAIRS};
 
@@ -27,9 +29,10 @@ impl Registry {
     ///
     /// In order: validate the request's shape; check that `caller` is granted every namespace;
     /// apply the namespace policy (mint unknown namespaces under `Open`, refuse them under
-    /// `Closed`); enforce pinned placement for every namespace; settle capacity (required
-    /// and non-zero when the transport's registration carries it, otherwise unknown until
-    /// [`Registry::set_advertised_capacity`]); then insert, emit `Connected` and wake parked
+    /// `Closed`); enforce pinned placement for every namespace; settle capacity (required,
+    /// non-zero and within [`Registry::max_concurrency_limit`] when the transport's
+    /// registration carries it, otherwise unknown until [`Registry::set_advertised_capacity`]
+    /// applies the same rule); then insert, emit `Connected` and wake parked
     /// selections. Any refusal refuses the whole registration and changes nothing.
     ///
     /// # Examples
@@ -101,7 +104,7 @@ impl Registry {
             let stated = registration
                 .max_concurrency
                 .ok_or(AdmissionError::MissingCapacity)?;
-            Some(NonZeroU32::new(stated).ok_or(AdmissionError::ZeroCapacity)?)
+            Some(capacity::settle(stated, self.inner.max_concurrency_limit)?)
         } else {
             None
         };

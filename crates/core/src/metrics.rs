@@ -52,7 +52,7 @@ pub const UNSERVED_LABELS: [&str; 8] = [
 ];
 
 /// Every `reason` label of [`ADMISSION_REFUSALS_TOTAL`].
-pub const ADMISSION_LABELS: [&str; 13] = [
+pub const ADMISSION_LABELS: [&str; 14] = [
     "empty_field",
     "empty_entry",
     "too_long",
@@ -60,6 +60,7 @@ pub const ADMISSION_LABELS: [&str; 13] = [
     "control_character",
     "missing_capacity",
     "zero_capacity",
+    "capacity_above_limit",
     "namespace_not_granted",
     "unknown_namespace",
     "placement_violated",
@@ -132,6 +133,7 @@ fn every_variant_is_listed(
         | A::ControlCharacter { .. }
         | A::MissingCapacity
         | A::ZeroCapacity
+        | A::CapacityAboveLimit { .. }
         | A::NamespaceNotGranted { .. }
         | A::UnknownNamespace { .. }
         | A::PlacementViolated { .. }
@@ -191,6 +193,10 @@ mod tests {
         let errors = [
             AdmissionError::MissingCapacity,
             AdmissionError::ZeroCapacity,
+            AdmissionError::CapacityAboveLimit {
+                max_concurrency: 2,
+                limit: 1,
+            },
             AdmissionError::UnknownWorker,
             AdmissionError::ShuttingDown,
             AdmissionError::Store(StoreError(String::new())),

@@ -60,6 +60,7 @@ pub(crate) struct Inner {
     pub(crate) audit: AdmissionAudit,
     observers: Mutex<Vec<DepartureObserver>>,
     pub(crate) opening_probation: bool,
+    pub(crate) max_concurrency_limit: u32,
 }
 
 impl std::fmt::Debug for Registry {
@@ -83,6 +84,7 @@ pub struct RegistryBuilder {
     event_capacity: usize,
     audit_window: std::time::Duration,
     opening_probation: bool,
+    max_concurrency_limit: u32,
 }
 
 impl RegistryBuilder {
@@ -118,6 +120,14 @@ impl RegistryBuilder {
         self
     }
 
+    /// The most slots one worker may state, on every transport, at registration or in an
+    /// announcement (default [`crate::DEFAULT_MAX_CONCURRENCY_LIMIT`]; at least 1). More is
+    /// refused with [`crate::AdmissionError::CapacityAboveLimit`].
+    pub fn max_concurrency_limit(mut self, limit: u32) -> Self {
+        self.max_concurrency_limit = limit.max(1);
+        self
+    }
+
     /// Builds the registry.
     pub fn build(self) -> Registry {
         let (events, _) = broadcast::channel(self.event_capacity);
@@ -131,6 +141,7 @@ impl RegistryBuilder {
                 audit: AdmissionAudit::new(self.audit_window),
                 observers: Mutex::new(Vec::new()),
                 opening_probation: self.opening_probation,
+                max_concurrency_limit: self.max_concurrency_limit,
             }),
         }
     }
@@ -199,6 +210,7 @@ impl Registry {
             event_capacity: DEFAULT_EVENT_CAPACITY,
             audit_window: std::time::Duration::from_secs(60),
             opening_probation: false,
+            max_concurrency_limit: crate::DEFAULT_MAX_CONCURRENCY_LIMIT,
         }
     }
 
@@ -243,22 +255,15 @@ impl Registry {
         WorkerArrival::new(Arc::clone(&self.inner.arrivals))
     }
 
-    /// Sets the capacity of a worker whose transport announces it after registration. Growing
-    /// wakes parked selections; shrinking below the in-flight count cancels nothing.
+    /// Sets the capacity of a worker whose transport announces it after registration, under
+    /// the gate's capacity rule ([`Registry::check_announced_capacity`]). Growing wakes parked
+    /// selections; shrinking below the in-flight count cancels nothing.
     pub fn set_advertised_capacity(
         &self,
         worker: WorkerId,
         max_concurrency: u32,
     ) -> Result<(), crate::AdmissionError> {
-        let capacity = match NonZeroU32::new(max_concurrency) {
-            Some(capacity) => capacity,
-            None => {
-                self.inner
-                    .audit
-                    .refused_announcement(worker, &crate::AdmissionError::ZeroCapacity);
-                return Err(crate::AdmissionError::ZeroCapacity);
-            }
-        };
+        let capacity = self.check_announced_capacity(worker, max_concurrency)?;
         {
             let mut state = self.inner.lock();
             let entry = state
@@ -281,12 +286,19 @@ impl Registry {
     /// Records that `worker` announced `announced` slots that its connection cannot carry yet
     /// (a transport that must open a stream per slot, waiting for the worker's permission), so
     /// operators see that instead of an unannounced capacity; the next
-    /// [`Registry::set_advertised_capacity`] replaces it.
-    pub fn set_pending_capacity(&self, worker: WorkerId, announced: u32) {
+    /// [`Registry::set_advertised_capacity`] replaces it. The announcement passes the same
+    /// capacity rule first.
+    pub fn set_pending_capacity(
+        &self,
+        worker: WorkerId,
+        announced: u32,
+    ) -> Result<(), crate::AdmissionError> {
+        let announced = self.check_announced_capacity(worker, announced)?;
         let mut state = self.inner.lock();
         if let Some(entry) = state.workers.get_mut(worker) {
-            entry.pending_capacity = NonZeroU32::new(announced);
+            entry.pending_capacity = Some(announced);
         }
+        Ok(())
     }
 
     /// Replaces the whole map of liveness exclusions (workers absent from `exclusions` are no

@@ -9,6 +9,8 @@
 
 mod duration;
 mod error;
+#[cfg(test)]
+mod overrides;
 mod sections;
 mod validate;
 
@@ -19,7 +21,7 @@ pub use error::ConfigError;
 pub use sections::{
     CongestionConfig, DispatchSection, GatewayConfig, GrpcSection, LivenessSection, LogFormat,
     LogSection, NamespaceConfig, NamespacePolicyConfig, NamespacesSection, OpsSection,
-    PrincipalConfig, QuicSection, ShutdownSection, TlsSection,
+    PrincipalConfig, QuicSection, RegistrySection, ShutdownSection, TlsSection,
 };
 
 /// Prefix of every configuration environment variable.

@@ -113,12 +113,13 @@ impl GatewayBuilder {
         let store = self
             .namespace_store
             .unwrap_or_else(|| Arc::new(known_namespaces(&config.namespaces.known)));
-        let registry = Registry::builder().namespace_store(store).namespace_policy(
-            match config.namespaces.policy {
+        let registry = Registry::builder()
+            .namespace_store(store)
+            .namespace_policy(match config.namespaces.policy {
                 NamespacePolicyConfig::Open => NamespacePolicy::Open,
                 NamespacePolicyConfig::Closed => NamespacePolicy::Closed,
-            },
-        );
+            })
+            .max_concurrency_limit(config.registry.max_concurrency_limit);
         let core = Core::start(registry, core_config(&config));
         let readiness = Readiness::default();
         let stop_accepting = CancellationToken::new();
@@ -197,7 +198,7 @@ impl GatewayBuilder {
     }
 }
 
-fn core_config(config: &GatewayConfig) -> CoreConfig {
+pub(crate) fn core_config(config: &GatewayConfig) -> CoreConfig {
     CoreConfig {
         dispatch: DispatchConfig {
             loss_budget: config.dispatch.loss_budget,
@@ -230,13 +231,18 @@ fn known_namespaces(known: &[NamespaceConfig]) -> InMemoryNamespaceStore {
     }))
 }
 
-fn builtin_transports(config: &GatewayConfig) -> Vec<Box<dyn Transport>> {
-    let api = ApiSettings {
+pub(crate) fn api_settings(config: &GatewayConfig) -> ApiSettings {
+    ApiSettings {
         default_timeout: config.dispatch.default_timeout.get(),
         max_in_flight_per_stream: config.dispatch.max_in_flight_per_stream,
-    };
-    let mut transports: Vec<Box<dyn Transport>> =
-        vec![Box::new(GrpcTransport::new(config.grpc.clone(), api))];
+    }
+}
+
+fn builtin_transports(config: &GatewayConfig) -> Vec<Box<dyn Transport>> {
+    let mut transports: Vec<Box<dyn Transport>> = vec![Box::new(GrpcTransport::new(
+        config.grpc.clone(),
+        api_settings(config),
+    ))];
     if config.quic.enabled {
         transports.push(Box::new(QuicTransport::new(config.quic.clone())));
     }

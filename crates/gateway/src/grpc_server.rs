@@ -54,7 +54,7 @@ fn server_tls(tls: &TlsMaterial) -> ServerTlsConfig {
 }
 
 /// The worker service's settings from the gateway's `[grpc]` section.
-fn worker_config(section: &GrpcSection) -> GrpcServerConfig {
+pub(crate) fn worker_config(section: &GrpcSection) -> GrpcServerConfig {
     GrpcServerConfig {
         registration_deadline: section.registration_deadline.get(),
         keepalive_interval: Some(section.keepalive_interval.get()),

@@ -38,7 +38,8 @@ pub use config::{
     CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionConfig, DispatchSection,
     DurationSyntax, ENV_PREFIX, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,
     NamespaceConfig, NamespacePolicyConfig, NamespacesSection, OpsSection, Override,
-    PrincipalConfig, QuicSection, ShutdownSection, TlsSection, env_var_for, keys as config_keys,
+    PrincipalConfig, QuicSection, RegistrySection, ShutdownSection, TlsSection, env_var_for,
+    keys as config_keys,
 };
 pub use gateway::{Gateway, GatewayBuilder, StartError};
 pub use grpc_server::GrpcTransport;

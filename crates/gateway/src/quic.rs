@@ -33,7 +33,7 @@ impl QuicTransport {
         Self { section }
     }
 
-    fn server_config(&self) -> ServerConfig {
+    pub(crate) fn server_config(&self) -> ServerConfig {
         let section = &self.section;
         let keep_alive = section.keep_alive_interval.get();
         ServerConfig {
@@ -56,7 +56,6 @@ impl QuicTransport {
                 lane: section.max_lane_frame,
             },
             migration: section.migration,
-            max_concurrency_limit: section.max_concurrency_limit,
             registration_timeout: section.registration_timeout.get(),
             max_unregistered_connections: section.max_unregistered_connections,
             socket_buffer: section.socket_buffer,

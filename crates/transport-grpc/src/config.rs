@@ -7,19 +7,23 @@ use std::time::Duration;
 /// The per-stream rules (registration deadline, message size, queue headroom) are applied by the service itself; the connection rules (HTTP/2 keepalive,
 /// TCP_NODELAY) belong to the server, so an embedder mounting the service on its own tonic
 /// server applies them with [`GrpcServerConfig::server_builder`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GrpcServerConfig {
     /// How long a new stream may take to send its `RegisterWorker` frame (default 10 s).
     pub registration_deadline: Duration,
-    /// Interval between HTTP/2 PING frames the server sends on each connection (default 10 s);
+    /// Interval between HTTP/2 PING frames the server sends on each connection (default 20 s);
     /// `None` sends none.
     pub keepalive_interval: Option<Duration>,
     /// How long an HTTP/2 PING may stay unanswered before the connection is closed and every
-    /// worker on it deregistered (default 20 s).
+    /// worker on it deregistered (default 10 s: shorter than the interval, so each ping is
+    /// judged before the next is due, and a dead peer is found within 30 s, the liveness
+    /// heartbeat window's default).
     pub keepalive_timeout: Duration,
-    /// Largest encoded message accepted or sent on a worker stream, in bytes (default 16 MiB);
-    /// bounds both task inputs and results. Workers are told it in `RegisterAck`; a task whose
-    /// frame would exceed it is refused to its producer without touching the worker.
+    /// Largest encoded message accepted or sent on a worker stream, in bytes (default 4 MiB:
+    /// the QUIC transport's lane frame limit, and the receive limit stock gRPC clients default
+    /// to, so a result a worker may send is one a producer can receive); bounds both task
+    /// inputs and results. Workers are told it in `RegisterAck`; a task whose frame would
+    /// exceed it is refused to its producer without touching the worker.
     pub max_message_bytes: usize,
     /// Disables Nagle's algorithm on accepted sockets (default true: tasks and results are
     /// small and latency-bound).
@@ -36,9 +40,9 @@ impl Default for GrpcServerConfig {
     fn default() -> Self {
         Self {
             registration_deadline: Duration::from_secs(10),
-            keepalive_interval: Some(Duration::from_secs(10)),
-            keepalive_timeout: Duration::from_secs(20),
-            max_message_bytes: 16 * 1024 * 1024,
+            keepalive_interval: Some(Duration::from_secs(20)),
+            keepalive_timeout: Duration::from_secs(10),
+            max_message_bytes: 4 * 1024 * 1024,
             tcp_nodelay: true,
             control_headroom: 32,
             max_queue: 65_536,

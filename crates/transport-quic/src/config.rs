@@ -157,9 +157,6 @@ pub struct ServerConfig {
     /// Let a worker's connection survive a change of its address (NAT rebinding, network
     /// switch) (default true).
     pub migration: bool,
-    /// Largest `max_concurrency` accepted, and so the most lanes (streams) the gateway opens
-    /// toward one worker (default 1024). A worker may open exactly one stream itself.
-    pub max_concurrency_limit: u32,
     /// Time from the first packet to a completed registration; slower connections are
     /// closed with `REGISTRATION_TIMEOUT` (default 10 s).
     pub registration_timeout: Duration,
@@ -177,7 +174,6 @@ impl ServerConfig {
     /// Refuses settings that would make the listener useless, naming the setting.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         self.frames.check()?;
-        nonzero("max_concurrency_limit", self.max_concurrency_limit as usize)?;
         nonzero(
             "max_unregistered_connections",
             self.max_unregistered_connections,
@@ -208,7 +204,6 @@ impl Default for ServerConfig {
             link: LinkSettings::default(),
             frames: FrameLimits::default(),
             migration: true,
-            max_concurrency_limit: 1024,
             registration_timeout: Duration::from_secs(10),
             max_unregistered_connections: 1024,
             socket_buffer: 4 * 1024 * 1024,

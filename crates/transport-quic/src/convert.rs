@@ -48,7 +48,9 @@ pub(crate) fn registration(register: QuicRegister) -> Result<Registration, (Erro
 /// The close code for an admission refusal; the reason phrase is the refusal's `Display`.
 pub(crate) fn refusal_code(error: &AdmissionError) -> ErrorCode {
     match error {
-        AdmissionError::ZeroCapacity => return ErrorCode::CapacityRefused,
+        AdmissionError::ZeroCapacity | AdmissionError::CapacityAboveLimit { .. } => {
+            return ErrorCode::CapacityRefused;
+        }
         // Not final: the worker comes back once the gateway is (re)started.
         AdmissionError::ShuttingDown => return ErrorCode::ShuttingDown,
         _ => {}
@@ -126,9 +128,16 @@ mod tests {
     }
 
     #[test]
-    fn refusals_map_by_kind_and_zero_capacity_has_its_own_code() {
+    fn refusals_map_by_kind_and_the_capacity_rule_has_its_own_code() {
         assert_eq!(
             refusal_code(&AdmissionError::ZeroCapacity),
+            ErrorCode::CapacityRefused
+        );
+        assert_eq!(
+            refusal_code(&AdmissionError::CapacityAboveLimit {
+                max_concurrency: 2,
+                limit: 1
+            }),
             ErrorCode::CapacityRefused
         );
         assert_eq!(

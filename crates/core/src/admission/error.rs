@@ -51,6 +51,15 @@ pub enum AdmissionError {
     /// Capacity zero was stated, at registration or in a later announcement.
     #[error("max_concurrency 0: a worker must accept at least one task")]
     ZeroCapacity,
+    /// A capacity above the registry's ceiling was stated, at registration or in a later
+    /// announcement.
+    #[error("max_concurrency {max_concurrency} exceeds this gateway's limit of {limit}")]
+    CapacityAboveLimit {
+        /// The capacity stated.
+        max_concurrency: u32,
+        /// The ceiling ([`crate::Registry::max_concurrency_limit`]).
+        limit: u32,
+    },
     /// The caller is not granted one of the namespaces.
     #[error("principal {principal:?} is not granted namespace {namespace:?}")]
     NamespaceNotGranted {
@@ -117,6 +126,7 @@ impl AdmissionError {
             | Self::ControlCharacter { .. }
             | Self::MissingCapacity
             | Self::ZeroCapacity
+            | Self::CapacityAboveLimit { .. }
             | Self::UnknownWorker => RefusalKind::Invalid,
             Self::NamespaceNotGranted { .. } => RefusalKind::Unauthorised,
             Self::UnknownNamespace { .. } => RefusalKind::NotFound,
@@ -135,6 +145,7 @@ impl AdmissionError {
             Self::ControlCharacter { .. } => "control_character",
             Self::MissingCapacity => "missing_capacity",
             Self::ZeroCapacity => "zero_capacity",
+            Self::CapacityAboveLimit { .. } => "capacity_above_limit",
             Self::NamespaceNotGranted { .. } => "namespace_not_granted",
             Self::UnknownNamespace { .. } => "unknown_namespace",
             Self::PlacementViolated { .. } => "placement_violated",

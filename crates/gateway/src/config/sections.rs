@@ -3,12 +3,29 @@
 //! Every field here is a documented key of `docs/configuration.md` (a test holds the two
 //! together). Optional paths are empty strings rather than absent keys, so every key has a
 //! default that can be listed and overridden from the environment.
+//!
+//! A key that configures a library setting takes its default from that library's `Default`
+//! (`GrpcServerConfig`, the QUIC `ServerConfig`, core's `DispatchConfig`, `LivenessConfig`
+//! and registry ceiling, the producer API's `ApiSettings`), so the two cannot drift; the few
+//! the gateway sets differently on purpose are listed, with why, in `config/overrides.rs`,
+//! whose test fails on any other difference.
 
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
+use switchyard_core::{DEFAULT_MAX_CONCURRENCY_LIMIT, DispatchConfig, LivenessConfig};
+use switchyard_transport_grpc::GrpcServerConfig;
+use switchyard_transport_quic::{CongestionControl, ServerConfig as QuicServerConfig};
 
 use super::duration::ConfigDuration;
+use crate::api::ApiSettings;
+
+/// `grpc.listen`'s default: loopback, first of the gateway's three adjacent ports.
+const GRPC_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7700);
+/// `quic.listen`'s default: loopback, next to `grpc.listen`.
+const QUIC_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7701);
 
 /// The whole gateway configuration.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +43,8 @@ pub struct GatewayConfig {
     pub principals: Vec<PrincipalConfig>,
     /// Namespace policy and per-namespace placement.
     pub namespaces: NamespacesSection,
+    /// The admission gate's rules shared by every transport.
+    pub registry: RegistrySection,
     /// Dispatch limits.
     pub dispatch: DispatchSection,
     /// Liveness probing of workers.
@@ -60,15 +79,16 @@ pub struct GrpcSection {
 
 impl Default for GrpcSection {
     fn default() -> Self {
+        let library = GrpcServerConfig::default();
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
+            listen: GRPC_LISTEN,
             workers: true,
             tls: true,
-            registration_deadline: ConfigDuration::secs(10),
-            keepalive_interval: ConfigDuration::secs(20),
-            keepalive_timeout: ConfigDuration::secs(10),
-            max_message_size: 4 * 1024 * 1024,
-            tcp_nodelay: true,
+            registration_deadline: ConfigDuration(library.registration_deadline),
+            keepalive_interval: ConfigDuration(library.keepalive_interval.unwrap_or_default()),
+            keepalive_timeout: ConfigDuration(library.keepalive_timeout),
+            max_message_size: library.max_message_bytes,
+            tcp_nodelay: library.tcp_nodelay,
         }
     }
 }
@@ -101,8 +121,6 @@ pub struct QuicSection {
     pub max_lane_frame: u32,
     /// Keep a worker's session when its address changes (NAT rebinding, network switch).
     pub migration: bool,
-    /// Largest capacity a worker may announce (and so the most lanes opened toward it).
-    pub max_concurrency_limit: u32,
     /// Time from a connection's first packet to its completed registration.
     pub registration_timeout: ConfigDuration,
     /// Connections still handshaking or registering at once; more are refused.
@@ -114,23 +132,24 @@ pub struct QuicSection {
 
 impl Default for QuicSection {
     fn default() -> Self {
+        let library = QuicServerConfig::default();
+        let link = library.link;
         Self {
             enabled: true,
-            listen: SocketAddr::from(([127, 0, 0, 1], 7701)),
-            congestion: CongestionConfig::Cubic,
-            keep_alive_interval: ConfigDuration::secs(10),
-            max_idle_timeout: ConfigDuration::secs(30),
-            initial_rtt: ConfigDuration::millis(333),
-            stream_receive_window: 1024 * 1024,
-            receive_window: 16 * 1024 * 1024,
-            send_window: 16 * 1024 * 1024,
-            max_control_frame: 64 * 1024,
-            max_lane_frame: 4 * 1024 * 1024,
-            migration: true,
-            max_concurrency_limit: 1024,
-            registration_timeout: ConfigDuration::secs(10),
-            max_unregistered_connections: 1024,
-            socket_buffer: 4 * 1024 * 1024,
+            listen: QUIC_LISTEN,
+            congestion: CongestionConfig::from_library(link.congestion),
+            keep_alive_interval: ConfigDuration(link.keep_alive_interval.unwrap_or_default()),
+            max_idle_timeout: ConfigDuration(link.max_idle_timeout),
+            initial_rtt: ConfigDuration(link.initial_rtt),
+            stream_receive_window: link.stream_receive_window,
+            receive_window: link.receive_window,
+            send_window: link.send_window,
+            max_control_frame: library.frames.control,
+            max_lane_frame: library.frames.lane,
+            migration: library.migration,
+            registration_timeout: ConfigDuration(library.registration_timeout),
+            max_unregistered_connections: library.max_unregistered_connections,
+            socket_buffer: library.socket_buffer,
         }
     }
 }
@@ -146,6 +165,19 @@ pub enum CongestionConfig {
     Bbr,
     /// NewReno.
     Newreno,
+}
+
+impl CongestionConfig {
+    /// The key's value for the library's controller. A controller the gateway has no name
+    /// for yet reads as the default, CUBIC; the defaults test catches a library default
+    /// changing to one.
+    fn from_library(congestion: CongestionControl) -> Self {
+        match congestion {
+            CongestionControl::Bbr => Self::Bbr,
+            CongestionControl::NewReno => Self::Newreno,
+            _ => Self::Cubic,
+        }
+    }
 }
 
 /// `[ops]`: the operations HTTP listener (health, readiness, metrics, read-only JSON).
@@ -232,6 +264,23 @@ pub struct NamespaceConfig {
     pub prefer: Vec<String>,
 }
 
+/// `[registry]`: the admission gate's rules, the same on every transport.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistrySection {
+    /// Largest capacity (`max_concurrency`) one worker may state, at registration or in a
+    /// later announcement, whatever its transport.
+    pub max_concurrency_limit: u32,
+}
+
+impl Default for RegistrySection {
+    fn default() -> Self {
+        Self {
+            max_concurrency_limit: DEFAULT_MAX_CONCURRENCY_LIMIT,
+        }
+    }
+}
+
 /// `[dispatch]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -250,12 +299,14 @@ pub struct DispatchSection {
 
 impl Default for DispatchSection {
     fn default() -> Self {
+        let core = DispatchConfig::default();
+        let api = ApiSettings::default();
         Self {
-            default_timeout: ConfigDuration::secs(60),
-            max_timeout: ConfigDuration::secs(3600),
-            loss_budget: 3,
-            loss_window: ConfigDuration::secs(60),
-            max_in_flight_per_stream: 1024,
+            default_timeout: ConfigDuration(api.default_timeout),
+            max_timeout: ConfigDuration(core.max_timeout),
+            loss_budget: core.loss_budget,
+            loss_window: ConfigDuration(core.loss_window),
+            max_in_flight_per_stream: api.max_in_flight_per_stream,
         }
     }
 }
@@ -278,12 +329,13 @@ pub struct LivenessSection {
 
 impl Default for LivenessSection {
     fn default() -> Self {
+        let core = LivenessConfig::default();
         Self {
-            ping_interval: ConfigDuration::secs(2),
-            ping_timeout: ConfigDuration::secs(5),
-            probation_pings: 2,
-            miss_threshold: 3,
-            heartbeat_window: ConfigDuration::secs(30),
+            ping_interval: ConfigDuration(core.ping_interval),
+            ping_timeout: ConfigDuration(core.ping_timeout),
+            probation_pings: core.probation_pings,
+            miss_threshold: core.miss_threshold,
+            heartbeat_window: ConfigDuration(core.heartbeat_window),
         }
     }
 }

@@ -279,6 +279,42 @@ fn every_key_has_a_variable_and_is_documented() {
 }
 
 #[test]
+fn every_documented_default_is_the_default() {
+    let doc = include_str!("../../../../docs/configuration.md");
+    let defaults = defaults_table();
+    let mut checked = 0;
+    for key in keys() {
+        let row = format!("| `{key}` | `{}` | ", env_var_for(&key));
+        let Some(at) = doc.find(&row) else { continue };
+        let rest = &doc[at + row.len()..];
+        let documented = rest.split(" |").next().unwrap().trim_matches('`');
+        let value = key
+            .split('.')
+            .try_fold(&defaults, |table, part| match &table[part] {
+                toml::Value::Table(inner) => Ok(inner),
+                leaf => Err(leaf),
+            })
+            .unwrap_err();
+        let actual = match value {
+            toml::Value::String(text) if text.is_empty() => "empty".to_owned(),
+            toml::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        // Durations may be written in another unit (`60s` for `1m`).
+        let same_duration = matches!(
+            (documented.parse::<ConfigDuration>(), actual.parse::<ConfigDuration>()),
+            (Ok(doc), Ok(code)) if doc == code
+        );
+        assert!(
+            documented == actual || same_duration,
+            "{key}: documented {documented}, default {actual}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, keys().len(), "every key has a row");
+}
+
+#[test]
 fn required_client_certificates_need_tls_on_the_grpc_listener() {
     let vars = [
         ("SWITCHYARD_TLS_REQUIRE_CLIENT_CERT", "true"),

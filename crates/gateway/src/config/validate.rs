@@ -67,8 +67,8 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
         ),
         ("quic.max_lane_frame", config.quic.max_lane_frame as usize),
         (
-            "quic.max_concurrency_limit",
-            config.quic.max_concurrency_limit as usize,
+            "registry.max_concurrency_limit",
+            config.registry.max_concurrency_limit as usize,
         ),
         (
             "quic.max_unregistered_connections",

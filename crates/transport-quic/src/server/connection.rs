@@ -151,7 +151,7 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
             worker_id: worker.get(),
             ping_interval_ms: millis(server.core.liveness().config().ping_interval),
             ping_timeout_ms: millis(server.core.liveness().config().ping_timeout),
-            max_concurrency_limit: server.config.max_concurrency_limit,
+            max_concurrency_limit: server.core.registry().max_concurrency_limit(),
             max_control_frame_bytes: limits.control,
             max_lane_frame_bytes: limits.lane,
             task_queue,
@@ -330,24 +330,14 @@ fn control(
     server.core.record_frame(worker);
     match up.frame {
         Some(quic_control_up::Frame::Capabilities(capabilities)) => {
-            let wanted = capabilities.max_concurrency;
-            let limit = server.config.max_concurrency_limit;
-            if wanted == 0 {
-                // Core's gate owns the zero rule, its wording and its audit.
-                let error = server
-                    .core
-                    .registry()
-                    .set_advertised_capacity(worker, 0)
-                    .err()
-                    .map_or_else(|| "max_concurrency 0".to_owned(), |e| e.to_string());
-                return Err(Fault::close(ErrorCode::CapacityRefused, error));
-            }
-            if wanted > limit {
-                return Err(Fault::close(
-                    ErrorCode::CapacityRefused,
-                    format!("max_concurrency {wanted} exceeds this gateway's limit of {limit}"),
-                ));
-            }
+            // Core's gate owns the capacity rule (zero, the ceiling), its wording and its
+            // audit; it is checked here because the lanes are sized by the announcement.
+            let wanted = server
+                .core
+                .registry()
+                .check_announced_capacity(worker, capabilities.max_concurrency)
+                .map_err(refused)?
+                .get();
             tracing::debug!(max_concurrency = wanted, "capacity announced");
             capacity.send_replace(Some(wanted));
             Ok(())
@@ -387,7 +377,9 @@ async fn manage_lanes(
             let mut to_open = link.lanes().set_target(target);
             if to_open > 0 {
                 // Until the worker grants the stream credit, operators see why it takes no task.
-                registry.set_pending_capacity(worker, target);
+                registry
+                    .set_pending_capacity(worker, target)
+                    .map_err(refused)?;
             }
             let mut superseded = false;
             while to_open > 0 {
@@ -424,5 +416,10 @@ fn apply(
 ) -> Result<(), Fault> {
     registry
         .set_advertised_capacity(worker, capacity)
-        .map_err(|error| Fault::close(convert::refusal_code(&error), error.to_string()))
+        .map_err(refused)
+}
+
+/// Closes the connection for a refusal of the gate, with its code and its sentence.
+fn refused(error: switchyard_core::AdmissionError) -> Fault {
+    Fault::close(convert::refusal_code(&error), error.to_string())
 }

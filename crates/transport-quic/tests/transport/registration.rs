@@ -89,19 +89,33 @@ async fn zero_capacity_is_refused_by_name_and_the_worker_leaves() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn capacity_above_the_gateway_limit_is_refused_and_the_limit_is_announced() {
-    let config = ServerConfig {
-        max_concurrency_limit: 8,
-        ..ServerConfig::default()
-    };
-    let gateway = Gateway::with(config, AllowAll).await;
+async fn capacity_above_the_registry_ceiling_is_refused_and_the_ceiling_is_announced() {
+    let gateway = Gateway::with_ceiling(8).await;
     let mut raw = Raw::connect(&gateway).await;
     let registered = raw.register(register_frame(&["work"])).await;
-    assert_eq!(registered.max_concurrency_limit, 8);
+    assert_eq!(registered.max_concurrency_limit, 8, "core's ceiling");
     raw.announce(9).await;
     let (code, reason) = raw.closed().await;
     assert_eq!(code, ErrorCode::CapacityRefused);
-    assert!(reason.contains("max_concurrency 9 exceeds"), "{reason}");
+    assert_eq!(
+        reason,
+        "max_concurrency 9 exceeds this gateway's limit of 8"
+    );
+    assert_eq!(gateway.registry().admission_audit().refusals(), 1);
+
+    // Control: at the ceiling the same announcement applies.
+    let mut events = gateway.registry().subscribe_events();
+    let mut at = Raw::connect(&gateway).await;
+    let registered = at.register(register_frame(&["work"])).await;
+    let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
+    at.announce(8).await;
+    event(
+        &mut events,
+        "capacity announced",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, capacity: 8 } if *w == worker),
+    )
+    .await;
+    assert_eq!(gateway.registry().worker(worker).unwrap().capacity, Some(8));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

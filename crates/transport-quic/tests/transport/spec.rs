@@ -232,7 +232,7 @@ fn spec_tables_match_the_code() {
     assert!(SPEC.contains("4,194,304 bytes (4 MiB)"));
     assert!(SPEC.contains(&format!(
         "| `max_concurrency_limit` (lanes per worker) | {} |",
-        defaults.max_concurrency_limit
+        switchyard_core::DEFAULT_MAX_CONCURRENCY_LIMIT
     )));
     assert!(SPEC.contains(&format!(
         "at most {} bytes each",
@@ -286,6 +286,14 @@ fn spec_quotes_the_sentences_the_code_says() {
         .to_string()
         .replace('7', "N");
     assert!(flat.contains(&awaiting), "{awaiting}");
+    let ceiling = switchyard_core::AdmissionError::CapacityAboveLimit {
+        max_concurrency: 7,
+        limit: 9,
+    }
+    .to_string()
+    .replace('7', "N")
+    .replace('9', "L");
+    assert!(flat.contains(&format!("`{ceiling}`")), "{ceiling}");
     for sentence in [
         "`cancel_ack: task N was not cancelled`",
         "`result of N bytes exceeds the gateway's lane frame limit of L bytes`",

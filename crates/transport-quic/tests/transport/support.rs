@@ -11,7 +11,7 @@ use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream};
 use switchyard_auth::{AllowAll, Authenticate};
 use switchyard_core::{
     ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, PoolCensus, Registry,
-    WorkerEvent,
+    RegistryBuilder, WorkerEvent,
 };
 use switchyard_proto::v1::{
     QuicCancel, QuicControlDown, QuicControlUp, QuicLaneDown, QuicLaneUp, QuicPong, QuicRegister,
@@ -50,13 +50,28 @@ impl Gateway {
         auth: impl Authenticate,
         mutual: bool,
     ) -> Self {
+        Self::over(Registry::builder(), config, auth, mutual).await
+    }
+
+    /// A gateway whose registry admits at most `limit` slots per worker.
+    pub(crate) async fn with_ceiling(limit: u32) -> Self {
+        let registry = Registry::builder().max_concurrency_limit(limit);
+        Self::over(registry, ServerConfig::default(), AllowAll, false).await
+    }
+
+    async fn over(
+        registry: RegistryBuilder,
+        config: ServerConfig,
+        auth: impl Authenticate,
+        mutual: bool,
+    ) -> Self {
         let ca = Arc::new(SelfSigned::new(["localhost"]).unwrap());
         let tls = if mutual {
             ca.server_tls_mutual().unwrap()
         } else {
             ca.server_tls().unwrap()
         };
-        let core = Core::start(Registry::builder(), CoreConfig::default());
+        let core = Core::start(registry, CoreConfig::default());
         let server = QuicServer::builder(core.clone(), tls)
             .config(ServerConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),

@@ -252,3 +252,107 @@ fn a_reservation_outliving_its_worker_frees_nothing_on_the_slot_successor() {
         "the successor is still full"
     );
 }
+
+#[tokio::test]
+async fn the_ceiling_admits_a_registration_at_it_and_refuses_one_above_it() {
+    let registry = Registry::builder().max_concurrency_limit(8).build();
+    assert_eq!(registry.max_concurrency_limit(), 8);
+    let caller = CallerIdentity::trusted("tester");
+    let mut above = registration(&["ns"], "", "", &["charge"]);
+    above.max_concurrency = Some(9);
+    let (leg, _rx) = TestLeg::new();
+
+    let refusal = registry
+        .admit(&caller, above.clone(), leg.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal,
+        AdmissionError::CapacityAboveLimit {
+            max_concurrency: 9,
+            limit: 8
+        }
+    );
+    assert_eq!(refusal.kind(), RefusalKind::Invalid);
+    assert_eq!(
+        refusal.to_string(),
+        "max_concurrency 9 exceeds this gateway's limit of 8"
+    );
+    assert!(registry.is_empty(), "a refused registration leaves nothing");
+    assert_eq!(registry.admission_audit().refusals(), 1);
+
+    above.max_concurrency = Some(8);
+    let token = registry.admit(&caller, above, leg).await.unwrap();
+    assert_eq!(
+        registry.worker(token.worker_id()).unwrap().capacity,
+        Some(8),
+        "at the ceiling is admitted"
+    );
+}
+
+#[test]
+fn the_ceiling_applies_to_announcements_with_the_same_sentence() {
+    let registry = Registry::builder().max_concurrency_limit(8).build();
+    let announcing = admit_on(
+        &registry,
+        registration(&["ns"], "", "", &["charge"]),
+        TestLeg::announcing(),
+    );
+    let worker = announcing.id();
+    let above = AdmissionError::CapacityAboveLimit {
+        max_concurrency: 9,
+        limit: 8,
+    };
+
+    assert_eq!(
+        registry.check_announced_capacity(worker, 9),
+        Err(above.clone())
+    );
+    assert_eq!(registry.set_pending_capacity(worker, 9), Err(above.clone()));
+    assert_eq!(registry.set_advertised_capacity(worker, 9), Err(above));
+    let snapshot = registry.worker(worker).unwrap();
+    assert_eq!(
+        snapshot.capacity, None,
+        "a refused announcement is not applied"
+    );
+    assert_eq!(pick(&registry, "ns", "", "charge", None), None);
+    assert_eq!(
+        registry.admission_audit().refusals(),
+        3,
+        "every refusal is audited"
+    );
+
+    assert_eq!(
+        registry
+            .check_announced_capacity(worker, 8)
+            .map(|c| c.get()),
+        Ok(8)
+    );
+    registry.set_pending_capacity(worker, 8).unwrap();
+    registry.set_advertised_capacity(worker, 8).unwrap();
+    assert_eq!(registry.worker(worker).unwrap().capacity, Some(8));
+    assert_eq!(pick(&registry, "ns", "", "charge", None), Some(worker));
+}
+
+#[tokio::test]
+async fn the_default_ceiling_refuses_the_largest_u32() {
+    let registry = Registry::default();
+    assert_eq!(
+        registry.max_concurrency_limit(),
+        crate::DEFAULT_MAX_CONCURRENCY_LIMIT
+    );
+    let mut huge = registration(&["ns"], "", "", &["charge"]);
+    huge.max_concurrency = Some(u32::MAX);
+    let (leg, _rx) = TestLeg::new();
+    let refusal = registry
+        .admit(&CallerIdentity::trusted("tester"), huge, leg)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal,
+        AdmissionError::CapacityAboveLimit {
+            max_concurrency: u32::MAX,
+            limit: 1024
+        }
+    );
+}
