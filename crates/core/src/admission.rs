@@ -16,7 +16,6 @@ pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES, MAX_SERVE
 use crate::address::normalise_task_queue;
 use crate::delivery::WorkerDelivery;
 use crate::eligibility::DispatchExclusion;
-use crate::events::WorkerEvent;
 use crate::namespace::{NamespacePolicy, NamespaceRecord, Placement};
 use crate::registration::{CallerIdentity, Registration};
 use crate::registry::{RegistrationToken, Registry};
@@ -29,8 +28,8 @@ impl Registry {
     /// apply the namespace policy (mint unknown namespaces under `Open`, refuse them under
     /// `Closed`); enforce pinned placement for every namespace; settle capacity (required
     /// and non-zero when the transport's registration carries it, otherwise unknown until
-    /// [`Registry::set_advertised_capacity`]); then insert, emit `Connected` and wake parked
-    /// selections. Any refusal refuses the whole registration and changes nothing.
+    /// [`Registry::set_advertised_capacity`]); then insert and announce: emit `Connected` and
+    /// wake parked selections. Any refusal refuses the whole registration and changes nothing.
     ///
     /// # Examples
     ///
@@ -64,6 +63,22 @@ impl Registry {
     /// # }).unwrap();
     /// ```
     pub async fn admit(
+        &self,
+        caller: &CallerIdentity,
+        registration: Registration,
+        delivery: Arc<dyn WorkerDelivery>,
+    ) -> Result<RegistrationToken, AdmissionError> {
+        let token = self
+            .admit_unannounced(caller, registration, delivery)
+            .await?;
+        token.announce();
+        Ok(token)
+    }
+
+    /// [`Registry::admit`] for a transport that must get its acknowledgement out first: the
+    /// worker is registered (listed, counted) but not dispatched to, not pinged, and without
+    /// a `Connected` event until [`RegistrationToken::announce`].
+    pub async fn admit_unannounced(
         &self,
         caller: &CallerIdentity,
         registration: Registration,
@@ -165,6 +180,7 @@ impl Registry {
             ..
         } = registration;
         let task_queue = normalise_task_queue(&task_queue).to_owned();
+        let (sender, departure) = crate::registry::departure_pair();
         let worker = {
             let mut state = self.inner.lock();
             // Checked under the lock the shutdown broadcast takes, so no worker is admitted
@@ -188,7 +204,7 @@ impl Registry {
                     .exclusions
                     .insert(id, DispatchExclusion::OpeningProbation);
             }
-            state.insert(worker.clone(), capacity);
+            state.insert(worker.clone(), capacity, sender);
             worker
         };
         for namespace in worker.namespaces() {
@@ -202,24 +218,11 @@ impl Registry {
         tracing::info!(worker = %worker.id(), transport = %worker.transport(),
             namespaces = ?worker.namespaces(), task_queue = worker.task_queue(),
             capacity = capacity.map(NonZeroU32::get), "worker admitted");
-        self.inner.emit(WorkerEvent::Connected {
-            worker: worker.id(),
-            transport: worker.transport().clone(),
-            namespaces: worker.namespaces().clone(),
-            task_queue: worker.task_queue().to_owned(),
-            node: worker.node().cloned(),
-        });
-        // A capacity stated in the registration is announced like a later announcement, so
-        // watchers see one `CapacityAnnounced` per worker whatever its transport. The opening
-        // probation is routine for every new worker and is not announced as an exclusion.
-        if let Some(capacity) = capacity {
-            self.inner.emit(WorkerEvent::CapacityAnnounced {
-                worker: worker.id(),
-                capacity: capacity.get(),
-            });
-        }
-        self.inner.wake();
-        Ok(RegistrationToken::new(Arc::clone(&self.inner), worker.id()))
+        Ok(RegistrationToken::new(
+            Arc::clone(&self.inner),
+            worker.id(),
+            departure,
+        ))
     }
 }
 

@@ -6,6 +6,7 @@
 //! admission gate ([`Registry::admit`]).
 
 mod census;
+mod departure;
 mod explain;
 mod reservation;
 mod rotation;
@@ -25,6 +26,8 @@ use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
 pub use census::{PoolCensus, UnservedReason};
+pub use departure::Departure;
+pub(crate) use departure::departure as departure_pair;
 pub use explain::WorkerExplanation;
 pub use reservation::DispatchReservation;
 pub use token::RegistrationToken;
@@ -163,6 +166,54 @@ impl Inner {
         }
     }
 
+    /// Announces an admitted worker: it becomes dispatchable, `Connected` (then the capacity
+    /// it stated, if any) is emitted for it, and parked selections wake. False if it already
+    /// was announced or has left.
+    pub(crate) fn announce(&self, worker: WorkerId) -> bool {
+        let (announced, capacity) = {
+            let mut state = self.lock();
+            let Some(entry) = state.workers.get_mut(worker) else {
+                return false;
+            };
+            if entry.announced {
+                return false;
+            }
+            entry.announced = true;
+            let announced = (entry.worker.clone(), entry.capacity);
+            state.refresh_id(worker);
+            announced
+        };
+        tracing::debug!(worker = %worker, "worker announced");
+        self.emit(WorkerEvent::Connected {
+            worker,
+            transport: announced.transport().clone(),
+            namespaces: announced.namespaces().clone(),
+            task_queue: announced.task_queue().to_owned(),
+            node: announced.node().cloned(),
+        });
+        // A capacity stated in the registration (or announced before the worker was) is
+        // announced like a later announcement, so watchers see one `CapacityAnnounced` per
+        // worker, after its `Connected`, whatever its transport.
+        if let Some(capacity) = capacity {
+            self.emit(WorkerEvent::CapacityAnnounced {
+                worker,
+                capacity: capacity.get(),
+            });
+        }
+        self.wake();
+        true
+    }
+
+    /// The registered workers whose transport has announced them, the ones the prober pings.
+    pub(crate) fn announced_workers(&self) -> Vec<WorkerId> {
+        self.lock()
+            .workers
+            .entries()
+            .filter(|entry| entry.announced)
+            .map(|entry| entry.id)
+            .collect()
+    }
+
     pub(crate) fn deregister(&self, worker: WorkerId, reason: DisconnectReason) -> bool {
         let removed = self.lock().remove(worker, Instant::now());
         let Some(entry) = removed else { return false };
@@ -177,6 +228,9 @@ impl Inner {
         }
         tracing::info!(worker = %worker, transport = %w.transport(), reason = reason.as_str(),
             in_flight = entry.in_flight, "worker deregistered");
+        if let Some(departure) = &entry.departure {
+            departure.depart(reason);
+        }
         self.emit(WorkerEvent::Disconnected { worker, reason });
         let observers = self
             .observers
@@ -259,7 +313,7 @@ impl Registry {
                 return Err(crate::AdmissionError::ZeroCapacity);
             }
         };
-        {
+        let announced = {
             let mut state = self.inner.lock();
             let entry = state
                 .workers
@@ -267,13 +321,18 @@ impl Registry {
                 .ok_or(crate::AdmissionError::UnknownWorker)?;
             entry.capacity = Some(capacity);
             entry.pending_capacity = None;
+            let announced = entry.announced;
             state.refresh_id(worker);
-        }
+            announced
+        };
         tracing::debug!(worker = %worker, capacity = capacity.get(), "capacity announced");
-        self.inner.emit(WorkerEvent::CapacityAnnounced {
-            worker,
-            capacity: capacity.get(),
-        });
+        // A worker not yet announced gets its capacity event with its `Connected`.
+        if announced {
+            self.inner.emit(WorkerEvent::CapacityAnnounced {
+                worker,
+                capacity: capacity.get(),
+            });
+        }
         self.inner.wake();
         Ok(())
     }
@@ -308,10 +367,21 @@ impl Registry {
         {
             let mut state = self.inner.lock();
             let previous = std::mem::take(&mut state.exclusions);
-            let kept = previous
+            // The prober knows no worker before its transport announces it, so a worker not yet
+            // announced keeps its exclusion (its opening probation) whatever its id.
+            let unannounced = |id: &WorkerId| {
+                state
+                    .workers
+                    .get(*id)
+                    .is_some_and(|entry| !entry.announced)
+            };
+            let kept: Vec<(WorkerId, DispatchExclusion)> = previous
                 .iter()
-                .filter(|(id, _)| newest_known.is_some_and(|newest| **id > newest))
-                .map(|(id, exclusion)| (*id, *exclusion));
+                .filter(|(id, _)| {
+                    newest_known.is_some_and(|newest| **id > newest) || unannounced(id)
+                })
+                .map(|(id, exclusion)| (*id, *exclusion))
+                .collect();
             state.exclusions = exclusions
                 .into_iter()
                 .filter(|(id, _)| newest_known.is_none_or(|newest| *id <= newest))

@@ -3,6 +3,7 @@
 mod arrival;
 mod capacity;
 mod census;
+mod departure;
 mod explain;
 mod lifecycle;
 mod selection;

@@ -10,6 +10,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use super::departure::DepartureSender;
 use crate::address::WorkerId;
 use crate::delivery::WorkerDelivery;
 use crate::worker::Worker;
@@ -35,6 +36,11 @@ pub(crate) struct WorkerEntry {
     pub(crate) connected_at: SystemTime,
     /// Whether the worker currently sits in its rotations' eligible sets.
     pub(crate) selectable: bool,
+    /// Whether its transport has announced it (see [`crate::RegistrationToken::announce`]);
+    /// until then it is not dispatched to or pinged.
+    pub(crate) announced: bool,
+    /// Told the reason when the worker leaves.
+    pub(crate) departure: Option<DepartureSender>,
 }
 
 impl WorkerEntry {
@@ -50,6 +56,8 @@ impl WorkerEntry {
             draining: false,
             connected_at: SystemTime::now(),
             selectable: false,
+            announced: false,
+            departure: None,
         }
     }
 }
@@ -62,6 +70,7 @@ impl std::fmt::Debug for WorkerEntry {
             .field("in_flight", &self.in_flight)
             .field("draining", &self.draining)
             .field("selectable", &self.selectable)
+            .field("announced", &self.announced)
             .finish_non_exhaustive()
     }
 }
