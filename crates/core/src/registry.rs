@@ -35,7 +35,7 @@ pub use token::RegistrationToken;
 use crate::address::{WorkerId, normalise_task_queue};
 use crate::admission::AdmissionAudit;
 use crate::arrival::WorkerArrival;
-use crate::delivery::{DeliveryError, WorkerMessage};
+use crate::delivery::{DeliveryError, WorkerDelivery, WorkerMessage};
 use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::namespace::{InMemoryNamespaceStore, NamespacePolicy, NamespaceStore};
@@ -166,11 +166,57 @@ impl Inner {
         }
     }
 
+    /// Fences `worker` out of selection and tells it `message` (a drain or the shutdown).
+    /// A worker not yet announced is told when it is: nothing reaches a worker before its
+    /// transport's acknowledgement. Returns false for an unknown id.
+    fn fence_and_tell(&self, worker: WorkerId, message: WorkerMessage) -> bool {
+        let delivery = {
+            let mut state = self.lock();
+            let Some(entry) = state.workers.get_mut(worker) else {
+                return false;
+            };
+            entry.draining = true;
+            if !entry.announced {
+                entry.deferred = Some(message);
+                state.refresh_id(worker);
+                return true;
+            }
+            let delivery = Arc::clone(entry.worker.delivery());
+            state.refresh_id(worker);
+            delivery
+        };
+        self.tell(worker, delivery.as_ref(), message);
+        true
+    }
+
+    /// Delivers a drain or shutdown `message` to a fenced worker.
+    fn tell(&self, worker: WorkerId, delivery: &dyn WorkerDelivery, message: WorkerMessage) {
+        if !delivery.supports_drain() {
+            tracing::error!(worker = %worker, transport = %delivery.transport(),
+                "transport has no drain channel; deregistering the worker instead");
+            self.deregister(worker, DisconnectReason::Drained);
+            return;
+        }
+        let delivered = match delivery.deliver(message) {
+            Err(DeliveryError::Unsupported(_)) => delivery.deliver(WorkerMessage::Drain),
+            other => other,
+        };
+        match delivered {
+            Ok(()) => tracing::info!(worker = %worker, "drain requested"),
+            Err(DeliveryError::Closed) => {
+                self.deregister(worker, DisconnectReason::Disconnect);
+            }
+            Err(error) => {
+                tracing::warn!(worker = %worker, %error, "drain request not delivered; worker stays fenced");
+            }
+        }
+    }
+
     /// Announces an admitted worker: it becomes dispatchable, `Connected` (then the capacity
     /// it stated, if any) is emitted for it, and parked selections wake. False if it already
     /// was announced or has left.
     pub(crate) fn announce(&self, worker: WorkerId) -> bool {
-        let (announced, capacity) = {
+        let announced = {
             let mut state = self.lock();
             let Some(entry) = state.workers.get_mut(worker) else {
                 return false;
@@ -179,10 +225,11 @@ impl Inner {
                 return false;
             }
             entry.announced = true;
-            let announced = (entry.worker.clone(), entry.capacity);
+            let announced = (entry.worker.clone(), entry.capacity, entry.deferred.take());
             state.refresh_id(worker);
             announced
         };
+        let (announced, capacity, deferred) = announced;
         tracing::debug!(worker = %worker, "worker announced");
         self.emit(WorkerEvent::Connected {
             worker,
@@ -199,6 +246,9 @@ impl Inner {
                 worker,
                 capacity: capacity.get(),
             });
+        }
+        if let Some(message) = deferred {
+            self.tell(worker, announced.delivery().as_ref(), message);
         }
         self.wake();
         true
@@ -432,7 +482,7 @@ impl Registry {
     /// worker should not come back). A transport with no drain channel gets the worker
     /// deregistered instead. Returns false for an unknown id.
     pub fn drain_worker(&self, worker: WorkerId) -> bool {
-        self.fence_and_tell(worker, WorkerMessage::Drain)
+        self.inner.fence_and_tell(worker, WorkerMessage::Drain)
     }
 
     /// Drains every registered worker; returns how many were asked.
@@ -452,41 +502,8 @@ impl Registry {
             state.workers.ids().collect()
         };
         ids.into_iter()
-            .filter(|id| self.fence_and_tell(*id, WorkerMessage::ShuttingDown))
+            .filter(|id| self.inner.fence_and_tell(*id, WorkerMessage::ShuttingDown))
             .count()
-    }
-
-    fn fence_and_tell(&self, worker: WorkerId, message: WorkerMessage) -> bool {
-        let delivery = {
-            let mut state = self.inner.lock();
-            let Some(entry) = state.workers.get_mut(worker) else {
-                return false;
-            };
-            entry.draining = true;
-            let delivery = Arc::clone(entry.worker.delivery());
-            state.refresh_id(worker);
-            delivery
-        };
-        if !delivery.supports_drain() {
-            tracing::error!(worker = %worker, transport = %delivery.transport(),
-                "transport has no drain channel; deregistering the worker instead");
-            self.deregister(worker, DisconnectReason::Drained);
-            return true;
-        }
-        let delivered = match delivery.deliver(message) {
-            Err(DeliveryError::Unsupported(_)) => delivery.deliver(WorkerMessage::Drain),
-            other => other,
-        };
-        match delivered {
-            Ok(()) => tracing::info!(worker = %worker, "drain requested"),
-            Err(DeliveryError::Closed) => {
-                self.deregister(worker, DisconnectReason::Disconnect);
-            }
-            Err(error) => {
-                tracing::warn!(worker = %worker, %error, "drain request not delivered; worker stays fenced");
-            }
-        }
-        true
     }
 
     /// True while `worker` is registered.

@@ -2,6 +2,7 @@
 
 mod arrival;
 mod capacity;
+mod announce;
 mod census;
 mod departure;
 mod explain;

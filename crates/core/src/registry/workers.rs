@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use super::departure::DepartureSender;
 use crate::address::WorkerId;
-use crate::delivery::WorkerDelivery;
+use crate::delivery::{WorkerDelivery, WorkerMessage};
 use crate::worker::Worker;
 
 /// Where a worker lives in the [`WorkerTable`]; valid while that worker is registered.
@@ -39,6 +39,8 @@ pub(crate) struct WorkerEntry {
     /// Whether its transport has announced it (see [`crate::RegistrationToken::announce`]);
     /// until then it is not dispatched to or pinged.
     pub(crate) announced: bool,
+    /// A drain or shutdown asked before the announcement, delivered with it.
+    pub(crate) deferred: Option<WorkerMessage>,
     /// Told the reason when the worker leaves.
     pub(crate) departure: Option<DepartureSender>,
 }
@@ -57,6 +59,7 @@ impl WorkerEntry {
             connected_at: SystemTime::now(),
             selectable: false,
             announced: false,
+            deferred: None,
             departure: None,
         }
     }
