@@ -419,12 +419,8 @@ impl Registry {
             let previous = std::mem::take(&mut state.exclusions);
             // The prober knows no worker before its transport announces it, so a worker not yet
             // announced keeps its exclusion (its opening probation) whatever its id.
-            let unannounced = |id: &WorkerId| {
-                state
-                    .workers
-                    .get(*id)
-                    .is_some_and(|entry| !entry.announced)
-            };
+            let unannounced =
+                |id: &WorkerId| state.workers.get(*id).is_some_and(|entry| !entry.announced);
             let kept: Vec<(WorkerId, DispatchExclusion)> = previous
                 .iter()
                 .filter(|(id, _)| {

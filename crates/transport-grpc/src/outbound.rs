@@ -15,7 +15,9 @@ use tonic::Status;
 /// What the session tells the response stream.
 pub(crate) enum Control {
     /// Registration accepted: send whatever arrives on `frames`, the acknowledgement first.
-    Registered { frames: mpsc::Receiver<GatewayFrame> },
+    Registered {
+        frames: mpsc::Receiver<GatewayFrame>,
+    },
     /// End the stream with this status.
     Close(Status),
 }

@@ -400,7 +400,9 @@ async fn an_unannounced_worker_is_not_pinged_nor_connected_until_announced() {
         "no Connected before the announcement"
     );
     assert!(
-        registry.select_and_reserve("ns", "", "work", None).is_none(),
+        registry
+            .select_and_reserve("ns", "", "work", None)
+            .is_none(),
         "not dispatched to before the announcement"
     );
 
@@ -443,7 +445,11 @@ async fn a_silent_worker_departs_with_the_timeout_reason() {
     let worker = healthy(&registry, &liveness).await;
     let departure = worker._token.departure();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(departure.reason(), None, "control: 10 s of silence is not 30");
+    assert_eq!(
+        departure.reason(),
+        None,
+        "control: 10 s of silence is not 30"
+    );
     let reason = tokio::time::timeout(Duration::from_secs(60), departure.departed()).await;
     assert_eq!(reason.ok(), Some(DisconnectReason::Timeout));
     assert!(!registry.is_registered(worker.id));

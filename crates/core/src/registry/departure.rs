@@ -46,7 +46,10 @@ impl Departure {
         let settled = reason.wait_for(Option::is_some).await.map(|seen| *seen);
         // The sender lives until the worker leaves, and leaving sets a reason first; a sender
         // gone without one can only mean the registry itself is gone, which lets go of all.
-        settled.ok().flatten().unwrap_or(DisconnectReason::Disconnect)
+        settled
+            .ok()
+            .flatten()
+            .unwrap_or(DisconnectReason::Disconnect)
     }
 
     /// Why the worker left, if it has.
@@ -68,7 +71,10 @@ mod tests {
             async move { departure.departed().await }
         });
         tokio::task::yield_now().await;
-        assert!(!waiting.is_finished(), "nothing resolves before the worker leaves");
+        assert!(
+            !waiting.is_finished(),
+            "nothing resolves before the worker leaves"
+        );
         sender.depart(DisconnectReason::Timeout);
         sender.depart(DisconnectReason::Drained);
         assert_eq!(waiting.await.ok(), Some(DisconnectReason::Timeout));

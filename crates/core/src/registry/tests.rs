@@ -1,8 +1,8 @@
 //! The registry's behaviours, one module per concept.
 
+mod announce;
 mod arrival;
 mod capacity;
-mod announce;
 mod census;
 mod departure;
 mod explain;

@@ -25,12 +25,17 @@ fn an_unannounced_worker_is_counted_but_not_selected_until_announced() {
     let worker = admit_unannounced(&registry);
     assert_eq!(registry.len(), 1, "registered and counted");
     assert_eq!(pick(&registry, "ns", "q", "a", None), None);
-    assert!(events.try_recv().is_err(), "no event before the announcement");
+    assert!(
+        events.try_recv().is_err(),
+        "no event before the announcement"
+    );
 
     assert!(worker.token.announce());
     assert_eq!(pick(&registry, "ns", "q", "a", None), Some(worker.id()));
-    assert!(matches!(events.try_recv(), Ok(WorkerEvent::Connected { worker: id, .. })
-        if id == worker.id()));
+    assert!(
+        matches!(events.try_recv(), Ok(WorkerEvent::Connected { worker: id, .. })
+        if id == worker.id())
+    );
     assert!(
         matches!(events.try_recv(), Ok(WorkerEvent::CapacityAnnounced { worker: id, capacity: 4 })
         if id == worker.id()),

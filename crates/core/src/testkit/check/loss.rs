@@ -7,9 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::cancel::until_cancelled;
+use crate::delivery::WorkerDelivery;
 use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
-use crate::delivery::WorkerDelivery;
 use crate::outcome::ActivityOutcome;
 use crate::testkit::fixture::{Fixture, STEP, Verdict, ensure, join, request};
 use crate::testkit::handler::Handler;
