@@ -78,6 +78,41 @@ impl Registry {
     /// [`Registry::admit`] for a transport that must get its acknowledgement out first: the
     /// worker is registered (listed, counted) but not dispatched to, not pinged, and without
     /// a `Connected` event until [`RegistrationToken::announce`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use switchyard_core::{AdmissionError, CallerIdentity, DeliveryError, DisconnectReason,
+    /// #     Registration, Registry, TransportName, WorkerDelivery, WorkerMessage};
+    /// # struct Leg;
+    /// # impl WorkerDelivery for Leg {
+    /// #     fn transport(&self) -> TransportName { TransportName::from_static("doc") }
+    /// #     fn is_connected(&self) -> bool { true }
+    /// #     fn registration_carries_capacity(&self) -> bool { true }
+    /// #     fn deliver(&self, _: WorkerMessage) -> Result<(), DeliveryError> { Ok(()) }
+    /// # }
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let registry = Registry::default();
+    /// let registration = Registration {
+    ///     namespaces: ["billing".to_owned()].into(),
+    ///     activity_types: ["charge".to_owned()].into(),
+    ///     max_concurrency: Some(8),
+    ///     ..Registration::default()
+    /// };
+    /// let caller = CallerIdentity::trusted("team-a");
+    /// let token = registry.admit_unannounced(&caller, registration, Arc::new(Leg)).await?;
+    /// assert!(registry.select_and_reserve("billing", "", "charge", None).is_none());
+    /// // ... the transport writes its acknowledgement here ...
+    /// assert!(token.announce());
+    /// assert!(registry.select_and_reserve("billing", "", "charge", None).is_some());
+    ///
+    /// // Core lets the worker go: the transport's serving loop wakes with the reason.
+    /// registry.deregister(token.worker_id(), DisconnectReason::Timeout);
+    /// assert_eq!(token.departed().await, DisconnectReason::Timeout);
+    /// # Ok::<(), AdmissionError>(())
+    /// # }).unwrap();
+    /// ```
     pub async fn admit_unannounced(
         &self,
         caller: &CallerIdentity,
