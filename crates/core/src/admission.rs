@@ -18,7 +18,6 @@ pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES, MAX_SERVE
 use crate::address::normalise_task_queue;
 use crate::delivery::WorkerDelivery;
 use crate::eligibility::DispatchExclusion;
-use crate::events::WorkerEvent;
 use crate::namespace::{NamespacePolicy, NamespaceRecord, Placement};
 use crate::registration::{CallerIdentity, Registration};
 use crate::registry::{RegistrationToken, Registry};
@@ -32,7 +31,7 @@ impl Registry {
     /// `Closed`); enforce pinned placement for every namespace; settle capacity (required,
     /// non-zero and within [`Registry::max_concurrency_limit`] when the transport's
     /// registration carries it, otherwise unknown until [`Registry::set_advertised_capacity`]
-    /// applies the same rule); then insert, emit `Connected` and wake parked
+    /// applies the same rule); then insert and announce: emit `Connected` and wake parked
     /// selections. Any refusal refuses the whole registration and changes nothing.
     ///
     /// # Examples
@@ -67,6 +66,57 @@ impl Registry {
     /// # }).unwrap();
     /// ```
     pub async fn admit(
+        &self,
+        caller: &CallerIdentity,
+        registration: Registration,
+        delivery: Arc<dyn WorkerDelivery>,
+    ) -> Result<RegistrationToken, AdmissionError> {
+        let token = self
+            .admit_unannounced(caller, registration, delivery)
+            .await?;
+        token.announce();
+        Ok(token)
+    }
+
+    /// [`Registry::admit`] for a transport that must get its acknowledgement out first: the
+    /// worker is registered (listed, counted) but not dispatched to, not pinged, and without
+    /// a `Connected` event until [`RegistrationToken::announce`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use switchyard_core::{AdmissionError, CallerIdentity, DeliveryError, DisconnectReason,
+    /// #     Registration, Registry, TransportName, WorkerDelivery, WorkerMessage};
+    /// # struct Leg;
+    /// # impl WorkerDelivery for Leg {
+    /// #     fn transport(&self) -> TransportName { TransportName::from_static("doc") }
+    /// #     fn is_connected(&self) -> bool { true }
+    /// #     fn registration_carries_capacity(&self) -> bool { true }
+    /// #     fn deliver(&self, _: WorkerMessage) -> Result<(), DeliveryError> { Ok(()) }
+    /// # }
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let registry = Registry::default();
+    /// let registration = Registration {
+    ///     namespaces: ["billing".to_owned()].into(),
+    ///     activity_types: ["charge".to_owned()].into(),
+    ///     max_concurrency: Some(8),
+    ///     ..Registration::default()
+    /// };
+    /// let caller = CallerIdentity::trusted("team-a");
+    /// let token = registry.admit_unannounced(&caller, registration, Arc::new(Leg)).await?;
+    /// assert!(registry.select_and_reserve("billing", "", "charge", None).is_none());
+    /// // ... the transport writes its acknowledgement here ...
+    /// assert!(token.announce());
+    /// assert!(registry.select_and_reserve("billing", "", "charge", None).is_some());
+    ///
+    /// // Core lets the worker go: the transport's serving loop wakes with the reason.
+    /// registry.deregister(token.worker_id(), DisconnectReason::Timeout);
+    /// assert_eq!(token.departed().await, DisconnectReason::Timeout);
+    /// # Ok::<(), AdmissionError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn admit_unannounced(
         &self,
         caller: &CallerIdentity,
         registration: Registration,
@@ -168,6 +218,7 @@ impl Registry {
             ..
         } = registration;
         let task_queue = normalise_task_queue(&task_queue).to_owned();
+        let (sender, departure) = crate::registry::departure_pair();
         let worker = {
             let mut state = self.inner.lock();
             // Checked under the lock the shutdown broadcast takes, so no worker is admitted
@@ -191,7 +242,7 @@ impl Registry {
                     .exclusions
                     .insert(id, DispatchExclusion::OpeningProbation);
             }
-            state.insert(worker.clone(), capacity);
+            state.insert(worker.clone(), capacity, sender);
             worker
         };
         for namespace in worker.namespaces() {
@@ -205,24 +256,11 @@ impl Registry {
         tracing::info!(worker = %worker.id(), transport = %worker.transport(),
             namespaces = ?worker.namespaces(), task_queue = worker.task_queue(),
             capacity = capacity.map(NonZeroU32::get), "worker admitted");
-        self.inner.emit(WorkerEvent::Connected {
-            worker: worker.id(),
-            transport: worker.transport().clone(),
-            namespaces: worker.namespaces().clone(),
-            task_queue: worker.task_queue().to_owned(),
-            node: worker.node().cloned(),
-        });
-        // A capacity stated in the registration is announced like a later announcement, so
-        // watchers see one `CapacityAnnounced` per worker whatever its transport. The opening
-        // probation is routine for every new worker and is not announced as an exclusion.
-        if let Some(capacity) = capacity {
-            self.inner.emit(WorkerEvent::CapacityAnnounced {
-                worker: worker.id(),
-                capacity: capacity.get(),
-            });
-        }
-        self.inner.wake();
-        Ok(RegistrationToken::new(Arc::clone(&self.inner), worker.id()))
+        Ok(RegistrationToken::new(
+            Arc::clone(&self.inner),
+            worker.id(),
+            departure,
+        ))
     }
 }
 

@@ -61,7 +61,7 @@ pub use outcome::{
 };
 pub use registration::{CallerIdentity, NamespaceGrant, Registration};
 pub use registry::{
-    DEFAULT_EVENT_CAPACITY, DepartureObserver, DispatchReservation, PoolCensus, RegistrationToken,
-    Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
+    DEFAULT_EVENT_CAPACITY, Departure, DepartureObserver, DispatchReservation, PoolCensus,
+    RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
 pub use worker::{Worker, WorkerSnapshot};

@@ -131,16 +131,17 @@ impl Liveness {
     }
 
     /// Brings the tracker in line with the registry after missed events: forgets workers that
-    /// left and starts probation for workers it never saw. Offering every registered worker is
+    /// left and starts probation for announced workers it never saw. Offering every registered worker is
     /// safe because [`LivenessTracker::add_worker`] ignores workers already tracked, so a
     /// proven worker keeps its standing and gets no extra pings.
     fn reconcile(&self) {
+        // Only announced workers: a worker's transport announces it once it may be pinged.
         let registered: std::collections::HashSet<WorkerId> = self
             .inner
             .registry
-            .workers()
-            .iter()
-            .map(|s| s.worker.id())
+            .inner
+            .announced_workers()
+            .into_iter()
             .collect();
         let gone: Vec<WorkerId> = self
             .tracker()

@@ -6,6 +6,7 @@
 //! admission gate ([`Registry::admit`]).
 
 mod census;
+mod departure;
 mod explain;
 mod reservation;
 mod rotation;
@@ -25,6 +26,8 @@ use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
 pub use census::{PoolCensus, UnservedReason};
+pub use departure::Departure;
+pub(crate) use departure::departure as departure_pair;
 pub use explain::WorkerExplanation;
 pub use reservation::DispatchReservation;
 pub use token::RegistrationToken;
@@ -32,7 +35,7 @@ pub use token::RegistrationToken;
 use crate::address::{WorkerId, normalise_task_queue};
 use crate::admission::AdmissionAudit;
 use crate::arrival::WorkerArrival;
-use crate::delivery::{DeliveryError, WorkerMessage};
+use crate::delivery::{DeliveryError, WorkerDelivery, WorkerMessage};
 use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::namespace::{InMemoryNamespaceStore, NamespacePolicy, NamespaceStore};
@@ -174,6 +177,104 @@ impl Inner {
         }
     }
 
+    /// Fences `worker` out of selection and tells it `message` (a drain or the shutdown).
+    /// A worker not yet announced is told when it is: nothing reaches a worker before its
+    /// transport's acknowledgement. Returns false for an unknown id.
+    fn fence_and_tell(&self, worker: WorkerId, message: WorkerMessage) -> bool {
+        let delivery = {
+            let mut state = self.lock();
+            let Some(entry) = state.workers.get_mut(worker) else {
+                return false;
+            };
+            entry.draining = true;
+            if !entry.announced {
+                entry.deferred = Some(message);
+                state.refresh_id(worker);
+                return true;
+            }
+            let delivery = Arc::clone(entry.worker.delivery());
+            state.refresh_id(worker);
+            delivery
+        };
+        self.tell(worker, delivery.as_ref(), message);
+        true
+    }
+
+    /// Delivers a drain or shutdown `message` to a fenced worker.
+    fn tell(&self, worker: WorkerId, delivery: &dyn WorkerDelivery, message: WorkerMessage) {
+        if !delivery.supports_drain() {
+            tracing::error!(worker = %worker, transport = %delivery.transport(),
+                "transport has no drain channel; deregistering the worker instead");
+            self.deregister(worker, DisconnectReason::Drained);
+            return;
+        }
+        let delivered = match delivery.deliver(message) {
+            Err(DeliveryError::Unsupported(_)) => delivery.deliver(WorkerMessage::Drain),
+            other => other,
+        };
+        match delivered {
+            Ok(()) => tracing::info!(worker = %worker, "drain requested"),
+            Err(DeliveryError::Closed) => {
+                self.deregister(worker, DisconnectReason::Disconnect);
+            }
+            Err(error) => {
+                tracing::warn!(worker = %worker, %error, "drain request not delivered; worker stays fenced");
+            }
+        }
+    }
+
+    /// Announces an admitted worker: it becomes dispatchable, `Connected` (then the capacity
+    /// it stated, if any) is emitted for it, and parked selections wake. False if it already
+    /// was announced or has left.
+    pub(crate) fn announce(&self, worker: WorkerId) -> bool {
+        let announced = {
+            let mut state = self.lock();
+            let Some(entry) = state.workers.get_mut(worker) else {
+                return false;
+            };
+            if entry.announced {
+                return false;
+            }
+            entry.announced = true;
+            let announced = (entry.worker.clone(), entry.capacity, entry.deferred.take());
+            state.refresh_id(worker);
+            announced
+        };
+        let (announced, capacity, deferred) = announced;
+        tracing::debug!(worker = %worker, "worker announced");
+        self.emit(WorkerEvent::Connected {
+            worker,
+            transport: announced.transport().clone(),
+            namespaces: announced.namespaces().clone(),
+            task_queue: announced.task_queue().to_owned(),
+            node: announced.node().cloned(),
+        });
+        // A capacity stated in the registration (or announced before the worker was) is
+        // announced like a later announcement, so watchers see one `CapacityAnnounced` per
+        // worker, after its `Connected`, whatever its transport.
+        if let Some(capacity) = capacity {
+            self.emit(WorkerEvent::CapacityAnnounced {
+                worker,
+                capacity: capacity.get(),
+            });
+        }
+        if let Some(message) = deferred {
+            self.tell(worker, announced.delivery().as_ref(), message);
+        }
+        self.wake();
+        true
+    }
+
+    /// The registered workers whose transport has announced them, the ones the prober pings.
+    pub(crate) fn announced_workers(&self) -> Vec<WorkerId> {
+        self.lock()
+            .workers
+            .entries()
+            .filter(|entry| entry.announced)
+            .map(|entry| entry.id)
+            .collect()
+    }
+
     pub(crate) fn deregister(&self, worker: WorkerId, reason: DisconnectReason) -> bool {
         let removed = self.lock().remove(worker, Instant::now());
         let Some(entry) = removed else { return false };
@@ -188,6 +289,9 @@ impl Inner {
         }
         tracing::info!(worker = %worker, transport = %w.transport(), reason = reason.as_str(),
             in_flight = entry.in_flight, "worker deregistered");
+        if let Some(departure) = &entry.departure {
+            departure.depart(reason);
+        }
         self.emit(WorkerEvent::Disconnected { worker, reason });
         let observers = self
             .observers
@@ -264,7 +368,7 @@ impl Registry {
         max_concurrency: u32,
     ) -> Result<(), crate::AdmissionError> {
         let capacity = self.check_announced_capacity(worker, max_concurrency)?;
-        {
+        let announced = {
             let mut state = self.inner.lock();
             let entry = state
                 .workers
@@ -272,13 +376,18 @@ impl Registry {
                 .ok_or(crate::AdmissionError::UnknownWorker)?;
             entry.capacity = Some(capacity);
             entry.pending_capacity = None;
+            let announced = entry.announced;
             state.refresh_id(worker);
-        }
+            announced
+        };
         tracing::debug!(worker = %worker, capacity = capacity.get(), "capacity announced");
-        self.inner.emit(WorkerEvent::CapacityAnnounced {
-            worker,
-            capacity: capacity.get(),
-        });
+        // A worker not yet announced gets its capacity event with its `Connected`.
+        if announced {
+            self.inner.emit(WorkerEvent::CapacityAnnounced {
+                worker,
+                capacity: capacity.get(),
+            });
+        }
         self.inner.wake();
         Ok(())
     }
@@ -320,10 +429,17 @@ impl Registry {
         {
             let mut state = self.inner.lock();
             let previous = std::mem::take(&mut state.exclusions);
-            let kept = previous
+            // The prober knows no worker before its transport announces it, so a worker not yet
+            // announced keeps its exclusion (its opening probation) whatever its id.
+            let unannounced =
+                |id: &WorkerId| state.workers.get(*id).is_some_and(|entry| !entry.announced);
+            let kept: Vec<(WorkerId, DispatchExclusion)> = previous
                 .iter()
-                .filter(|(id, _)| newest_known.is_some_and(|newest| **id > newest))
-                .map(|(id, exclusion)| (*id, *exclusion));
+                .filter(|(id, _)| {
+                    newest_known.is_some_and(|newest| **id > newest) || unannounced(id)
+                })
+                .map(|(id, exclusion)| (*id, *exclusion))
+                .collect();
             state.exclusions = exclusions
                 .into_iter()
                 .filter(|(id, _)| newest_known.is_none_or(|newest| *id <= newest))
@@ -374,7 +490,7 @@ impl Registry {
     /// worker should not come back). A transport with no drain channel gets the worker
     /// deregistered instead. Returns false for an unknown id.
     pub fn drain_worker(&self, worker: WorkerId) -> bool {
-        self.fence_and_tell(worker, WorkerMessage::Drain)
+        self.inner.fence_and_tell(worker, WorkerMessage::Drain)
     }
 
     /// Drains every registered worker; returns how many were asked.
@@ -394,41 +510,8 @@ impl Registry {
             state.workers.ids().collect()
         };
         ids.into_iter()
-            .filter(|id| self.fence_and_tell(*id, WorkerMessage::ShuttingDown))
+            .filter(|id| self.inner.fence_and_tell(*id, WorkerMessage::ShuttingDown))
             .count()
-    }
-
-    fn fence_and_tell(&self, worker: WorkerId, message: WorkerMessage) -> bool {
-        let delivery = {
-            let mut state = self.inner.lock();
-            let Some(entry) = state.workers.get_mut(worker) else {
-                return false;
-            };
-            entry.draining = true;
-            let delivery = Arc::clone(entry.worker.delivery());
-            state.refresh_id(worker);
-            delivery
-        };
-        if !delivery.supports_drain() {
-            tracing::error!(worker = %worker, transport = %delivery.transport(),
-                "transport has no drain channel; deregistering the worker instead");
-            self.deregister(worker, DisconnectReason::Drained);
-            return true;
-        }
-        let delivered = match delivery.deliver(message) {
-            Err(DeliveryError::Unsupported(_)) => delivery.deliver(WorkerMessage::Drain),
-            other => other,
-        };
-        match delivered {
-            Ok(()) => tracing::info!(worker = %worker, "drain requested"),
-            Err(DeliveryError::Closed) => {
-                self.deregister(worker, DisconnectReason::Disconnect);
-            }
-            Err(error) => {
-                tracing::warn!(worker = %worker, %error, "drain request not delivered; worker stays fenced");
-            }
-        }
-        true
     }
 
     /// True while `worker` is registered.

@@ -23,6 +23,8 @@ enum Fault {
     OverstatesCapacity,
     /// Freezing does nothing: the runtime keeps answering.
     CannotFreeze,
+    /// The gateway keeps a link open after core let its worker go.
+    IgnoresDepartures,
 }
 
 struct Faulty(Fault);
@@ -54,7 +56,11 @@ impl TransportHarness for Faulty {
     type Worker = FaultyWorker;
 
     async fn start(&self, core: Core) -> Result<MemoryGateway, BoxError> {
-        MemoryHarness::new().start(core).await
+        let gateway = MemoryHarness::new().start(core).await?;
+        Ok(match self.0 {
+            Fault::IgnoresDepartures => gateway.ignoring_departures(),
+            _ => gateway,
+        })
     }
 
     async fn connect(
@@ -81,7 +87,7 @@ impl TransportHarness for Faulty {
                 spec.registration.max_concurrency =
                     spec.registration.max_concurrency.map(|n| n + 1);
             }
-            Fault::VagueRefusals | Fault::CannotFreeze => {}
+            Fault::VagueRefusals | Fault::CannotFreeze | Fault::IgnoresDepartures => {}
         }
         let fault = self.0;
         match MemoryHarness::new().connect(gateway, spec).await {
@@ -145,6 +151,16 @@ async fn a_runtime_that_keeps_answering_when_frozen_fails_frozen_worker_excluded
         Fault::CannotFreeze,
         Check::FrozenWorkerExcluded,
         "not marked unreachable",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_ignores_departures_fails_deregistered_worker_disconnected() {
+    fails(
+        Fault::IgnoresDepartures,
+        Check::DeregisteredWorkerDisconnected,
+        "was still open",
     )
     .await;
 }

@@ -1,5 +1,5 @@
-//! The response half of a worker stream: the acknowledgement first, then pushed frames, then
-//! the closing status once the frames queued before it are out.
+//! The response half of a worker stream: the frames the session queues (the acknowledgement
+//! first), then the closing status once the frames queued before it are out.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,9 +14,8 @@ use tonic::Status;
 
 /// What the session tells the response stream.
 pub(crate) enum Control {
-    /// Registration accepted: send `ack` first, then whatever arrives on `frames`.
+    /// Registration accepted: send whatever arrives on `frames`, the acknowledgement first.
     Registered {
-        ack: GatewayFrame,
         frames: mpsc::Receiver<GatewayFrame>,
     },
     /// End the stream with this status.
@@ -29,8 +28,9 @@ pub(crate) const CLOSE_FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 /// The response stream of a worker call (`GatewayFrame`s, then the closing status).
 ///
-/// Nothing flows before the session hands over the acknowledgement, so a ping queued by core
-/// the instant the worker is admitted can never overtake it. The stream ends when the session
+/// The session queues the acknowledgement before it announces the worker to core, so nothing
+/// core sends can overtake it; before registration only a closing status can flow. The stream
+/// ends when the session
 /// says so (a status) or drops its control sender (a clean end). Frames queued before that end
 /// go out first, so a worker sees the `drain` or `cancel` that explains it; the flush takes
 /// what is already queued (the delivery leg accepts nothing once the session ends) and at most
@@ -102,19 +102,21 @@ impl Stream for Outbound {
             return Poll::Ready(None);
         }
         if this.closing.is_none() {
-            let status = match this.control.poll_recv(cx) {
-                Poll::Ready(Some(Control::Registered { ack, frames })) => {
-                    this.frames = Some(frames);
-                    return Poll::Ready(Some(Ok(ack)));
-                }
-                Poll::Ready(Some(Control::Close(status))) => Some(status),
-                Poll::Ready(None) => None,
-                Poll::Pending => {
-                    return match this.frames.as_mut().map(|frames| frames.poll_recv(cx)) {
-                        Some(Poll::Ready(Some(frame))) => Poll::Ready(Some(Ok(frame))),
-                        // Every delivery handle is gone; the control channel decides the end.
-                        Some(Poll::Ready(None)) | Some(Poll::Pending) | None => Poll::Pending,
-                    };
+            // At most two control messages ever travel, so this loop turns at most twice.
+            let status = loop {
+                match this.control.poll_recv(cx) {
+                    Poll::Ready(Some(Control::Registered { frames })) => {
+                        this.frames = Some(frames);
+                    }
+                    Poll::Ready(Some(Control::Close(status))) => break Some(status),
+                    Poll::Ready(None) => break None,
+                    Poll::Pending => {
+                        return match this.frames.as_mut().map(|frames| frames.poll_recv(cx)) {
+                            Some(Poll::Ready(Some(frame))) => Poll::Ready(Some(Ok(frame))),
+                            // Every delivery handle is gone; the control channel decides the end.
+                            Some(Poll::Ready(None)) | Some(Poll::Pending) | None => Poll::Pending,
+                        };
+                    }
                 }
             };
             this.closing = Some(Closing {
@@ -140,17 +142,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn queued_frames_wait_for_the_acknowledgement() {
+    async fn nothing_flows_before_registration_then_the_queue_in_order() {
         let (mut stream, control) = Outbound::new();
         let (tx, rx) = mpsc::channel(4);
+        let ack = ping(0);
+        tx.try_send(ack.clone()).unwrap();
         tx.try_send(ping(1)).unwrap();
         assert!(futures::poll!(stream.next()).is_pending());
-        let ack = ping(0);
         control
-            .send(Control::Registered {
-                ack: ack.clone(),
-                frames: rx,
-            })
+            .send(Control::Registered { frames: rx })
             .await
             .unwrap();
         assert_eq!(stream.next().await.unwrap().unwrap(), ack);
@@ -171,12 +171,15 @@ mod tests {
         assert!(stream.next().await.is_none());
     }
 
-    fn registered(stream_control: &mpsc::Sender<Control>, frames: mpsc::Receiver<GatewayFrame>) {
+    /// Registers the stream with the acknowledgement, `ping(0)`, queued first on `tx`.
+    fn registered(
+        stream_control: &mpsc::Sender<Control>,
+        tx: &mpsc::Sender<GatewayFrame>,
+        frames: mpsc::Receiver<GatewayFrame>,
+    ) {
+        tx.try_send(ping(0)).unwrap();
         stream_control
-            .try_send(Control::Registered {
-                ack: ping(0),
-                frames,
-            })
+            .try_send(Control::Registered { frames })
             .unwrap();
     }
 
@@ -184,7 +187,7 @@ mod tests {
     async fn queued_frames_go_out_before_the_closing_status() {
         let (mut stream, control) = Outbound::new();
         let (tx, rx) = mpsc::channel(4);
-        registered(&control, rx);
+        registered(&control, &tx, rx);
         assert_eq!(stream.next().await.unwrap().unwrap(), ping(0));
         tx.try_send(ping(1)).unwrap();
         tx.try_send(ping(2)).unwrap();
@@ -202,7 +205,7 @@ mod tests {
     async fn a_clean_end_flushes_too() {
         let (mut stream, control) = Outbound::new();
         let (tx, rx) = mpsc::channel(4);
-        registered(&control, rx);
+        registered(&control, &tx, rx);
         assert_eq!(stream.next().await.unwrap().unwrap(), ping(0));
         tx.try_send(ping(1)).unwrap();
         drop(control);
@@ -214,7 +217,7 @@ mod tests {
     async fn the_flush_is_bounded_by_the_limit() {
         let (mut stream, control) = Outbound::new();
         let (tx, rx) = mpsc::channel(4);
-        registered(&control, rx);
+        registered(&control, &tx, rx);
         assert_eq!(stream.next().await.unwrap().unwrap(), ping(0));
         tx.try_send(ping(1)).unwrap();
         tx.try_send(ping(2)).unwrap();

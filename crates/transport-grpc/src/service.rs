@@ -1,12 +1,10 @@
 //! [`WorkerService`]: the tonic implementation of `switchyard.v1.WorkerGateway` over [`Core`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::Arc;
 
-use switchyard_core::{Core, DisconnectReason, WorkerId};
+use switchyard_core::Core;
 use switchyard_proto::v1::WorkerFrame;
 use switchyard_proto::v1::worker_gateway_server::{WorkerGateway, WorkerGatewayServer};
-use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
@@ -24,7 +22,8 @@ use crate::status::SessionError;
 /// registration deadline, the admission gate, the acknowledgement, and the frame loop that
 /// hands results, pongs and cancel acknowledgements to core. The registration token lives in
 /// that task, so the stream ending for any reason deregisters the worker exactly once; a
-/// worker that core lets go (liveness timeout) has its stream ended with UNAVAILABLE; and a
+/// worker that core lets go (liveness timeout) has its stream ended with UNAVAILABLE when the
+/// token reports its departure; and a
 /// drained worker that holds no task any more has its stream ended after its `drain` frame:
 /// cleanly for a requested drain, with UNAVAILABLE ("come back later") for a shutdown.
 ///
@@ -59,15 +58,6 @@ pub(crate) struct Shared {
     pub(crate) core: Core,
     pub(crate) config: GrpcServerConfig,
     auth: Arc<dyn Authenticate>,
-    /// Open sessions by worker, to end the stream of a worker core let go of.
-    evictions: Mutex<HashMap<WorkerId, Arc<Eviction>>>,
-}
-
-/// How a session learns that core deregistered its worker, and why.
-#[derive(Default)]
-pub(crate) struct Eviction {
-    pub(crate) fired: CancellationToken,
-    pub(crate) reason: OnceLock<DisconnectReason>,
 }
 
 impl std::fmt::Debug for WorkerService {
@@ -81,21 +71,7 @@ impl std::fmt::Debug for WorkerService {
 impl WorkerService {
     /// A service admitting workers into `core`, authenticating callers with `auth`.
     pub fn new(core: Core, auth: Arc<dyn Authenticate>, config: GrpcServerConfig) -> Self {
-        let inner = Arc::new(Shared {
-            core,
-            config,
-            auth,
-            evictions: Mutex::new(HashMap::new()),
-        });
-        let weak: Weak<Shared> = Arc::downgrade(&inner);
-        inner
-            .core
-            .registry()
-            .observe_departures(Arc::new(move |worker, reason| {
-                if let Some(shared) = weak.upgrade() {
-                    shared.evicted(worker, reason);
-                }
-            }));
+        let inner = Arc::new(Shared { core, config, auth });
         Self { inner }
     }
 
@@ -117,33 +93,6 @@ impl WorkerService {
     /// The state every session of this service shares (for the fuzzing entry).
     pub(crate) fn shared(&self) -> Arc<Shared> {
         Arc::clone(&self.inner)
-    }
-}
-
-impl Shared {
-    fn lock_evictions(&self) -> MutexGuard<'_, HashMap<WorkerId, Arc<Eviction>>> {
-        self.evictions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Starts watching for core letting `worker` go.
-    pub(crate) fn watch(&self, worker: WorkerId) -> Arc<Eviction> {
-        let eviction = Arc::new(Eviction::default());
-        self.lock_evictions().insert(worker, Arc::clone(&eviction));
-        eviction
-    }
-
-    pub(crate) fn unwatch(&self, worker: WorkerId) {
-        self.lock_evictions().remove(&worker);
-    }
-
-    fn evicted(&self, worker: WorkerId, reason: DisconnectReason) {
-        let Some(eviction) = self.lock_evictions().remove(&worker) else {
-            return;
-        };
-        let _ = eviction.reason.set(reason);
-        eviction.fired.cancel();
     }
 }
 

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use switchyard_core::{
-    CallerIdentity, DisconnectReason, Registration, TaskId, WorkerDelivery, WorkerId,
-    normalise_task_queue,
+    CallerIdentity, DisconnectReason, Registration, RegistrationToken, TaskId, WorkerDelivery,
+    WorkerId, normalise_task_queue,
 };
 use switchyard_proto::v1::{WorkerFrame, worker_frame::Frame};
 use tokio::sync::mpsc;
@@ -12,7 +12,7 @@ use tonic::{Status, Streaming};
 
 use crate::delivery::{Farewell, GrpcWorkerDelivery};
 use crate::outbound::Control;
-use crate::service::{Eviction, Shared};
+use crate::service::Shared;
 use crate::status::SessionError;
 use crate::wire;
 
@@ -60,6 +60,7 @@ impl Session {
         let task_queue = normalise_task_queue(&registration.task_queue).to_owned();
         let queue = self.shared.config.queue_size(registration.max_concurrency);
         let (frames, pushed) = mpsc::channel(queue);
+        let acknowledgement = frames.clone();
         let max_frame_bytes = self.shared.config.max_message_bytes;
         let delivery = Arc::new(GrpcWorkerDelivery::new(frames, max_frame_bytes));
         let leg: Arc<dyn WorkerDelivery> = delivery.clone();
@@ -67,7 +68,10 @@ impl Session {
             "namespaces",
             tracing::field::debug(&registration.namespaces),
         );
-        let admitted = core.registry().admit(&self.caller, registration, leg).await;
+        let admitted = core
+            .registry()
+            .admit_unannounced(&self.caller, registration, leg)
+            .await;
         let token = match admitted {
             Ok(token) => token,
             Err(error) => {
@@ -77,26 +81,24 @@ impl Session {
         };
         let worker = token.worker_id();
         tracing::Span::current().record("worker", tracing::field::display(worker));
-        let eviction = self.shared.watch(worker);
         let ping_interval = core.liveness().config().ping_interval;
         let ack = wire::register_ack(worker, &task_queue, ping_interval, max_frame_bytes);
-        let registered = Control::Registered {
-            ack,
-            frames: pushed,
-        };
-        let end = if self.control.send(registered).await.is_err() {
-            End::CallGone
-        } else if !core.registry().is_registered(worker) {
-            // Let go between admission and the watch starting, so the observer found nothing.
-            End::Refused(SessionError::Deregistered {
-                worker,
-                reason: DisconnectReason::Disconnect,
-            })
+        // Core sends nothing to an unannounced worker, so the acknowledgement is the first
+        // frame of the queue, and announcing after it is queued keeps it first.
+        let acknowledged = acknowledgement.send(ack).await.is_ok()
+            && self
+                .control
+                .send(Control::Registered { frames: pushed })
+                .await
+                .is_ok();
+        drop(acknowledgement);
+        let end = if acknowledged {
+            token.announce();
+            self.serve(worker, &mut inbound, &token, &delivery).await
         } else {
-            self.serve(worker, &mut inbound, &eviction, &delivery).await
+            End::CallGone
         };
         delivery.close();
-        self.shared.unwatch(worker);
         let farewell = delivery.farewell();
         let reason = match (&end, farewell) {
             (End::WorkerClosed | End::Farewell(_), Some(_)) => DisconnectReason::Drained,
@@ -159,7 +161,7 @@ impl Session {
         &self,
         worker: WorkerId,
         inbound: &mut Streaming<WorkerFrame>,
-        eviction: &Eviction,
+        token: &RegistrationToken,
         delivery: &GrpcWorkerDelivery,
     ) -> End {
         let mut refused: u64 = 0;
@@ -180,8 +182,7 @@ impl Session {
                         None => break End::Lost(status),
                     },
                 },
-                () = eviction.fired.cancelled() => {
-                    let reason = eviction.reason.get().copied().unwrap_or(DisconnectReason::Disconnect);
+                reason = token.departed() => {
                     break End::Refused(SessionError::Deregistered { worker, reason });
                 }
                 () = self.control.closed() => break End::CallGone,

@@ -2,8 +2,10 @@
 //! them over lanes.
 //!
 //! Per connection: the worker opens the control stream and registers (no capacity); the
-//! gateway opens lane 0, admits the worker through core's gate, answers `QuicRegistered`, and
-//! opens one lane per announced capacity slot before telling core the capacity. Every frame
+//! gateway admits the worker through core's gate, opens lane 0, answers `QuicRegistered`,
+//! announces the worker to core (pings start), and opens one lane per announced capacity slot
+//! before telling core the capacity. A worker core lets go (its token's departure) has its
+//! connection closed with `DEREGISTERED`. Every frame
 //! a worker sends on a lane goes to core (`complete`, `cancel_acknowledged`, `record_pong`);
 //! every refusal or violation closes the connection with a documented code, and the
 //! connection's end deregisters the worker exactly once (its registration token).
@@ -19,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use quinn::Endpoint;
-use switchyard_core::{Core, DisconnectReason, WorkerId};
+use switchyard_core::{Core, WorkerId};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
@@ -56,7 +58,7 @@ pub(crate) struct ServerShared {
     pub(crate) core: Core,
     pub(crate) config: ServerConfig,
     pub(crate) auth: Arc<dyn Authenticate>,
-    /// Registered connections, so a worker core removes (for example on timeout) is closed.
+    /// Registered connections, for the flushed close at shutdown and the count.
     connections: Mutex<HashMap<WorkerId, Weak<Link>>>,
 }
 
@@ -73,16 +75,6 @@ impl ServerShared {
 
     pub(crate) fn untrack(&self, worker: WorkerId) {
         self.connections().remove(&worker);
-    }
-
-    fn departed(&self, worker: WorkerId, reason: DisconnectReason) {
-        let link = self.connections().get(&worker).and_then(Weak::upgrade);
-        if let Some(link) = link {
-            link.close(
-                ErrorCode::Deregistered,
-                &format!("deregistered by the gateway: {}", reason.as_str()),
-            );
-        }
     }
 }
 
@@ -165,15 +157,6 @@ impl QuicServerBuilder {
             auth: self.auth,
             connections: Mutex::new(HashMap::new()),
         });
-        let observer = Arc::downgrade(&shared);
-        shared
-            .core
-            .registry()
-            .observe_departures(Arc::new(move |worker, reason| {
-                if let Some(shared) = observer.upgrade() {
-                    shared.departed(worker, reason);
-                }
-            }));
         let accept = tokio::spawn(accept_loop(
             endpoint.clone(),
             Arc::clone(&shared),

@@ -358,3 +358,99 @@ async fn pings_arrive_every_ping_interval_whatever_the_round_granularity() {
     assert_eq!(gaps, vec![Duration::from_secs(2); 5]);
     assert_eq!(standing(&registry, &worker), Some(Eligibility::Eligible));
 }
+
+/// Admits through the gate without announcing, as a transport whose acknowledgement is not
+/// on the wire yet.
+async fn admit_unannounced(registry: &Registry) -> TestWorker {
+    let (tx, rx) = mpsc::channel(1024);
+    let registration = Registration {
+        namespaces: BTreeSet::from(["ns".to_owned()]),
+        activity_types: BTreeSet::from(["work".to_owned()]),
+        max_concurrency: Some(1),
+        ..Registration::default()
+    };
+    let token = registry
+        .admit_unannounced(
+            &CallerIdentity::trusted("w"),
+            registration,
+            Arc::new(Leg(tx)),
+        )
+        .await
+        .expect("admitted");
+    TestWorker {
+        id: token.worker_id(),
+        _token: token,
+        rx,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unannounced_worker_is_not_pinged_nor_connected_until_announced() {
+    let (registry, liveness, _prober) = prober();
+    let mut events = registry.subscribe_events();
+    let mut worker = admit_unannounced(&registry).await;
+    assert!(registry.is_registered(worker.id), "registered and listed");
+    // Several prober rounds pass, and a reconcile that offers every announced worker.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    liveness.reconcile();
+    assert_eq!(worker.pending_pings(), 0, "no ping before the announcement");
+    assert!(
+        std::iter::from_fn(|| events.try_recv().ok())
+            .all(|event| !matches!(event, WorkerEvent::Connected { .. })),
+        "no Connected before the announcement"
+    );
+    assert!(
+        registry
+            .select_and_reserve("ns", "", "work", None)
+            .is_none(),
+        "not dispatched to before the announcement"
+    );
+
+    // Control: announcing starts both.
+    assert!(worker._token.announce());
+    assert!(!worker._token.announce(), "announced once");
+    assert!(matches!(
+        events.recv().await,
+        Ok(WorkerEvent::Connected { worker: id, .. }) if id == worker.id
+    ));
+    for _ in 0..2 {
+        let seq = worker.ping().await;
+        liveness.record_pong(worker.id, seq);
+    }
+    assert_eq!(standing(&registry, &worker), Some(Eligibility::Eligible));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unannounced_worker_keeps_its_probation_when_a_newer_one_is_proven() {
+    let (registry, liveness, _prober) = prober();
+    let mut waiting = admit_unannounced(&registry).await;
+    let newer = healthy(&registry, &liveness).await;
+    assert!(newer.id > waiting.id);
+    assert!(waiting._token.announce());
+    assert_eq!(
+        standing(&registry, &waiting),
+        Some(Eligibility::OnProbation),
+        "a verdict published while it waited did not clear its probation"
+    );
+    for _ in 0..2 {
+        let seq = waiting.ping().await;
+        liveness.record_pong(waiting.id, seq);
+    }
+    assert_eq!(standing(&registry, &waiting), Some(Eligibility::Eligible));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_worker_departs_with_the_timeout_reason() {
+    let (registry, liveness, _prober) = prober();
+    let worker = healthy(&registry, &liveness).await;
+    let departure = worker._token.departure();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        departure.reason(),
+        None,
+        "control: 10 s of silence is not 30"
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(60), departure.departed()).await;
+    assert_eq!(reason.ok(), Some(DisconnectReason::Timeout));
+    assert!(!registry.is_registered(worker.id));
+}

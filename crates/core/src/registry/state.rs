@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
+use super::departure::DepartureSender;
 use super::rotation::{Members, Rotation};
 use super::workers::{Slot, WorkerEntry, WorkerTable};
 use crate::address::{ActivityKey, Node, WorkerId};
@@ -64,10 +65,11 @@ impl State {
         self.pools.get(namespace)?.get(task_queue)
     }
 
-    /// The standing of a registered worker, ignoring which dispatch asks.
+    /// The standing of a registered worker, ignoring which dispatch asks. A worker not yet
+    /// announced stands as not connected: its transport has not told it it is registered.
     pub(crate) fn standing(&self, entry: &WorkerEntry) -> Eligibility {
         Eligibility::derive(
-            entry.delivery.is_connected(),
+            entry.announced && entry.delivery.is_connected(),
             entry.draining,
             self.exclusions.get(&entry.id).copied(),
             entry.capacity,
@@ -145,11 +147,16 @@ impl State {
         listed
     }
 
-    pub(crate) fn insert(&mut self, worker: Worker, capacity: Option<NonZeroU32>) {
+    pub(crate) fn insert(
+        &mut self,
+        worker: Worker,
+        capacity: Option<NonZeroU32>,
+        departure: DepartureSender,
+    ) {
         let id = worker.id();
-        let slot = self
-            .workers
-            .insert(WorkerEntry::new(worker.clone(), capacity));
+        let mut entry = WorkerEntry::new(worker.clone(), capacity);
+        entry.departure = Some(departure);
+        let slot = self.workers.insert(entry);
         for namespace in worker.namespaces() {
             let queue = self
                 .pools

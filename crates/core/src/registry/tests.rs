@@ -1,8 +1,10 @@
 //! The registry's behaviours, one module per concept.
 
+mod announce;
 mod arrival;
 mod capacity;
 mod census;
+mod departure;
 mod explain;
 mod lifecycle;
 mod selection;

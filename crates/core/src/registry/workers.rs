@@ -10,8 +10,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use super::departure::DepartureSender;
 use crate::address::WorkerId;
-use crate::delivery::WorkerDelivery;
+use crate::delivery::{WorkerDelivery, WorkerMessage};
 use crate::worker::Worker;
 
 /// Where a worker lives in the [`WorkerTable`]; valid while that worker is registered.
@@ -35,6 +36,13 @@ pub(crate) struct WorkerEntry {
     pub(crate) connected_at: SystemTime,
     /// Whether the worker currently sits in its rotations' eligible sets.
     pub(crate) selectable: bool,
+    /// Whether its transport has announced it (see [`crate::RegistrationToken::announce`]);
+    /// until then it is not dispatched to or pinged.
+    pub(crate) announced: bool,
+    /// A drain or shutdown asked before the announcement, delivered with it.
+    pub(crate) deferred: Option<WorkerMessage>,
+    /// Told the reason when the worker leaves.
+    pub(crate) departure: Option<DepartureSender>,
 }
 
 impl WorkerEntry {
@@ -50,6 +58,9 @@ impl WorkerEntry {
             draining: false,
             connected_at: SystemTime::now(),
             selectable: false,
+            announced: false,
+            deferred: None,
+            departure: None,
         }
     }
 }
@@ -62,6 +73,7 @@ impl std::fmt::Debug for WorkerEntry {
             .field("in_flight", &self.in_flight)
             .field("draining", &self.draining)
             .field("selectable", &self.selectable)
+            .field("announced", &self.announced)
             .finish_non_exhaustive()
     }
 }

@@ -34,13 +34,15 @@ pub enum Check {
     FrozenWorkerExcluded,
     /// A severed worker's task is dispatched again to another worker.
     SeveredWorkerRedispatched,
+    /// A worker core lets go (a liveness timeout) has its connection closed by the transport.
+    DeregisteredWorkerDisconnected,
     /// Many concurrent dispatches each get exactly one outcome, their own.
     ExactlyOneOutcome,
 }
 
 impl Check {
     /// Every check, in the order [`run_conformance`] runs them.
-    pub const ALL: [Check; 9] = [
+    pub const ALL: [Check; 10] = [
         Check::AdmissionRefusals,
         Check::RoundTrip,
         Check::CapacityUnderBurst,
@@ -49,6 +51,7 @@ impl Check {
         Check::DrainFinishesInFlight,
         Check::FrozenWorkerExcluded,
         Check::SeveredWorkerRedispatched,
+        Check::DeregisteredWorkerDisconnected,
         Check::ExactlyOneOutcome,
     ];
 
@@ -63,6 +66,7 @@ impl Check {
             Self::DrainFinishesInFlight => "drain_finishes_in_flight",
             Self::FrozenWorkerExcluded => "frozen_worker_excluded",
             Self::SeveredWorkerRedispatched => "severed_worker_redispatched",
+            Self::DeregisteredWorkerDisconnected => "deregistered_worker_disconnected",
             Self::ExactlyOneOutcome => "exactly_one_outcome",
         }
     }
@@ -79,6 +83,9 @@ impl Check {
                 Self::DrainFinishesInFlight => drain::finishes_in_flight(fixture).await,
                 Self::FrozenWorkerExcluded => loss::frozen_worker_excluded(fixture).await,
                 Self::SeveredWorkerRedispatched => loss::severed_worker_redispatched(fixture).await,
+                Self::DeregisteredWorkerDisconnected => {
+                    loss::deregistered_worker_disconnected(fixture).await
+                }
                 Self::ExactlyOneOutcome => exchange::exactly_one_outcome(fixture).await,
             },
             Err(detail) => Err(detail),

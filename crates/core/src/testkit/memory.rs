@@ -40,6 +40,7 @@ use runtime::Stats;
 pub struct MemoryGateway {
     core: Core,
     announces_capacity: bool,
+    ignores_departures: bool,
     stopped: CancellationToken,
     _stop_on_drop: DropGuard,
 }
@@ -64,11 +65,19 @@ impl MemoryGateway {
         Self::build(core, true)
     }
 
+    /// A broken gateway, for the kit's own controls: it keeps a worker's link open after core
+    /// has let the worker go, as a transport that ignores the token's departure would.
+    pub fn ignoring_departures(mut self) -> Self {
+        self.ignores_departures = true;
+        self
+    }
+
     fn build(core: Core, announces_capacity: bool) -> Self {
         let stopped = CancellationToken::new();
         Self {
             core,
             announces_capacity,
+            ignores_departures: false,
             _stop_on_drop: stopped.clone().drop_guard(),
             stopped,
         }
@@ -114,6 +123,7 @@ impl MemoryGateway {
             token,
             frames,
             self.stopped.child_token(),
+            (!self.ignores_departures).then(|| Arc::clone(&severed)),
         ));
         let stats = Arc::new(Stats::default());
         let frozen = CancellationToken::new();

@@ -100,7 +100,8 @@ struct Admitted {
     control_rx: mpsc::Receiver<QuicControlDown>,
 }
 
-/// Reads the registration, authenticates, opens lane 0 and admits through core's gate.
+/// Reads the registration, authenticates, admits through core's gate, opens lane 0, answers
+/// `registered`, then announces the worker to core.
 async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, Fault> {
     let limits = server.config.frames;
     let (mut control_send, control_recv) = conn.accept_bi().await.map_err(|_| Fault::Gone)?;
@@ -131,21 +132,18 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
     let namespaces: Vec<String> = registration.namespaces.iter().cloned().collect();
     let task_queue = switchyard_core::normalise_task_queue(&registration.task_queue).to_owned();
 
-    // Lane 0 exists before admission, so the probation pings core sends the moment it admits
-    // have a lane to travel on. Its driver starts once the worker id is known.
     let (link, control_rx) = Link::new(conn.clone(), limits.lane);
     let link = Arc::new(link);
-    let (send, recv) = conn.open_bi().await.map_err(|_| Fault::Gone)?;
-    let lane_zero = OpenedLane::enter(&link, send, recv);
     let delivery: Arc<dyn WorkerDelivery> = link.clone();
     let token = server
         .core
         .registry()
-        .admit(&caller, registration, delivery)
+        .admit_unannounced(&caller, registration, delivery)
         .await
         .map_err(|error| Fault::close(convert::refusal_code(&error), error.to_string()))?;
     let worker = token.worker_id();
-    lane_zero.spawn(Arc::clone(&link), server.core.clone(), worker);
+    let (send, recv) = conn.open_bi().await.map_err(|_| Fault::Gone)?;
+    OpenedLane::enter(&link, send, recv).spawn(Arc::clone(&link), server.core.clone(), worker);
     let registered = QuicControlDown {
         frame: Some(quic_control_down::Frame::Registered(QuicRegistered {
             worker_id: worker.get(),
@@ -158,6 +156,8 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
         })),
     };
     write_control(&mut control_send, &registered, limits.control).await?;
+    // Core pings and drains the worker only from here, after `registered` is written.
+    token.announce();
     tracing::info!(worker = %worker, "quic worker registered; capacity unannounced");
     Ok(Admitted {
         token,
@@ -293,6 +293,13 @@ async fn run(admitted: Admitted, server: &ServerShared) {
                     close => close,
                 };
                 close_flushed(&link, &mut control_send, &mut control_rx, limit, close).await;
+                break Exit::Ended;
+            }
+            reason = token.departed() => {
+                link.close(
+                    ErrorCode::Deregistered,
+                    &format!("deregistered by the gateway: {}", reason.as_str()),
+                );
                 break Exit::Ended;
             }
             Err(fault) = &mut manager => Some(fault),

@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
-use super::shared::{Eviction, Shared};
+use super::shared::Shared;
 use super::writer;
 use crate::auth::authenticate;
 use crate::delivery::WsDelivery;
@@ -108,7 +108,7 @@ where
     let token = shared
         .core
         .registry()
-        .admit(&caller, registration, Arc::clone(&delivery) as _)
+        .admit_unannounced(&caller, registration, Arc::clone(&delivery) as _)
         .await
         .map_err(|error| Closing::new(CloseCode::for_refusal(error.kind()), error.to_string()))?;
     Ok(Admitted {
@@ -134,7 +134,6 @@ where
     let core = &shared.core;
     let worker = token.worker_id();
     tracing::Span::current().record("worker", tracing::field::display(worker));
-    let eviction = shared.watch(worker);
     let ack = GatewayFrame::Registered {
         worker_id: worker.get(),
         task_queue,
@@ -142,9 +141,10 @@ where
     };
     if let Err(error) = send(&mut socket, &ack).await {
         tracing::info!(%error, "the registration acknowledgement could not be sent");
-        shared.unwatch(worker);
         return;
     }
+    // Core pings, dispatches and drains the worker only once the acknowledgement is out.
+    token.announce();
     tracing::info!("worker registered");
 
     let (sink, mut stream) = socket.split();
@@ -156,15 +156,9 @@ where
         writer_stop.clone(),
         writer_failed.clone(),
     ));
-    let end = if core.registry().is_registered(worker) {
-        serve(shared, worker, &mut stream, &eviction, &writer_failed).await
-    } else {
-        // Let go between admission and the watch starting, so the observer found nothing.
-        End::Closing(evicted(DisconnectReason::Disconnect))
-    };
+    let end = serve(shared, &token, &mut stream, &writer_failed).await;
 
     delivery.close();
-    shared.unwatch(worker);
     let reason = match end {
         End::WorkerClosed if delivery.drain_requested() => DisconnectReason::Drained,
         _ => DisconnectReason::Disconnect,
@@ -235,22 +229,19 @@ where
 /// Serves a registered worker's frames until its socket ends or the gateway closes it.
 async fn serve<S>(
     shared: &Shared,
-    worker: WorkerId,
+    token: &RegistrationToken,
     stream: &mut S,
-    eviction: &Eviction,
     writer_failed: &CancellationToken,
 ) -> End
 where
     S: Stream<Item = Result<Message, WsError>> + Unpin,
 {
     let core = &shared.core;
+    let worker = token.worker_id();
     loop {
         let incoming = tokio::select! {
             incoming = next_message(stream) => incoming,
-            () = eviction.fired.cancelled() => {
-                let reason = eviction.reason.get().copied().unwrap_or(DisconnectReason::Disconnect);
-                return End::Closing(evicted(reason));
-            }
+            reason = token.departed() => return End::Closing(evicted(reason)),
             () = shared.stop.cancelled() => return End::Closing(shutting_down()),
             () = writer_failed.cancelled() => {
                 return End::Lost("writing to the socket failed".to_owned());

@@ -1,10 +1,13 @@
-//! Workers lost without a goodbye: frozen (connection open, nobody reading) and severed.
+//! Workers lost without a goodbye: frozen (connection open, nobody reading), severed, and let
+//! go by core.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::cancel::until_cancelled;
+use crate::delivery::WorkerDelivery;
 use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::outcome::ActivityOutcome;
@@ -91,4 +94,51 @@ pub(super) async fn severed_worker_redispatched<H: TransportHarness>(
         "the severed worker was never deregistered"
     );
     Ok(())
+}
+
+/// Core deregisters a worker exactly as the liveness prober does on a timeout; the transport
+/// must close that worker's connection (its delivery leg reports closed), and only that one.
+pub(super) async fn deregistered_worker_disconnected<H: TransportHarness>(
+    fixture: Fixture<'_, H>,
+) -> Verdict {
+    let (timed_out, _) = fixture.worker(1, Handler::echo()).await?;
+    let (staying, _) = fixture.worker(1, Handler::echo()).await?;
+    let id = timed_out.worker_id();
+    let leg = |worker| {
+        fixture
+            .registry()
+            .worker(worker)
+            .map(|snapshot| Arc::clone(snapshot.worker.delivery()))
+    };
+    let (Some(timed_out_leg), Some(staying_leg)) = (leg(id), leg(staying.worker_id())) else {
+        return Err("an admitted worker was not registered".to_owned());
+    };
+    ensure!(
+        fixture.registry().deregister(id, DisconnectReason::Timeout),
+        "worker {id} was not registered when core let it go"
+    );
+    ensure!(
+        closes_within(timed_out_leg.as_ref(), STEP).await,
+        "the connection of worker {id}, deregistered by core (timeout), was still open after \
+         {STEP:?}; the transport must close it when the registration token reports the departure"
+    );
+    ensure!(
+        staying_leg.is_connected() && fixture.registry().is_registered(staying.worker_id()),
+        "closing the deregistered worker's connection closed another worker's too"
+    );
+    Ok(())
+}
+
+/// Whether `leg` reports closed within `limit`. A delivery leg has no close notification,
+/// so this looks every few milliseconds, a bounded number of times.
+async fn closes_within(leg: &dyn WorkerDelivery, limit: Duration) -> bool {
+    const LOOK_EVERY: Duration = Duration::from_millis(5);
+    let looks = limit.as_millis() / LOOK_EVERY.as_millis();
+    for _ in 0..looks {
+        if !leg.is_connected() {
+            return true;
+        }
+        tokio::time::sleep(LOOK_EVERY).await;
+    }
+    !leg.is_connected()
 }

@@ -1,5 +1,8 @@
 //! The gateway side of one worker's link: hands every frame to core's entry points.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -12,18 +15,26 @@ use crate::registry::RegistrationToken;
 /// Serves one worker until its link closes, the worker says goodbye, or the gateway stops.
 ///
 /// Holds the registration token, so the worker is deregistered however this ends: `Drained`
-/// after a goodbye, `Disconnect` when the link drops without one.
+/// after a goodbye, `Disconnect` when the link drops without one. When core lets the worker go
+/// first (a liveness timeout), the link is cut.
 pub(super) async fn serve(
     core: Core,
     token: RegistrationToken,
     mut frames: mpsc::Receiver<Frame>,
     stopped: CancellationToken,
+    cut_on_departure: Option<Arc<AtomicBool>>,
 ) {
     let worker = token.worker_id();
     loop {
         let frame = tokio::select! {
             frame = frames.recv() => frame,
             () = stopped.cancelled() => None,
+            _ = token.departed(), if cut_on_departure.is_some() => {
+                if let Some(severed) = &cut_on_departure {
+                    severed.store(true, Ordering::Release);
+                }
+                return;
+            }
         };
         match frame {
             Some(Frame::Goodbye) => {
