@@ -1,11 +1,11 @@
 //! Workers and links the fault-injection tests break on purpose: SDK workers of either
 //! transport whose handler counts how many tasks run at once ([`Gauge`]) and can be killed
-//! without a goodbye, and loopback relays ([`TcpRelay`], [`UdpRelay`]) that can be frozen
-//! (bytes stop, sockets stay open) to stand for a hung peer.
+//! without a goodbye. The loopback relays that freeze a link come from
+//! `switchyard-test-support` (re-exported by this crate).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,8 +14,6 @@ use rustls_pki_types::pem::PemObject;
 use switchyard_core::WorkerId;
 use switchyard_transport_grpc::{ActivityContext as GrpcContext, GrpcWorker};
 use switchyard_transport_quic::{ActivityContext as QuicContext, ClientTls, QuicWorker};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -190,161 +188,6 @@ pub async fn quic_fault_worker(
         let _ = worker.run().await;
     });
     FaultWorker { id, gauge, run }
-}
-
-/// A TCP relay in front of the gateway's gRPC port; frozen, it stops moving bytes in both
-/// directions while every socket stays open.
-#[derive(Debug)]
-pub struct TcpRelay {
-    addr: SocketAddr,
-    frozen: CancellationToken,
-    closed: CancellationToken,
-}
-
-impl TcpRelay {
-    /// Listens on loopback and forwards each connection to `upstream`.
-    pub async fn start(upstream: SocketAddr) -> Self {
-        Self::paced(upstream, None).await
-    }
-
-    /// Like [`TcpRelay::start`], but the gateway-to-worker direction moves at most 4 KiB per
-    /// `pause`: a worker that reads slowly.
-    pub async fn throttled(upstream: SocketAddr, pause: Duration) -> Self {
-        Self::paced(upstream, Some(pause)).await
-    }
-
-    async fn paced(upstream: SocketAddr, pause: Option<Duration>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("relay binds");
-        let addr = listener.local_addr().expect("relay address");
-        let (frozen, closed) = (CancellationToken::new(), CancellationToken::new());
-        let (f, c) = (frozen.clone(), closed.clone());
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    accepted = listener.accept() => accepted,
-                    () = c.cancelled() => return,
-                };
-                let Ok((client, _)) = accepted else { return };
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    continue;
-                };
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                tokio::spawn(pipe(client_read, server_write, None, f.clone(), c.clone()));
-                tokio::spawn(pipe(server_read, client_write, pause, f.clone(), c.clone()));
-            }
-        });
-        Self {
-            addr,
-            frozen,
-            closed,
-        }
-    }
-
-    /// Where the worker dials.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stops every byte from now on; the sockets stay open until the relay is dropped.
-    pub fn freeze(&self) {
-        self.frozen.cancel();
-    }
-}
-
-impl Drop for TcpRelay {
-    fn drop(&mut self) {
-        self.frozen.cancel();
-        self.closed.cancel();
-    }
-}
-
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    pause: Option<Duration>,
-    frozen: CancellationToken,
-    closed: CancellationToken,
-) {
-    let mut buffer = vec![0u8; if pause.is_some() { 4 * 1024 } else { 16 * 1024 }];
-    loop {
-        tokio::select! {
-            () = frozen.cancelled() => break,
-            read = from.read(&mut buffer) => match read {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    if to.write_all(&buffer[..n]).await.is_err() {
-                        return;
-                    }
-                    if let Some(pause) = pause {
-                        tokio::time::sleep(pause).await;
-                    }
-                }
-            },
-        }
-    }
-    // Silent, both halves held open, until the relay goes.
-    closed.cancelled().await;
-}
-
-/// A UDP relay in front of the gateway's QUIC port for one worker; frozen, it drops every
-/// datagram while both ends keep their connection state.
-#[derive(Debug)]
-pub struct UdpRelay {
-    addr: SocketAddr,
-    frozen: Arc<AtomicBool>,
-    task: JoinHandle<()>,
-}
-
-impl UdpRelay {
-    /// Listens on loopback and forwards to `upstream`.
-    pub async fn start(upstream: SocketAddr) -> Self {
-        let front = UdpSocket::bind("127.0.0.1:0").await.expect("relay binds");
-        let back = UdpSocket::bind("127.0.0.1:0").await.expect("relay binds");
-        back.connect(upstream).await.expect("relay connects");
-        let addr = front.local_addr().expect("relay address");
-        let frozen = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn(datagrams(front, back, Arc::clone(&frozen)));
-        Self { addr, frozen, task }
-    }
-
-    /// Where the worker dials.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Drops every datagram from now on.
-    pub fn freeze(&self) {
-        self.frozen.store(true, Ordering::SeqCst);
-    }
-}
-
-impl Drop for UdpRelay {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn datagrams(front: UdpSocket, back: UdpSocket, frozen: Arc<AtomicBool>) {
-    let mut client: Option<SocketAddr> = None;
-    let (mut up, mut down) = (vec![0u8; 65_536], vec![0u8; 65_536]);
-    loop {
-        tokio::select! {
-            received = front.recv_from(&mut up) => {
-                let Ok((len, from)) = received else { return };
-                client = Some(from);
-                if !frozen.load(Ordering::SeqCst) {
-                    let _ = back.send(&up[..len]).await;
-                }
-            }
-            received = back.recv(&mut down) => {
-                let Ok(len) = received else { return };
-                if let (Some(client), false) = (client, frozen.load(Ordering::SeqCst)) {
-                    let _ = front.send_to(&down[..len], client).await;
-                }
-            }
-        }
-    }
 }
 
 /// A small deterministic generator (xorshift64*) so a fault schedule replays from its seed.

@@ -24,6 +24,7 @@ use switchyard_gateway::{GatewayConfig, PrincipalConfig};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
+use switchyard_test_support::{Issued, TestCa};
 use switchyard_tests::{TestGateway, raw_registration};
 use switchyard_transport_quic::{
     ActivityContext, ActivityError, ClientTls, ErrorCode, QuicWorker, WorkerError,
@@ -138,41 +139,21 @@ fn rows() -> Vec<Row> {
 
 /// A client CA and the certificates it issues.
 struct Pki {
-    ca: rcgen::CertificateParams,
-    ca_key: rcgen::KeyPair,
+    ca: TestCa,
     ca_pem: String,
-}
-
-/// A client certificate and its key, PEM.
-struct ClientCertificate {
-    cert_pem: String,
-    key_pem: String,
 }
 
 impl Pki {
     fn new() -> Self {
-        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca.distinguished_name
-            .push(rcgen::DnType::CommonName, "test client CA");
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
-        Self { ca, ca_key, ca_pem }
+        let ca = TestCa::new("test client CA");
+        Self {
+            ca_pem: ca.pem(),
+            ca,
+        }
     }
 
-    fn issue(&self, common_name: &str) -> ClientCertificate {
-        let issuer = rcgen::Issuer::new(self.ca.clone(), &self.ca_key);
-        let mut client = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        client
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, common_name);
-        client.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = client.signed_by(&key, &issuer).unwrap();
-        ClientCertificate {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        }
+    fn issue(&self, common_name: &str) -> Issued {
+        self.ca.client(common_name)
     }
 }
 
@@ -205,7 +186,7 @@ async fn gateway(pki: &Pki) -> (TestGateway, tempfile::TempDir) {
 }
 
 /// A fresh TLS channel to the gRPC port, presenting `certificate` when given.
-async fn grpc_channel(gateway: &TestGateway, certificate: Option<&ClientCertificate>) -> Channel {
+async fn grpc_channel(gateway: &TestGateway, certificate: Option<&Issued>) -> Channel {
     let addr = gateway.gateway().addr("grpc").unwrap();
     let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(gateway.ca_pem()));
     if let Some(certificate) = certificate {
@@ -235,11 +216,7 @@ fn with_authorization<T>(message: T, authorization: Option<&str>) -> Request<T> 
 }
 
 /// A producer API call (`DescribePool` on the row's namespace).
-async fn producer_api(
-    gateway: &TestGateway,
-    certificate: Option<&ClientCertificate>,
-    row: &Row,
-) -> Answer {
+async fn producer_api(gateway: &TestGateway, certificate: Option<&Issued>, row: &Row) -> Answer {
     let mut client = GatewayClient::new(grpc_channel(gateway, certificate).await);
     let request = with_authorization(
         pb::DescribePoolRequest {
@@ -257,11 +234,7 @@ async fn producer_api(
 }
 
 /// A gRPC worker stream registering for the row's namespace.
-async fn grpc_worker(
-    gateway: &TestGateway,
-    certificate: Option<&ClientCertificate>,
-    row: &Row,
-) -> Answer {
+async fn grpc_worker(gateway: &TestGateway, certificate: Option<&Issued>, row: &Row) -> Answer {
     let mut client = WorkerGatewayClient::new(grpc_channel(gateway, certificate).await);
     let (send, frames) = mpsc::channel(4);
     send.send(raw_registration(row.namespace, "echo", 1))
@@ -291,11 +264,7 @@ async fn grpc_worker(
 
 /// A QUIC SDK worker registering for the row's namespace; the token is the part of the row's
 /// `authorization` after the scheme (QUIC's registration carries a bare token).
-async fn quic_worker(
-    gateway: &TestGateway,
-    certificate: Option<&ClientCertificate>,
-    row: &Row,
-) -> Answer {
+async fn quic_worker(gateway: &TestGateway, certificate: Option<&Issued>, row: &Row) -> Answer {
     let mut roots = rustls::RootCertStore::empty();
     for der in CertificateDer::pem_slice_iter(gateway.ca_pem().as_bytes()) {
         roots.add(der.unwrap()).unwrap();

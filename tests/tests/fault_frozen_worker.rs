@@ -78,11 +78,17 @@ async fn frozen_worker(transport: Transport) {
     let (direct, relay) = match transport {
         Transport::Grpc => {
             let direct = gateway.gateway().addr("grpc").expect("grpc listens");
-            (direct, Relay::Tcp(TcpRelay::start(direct).await))
+            (
+                direct,
+                Relay::Tcp(TcpRelay::start(direct).await.expect("relay starts")),
+            )
         }
         Transport::Quic => {
             let direct = gateway.gateway().addr("quic").expect("quic listens");
-            (direct, Relay::Udp(UdpRelay::start(direct).await))
+            (
+                direct,
+                Relay::Udp(UdpRelay::start(direct).await.expect("relay starts")),
+            )
         }
     };
     let relay_addr = match &relay {

@@ -27,7 +27,9 @@ async fn a_slow_reader_neither_stalls_the_others_nor_grows_gateway_memory() {
     let gateway = TestGateway::start(|_| {}).await;
     let grpc = gateway.gateway().addr("grpc").expect("grpc listens");
     let quic = gateway.gateway().addr("quic").expect("quic listens");
-    let relay = TcpRelay::throttled(grpc, Duration::from_millis(100)).await;
+    let relay = TcpRelay::throttled(grpc, Duration::from_millis(100))
+        .await
+        .expect("relay starts");
     let release = CancellationToken::new();
     let slow = grpc_fault_worker(
         &gateway,

@@ -14,6 +14,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use switchyard_gateway::{GatewayConfig, PrincipalConfig};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
+use switchyard_test_support::TestCa;
 use switchyard_tests::TestGateway;
 use switchyard_transport_quic::{
     ActivityContext, ActivityError, ClientTls, QuicWorker, WorkerError,
@@ -29,24 +30,12 @@ struct ClientCertificates {
 }
 
 fn client_certificates(common_name: &str) -> ClientCertificates {
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "test client CA");
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca, &ca_key);
-    let mut client = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    client
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, common_name);
-    client.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let client_key = rcgen::KeyPair::generate().unwrap();
-    let client_cert = client.signed_by(&client_key, &issuer).unwrap();
+    let ca = TestCa::new("test client CA");
+    let client = ca.client(common_name);
     ClientCertificates {
-        ca_pem: ca_cert.pem(),
-        cert_pem: client_cert.pem(),
-        key_pem: client_key.serialize_pem(),
+        ca_pem: ca.pem(),
+        cert_pem: client.cert_pem,
+        key_pem: client.key_pem,
     }
 }
 

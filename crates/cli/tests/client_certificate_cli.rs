@@ -11,6 +11,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use switchyard_test_support::TestCa;
+
 fn switchyard() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_switchyard"))
 }
@@ -18,29 +20,12 @@ fn switchyard() -> PathBuf {
 /// A client CA and a client certificate for `common_name` signed by it, written to `dir`;
 /// returns (CA path, certificate path, key path).
 fn client_certificates(dir: &Path, common_name: &str) -> (PathBuf, PathBuf, PathBuf) {
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "test client CA");
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca, &ca_key);
-    let mut client = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    client
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, common_name);
-    client.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let client_key = rcgen::KeyPair::generate().unwrap();
-    let client_cert = client.signed_by(&client_key, &issuer).unwrap();
-    let paths = (
-        dir.join("client-ca.pem"),
-        dir.join("client.pem"),
-        dir.join("client-key.pem"),
-    );
-    std::fs::write(&paths.0, ca_cert.pem()).unwrap();
-    std::fs::write(&paths.1, client_cert.pem()).unwrap();
-    std::fs::write(&paths.2, client_key.serialize_pem()).unwrap();
-    paths
+    let ca = TestCa::new("test client CA");
+    let ca_path = ca.write_to(dir, "client-ca.pem");
+    let (cert, key) = ca
+        .client(common_name)
+        .write_to(dir, "client.pem", "client-key.pem");
+    (ca_path, cert, key)
 }
 
 /// `switchyard serve` requiring client certificates; killed on drop.

@@ -3,8 +3,9 @@
 //! or cut the link ([`TcpRelay`], [`UdpRelay`]), and [`within`], a wait bounded by
 //! [`PATIENCE`].
 //!
-//! Test support only: a setup step that fails (a port that cannot be bound, a certificate that
-//! cannot be made) panics, naming the step, so the test that called it fails there.
+//! Test support only: a certificate that cannot be made panics, naming the step, so the test
+//! that called it fails there; a relay that cannot bind returns the error for the caller's
+//! harness to report.
 #![forbid(unsafe_code)]
 #![allow(clippy::expect_used, clippy::panic)]
 

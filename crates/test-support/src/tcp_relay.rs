@@ -2,6 +2,7 @@
 //! bytes, keep every socket open: a hung peer, no FIN, no RST), sever (close every socket and
 //! the listener: a crashed peer) or throttle the gateway-to-worker direction (a slow reader).
 
+use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -21,21 +22,19 @@ pub struct TcpRelay {
 
 impl TcpRelay {
     /// Listens on loopback and forwards each connection to `upstream`.
-    pub async fn start(upstream: SocketAddr) -> Self {
+    pub async fn start(upstream: SocketAddr) -> io::Result<Self> {
         Self::paced(upstream, None).await
     }
 
     /// Like [`TcpRelay::start`], but the upstream-to-client direction moves at most 4 KiB per
     /// `pause`: a worker that reads slowly.
-    pub async fn throttled(upstream: SocketAddr, pause: Duration) -> Self {
+    pub async fn throttled(upstream: SocketAddr, pause: Duration) -> io::Result<Self> {
         Self::paced(upstream, Some(pause)).await
     }
 
-    async fn paced(upstream: SocketAddr, pause: Option<Duration>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("the relay binds a loopback port");
-        let addr = listener.local_addr().expect("the relay's address");
+    async fn paced(upstream: SocketAddr, pause: Option<Duration>) -> io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
         let (frozen, severed) = (CancellationToken::new(), CancellationToken::new());
         tokio::spawn(accept(
             listener,
@@ -44,11 +43,11 @@ impl TcpRelay {
             frozen.clone(),
             severed.clone(),
         ));
-        Self {
+        Ok(Self {
             addr,
             frozen,
             severed,
-        }
+        })
     }
 
     /// Where the worker dials.

@@ -1,6 +1,7 @@
 //! A UDP relay on loopback between one worker and the gateway that can freeze: datagrams stop
 //! in both directions while both ends keep their connection state, as on a link gone dark.
 
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,20 +20,14 @@ pub struct UdpRelay {
 
 impl UdpRelay {
     /// Listens on loopback and forwards to `upstream`.
-    pub async fn start(upstream: SocketAddr) -> Self {
-        let front = UdpSocket::bind("127.0.0.1:0")
-            .await
-            .expect("the relay binds a loopback port");
-        let back = UdpSocket::bind("127.0.0.1:0")
-            .await
-            .expect("the relay binds a loopback port");
-        back.connect(upstream)
-            .await
-            .expect("the relay connects upstream");
-        let addr = front.local_addr().expect("the relay's address");
+    pub async fn start(upstream: SocketAddr) -> io::Result<Self> {
+        let front = UdpSocket::bind("127.0.0.1:0").await?;
+        let back = UdpSocket::bind("127.0.0.1:0").await?;
+        back.connect(upstream).await?;
+        let addr = front.local_addr()?;
         let frozen = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(forward(front, back, Arc::clone(&frozen)));
-        Self { addr, frozen, task }
+        Ok(Self { addr, frozen, task })
     }
 
     /// Where the worker dials.

@@ -1,7 +1,7 @@
 //! The gRPC transport, with the real worker SDK on the far end, passes core's conformance kit
 //! over TLS loopback sockets.
 //!
-//! Each kit worker is a [`GrpcWorker`] dialling the gateway through its own [`Proxy`], so the
+//! Each kit worker is a [`GrpcWorker`] dialling the gateway through its own [`TcpRelay`], so the
 //! kit can sever its connection (sockets closed, as a crashed process) or freeze it (sockets
 //! open and silent, as a hung one) below the SDK.
 // Helpers outside #[test] functions fail the test the same way the tests do.
@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use support::{Gateway, Proxy};
+use support::{Gateway, TcpRelay, https_endpoint};
 
 struct GrpcHarness;
 
@@ -54,9 +54,9 @@ impl TransportHarness for GrpcHarness {
             .iter()
             .position(|caller| *caller == spec.caller)
             .ok_or_else(|| KitConnectError::Transport("caller unknown to the harness".into()))?;
-        let proxy = Proxy::start(gateway.addr).await;
+        let proxy = TcpRelay::start(gateway.addr).await.unwrap();
         let registration = spec.registration;
-        let mut builder = GrpcWorker::builder(proxy.endpoint())
+        let mut builder = GrpcWorker::builder(https_endpoint(proxy.addr()))
             .tls(gateway.pki.client_tls())
             .token(token(index))
             .namespaces(registration.namespaces)
@@ -133,7 +133,7 @@ fn refusal(error: ConnectError) -> KitConnectError {
 
 struct KitWorker {
     id: WorkerId,
-    proxy: Proxy,
+    proxy: TcpRelay,
     stop: CancellationToken,
     run: JoinHandle<Result<(), ConnectError>>,
 }

@@ -10,7 +10,9 @@ use std::time::Duration;
 use switchyard_core::{DisconnectReason, LivenessConfig};
 use switchyard_transport_grpc::GrpcServerConfig;
 
-use support::{Gateway, Proxy, TRUSTED_TOKEN, fast_liveness, open, raw_client_at, register};
+use support::{
+    Gateway, TRUSTED_TOKEN, TcpRelay, fast_liveness, https_endpoint, open, raw_client_at, register,
+};
 
 #[tokio::test]
 async fn keepalive_deregisters_a_peer_that_stops_answering() {
@@ -28,8 +30,8 @@ async fn keepalive_deregisters_a_peer_that_stops_answering() {
         .start()
         .await;
     let mut events = gateway.core.registry().subscribe_events();
-    let proxy = Proxy::start(gateway.addr).await;
-    let mut client = raw_client_at(&proxy.endpoint(), gateway.pki.client_tls()).await;
+    let proxy = TcpRelay::start(gateway.addr).await.unwrap();
+    let mut client = raw_client_at(&https_endpoint(proxy.addr()), gateway.pki.client_tls()).await;
     let mut stream = open(&mut client, Some(TRUSTED_TOKEN)).await.unwrap();
     let worker = stream.register(register(&["ns"], &["echo"], Some(1))).await;
 

@@ -4,7 +4,6 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::panic)]
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,20 +19,19 @@ use switchyard_proto::v1::{
     ActivityResult, GatewayFrame, Pong, RegisterWorker, WorkerFrame, activity_result,
     gateway_frame, worker_frame,
 };
+use switchyard_test_support::{Issued, TestCa};
+// Re-exported for the test files; each test binary uses a different subset.
+#[allow(unused_imports)]
+pub use switchyard_test_support::{PATIENCE, TcpRelay, within};
 use switchyard_transport_grpc::{GrpcServerConfig, WorkerService, serve};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{
     Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
 };
 use tonic::{Request, Status, Streaming};
-
-/// Upper bound on any single wait in these tests.
-pub const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Token of a caller granted every namespace.
 pub const TRUSTED_TOKEN: &str = "token-trusted";
@@ -44,41 +42,18 @@ pub const BILLING_PRINCIPAL: &str = "billing-team";
 /// Common name of the client certificate the directory grants `billing`.
 pub const CERT_PRINCIPAL: &str = "worker-cert";
 
-/// Awaits `future`, failing the test if it takes longer than [`PATIENCE`].
-pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(PATIENCE, future).await {
-        Ok(value) => value,
-        Err(_) => panic!("timed out waiting for {what}"),
-    }
-}
-
-/// A CA and a server certificate for `localhost` / 127.0.0.1, made fresh per test.
+/// A CA and a server certificate for `localhost` / 127.0.0.1, made fresh per test, as the
+/// tonic TLS configs these tests use.
 pub struct Pki {
-    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
-    server_cert: String,
-    server_key: String,
+    ca: TestCa,
+    server: Issued,
 }
 
 impl Pki {
     pub fn new() -> Self {
-        let mut ca_params = rcgen::CertificateParams::new(Vec::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "switchyard test ca");
-        let ca =
-            rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap())
-                .unwrap();
-        let server_params =
-            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-                .unwrap();
-        let server_key = rcgen::KeyPair::generate().unwrap();
-        let server = server_params.signed_by(&server_key, &ca).unwrap();
-        Self {
-            server_cert: server.pem(),
-            server_key: server_key.serialize_pem(),
-            ca,
-        }
+        let ca = TestCa::new("switchyard test ca");
+        let server = ca.server();
+        Self { ca, server }
     }
 
     pub fn ca_pem(&self) -> String {
@@ -87,7 +62,10 @@ impl Pki {
 
     pub fn server_tls(&self) -> ServerTlsConfig {
         ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.server_cert, &self.server_key))
+            .identity(Identity::from_pem(
+                &self.server.cert_pem,
+                &self.server.key_pem,
+            ))
             .client_ca_root(Certificate::from_pem(self.ca_pem()))
             .client_auth_optional(true)
     }
@@ -101,15 +79,9 @@ impl Pki {
 
     /// Client TLS presenting a certificate whose subject common name is `common_name`.
     pub fn client_tls_as(&self, common_name: &str) -> ClientTlsConfig {
-        let mut params = rcgen::CertificateParams::new(Vec::new()).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, common_name);
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.ca).unwrap();
+        let client = self.ca.client(common_name);
         self.client_tls()
-            .identity(Identity::from_pem(cert.pem(), key.serialize_pem()))
+            .identity(Identity::from_pem(client.cert_pem, client.key_pem))
     }
 }
 
@@ -273,7 +245,7 @@ impl Gateway {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("https://localhost:{}", self.addr.port())
+        https_endpoint(self.addr)
     }
 
     /// A raw generated client over TLS (no client certificate).
@@ -284,6 +256,12 @@ impl Gateway {
     pub async fn raw_client_with(&self, tls: ClientTlsConfig) -> WorkerGatewayClient<Channel> {
         raw_client_at(&self.endpoint(), tls).await
     }
+}
+
+/// The `https://localhost:<port>` endpoint of `addr`, as a worker dials it (through a
+/// [`TcpRelay`] or straight to the gateway).
+pub fn https_endpoint(addr: SocketAddr) -> String {
+    format!("https://localhost:{}", addr.port())
 }
 
 pub async fn raw_client_at(endpoint: &str, tls: ClientTlsConfig) -> WorkerGatewayClient<Channel> {
@@ -511,93 +489,6 @@ pub fn success(task_id: u64, output: &'static [u8]) -> WorkerFrame {
         task_id,
         outcome: Some(activity_result::Outcome::Output(Bytes::from_static(output))),
     }))
-}
-
-/// A TCP relay in front of the gateway that can go silent or cut its connections, to play a
-/// peer that hangs (frozen: no FIN, no RST, no bytes) or crashes (severed: sockets closed).
-pub struct Proxy {
-    pub addr: SocketAddr,
-    frozen: CancellationToken,
-    severed: CancellationToken,
-}
-
-impl Proxy {
-    pub async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (frozen, severed) = (CancellationToken::new(), CancellationToken::new());
-        let (f, s) = (frozen.clone(), severed.clone());
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    accepted = listener.accept() => accepted,
-                    () = s.cancelled() => return,
-                };
-                let Ok((client, _)) = accepted else { return };
-                // A hung or crashed peer makes no new connections either.
-                if f.is_cancelled() {
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    continue;
-                };
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                tokio::spawn(relay(client_read, server_write, f.clone(), s.clone()));
-                tokio::spawn(relay(server_read, client_write, f.clone(), s.clone()));
-            }
-        });
-        Self {
-            addr,
-            frozen,
-            severed,
-        }
-    }
-
-    /// Stops moving bytes in both directions; the sockets stay open.
-    pub fn freeze(&self) {
-        self.frozen.cancel();
-    }
-
-    /// Closes every relayed socket and the listener.
-    pub fn sever(&self) {
-        self.frozen.cancel();
-        self.severed.cancel();
-    }
-
-    pub fn endpoint(&self) -> String {
-        format!("https://localhost:{}", self.addr.port())
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.sever();
-    }
-}
-
-async fn relay(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    frozen: CancellationToken,
-    severed: CancellationToken,
-) {
-    let mut buffer = vec![0u8; 16 * 1024];
-    loop {
-        tokio::select! {
-            () = frozen.cancelled() => break,
-            read = from.read(&mut buffer) => match read {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    if to.write_all(&buffer[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            },
-        }
-    }
-    // Silent until severed: both halves are dropped (closed) only then.
-    severed.cancelled().await;
 }
 
 /// Sends each message's bytes as given (malformed protobuf included), decodes replies as

@@ -8,6 +8,7 @@ use switchyard_core::testkit::{
     self, BoxError, ConnectError, Handler, TaskCall, TransportHarness, WorkerHandle, WorkerSpec,
 };
 use switchyard_core::{Core, RefusalKind, TaskResult, WorkerEvent, WorkerId};
+use switchyard_test_support::UdpRelay;
 use switchyard_transport_quic::{
     ActivityContext, ActivityError, ActivityFuture, ErrorCode, QuicServer, QuicWorker, SelfSigned,
     ServerConfig, WorkerError,
@@ -15,7 +16,6 @@ use switchyard_transport_quic::{
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use crate::relay::Relay;
 use crate::support::PATIENCE;
 
 struct QuicHarness;
@@ -29,7 +29,7 @@ struct Gateway {
 struct Worker {
     id: WorkerId,
     run: JoinHandle<Result<(), WorkerError>>,
-    relay: Relay,
+    relay: UdpRelay,
 }
 
 impl WorkerHandle for Worker {
@@ -80,7 +80,7 @@ impl TransportHarness for QuicHarness {
 
     async fn connect(&self, gateway: &Gateway, spec: WorkerSpec) -> Result<Worker, ConnectError> {
         let transport = |error: BoxError| ConnectError::Transport(error);
-        let relay = Relay::start(gateway.server.local_addr())
+        let relay = UdpRelay::start(gateway.server.local_addr())
             .await
             .map_err(|e| transport(e.into()))?;
         let registration = spec.registration;

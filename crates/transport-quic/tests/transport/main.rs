@@ -9,7 +9,6 @@ mod delivery;
 mod isolation;
 mod oversized;
 mod registration;
-mod relay;
 mod spec;
 mod support;
 mod violations;

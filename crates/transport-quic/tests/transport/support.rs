@@ -24,8 +24,7 @@ use switchyard_transport_quic::{
 };
 use tokio::sync::{Mutex, broadcast, mpsc};
 
-/// Every wait in these tests gives up after this long.
-pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
+pub(crate) use switchyard_test_support::PATIENCE;
 /// The namespace every test worker serves.
 pub(crate) const NS: &str = "ns";
 

@@ -10,6 +10,7 @@ use switchyard_core::testkit::{
     self, BoxError, ConnectError, Handler, TaskCall, TransportHarness, WorkerHandle, WorkerSpec,
 };
 use switchyard_core::{Core, TaskResult, WorkerId};
+use switchyard_test_support::TcpRelay;
 use switchyard_transport_websocket::client::ConnectError as WsConnectError;
 use switchyard_transport_websocket::{
     ActivityContext, ActivityError, ActivityHandler, CloseCode, WsServer, WsServerConfig, WsWorker,
@@ -17,7 +18,6 @@ use switchyard_transport_websocket::{
 use tokio::task::JoinHandle;
 
 use super::pki::Pki;
-use super::relay::Relay;
 
 /// Runs the kit over `ws://`, or over `wss://` with a test PKI.
 #[derive(Clone, Debug)]
@@ -46,7 +46,7 @@ pub struct KitGateway {
 /// A connected worker: its client running on a task, behind its relay.
 pub struct KitWorker {
     id: WorkerId,
-    relay: Relay,
+    relay: TcpRelay,
     run: JoinHandle<()>,
 }
 
@@ -100,7 +100,7 @@ impl TransportHarness for WsHarness {
         let token = gateway.tokens.get(&spec.caller.principal).ok_or_else(|| {
             ConnectError::Transport(format!("no token for {}", spec.caller.principal).into())
         })?;
-        let relay = Relay::start(gateway.server.local_addr())
+        let relay = TcpRelay::start(gateway.server.local_addr())
             .await
             .map_err(|error| ConnectError::Transport(error.into()))?;
         let scheme = if self.tls.is_some() { "wss" } else { "ws" };
