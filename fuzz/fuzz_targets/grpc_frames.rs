@@ -20,8 +20,9 @@ use switchyard_core::{
     TransportName, WorkerDelivery, WorkerId, WorkerMessage,
 };
 use switchyard_proto::v1::{WorkerFrame, worker_frame::Frame};
+use switchyard_auth::CallerTable;
 use switchyard_transport_grpc::{
-    GrpcServerConfig, SessionError, StaticDirectory, WorkerService, fuzz_registered_frames,
+    GrpcServerConfig, SessionError, WorkerService, fuzz_registered_frames,
 };
 
 /// Keeps what the gateway pushed (bounded: the fixture pushes a handful of messages).
@@ -108,7 +109,7 @@ fuzz_target!(|data: &[u8]| {
         let core = Core::start(Registry::builder(), CoreConfig::default());
         let service = WorkerService::new(
             core.clone(),
-            Arc::new(StaticDirectory::new()),
+            Arc::new(CallerTable::new()),
             GrpcServerConfig::default(),
         );
         let caller = CallerIdentity::trusted("fuzz");

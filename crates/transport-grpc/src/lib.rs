@@ -88,7 +88,7 @@ pub use delivery::TRANSPORT;
 pub use outbound::Outbound;
 pub use serve::{ServeError, serve};
 pub use service::WorkerService;
-#[doc(hidden)]
+#[cfg(fuzzing)]
 pub use session::fuzz_registered_frames;
 pub use status::{SessionError, admission_status};
 pub use switchyard_core::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};

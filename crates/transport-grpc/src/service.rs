@@ -89,6 +89,7 @@ impl WorkerService {
     }
 }
 
+#[cfg(fuzzing)]
 impl WorkerService {
     /// The state every session of this service shares (for the fuzzing entry).
     pub(crate) fn shared(&self) -> Arc<Shared> {

@@ -235,10 +235,11 @@ impl Session {
     }
 }
 
-/// Fuzzing entry, not API: feeds `frames` to the frame handler of a stream registered as
-/// `worker` on `service`, exactly as a session does after registration, until one would end the
-/// stream. Returns that error, or `None` if the stream would stay open.
-#[doc(hidden)]
+/// Fuzzing entry, not API (built only under `--cfg fuzzing`, as cargo-fuzz sets it): feeds
+/// `frames` to the frame handler of a stream registered as `worker` on `service`, exactly as a
+/// session does after registration, until one would end the stream. Returns that error, or
+/// `None` if the stream would stay open.
+#[cfg(fuzzing)]
 pub fn fuzz_registered_frames(
     service: &crate::WorkerService,
     worker: WorkerId,
