@@ -1,5 +1,9 @@
 //! A gateway on loopback, SDK workers for it, and a raw protocol client that speaks frames
 //! by hand (to send what no well-behaved worker would).
+// Test layout, the same in every transport crate (gRPC, QUIC, WebSocket): one test binary,
+// `tests/transport/main.rs`, with one module per behaviour next to this `support` module. One
+// binary links once per crate rather than once per file, and `support.rs` needs neither a
+// `mod.rs` nor an `autotests = false` list to keep it from being a test target of its own.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

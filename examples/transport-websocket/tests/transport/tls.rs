@@ -2,8 +2,6 @@
 // Helpers outside `#[test]` functions fail their test loudly too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -11,9 +9,9 @@ use switchyard_core::{ActivityOutcome, ActivityRequest, CallerIdentity};
 use switchyard_transport_websocket::client::ConnectError;
 use switchyard_transport_websocket::{ActivityContext, ActivityError, WsServerConfig, WsWorker};
 
-use support::gateway::{NAMESPACE, TOKEN, TestGateway};
-use support::pki::Pki;
-use support::raw::STEP;
+use crate::support::gateway::{NAMESPACE, TOKEN, TestGateway};
+use crate::support::pki::Pki;
+use crate::support::raw::STEP;
 
 async fn shout(_: ActivityContext, input: Bytes) -> Result<Bytes, ActivityError> {
     Ok(Bytes::from(input.to_ascii_uppercase()))

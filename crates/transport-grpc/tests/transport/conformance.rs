@@ -7,8 +7,6 @@
 // Helpers outside #[test] functions fail the test the same way the tests do.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod support;
-
 use async_trait::async_trait;
 use bytes::Bytes;
 use switchyard_core::testkit::{
@@ -23,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use support::{Gateway, TcpRelay, https_endpoint};
+use crate::support::{Gateway, TcpRelay, https_endpoint};
 
 struct GrpcHarness;
 

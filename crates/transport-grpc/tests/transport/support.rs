@@ -1,4 +1,8 @@
 //! Shared setup for the loopback tests: a test PKI, a TLS gateway, raw generated clients.
+// Test layout, the same in every transport crate (gRPC, QUIC, WebSocket): one test binary,
+// `tests/transport/main.rs`, with one module per behaviour next to this `support` module. One
+// binary links once per crate rather than once per file, and `support.rs` needs neither a
+// `mod.rs` nor an `autotests = false` list to keep it from being a test target of its own.
 // Test scaffolding: a failed setup step should fail the test loudly, and each test file uses
 // a different subset of the helpers.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::panic)]
@@ -20,8 +24,6 @@ use switchyard_proto::v1::{
     gateway_frame, worker_frame,
 };
 use switchyard_test_support::{Issued, TestCa};
-// Re-exported for the test files; each test binary uses a different subset.
-#[allow(unused_imports)]
 pub use switchyard_test_support::{PATIENCE, TcpRelay, within};
 use switchyard_transport_grpc::{GrpcServerConfig, WorkerService, serve};
 use tokio::net::TcpListener;

@@ -3,8 +3,6 @@
 // Helpers outside `#[test]` functions fail their test loudly too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -18,8 +16,8 @@ use switchyard_core::{
 use switchyard_transport_websocket::{SUBPROTOCOL, WsServerConfig};
 use tokio::sync::broadcast;
 
-use support::gateway::{NAMESPACE, TOKEN, TestGateway};
-use support::raw::{self, STEP};
+use crate::support::gateway::{NAMESPACE, TOKEN, TestGateway};
+use crate::support::raw::{self, STEP};
 
 fn worker_id(registered: &Value) -> WorkerId {
     assert_eq!(registered["type"], "registered", "{registered}");

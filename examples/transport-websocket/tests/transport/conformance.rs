@@ -1,9 +1,7 @@
 //! Core's transport conformance kit, run against the WebSocket transport over real loopback
 //! sockets, in plain `ws://` and over TLS.
 
-mod support;
-
-use support::harness::WsHarness;
+use crate::support::harness::WsHarness;
 use switchyard_core::testkit::run_conformance;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

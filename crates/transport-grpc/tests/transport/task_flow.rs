@@ -4,8 +4,6 @@
 // Helpers outside #[test] functions fail the test the same way the tests do.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod support;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -13,7 +11,8 @@ use switchyard_core::{ActivityOutcome, DisconnectReason, RefusedCounts, WorkerEv
 use switchyard_proto::v1::{ActivityResult, Failure, activity_result, gateway_frame, worker_frame};
 use tonic::Code;
 
-use support::{
+use crate::support;
+use crate::support::{
     Gateway, RawStream, TRUSTED_TOKEN, dispatch, frame, open, register, request, success,
 };
 

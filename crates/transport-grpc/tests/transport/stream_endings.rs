@@ -6,8 +6,6 @@
 // Helpers outside #[test] functions fail the test the same way the tests do.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,7 +17,8 @@ use switchyard_proto::v1::{
 use switchyard_transport_grpc::GrpcServerConfig;
 use tonic::Code;
 
-use support::{
+use crate::support;
+use crate::support::{
     Gateway, RawBytesStream, RawStream, TRUSTED_TOKEN, dispatch, frame, open, register, request,
 };
 

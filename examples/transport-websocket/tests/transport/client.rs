@@ -3,8 +3,6 @@
 // Helpers outside `#[test]` functions fail their test loudly too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,9 +18,9 @@ use switchyard_transport_websocket::{
 };
 use tokio::sync::{Notify, broadcast};
 
-use support::fake::{FakeGateway, task};
-use support::gateway::{NAMESPACE, TOKEN, TestGateway};
-use support::raw::{self, Raw, STEP};
+use crate::support::fake::{FakeGateway, task};
+use crate::support::gateway::{NAMESPACE, TOKEN, TestGateway};
+use crate::support::raw::{self, Raw, STEP};
 
 fn builder(url: String) -> WsWorkerBuilder {
     WsWorker::builder(url).namespaces([NAMESPACE]).token(TOKEN)

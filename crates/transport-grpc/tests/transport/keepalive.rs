@@ -3,14 +3,13 @@
 // Helpers outside #[test] functions fail the test the same way the tests do.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod support;
-
 use std::time::Duration;
 
 use switchyard_core::{DisconnectReason, LivenessConfig};
 use switchyard_transport_grpc::GrpcServerConfig;
 
-use support::{
+use crate::support;
+use crate::support::{
     Gateway, TRUSTED_TOKEN, TcpRelay, fast_liveness, https_endpoint, open, raw_client_at, register,
 };
 

@@ -3,8 +3,6 @@
 // Helpers outside #[test] functions fail the test the same way the tests do.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +15,8 @@ use switchyard_proto::v1::{Pong, gateway_frame, worker_frame};
 use switchyard_transport_grpc::GrpcServerConfig;
 use tonic::Code;
 
-use support::{
+use crate::support;
+use crate::support::{
     BILLING_PRINCIPAL, BILLING_TOKEN, CERT_PRINCIPAL, Gateway, TRUSTED_TOKEN, frame, open, register,
 };
 

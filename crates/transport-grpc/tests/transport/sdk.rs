@@ -3,8 +3,6 @@
 // Helpers outside #[test] functions fail the test the same way the tests do.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -17,7 +15,8 @@ use switchyard_transport_grpc::{
 use tokio::sync::{Semaphore, mpsc};
 use tonic::Code;
 
-use support::{BILLING_TOKEN, Gateway, TRUSTED_TOKEN, dispatch, request, within};
+use crate::support;
+use crate::support::{BILLING_TOKEN, Gateway, TRUSTED_TOKEN, dispatch, request, within};
 
 fn sdk(gateway: &Gateway) -> GrpcWorkerBuilder {
     GrpcWorker::builder(gateway.endpoint())
