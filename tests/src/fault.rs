@@ -9,11 +9,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 use switchyard_core::WorkerId;
 use switchyard_transport_grpc::{ActivityContext as GrpcContext, GrpcWorker};
-use switchyard_transport_quic::{ActivityContext as QuicContext, ClientTls, QuicWorker};
+use switchyard_transport_quic::{ActivityContext as QuicContext, QuicWorker};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -122,14 +120,6 @@ impl Drop for FaultWorker {
     }
 }
 
-fn ca_roots(gateway: &TestGateway) -> rustls::RootCertStore {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(gateway.ca_pem().as_bytes()) {
-        roots.add(cert.expect("CA parses")).expect("CA accepted");
-    }
-    roots
-}
-
 /// Connects a gRPC SDK fault worker to `addr` (the gateway's gRPC port or a relay in front).
 pub async fn grpc_fault_worker(
     gateway: &TestGateway,
@@ -172,7 +162,7 @@ pub async fn quic_fault_worker(
     let worker = QuicWorker::builder(addr, "localhost")
         .namespaces(vec![spec.namespace.clone()])
         .max_concurrency(spec.capacity)
-        .tls(ClientTls::new(ca_roots(gateway)).expect("client TLS"))
+        .tls(gateway.quic_tls())
         .activity(
             spec.activity.clone(),
             move |_: QuicContext, input: Bytes| {

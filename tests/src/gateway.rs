@@ -2,8 +2,11 @@
 
 use std::time::Duration;
 
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use switchyard_gateway::{ConfigDuration, Gateway, GatewayBuilder, GatewayConfig};
 use switchyard_proto::v1::gateway_client::GatewayClient;
+use switchyard_transport_quic::ClientTls;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -108,6 +111,30 @@ impl TestGateway {
             .expect("tests use development material")
             .to_owned();
         std::fs::read_to_string(path).expect("CA readable")
+    }
+
+    /// Roots trusting the development CA.
+    pub fn ca_roots(&self) -> rustls::RootCertStore {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(self.ca_pem().as_bytes()) {
+            roots.add(cert.expect("CA parses")).expect("CA accepted");
+        }
+        roots
+    }
+
+    /// QUIC client TLS trusting the development CA, presenting no certificate.
+    pub fn quic_tls(&self) -> ClientTls {
+        ClientTls::new(self.ca_roots()).expect("client TLS")
+    }
+
+    /// QUIC client TLS trusting the development CA and presenting the client certificate
+    /// `cert_pem` with its key `key_pem`.
+    pub fn quic_tls_presenting(&self, cert_pem: &str, key_pem: &str) -> ClientTls {
+        let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("client certificate parses");
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("client key parses");
+        ClientTls::with_client_cert(self.ca_roots(), chain, key).expect("client TLS")
     }
 
     /// The data directory.

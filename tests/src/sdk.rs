@@ -6,14 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 use switchyard_core::WorkerId;
 use switchyard_transport_grpc::{
     ActivityContext as GrpcContext, ConnectError, GrpcWorker, GrpcWorkerBuilder,
 };
 use switchyard_transport_quic::{
-    ActivityContext as QuicContext, ClientTls, QuicWorker, QuicWorkerBuilder, WorkerError,
+    ActivityContext as QuicContext, QuicWorker, QuicWorkerBuilder, WorkerError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -117,15 +115,11 @@ fn quic_builder(
     served: Arc<AtomicU64>,
 ) -> QuicWorkerBuilder {
     let addr = gateway.gateway().addr("quic").expect("quic listens");
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(gateway.ca_pem().as_bytes()) {
-        roots.add(cert.expect("CA parses")).expect("CA accepted");
-    }
     let delay = spec.task_time;
     let mut builder = QuicWorker::builder(addr, "localhost")
         .namespaces(spec.namespaces.clone())
         .max_concurrency(spec.capacity)
-        .tls(ClientTls::new(roots).expect("client TLS"))
+        .tls(gateway.quic_tls())
         .activity(spec.activity.clone(), move |_: QuicContext, _: Bytes| {
             let served = Arc::clone(&served);
             async move { Ok(handle("quic", delay, &served).await) }

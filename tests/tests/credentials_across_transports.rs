@@ -18,8 +18,6 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use switchyard_gateway::{GatewayConfig, PrincipalConfig};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
@@ -27,7 +25,7 @@ use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use switchyard_test_support::{Issued, TestCa};
 use switchyard_tests::{TestGateway, raw_registration};
 use switchyard_transport_quic::{
-    ActivityContext, ActivityError, ClientTls, ErrorCode, QuicWorker, WorkerError,
+    ActivityContext, ActivityError, ErrorCode, QuicWorker, WorkerError,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -265,18 +263,10 @@ async fn grpc_worker(gateway: &TestGateway, certificate: Option<&Issued>, row: &
 /// A QUIC SDK worker registering for the row's namespace; the token is the part of the row's
 /// `authorization` after the scheme (QUIC's registration carries a bare token).
 async fn quic_worker(gateway: &TestGateway, certificate: Option<&Issued>, row: &Row) -> Answer {
-    let mut roots = rustls::RootCertStore::empty();
-    for der in CertificateDer::pem_slice_iter(gateway.ca_pem().as_bytes()) {
-        roots.add(der.unwrap()).unwrap();
-    }
     let tls = match certificate {
-        None => ClientTls::new(roots).unwrap(),
+        None => gateway.quic_tls(),
         Some(certificate) => {
-            let chain = CertificateDer::pem_slice_iter(certificate.cert_pem.as_bytes())
-                .collect::<Result<Vec<_>, _>>()
-                .unwrap();
-            let key = PrivateKeyDer::from_pem_slice(certificate.key_pem.as_bytes()).unwrap();
-            ClientTls::with_client_cert(roots, chain, key).unwrap()
+            gateway.quic_tls_presenting(&certificate.cert_pem, &certificate.key_pem)
         }
     };
     let mut builder = QuicWorker::builder(gateway.gateway().addr("quic").unwrap(), "localhost")

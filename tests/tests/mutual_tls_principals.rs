@@ -9,16 +9,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use switchyard_gateway::{GatewayConfig, PrincipalConfig};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use switchyard_test_support::TestCa;
 use switchyard_tests::TestGateway;
-use switchyard_transport_quic::{
-    ActivityContext, ActivityError, ClientTls, QuicWorker, WorkerError,
-};
+use switchyard_transport_quic::{ActivityContext, ActivityError, QuicWorker, WorkerError};
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
@@ -202,19 +198,9 @@ async fn quic_worker_connects(
     cert: Option<&ClientCertificates>,
     token: Option<&str>,
 ) -> Result<switchyard_core::WorkerId, WorkerError> {
-    let mut roots = rustls::RootCertStore::empty();
-    for der in CertificateDer::pem_slice_iter(gateway.ca_pem().as_bytes()) {
-        roots.add(der.unwrap()).unwrap();
-    }
     let tls = match cert {
-        None => ClientTls::new(roots).unwrap(),
-        Some(cert) => {
-            let chain = CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
-                .collect::<Result<Vec<_>, _>>()
-                .unwrap();
-            let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).unwrap();
-            ClientTls::with_client_cert(roots, chain, key).unwrap()
-        }
+        None => gateway.quic_tls(),
+        Some(cert) => gateway.quic_tls_presenting(&cert.cert_pem, &cert.key_pem),
     };
     let mut builder = QuicWorker::builder(gateway.gateway().addr("quic").unwrap(), "localhost")
         .namespaces(["ops"])
