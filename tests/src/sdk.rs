@@ -10,7 +10,7 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use switchyard_core::WorkerId;
 use switchyard_transport_grpc::{
-    ActivityContext as GrpcContext, ConnectError, GrpcWorker, GrpcWorkerBuilder,
+    ActivityContext as GrpcContext, GrpcWorker, GrpcWorkerBuilder, WorkerError as GrpcWorkerError,
 };
 use switchyard_transport_quic::{
     ActivityContext as QuicContext, ClientTls, QuicWorker, QuicWorkerBuilder, WorkerError,
@@ -140,7 +140,7 @@ fn quic_builder(
 pub async fn grpc_worker(
     gateway: &TestGateway,
     spec: &WorkerSpec,
-) -> Result<RunningWorker, ConnectError> {
+) -> Result<RunningWorker, GrpcWorkerError> {
     let served = Arc::new(AtomicU64::new(0));
     let worker = grpc_builder(gateway, spec, Arc::clone(&served))
         .connect()
