@@ -62,7 +62,7 @@ pub struct RunningWorker {
 #[derive(Debug)]
 enum Stop {
     Grpc(CancellationToken),
-    Quic(switchyard_transport_quic::WorkerHandle),
+    Quic(switchyard_transport_quic::QuicWorkerHandle),
 }
 
 impl RunningWorker {
@@ -75,7 +75,10 @@ impl RunningWorker {
     pub fn stop(&self) {
         match &self.stop {
             Stop::Grpc(token) => token.cancel(),
-            Stop::Quic(handle) => handle.drain(),
+            Stop::Quic(handle) => {
+                // Draining is always supported over QUIC.
+                let _ = handle.drain();
+            }
         }
     }
 }

@@ -26,7 +26,7 @@ use switchyard_proto::v1::gateway_client::GatewayClient;
 use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use switchyard_tests::{TestGateway, raw_registration};
 use switchyard_transport_quic::{
-    ActivityContext, ActivityError, ClientTls, ErrorCode, QuicWorker, WorkerError,
+    ActivityContext, ActivityError, ClientTls, ErrorCode, QuicLinkError, QuicWorker,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -321,17 +321,20 @@ async fn quic_worker(
     if let Some((_scheme, token)) = row.authorization.and_then(|value| value.split_once(' ')) {
         builder = builder.token(token);
     }
-    match builder.connect().await {
-        Ok(_worker) => Answer::Admitted,
-        Err(WorkerError::Refused {
+    let error = match builder.connect().await {
+        Ok(_worker) => return Answer::Admitted,
+        Err(error) => error,
+    };
+    match error.link_error::<QuicLinkError>() {
+        Some(QuicLinkError::Refused {
             code: ErrorCode::Unauthenticated,
             ..
         }) => Answer::Unauthenticated,
-        Err(WorkerError::Refused {
+        Some(QuicLinkError::Refused {
             code: ErrorCode::NamespaceNotGranted,
             ..
         }) => Answer::NotGranted,
-        Err(other) => Answer::Other(other.to_string()),
+        _ => Answer::Other(error.to_string()),
     }
 }
 

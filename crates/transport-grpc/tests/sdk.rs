@@ -107,7 +107,7 @@ async fn handlers_outputs_failures_and_panics_become_outcomes() {
     assert_eq!(
         panicked.await.unwrap(),
         ActivityOutcome::Failed {
-            message: "activity handler panicked".into(),
+            message: "activity handler panicked: handler bug".into(),
             retryable: false
         }
     );

@@ -99,7 +99,10 @@ impl TaskRunner {
             Some(match run.catch_unwind().await {
                 Ok(Ok(output)) => TaskResult::Success(output),
                 Ok(Err(error)) => failure(&error),
-                Err(_) => failure(&ActivityError::fatal("activity handler panicked")),
+                Err(payload) => failure(&ActivityError::fatal(format!(
+                    "activity handler panicked: {}",
+                    panic_message(payload.as_ref())
+                ))),
             })
         };
         RunningTask {
@@ -107,6 +110,17 @@ impl TaskRunner {
             token,
             future: future.boxed(),
         }
+    }
+}
+
+/// The text a panic was raised with, when it was raised with text.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        text
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text
+    } else {
+        "a non-text payload"
     }
 }
 
@@ -297,7 +311,7 @@ mod tests {
             TaskReply::Result {
                 task_id: TaskId::from_raw(5),
                 result: TaskResult::Failure {
-                    message: "activity handler panicked".into(),
+                    message: "activity handler panicked: boom".into(),
                     retryable: false,
                 },
             }
