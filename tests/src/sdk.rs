@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use switchyard_core::WorkerId;
 use switchyard_transport_grpc::{
-    ActivityContext as GrpcContext, ConnectError, GrpcWorker, GrpcWorkerBuilder,
+    ActivityContext as GrpcContext, GrpcWorker, GrpcWorkerBuilder, WorkerError as GrpcWorkerError,
 };
 use switchyard_transport_quic::{
     ActivityContext as QuicContext, QuicWorker, QuicWorkerBuilder, WorkerError,
@@ -60,7 +60,7 @@ pub struct RunningWorker {
 #[derive(Debug)]
 enum Stop {
     Grpc(CancellationToken),
-    Quic(switchyard_transport_quic::WorkerHandle),
+    Quic(switchyard_transport_quic::QuicWorkerHandle),
 }
 
 impl RunningWorker {
@@ -73,7 +73,10 @@ impl RunningWorker {
     pub fn stop(&self) {
         match &self.stop {
             Stop::Grpc(token) => token.cancel(),
-            Stop::Quic(handle) => handle.drain(),
+            Stop::Quic(handle) => {
+                // Draining is always supported over QUIC.
+                let _ = handle.drain();
+            }
         }
     }
 }
@@ -134,7 +137,7 @@ fn quic_builder(
 pub async fn grpc_worker(
     gateway: &TestGateway,
     spec: &WorkerSpec,
-) -> Result<RunningWorker, ConnectError> {
+) -> Result<RunningWorker, GrpcWorkerError> {
     let served = Arc::new(AtomicU64::new(0));
     let worker = grpc_builder(gateway, spec, Arc::clone(&served))
         .connect()

@@ -14,7 +14,7 @@ use rustls_pki_types::pem::PemObject;
 use switchyard_core::{AdmissionError, WorkerId};
 use switchyard_tests::{RawGrpcWorker, TestGateway, raw_registration, wait_eligible};
 use switchyard_transport_quic::{
-    ActivityContext, ClientTls, ErrorCode, QuicWorker, QuicWorkerBuilder, WorkerError,
+    ActivityContext, ClientTls, ErrorCode, QuicLinkError, QuicWorker, QuicWorkerBuilder,
 };
 use tonic::Code;
 
@@ -71,10 +71,10 @@ async fn above_the_ceiling_both_transports_refuse_with_the_gates_sentence() {
     let ended = tokio::time::timeout(WAIT, quic.run())
         .await
         .expect("the gateway closes the connection");
-    match ended {
-        Err(WorkerError::Refused { code, reason }) => {
-            assert_eq!(code, ErrorCode::CapacityRefused);
-            assert_eq!(reason, sentence(CEILING + 1));
+    match ended.as_ref().map_err(|e| e.link_error::<QuicLinkError>()) {
+        Err(Some(QuicLinkError::Refused { code, reason })) => {
+            assert_eq!(*code, ErrorCode::CapacityRefused);
+            assert_eq!(*reason, sentence(CEILING + 1));
         }
         other => panic!("expected CAPACITY_REFUSED, got {other:?}"),
     }
@@ -118,7 +118,7 @@ async fn at_the_ceiling_both_transports_are_admitted() {
         Some(CEILING)
     );
     assert_eq!(registry.admission_audit().refusals(), 0);
-    handle.drain();
+    handle.drain().unwrap();
     running.abort();
 }
 

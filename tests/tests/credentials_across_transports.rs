@@ -25,7 +25,7 @@ use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use switchyard_test_support::{Issued, TestCa};
 use switchyard_tests::{TestGateway, raw_registration};
 use switchyard_transport_quic::{
-    ActivityContext, ActivityError, ErrorCode, QuicWorker, WorkerError,
+    ActivityContext, ActivityError, ErrorCode, QuicLinkError, QuicWorker,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -280,17 +280,20 @@ async fn quic_worker(gateway: &TestGateway, certificate: Option<&Issued>, row: &
     if let Some((_scheme, token)) = row.authorization.and_then(|value| value.split_once(' ')) {
         builder = builder.token(token);
     }
-    match builder.connect().await {
-        Ok(_worker) => Answer::Admitted,
-        Err(WorkerError::Refused {
+    let error = match builder.connect().await {
+        Ok(_worker) => return Answer::Admitted,
+        Err(error) => error,
+    };
+    match error.link_error::<QuicLinkError>() {
+        Some(QuicLinkError::Refused {
             code: ErrorCode::Unauthenticated,
             ..
         }) => Answer::Unauthenticated,
-        Err(WorkerError::Refused {
+        Some(QuicLinkError::Refused {
             code: ErrorCode::NamespaceNotGranted,
             ..
         }) => Answer::NotGranted,
-        Err(other) => Answer::Other(other.to_string()),
+        _ => Answer::Other(error.to_string()),
     }
 }
 

@@ -14,7 +14,9 @@ use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use switchyard_test_support::TestCa;
 use switchyard_tests::TestGateway;
-use switchyard_transport_quic::{ActivityContext, ActivityError, QuicWorker, WorkerError};
+use switchyard_transport_quic::{
+    ActivityContext, ActivityError, QuicLinkError, QuicWorker, WorkerError,
+};
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
@@ -181,13 +183,13 @@ fn assert_refused_in_handshake(result: Result<(), Status>, what: &str) {
 }
 
 /// A QUIC worker refused in the handshake: the connection failed before any registration
-/// answer (a refused registration would be `WorkerError::Refused`).
+/// answer (a refused registration would be `QuicLinkError::Refused`).
 fn assert_quic_refused_in_handshake(
     result: Result<switchyard_core::WorkerId, WorkerError>,
     what: &str,
 ) {
-    match result {
-        Err(WorkerError::Connection(_)) => {}
+    match result.as_ref().map_err(|e| e.link_error::<QuicLinkError>()) {
+        Err(Some(QuicLinkError::Connection(_))) => {}
         other => panic!("{what}: expected a failed handshake, got {other:?}"),
     }
 }

@@ -261,7 +261,7 @@ async fn try_both_serving(port: u16, data_dir: &Path, since: u64) -> Option<Vec<
 /// The fleet of the scenario: a CLI worker process and an SDK worker task.
 struct Fleet {
     cli: Process,
-    sdk: tokio::task::JoinHandle<Result<(), switchyard_transport_grpc::ConnectError>>,
+    sdk: tokio::task::JoinHandle<Result<(), switchyard_transport_grpc::WorkerError>>,
     sdk_stop: tokio_util::sync::CancellationToken,
 }
 

@@ -76,8 +76,8 @@ mod server;
 mod tls;
 
 pub use client::{
-    ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicWorker,
-    QuicWorkerBuilder, WORKER_KEEP_ALIVE, WorkerError, WorkerHandle,
+    ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicLinkError,
+    QuicWorker, QuicWorkerBuilder, QuicWorkerHandle, WORKER_KEEP_ALIVE, WorkerError,
 };
 pub use config::{
     ConfigError, CongestionControl, FrameLimits, LinkSettings, MAX_SOCKET_BUFFER, ServerConfig,

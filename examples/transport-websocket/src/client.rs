@@ -1,9 +1,11 @@
 //! A tiny Rust worker over the WebSocket protocol: register handlers, connect, run.
 //!
-//! A [`WsWorker`] holds one registered socket. Its runtime answers the gateway's pings itself,
-//! runs at most `max_concurrency` handlers at once, fires a handler's cancellation on `cancel`
-//! (and acknowledges the cancel once the handler returns), and on `drain` finishes in-flight
-//! work, then closes with 1000. It does not reconnect: [`WsWorker::run`] returns when the
+//! A [`WsWorker`] holds one registered socket. Its options and validation
+//! ([`WorkerOptions`]) and its task runner ([`TaskRunner`]: at most `max_concurrency` handlers
+//! at once, cancellation, panic catching, result or cancel-ack) are the shared worker
+//! runtime's (`switchyard-worker`); this client adds the socket: it answers the gateway's
+//! pings, fires a handler's cancellation on `cancel`, and on `drain` finishes in-flight work,
+//! then closes with 1000. It does not reconnect: [`WsWorker::run`] returns when the
 //! socket ends, and a caller that wants to stay connected builds a new worker in a loop (the
 //! gateway hands the old one's tasks to other workers in the meantime).
 
@@ -11,11 +13,11 @@ mod dial;
 mod error;
 mod runtime;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_core::WorkerId;
+use switchyard_worker::{TaskRunner, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -59,6 +61,8 @@ const OUTBOUND_HEADROOM: usize = 16;
 pub struct WsWorker {
     settings: Arc<Settings>,
     link: Link,
+    runner: TaskRunner,
+    outbound_queue: usize,
     stop: CancellationToken,
 }
 
@@ -75,17 +79,13 @@ impl WsWorker {
     /// Starts configuring a worker for the gateway at `url` (`ws://` or `wss://`).
     pub fn builder(url: impl Into<String>) -> WsWorkerBuilder {
         WsWorkerBuilder {
+            options: WorkerOptions {
+                identity: format!("rust-ws pid {}", std::process::id()),
+                ..WorkerOptions::default()
+            },
             settings: Settings {
                 url: url.into(),
-                namespaces: Vec::new(),
-                task_queue: String::new(),
-                node: None,
-                identity: format!("rust-ws pid {}", std::process::id()),
-                activities: BTreeMap::new(),
-                max_concurrency: 16,
                 tls: None,
-                token: None,
-                connect_timeout: Duration::from_secs(10),
                 close_timeout: Duration::from_secs(5),
                 max_message_bytes: 16 * 1024 * 1024,
             },
@@ -119,14 +119,21 @@ impl WsWorker {
     /// [`WsWorker::shutdown_token`], both `Ok`; or until the socket ends otherwise.
     pub async fn run(self) -> Result<(), RunError> {
         let span = tracing::info_span!("ws_worker", worker = %self.link.worker_id);
-        runtime::serve(self.link, &self.settings, &self.stop)
-            .instrument(span)
-            .await
+        runtime::serve(
+            self.link,
+            &self.settings,
+            &self.runner,
+            self.outbound_queue,
+            &self.stop,
+        )
+        .instrument(span)
+        .await
     }
 }
 
 /// Configures a [`WsWorker`]; see [`WsWorker::builder`].
 pub struct WsWorkerBuilder {
+    options: WorkerOptions,
     settings: Settings,
 }
 
@@ -134,59 +141,56 @@ impl std::fmt::Debug for WsWorkerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WsWorkerBuilder")
             .field("url", &self.settings.url)
+            .field("options", &self.options)
             .finish_non_exhaustive()
     }
 }
 
 impl WsWorkerBuilder {
-    /// Adds namespaces to serve (at least one is required).
+    /// Adds namespaces to serve (at least one is required); see [`WorkerOptions`].
     pub fn namespaces<I, S>(mut self, namespaces: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.settings
-            .namespaces
-            .extend(namespaces.into_iter().map(Into::into));
+        self.options.namespaces(namespaces);
         self
     }
 
     /// The task queue to serve in each namespace (default: the gateway's default queue).
     pub fn task_queue(mut self, task_queue: impl Into<String>) -> Self {
-        self.settings.task_queue = task_queue.into();
+        self.options.task_queue = task_queue.into();
         self
     }
 
     /// The locality label to advertise (default: none).
     pub fn node(mut self, node: impl Into<String>) -> Self {
-        self.settings.node = Some(node.into());
+        self.options.node = node.into();
         self
     }
 
     /// The free-form process description operators see (default: `rust-ws pid <pid>`).
     pub fn identity(mut self, identity: impl Into<String>) -> Self {
-        self.settings.identity = identity.into();
+        self.options.identity = identity.into();
         self
     }
 
     /// Serves activity type `name` with `handler` (at least one is required); a later handler
     /// for the same name replaces the earlier one.
     pub fn activity(mut self, name: impl Into<String>, handler: impl ActivityHandler) -> Self {
-        self.settings
-            .activities
-            .insert(name.into(), Arc::new(handler));
+        self.options.activity(name, handler);
         self
     }
 
     /// Most handlers running at once, and the capacity advertised to the gateway (default 16).
     pub fn max_concurrency(mut self, max_concurrency: u32) -> Self {
-        self.settings.max_concurrency = max_concurrency;
+        self.options.max_concurrency = max_concurrency;
         self
     }
 
     /// A bearer token, sent as `Authorization: Bearer <token>` on the upgrade request.
     pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.settings.token = Some(token.into());
+        self.options.token = Some(token.into());
         self
     }
 
@@ -199,7 +203,7 @@ impl WsWorkerBuilder {
     /// Longest wait for TCP, TLS, the upgrade and the registration answer together
     /// (default 10 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.connect_timeout = timeout;
+        self.options.connect_timeout = timeout;
         self
     }
 
@@ -209,40 +213,36 @@ impl WsWorkerBuilder {
         self
     }
 
-    /// Connects, registers, and waits for the gateway's answer.
+    /// Validates the options, connects, registers, and waits for the gateway's answer.
     pub async fn connect(self) -> Result<WsWorker, ConnectError> {
-        let settings = Arc::new(self.settings);
-        let link = dial::open(&settings).await?;
+        self.options.validate()?;
+        let link = dial::open(&self.settings, &self.options).await?;
+        let runner = TaskRunner::new(
+            self.options.activities.clone(),
+            self.options.max_concurrency,
+        );
         Ok(WsWorker {
-            settings,
             link,
+            runner,
             stop: CancellationToken::new(),
+            outbound_queue: outbound_queue(self.options.max_concurrency),
+            settings: Arc::new(self.settings),
         })
     }
 }
 
-/// Everything a worker was configured with.
+/// The WebSocket-specific settings of a worker.
 pub(crate) struct Settings {
     pub(crate) url: String,
-    pub(crate) namespaces: Vec<String>,
-    pub(crate) task_queue: String,
-    pub(crate) node: Option<String>,
-    pub(crate) identity: String,
-    pub(crate) activities: BTreeMap<String, Arc<dyn ActivityHandler>>,
-    pub(crate) max_concurrency: u32,
     pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
-    pub(crate) token: Option<String>,
-    pub(crate) connect_timeout: Duration,
     pub(crate) close_timeout: Duration,
     pub(crate) max_message_bytes: usize,
 }
 
-impl Settings {
-    /// One result per task it may hold, plus room for pongs and cancel acks.
-    pub(crate) fn outbound_queue(&self) -> usize {
-        usize::try_from(self.max_concurrency)
-            .unwrap_or(usize::MAX)
-            .min(65_536)
-            .saturating_add(OUTBOUND_HEADROOM)
-    }
+/// One result per task it may hold, plus room for pongs and cancel acks.
+fn outbound_queue(max_concurrency: u32) -> usize {
+    usize::try_from(max_concurrency)
+        .unwrap_or(usize::MAX)
+        .min(65_536)
+        .saturating_add(OUTBOUND_HEADROOM)
 }

@@ -84,14 +84,17 @@ pub(crate) struct Running {
 
 enum StopHandle {
     Grpc(CancellationToken),
-    Quic(switchyard_transport_quic::WorkerHandle),
+    Quic(switchyard_transport_quic::QuicWorkerHandle),
 }
 
 impl Running {
     fn stop(&self) {
         match &self.stop {
             StopHandle::Grpc(token) => token.cancel(),
-            StopHandle::Quic(handle) => handle.drain(),
+            StopHandle::Quic(handle) => {
+                // Draining is always supported over QUIC.
+                let _ = handle.drain();
+            }
         }
     }
 }

@@ -154,7 +154,8 @@ async fn drive(args: &DemoArgs, gateway: &Gateway) -> Result<(), Failure> {
     let (latency, completed) = dispatch_all(&mut client, args).await?;
     let elapsed = started.elapsed();
 
-    quic_handle.drain();
+    // Draining is always supported over QUIC.
+    let _ = quic_handle.drain();
     grpc_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), grpc_task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), quic_task).await;

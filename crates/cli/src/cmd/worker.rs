@@ -14,7 +14,7 @@ use switchyard_transport_grpc::{
 };
 use switchyard_transport_quic::{
     ActivityContext as QuicContext, ActivityError as QuicError, ClientTls, QuicWorker,
-    WorkerHandle as QuicWorkerHandle,
+    QuicWorkerHandle,
 };
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
@@ -238,7 +238,9 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), Failure> {
             tokio::spawn(report_reconnections(handle.clone(), args.quic_addr));
             tokio::spawn(async move {
                 super::serve::shutdown_signal().await;
-                handle.drain();
+                if let Err(error) = handle.drain() {
+                    tracing::warn!(%error, "could not drain the worker");
+                }
             });
             // Returns only on a final drain (the operator's, or Ctrl-C's own) or a refusal
             // reconnecting cannot cure; a gateway shutting down or restarting is waited out.

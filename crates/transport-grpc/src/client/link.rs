@@ -1,7 +1,5 @@
 //! Opening one worker stream: connect, register, wait for the acknowledgement.
 
-use std::sync::Arc;
-
 use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use switchyard_proto::v1::{
     GatewayFrame, RegisterAck, RegisterWorker, WorkerFrame, gateway_frame, worker_frame,
@@ -12,7 +10,10 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status, Streaming};
 
-use super::WorkerSettings;
+use switchyard_core::WorkerId;
+use switchyard_worker::{LinkError, Registered, WorkerOptions};
+
+use super::GrpcSettings;
 
 /// Why a worker could not open a registered stream.
 #[derive(Debug, thiserror::Error)]
@@ -45,15 +46,16 @@ pub enum ConnectError {
     NoAcknowledgement,
 }
 
-impl ConnectError {
-    /// True when trying again unchanged cannot succeed (bad settings or a refusal).
-    pub fn is_permanent(&self) -> bool {
+impl LinkError for ConnectError {
+    fn is_permanent(&self) -> bool {
         matches!(
             self,
             Self::InvalidEndpoint { .. } | Self::InvalidToken | Self::Refused(_)
         )
     }
+}
 
+impl ConnectError {
     fn from_status(status: Status) -> Self {
         match status.code() {
             Code::InvalidArgument
@@ -67,21 +69,24 @@ impl ConnectError {
 }
 
 /// A registered stream.
-pub(crate) struct Link {
+pub(crate) struct Stream {
     pub(crate) ack: RegisterAck,
     pub(crate) outbound: mpsc::Sender<WorkerFrame>,
     pub(crate) inbound: Streaming<GatewayFrame>,
 }
 
 /// The endpoint to dial, with TLS and HTTP/2 keepalive applied; built once per worker.
-pub(crate) fn endpoint(settings: &WorkerSettings) -> Result<Endpoint, ConnectError> {
+pub(crate) fn endpoint(
+    settings: &GrpcSettings,
+    connect_timeout: std::time::Duration,
+) -> Result<Endpoint, ConnectError> {
     let invalid = |source| ConnectError::InvalidEndpoint {
         endpoint: settings.endpoint.clone(),
         source,
     };
     let mut endpoint = Endpoint::from_shared(settings.endpoint.clone())
         .map_err(invalid)?
-        .connect_timeout(settings.connect_timeout)
+        .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(settings.keepalive_interval)
         .keep_alive_timeout(settings.keepalive_timeout)
@@ -95,8 +100,9 @@ pub(crate) fn endpoint(settings: &WorkerSettings) -> Result<Endpoint, ConnectErr
 /// Dials `endpoint`, opens the stream, registers and waits for the acknowledgement.
 pub(crate) async fn open(
     endpoint: &Endpoint,
-    settings: &Arc<WorkerSettings>,
-) -> Result<Link, ConnectError> {
+    settings: &GrpcSettings,
+    options: &WorkerOptions,
+) -> Result<(Stream, Registered), ConnectError> {
     let channel: Channel = endpoint
         .connect()
         .await
@@ -104,15 +110,15 @@ pub(crate) async fn open(
     let mut client = WorkerGatewayClient::new(channel)
         .max_decoding_message_size(settings.max_message_bytes)
         .max_encoding_message_size(settings.max_message_bytes);
-    let (outbound, frames) = mpsc::channel(settings.outbound_queue());
+    let (outbound, frames) = mpsc::channel(outbound_queue(options.max_concurrency));
     let register = WorkerFrame {
         frame: Some(worker_frame::Frame::Register(RegisterWorker {
-            namespaces: settings.namespaces.clone(),
-            task_queue: settings.task_queue.clone(),
-            node: settings.node.clone(),
-            activity_types: settings.activities.keys().cloned().collect(),
-            identity: settings.identity.clone(),
-            max_concurrency: Some(settings.max_concurrency),
+            namespaces: options.namespaces.clone(),
+            task_queue: options.task_queue.clone(),
+            node: options.node.clone(),
+            activity_types: options.activities.keys().cloned().collect(),
+            identity: options.identity.clone(),
+            max_concurrency: Some(options.max_concurrency),
         })),
     };
     // The queue is empty and its receiver alive, so the first frame always fits.
@@ -120,7 +126,7 @@ pub(crate) async fn open(
         .try_send(register)
         .map_err(|_| ConnectError::NoAcknowledgement)?;
     let mut request = Request::new(ReceiverStream::new(frames));
-    if let Some(token) = &settings.token {
+    if let Some(token) = &options.token {
         let value = MetadataValue::try_from(format!("Bearer {token}"))
             .map_err(|_| ConnectError::InvalidToken)?;
         request.metadata_mut().insert("authorization", value);
@@ -133,12 +139,30 @@ pub(crate) async fn open(
     match inbound.message().await {
         Ok(Some(GatewayFrame {
             frame: Some(gateway_frame::Frame::RegisterAck(ack)),
-        })) => Ok(Link {
-            ack,
-            outbound,
-            inbound,
-        }),
+        })) => {
+            let registered = Registered {
+                worker_id: WorkerId::from_raw(ack.worker_id),
+                task_queue: ack.task_queue.clone(),
+            };
+            let stream = Stream {
+                ack,
+                outbound,
+                inbound,
+            };
+            Ok((stream, registered))
+        }
         Ok(_) => Err(ConnectError::NoAcknowledgement),
         Err(status) => Err(ConnectError::from_status(status)),
     }
+}
+
+/// Room in the outbound queue beyond one result per task, for pongs and cancel acks.
+const OUTBOUND_HEADROOM: usize = 16;
+
+/// One result per task the worker may hold, plus room for pongs and cancel acks.
+fn outbound_queue(max_concurrency: u32) -> usize {
+    usize::try_from(max_concurrency)
+        .unwrap_or(usize::MAX)
+        .min(65_536)
+        .saturating_add(OUTBOUND_HEADROOM)
 }

@@ -16,6 +16,7 @@ use switchyard_core::testkit::{
 use switchyard_core::{Core, RefusalKind, TaskResult, WorkerId};
 use switchyard_transport_grpc::{
     ActivityContext, ActivityError, Backoff, ConnectError, GrpcServerConfig, GrpcWorker,
+    WorkerError,
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -112,8 +113,15 @@ fn adapt(
     }
 }
 
-fn refusal(error: ConnectError) -> KitConnectError {
-    let ConnectError::Refused(status) = &error else {
+fn refusal(error: WorkerError) -> KitConnectError {
+    if let WorkerError::Invalid { .. } = &error {
+        // The runtime refuses what the gate would, before dialling.
+        return KitConnectError::Refused {
+            kind: RefusalKind::Invalid,
+            message: error.to_string(),
+        };
+    }
+    let Some(ConnectError::Refused(status)) = error.link_error::<ConnectError>() else {
         return KitConnectError::Transport(Box::new(error));
     };
     let kind = match status.code() {
@@ -133,7 +141,7 @@ struct KitWorker {
     id: WorkerId,
     proxy: TcpRelay,
     stop: CancellationToken,
-    run: JoinHandle<Result<(), ConnectError>>,
+    run: JoinHandle<Result<(), WorkerError>>,
 }
 
 impl WorkerHandle for KitWorker {

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use switchyard_core::{ActivityOutcome, CallerIdentity, DisconnectReason, WorkerEvent, WorkerId};
 use switchyard_transport_grpc::{
     ActivityContext, ActivityError, Backoff, ConnectError, GrpcWorker, GrpcWorkerBuilder,
+    WorkerError,
 };
 use tokio::sync::{Semaphore, mpsc};
 use tonic::Code;
@@ -37,7 +38,7 @@ async fn echo(_: ActivityContext, input: Bytes) -> Result<Bytes, ActivityError> 
 async fn running(
     gateway: &Gateway,
     worker: GrpcWorker,
-) -> (WorkerId, tokio::task::JoinHandle<Result<(), ConnectError>>) {
+) -> (WorkerId, tokio::task::JoinHandle<Result<(), WorkerError>>) {
     let id = worker.worker_id();
     let run = tokio::spawn(worker.run());
     support::eligible(&gateway.core, id).await;
@@ -105,7 +106,7 @@ async fn handlers_outputs_failures_and_panics_become_outcomes() {
     assert_eq!(
         panicked.await.unwrap(),
         ActivityOutcome::Failed {
-            message: "activity handler panicked".into(),
+            message: "activity handler panicked: handler bug".into(),
             retryable: false
         }
     );
@@ -282,7 +283,7 @@ async fn connect_reports_refusals_as_permanent_and_outages_as_transient() {
         .connect()
         .await
         .unwrap_err();
-    let ConnectError::Refused(status) = &refused else {
+    let Some(ConnectError::Refused(status)) = refused.link_error::<ConnectError>() else {
         panic!("expected a refusal, got {refused:?}");
     };
     assert_eq!(status.code(), Code::PermissionDenied);
@@ -299,7 +300,10 @@ async fn connect_reports_refusals_as_permanent_and_outages_as_transient() {
         .await
         .unwrap_err();
     assert!(
-        matches!(unreachable, ConnectError::Unreachable(_)),
+        matches!(
+            unreachable.link_error::<ConnectError>(),
+            Some(ConnectError::Unreachable(_))
+        ),
         "{unreachable:?}"
     );
     assert!(!unreachable.is_permanent());
@@ -484,5 +488,72 @@ async fn a_result_over_the_stated_frame_limit_fails_locally_and_the_worker_stays
     assert_eq!(
         outcome.await.unwrap(),
         ActivityOutcome::Completed(Bytes::from(vec![b'y'; 1000]))
+    );
+}
+
+#[tokio::test]
+async fn drain_and_resize_are_typed_as_unsupported_and_shutdown_stops_the_worker() {
+    let gateway = Gateway::start().await;
+    let worker = sdk(&gateway)
+        .activity("echo", echo)
+        .connect()
+        .await
+        .unwrap();
+    let handle = worker.handle();
+    let (id, run) = running(&gateway, worker).await;
+    assert_eq!(handle.worker_id(), Some(id));
+    for (error, operation) in [
+        (handle.drain().unwrap_err(), "drain"),
+        (
+            handle.set_max_concurrency(4).unwrap_err(),
+            "set_max_concurrency",
+        ),
+    ] {
+        assert!(
+            matches!(
+                &error,
+                WorkerError::Unsupported { operation: op, transport: "grpc" } if *op == operation
+            ),
+            "{error:?}"
+        );
+    }
+    // Control: the handle does reach the running worker, and a refused drain left it serving.
+    assert!(!run.is_finished());
+    handle.shutdown();
+    within("the worker to stop", run).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn invalid_options_are_refused_before_dialling_naming_the_option() {
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let error = GrpcWorker::builder(format!("http://127.0.0.1:{port}"))
+        .namespaces(["ns"])
+        .activity("echo", echo)
+        .max_concurrency(0)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            WorkerError::Invalid {
+                field: "max_concurrency",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    // Control: the same options with a capacity dial, and fail on the closed port instead.
+    let unreachable = GrpcWorker::builder(format!("http://127.0.0.1:{port}"))
+        .namespaces(["ns"])
+        .activity("echo", echo)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        unreachable.link_error::<ConnectError>().is_some(),
+        "{unreachable:?}"
     );
 }

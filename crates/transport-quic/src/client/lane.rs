@@ -1,26 +1,25 @@
 //! The worker's side of one lane: runs the lane's task while still reading the lane, so a
 //! cancel reaches the running handler and pings are answered during long tasks.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use prost::Message;
 use quinn::{Connection, RecvStream, SendStream};
+use switchyard_core::TaskResult;
 use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicLaneDown, QuicLaneUp, QuicPing, QuicPong, QuicResult,
     QuicTask, quic_lane_down, quic_lane_up, quic_result,
 };
+use switchyard_worker::{RunningTask, TaskReply, TaskRunner};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::Handler;
-use super::unwind::CatchUnwind;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
-use crate::frame::{FrameError, FrameReader, encode_frame};
+use crate::frame::{FrameReader, encode_frame};
 use crate::outbox::{Item, Outbox, StreamOut};
 use crate::protocol::ErrorCode;
-use switchyard_core::{ActivityContext, ActivityError, ActivityFuture};
 
 /// What every lane of a session shares.
 pub(crate) struct LaneContext {
@@ -28,17 +27,10 @@ pub(crate) struct LaneContext {
     pub(crate) outbox: Outbox,
     /// The registration the lanes belong to, for logs.
     pub(crate) worker: switchyard_core::WorkerId,
-    pub(crate) handlers: Arc<HashMap<String, Handler>>,
+    /// Runs the lanes' tasks under the worker's permits.
+    pub(crate) runner: TaskRunner,
     /// The gateway's `max_lane_frame_bytes`, in force in both directions.
     pub(crate) frame_limit: u32,
-}
-
-/// The lane's task, while it runs.
-struct Running {
-    task_id: u64,
-    cancellation: CancellationToken,
-    cancelled: bool,
-    future: CatchUnwind<ActivityFuture>,
 }
 
 /// Serves a lane the gateway opened, on its own task, until the gateway retires it, the
@@ -83,7 +75,7 @@ async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Res
     let name = LaneName(send.id().index());
     let out = StreamOut::new(send);
     let mut frames = FrameReader::new(recv, context.frame_limit);
-    let mut running: Option<Running> = None;
+    let mut running: Option<RunningTask> = None;
     loop {
         let up = tokio::select! {
             down = frames.next::<QuicLaneDown>() => {
@@ -92,8 +84,8 @@ async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Res
                     if let Some(task) = &running {
                         // The gateway finishes a busy lane only right before it closes the
                         // connection: nobody will take the task's result any more.
-                        tracing::debug!(task = task.task_id, "{name} finished while its task ran: the gateway is closing");
-                        task.cancellation.cancel();
+                        tracing::debug!(task = %task.task_id(), "{name} finished while its task ran: the gateway is closing");
+                        task.cancel();
                     }
                     // Retired: answer the gateway's FIN with ours.
                     context.outbox.push(&out, Item::Finish);
@@ -104,28 +96,26 @@ async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Res
                         if let Some(busy) = &running {
                             return Err(Fault::close(
                                 ErrorCode::ProtocolViolation,
-                                format!("task {} arrived on {name} while task {} ran on it", task.task_id, busy.task_id),
+                                format!("task {} arrived on {name} while task {} ran on it", task.task_id, busy.task_id()),
                             ));
                         }
-                        running = Some(start(task, context));
+                        running = Some(context.runner.start(activity_task(task)));
                         None
                     }
-                    Some(quic_lane_down::Frame::Ping(QuicPing { seq })) => {
-                        Some(quic_lane_up::Frame::Pong(QuicPong { seq }))
-                    }
+                    Some(quic_lane_down::Frame::Ping(QuicPing { seq })) => Some(Reply::Pong(seq)),
                     Some(quic_lane_down::Frame::Cancel(QuicCancel { task_id, .. })) => {
                         // A cancel for a task that already ended crossed its result: nothing to do.
-                        if let Some(task) = running.as_mut().filter(|t| t.task_id == task_id) {
-                            task.cancelled = true;
-                            task.cancellation.cancel();
+                        if let Some(task) = running.as_ref().filter(|t| t.task_id().get() == task_id) {
+                            task.cancel();
                         }
                         None
                     }
                     None => return Err(Fault::empty(&name)),
                 }
             }
-            outcome = run(&mut running), if running.is_some() => {
-                running.take().map(|task| ending(task, outcome))
+            reply = run(&mut running), if running.is_some() => {
+                running = None;
+                Some(reply)
             }
         };
         if let Some(up) = up {
@@ -138,98 +128,67 @@ async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Res
 }
 
 /// Runs the lane's task to its end; never resolves while there is none.
-async fn run(running: &mut Option<Running>) -> Result<Result<Bytes, ActivityError>, String> {
+async fn run(running: &mut Option<RunningTask>) -> Reply {
     match running {
-        Some(task) => (&mut task.future).await,
+        Some(task) => Reply::Task(task.await),
         None => std::future::pending().await,
     }
 }
 
-fn start(task: QuicTask, context: &LaneContext) -> Running {
-    let cancellation = CancellationToken::new();
-    let activity = ActivityContext::new(
-        &switchyard_core::ActivityTask {
-            task_id: switchyard_core::TaskId::from_raw(task.task_id),
-            namespace: task.namespace,
-            task_queue: task.task_queue,
-            activity_type: task.activity_type,
-            input: task.input.clone(),
-            attempt: task.attempt,
-            deadline: convert::from_unix_ms(task.deadline_unix_ms),
-        },
-        cancellation.clone(),
-    );
-    let future: ActivityFuture = match context.handlers.get(activity.activity_type()) {
-        Some(handler) => handler.call(activity, task.input),
-        None => {
-            let error = ActivityError::fatal(format!(
-                "activity type {:?} is not served by this worker",
-                activity.activity_type()
-            ));
-            Box::pin(std::future::ready(Err(error)))
-        }
-    };
-    Running {
-        task_id: task.task_id,
-        cancellation,
-        cancelled: false,
-        future: CatchUnwind(future),
+/// What the lane sends up.
+enum Reply {
+    /// A pong.
+    Pong(u64),
+    /// A task's end.
+    Task(TaskReply),
+}
+
+fn activity_task(task: QuicTask) -> switchyard_core::ActivityTask {
+    switchyard_core::ActivityTask {
+        task_id: switchyard_core::TaskId::from_raw(task.task_id),
+        namespace: task.namespace,
+        task_queue: task.task_queue,
+        activity_type: task.activity_type,
+        input: task.input,
+        attempt: task.attempt,
+        deadline: convert::from_unix_ms(task.deadline_unix_ms),
     }
 }
 
-/// The frame that ends a task: an acknowledgement once cancelled, else its result.
-fn ending(
-    task: Running,
-    outcome: Result<Result<Bytes, ActivityError>, String>,
-) -> quic_lane_up::Frame {
-    if task.cancelled {
-        return quic_lane_up::Frame::CancelAck(QuicCancelAck {
-            task_id: task.task_id,
-        });
-    }
-    let outcome = match outcome {
-        Ok(Ok(output)) => quic_result::Outcome::Output(output),
-        Ok(Err(error)) => quic_result::Outcome::Failure(Failure {
-            message: error.message().to_owned(),
-            retryable: error.is_retryable(),
-        }),
-        Err(panic) => quic_result::Outcome::Failure(Failure {
-            message: format!("activity panicked: {panic}"),
-            retryable: false,
-        }),
+/// The wire frame of a reply.
+fn frame(reply: Reply) -> QuicLaneUp {
+    let frame = match reply {
+        Reply::Pong(seq) => quic_lane_up::Frame::Pong(QuicPong { seq }),
+        Reply::Task(TaskReply::CancelAck { task_id }) => {
+            quic_lane_up::Frame::CancelAck(QuicCancelAck {
+                task_id: task_id.get(),
+            })
+        }
+        Reply::Task(TaskReply::Result { task_id, result }) => {
+            quic_lane_up::Frame::Result(QuicResult {
+                task_id: task_id.get(),
+                outcome: Some(match result {
+                    TaskResult::Success(output) => quic_result::Outcome::Output(output),
+                    TaskResult::Failure { message, retryable } => {
+                        quic_result::Outcome::Failure(Failure { message, retryable })
+                    }
+                }),
+            })
+        }
     };
-    quic_lane_up::Frame::Result(QuicResult {
-        task_id: task.task_id,
-        outcome: Some(outcome),
-    })
+    QuicLaneUp { frame: Some(frame) }
 }
 
-/// Encodes an answer; an output too large for the gateway becomes a failure saying so.
-fn encode_up(up: quic_lane_up::Frame, limit: u32) -> Result<Bytes, Fault> {
-    let task_id = match &up {
-        quic_lane_up::Frame::Result(result) => Some(result.task_id),
-        _ => None,
-    };
-    match (
-        encode_frame(&QuicLaneUp { frame: Some(up) }, limit),
-        task_id,
-    ) {
-        (Ok(frame), _) => Ok(frame),
-        (Err(FrameError::TooLarge { len, max }), Some(task_id)) => {
-            let failure = QuicLaneUp {
-                frame: Some(quic_lane_up::Frame::Result(QuicResult {
-                    task_id,
-                    outcome: Some(quic_result::Outcome::Failure(Failure {
-                        message: format!(
-                            "result of {len} bytes exceeds the gateway's lane frame limit of {max} bytes"
-                        ),
-                        retryable: false,
-                    })),
-                })),
-            };
-            encode_frame(&failure, limit)
-                .map_err(|error| Fault::close(ErrorCode::Internal, error.to_string()))
+/// Encodes a reply; a result too large for the gateway becomes the runtime's failure saying so.
+fn encode_up(reply: Reply, limit: u32) -> Result<Bytes, Fault> {
+    let reply = match reply {
+        Reply::Task(task) => {
+            let size = frame(Reply::Task(task.clone())).encoded_len();
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            Reply::Task(task.within_limit(size, limit))
         }
-        (Err(error), _) => Err(Fault::close(ErrorCode::Internal, error.to_string())),
-    }
+        pong => pong,
+    };
+    encode_frame(&frame(reply), limit)
+        .map_err(|error| Fault::close(ErrorCode::Internal, error.to_string()))
 }

@@ -9,11 +9,12 @@ use switchyard_proto::v1::{
     QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest,
     QuicRegister, QuicRegistered, quic_control_down, quic_control_up,
 };
+use switchyard_worker::{Registered, SessionContext, WorkerOptions};
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::lane::{self, LaneContext};
-use super::{Settings, Shared, WorkerError};
+use super::{QuicLinkError, QuicSettings};
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
 use crate::outbox::Outbox;
@@ -26,30 +27,21 @@ pub(crate) struct Session {
     conn: quinn::Connection,
     control_send: SendStream,
     control_reader: FrameReader,
-    lanes: Arc<LaneContext>,
     control_limit: u32,
+    /// The gateway's `max_lane_frame_bytes`.
+    lane_limit: u32,
     worker: WorkerId,
-    task_queue: String,
     /// Stops the lane tasks when the session is dropped, even mid-serve.
     stop_lanes: DropGuard,
 }
 
-/// How a session ended.
-#[derive(Debug)]
-pub(crate) enum SessionEnd {
-    /// The gateway finished draining this worker.
-    Drained,
-    /// The connection ended for another reason.
-    Lost(WorkerError),
-}
-
 impl Session {
-    /// Connects, registers and announces the current capacity.
+    /// Connects and registers; the capacity is announced when the session starts serving.
     pub(crate) async fn open(
         endpoint: &Endpoint,
-        settings: &Settings,
-        shared: &Shared,
-    ) -> Result<Self, WorkerError> {
+        settings: &QuicSettings,
+        options: &WorkerOptions,
+    ) -> Result<(Self, Registered), QuicLinkError> {
         let mut client = quinn::ClientConfig::new(settings.tls.quic());
         // One stream credit for lane 0 until capacity is announced.
         client.transport_config(Arc::new(settings.link.transport(1)?));
@@ -60,12 +52,12 @@ impl Session {
         let register = QuicControlUp {
             frame: Some(quic_control_up::Frame::Register(QuicRegister {
                 protocol_version: PROTOCOL_VERSION,
-                namespaces: settings.namespaces.clone(),
-                task_queue: settings.task_queue.clone(),
-                node: settings.node.clone(),
-                activity_types: settings.handlers.keys().cloned().collect(),
-                identity: settings.identity.clone(),
-                auth_token: settings.token.clone().unwrap_or_default(),
+                namespaces: options.namespaces.clone(),
+                task_queue: options.task_queue.clone(),
+                node: options.node.clone(),
+                activity_types: options.activities.keys().cloned().collect(),
+                identity: options.identity.clone(),
+                auth_token: options.token.clone().unwrap_or_default(),
             })),
         };
         write(&mut control_send, &register, DEFAULT_MAX_CONTROL_FRAME)
@@ -93,48 +85,42 @@ impl Session {
             ..
         } = registered;
         let worker = WorkerId::from_raw(worker_id);
-        let closer = conn.clone();
         let session = Self {
             conn,
             control_send,
             control_reader,
-            lanes: Arc::new(LaneContext {
-                outbox: Outbox::spawn(Arc::new(move |fault| {
-                    if let Fault::Close { code, reason } = fault {
-                        tracing::warn!(%code, %reason, "closing the gateway connection");
-                        close_connection(&closer, code, &reason);
-                    }
-                })),
-                worker,
-                handlers: Arc::clone(&settings.handlers),
-                frame_limit: nonzero_or(
-                    max_lane_frame_bytes,
-                    crate::protocol::DEFAULT_MAX_LANE_FRAME,
-                ),
-            }),
             control_limit: nonzero_or(max_control_frame_bytes, DEFAULT_MAX_CONTROL_FRAME),
+            lane_limit: nonzero_or(
+                max_lane_frame_bytes,
+                crate::protocol::DEFAULT_MAX_LANE_FRAME,
+            ),
             worker,
-            task_queue,
             stop_lanes: CancellationToken::new().drop_guard(),
         };
         tracing::info!(worker = %worker, gateway = %settings.addr, "registered");
-        shared.registered.send_replace(Some(worker));
-        Ok(session)
+        let registered = Registered {
+            worker_id: worker,
+            task_queue,
+        };
+        Ok((session, registered))
     }
 
-    /// The registration's id.
-    pub(crate) fn worker(&self) -> WorkerId {
-        self.worker
-    }
-
-    /// The task queue the gateway registered the worker in.
-    pub(crate) fn task_queue(&self) -> &str {
-        &self.task_queue
-    }
-
-    /// Serves the connection until it ends.
-    pub(crate) async fn serve(mut self, shared: &Shared) -> SessionEnd {
-        let mut capacity = shared.capacity.subscribe();
+    /// Serves the connection until it ends, and says why it ended.
+    pub(crate) async fn serve(mut self, context: SessionContext<'_>) -> QuicLinkError {
+        let closer = self.conn.clone();
+        let lanes = Arc::new(LaneContext {
+            outbox: Outbox::spawn(Arc::new(move |fault| {
+                if let Fault::Close { code, reason } = fault {
+                    tracing::warn!(%code, %reason, "closing the gateway connection");
+                    close_connection(&closer, code, &reason);
+                }
+            })),
+            worker: self.worker,
+            runner: context.runner.clone(),
+            frame_limit: self.lane_limit,
+        });
+        let mut capacity = context.handle.capacity();
+        let drain = context.handle.drain_requested().clone();
         let mut drain_sent = false;
         let mut announce = true;
         let mut control_ended = false;
@@ -149,7 +135,7 @@ impl Session {
                 accepted = self.conn.accept_bi() => match accepted {
                     Ok((send, recv)) => {
                         let stop = self.stop_lanes.token().clone();
-                        lane::spawn(self.conn.clone(), send, recv, Arc::clone(&self.lanes), stop);
+                        lane::spawn(self.conn.clone(), send, recv, Arc::clone(&lanes), stop);
                         None
                     }
                     Err(_) => Some(Fault::Gone),
@@ -169,7 +155,7 @@ impl Session {
                     announce = changed.is_ok();
                     None
                 }
-                () = shared.drain.cancelled(), if !drain_sent => {
+                () = drain.cancelled(), if !drain_sent => {
                     drain_sent = true;
                     let request = QuicControlUp {
                         frame: Some(quic_control_up::Frame::DrainRequest(QuicDrainRequest {})),
@@ -181,15 +167,7 @@ impl Session {
                 break fault;
             }
         };
-        shared.registered.send_replace(None);
-        let error = closed(&self.conn, fault);
-        match error {
-            WorkerError::Refused {
-                code: ErrorCode::Drained,
-                ..
-            } => SessionEnd::Drained,
-            error => SessionEnd::Lost(error),
-        }
+        closed(&self.conn, fault)
     }
 
     /// Grants the gateway one stream per slot, then tells it the capacity: in that order, so
@@ -241,19 +219,19 @@ async fn write(send: &mut SendStream, frame: &QuicControlUp, limit: u32) -> Resu
 
 /// Closes the connection for `fault` (when it is ours to close) and reports why it ended,
 /// preferring the gateway's own close code when it closed first.
-fn closed(conn: &quinn::Connection, fault: Fault) -> WorkerError {
+fn closed(conn: &quinn::Connection, fault: Fault) -> QuicLinkError {
     if let Fault::Close { code, reason } = &fault {
         if conn.close_reason().is_none() {
             tracing::warn!(%code, %reason, "closing the gateway connection");
             close_connection(conn, *code, reason);
-            return WorkerError::Protocol {
+            return QuicLinkError::Protocol {
                 code: *code,
                 reason: reason.clone(),
             };
         }
     }
     match conn.close_reason() {
-        Some(error) => WorkerError::from(error),
-        None => WorkerError::Connection(ConnectionError::LocallyClosed),
+        Some(error) => QuicLinkError::from(error),
+        None => QuicLinkError::Connection(ConnectionError::LocallyClosed),
     }
 }

@@ -10,8 +10,8 @@ use switchyard_core::testkit::{
 use switchyard_core::{Core, RefusalKind, TaskResult, WorkerEvent, WorkerId};
 use switchyard_test_support::UdpRelay;
 use switchyard_transport_quic::{
-    ActivityContext, ActivityError, ActivityFuture, ErrorCode, QuicServer, QuicWorker, SelfSigned,
-    ServerConfig, WorkerError,
+    ActivityContext, ActivityError, ActivityFuture, ErrorCode, QuicLinkError, QuicServer,
+    QuicWorker, SelfSigned, ServerConfig, WorkerError,
 };
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -136,9 +136,14 @@ async fn capacity_settled(
 
 /// A worker error as the kit's refusal, its family recovered from the close code.
 fn refusal(error: WorkerError) -> ConnectError {
-    let (kind, message) = match error {
-        WorkerError::Invalid(message) => (RefusalKind::Invalid, message),
-        WorkerError::Refused { code, reason } => {
+    if let WorkerError::Invalid { .. } = &error {
+        return ConnectError::Refused {
+            kind: RefusalKind::Invalid,
+            message: error.to_string(),
+        };
+    }
+    let (kind, message) = match error.link_error::<QuicLinkError>() {
+        Some(QuicLinkError::Refused { code, reason }) => {
             let kind = match code {
                 ErrorCode::RegistrationInvalid | ErrorCode::CapacityRefused => RefusalKind::Invalid,
                 ErrorCode::NamespaceNotGranted | ErrorCode::Unauthenticated => {
@@ -147,13 +152,11 @@ fn refusal(error: WorkerError) -> ConnectError {
                 ErrorCode::NamespaceUnknown => RefusalKind::NotFound,
                 ErrorCode::PlacementRefused => RefusalKind::Placement,
                 ErrorCode::Unavailable => RefusalKind::Unavailable,
-                _ => {
-                    return ConnectError::Transport(WorkerError::Refused { code, reason }.into());
-                }
+                _ => return ConnectError::Transport(error.into()),
             };
-            (kind, reason)
+            (kind, reason.clone())
         }
-        other => return ConnectError::Transport(other.into()),
+        _ => return ConnectError::Transport(error.into()),
     };
     ConnectError::Refused { kind, message }
 }

@@ -148,7 +148,7 @@ async fn a_worker_that_asks_to_drain_stops_cleanly() {
     let id = worker.worker_id();
     let handle = worker.handle();
     let run = tokio::spawn(worker.run());
-    handle.drain();
+    handle.drain().unwrap();
     tokio::time::timeout(PATIENCE, run)
         .await
         .unwrap()

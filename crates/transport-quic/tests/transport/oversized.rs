@@ -76,7 +76,7 @@ async fn a_result_larger_than_the_lane_limit_fails_naming_the_limit() {
         ActivityOutcome::Failed { message, retryable } => {
             assert!(!retryable, "sending it again cannot help");
             assert!(
-                message.contains(&format!("lane frame limit of {LANE_LIMIT} bytes")),
+                message.contains(&format!("frame limit of {LANE_LIMIT} bytes")),
                 "{message}"
             );
         }

@@ -296,7 +296,7 @@ fn spec_quotes_the_sentences_the_code_says() {
     assert!(flat.contains(&format!("`{ceiling}`")), "{ceiling}");
     for sentence in [
         "`cancel_ack: task N was not cancelled`",
-        "`result of N bytes exceeds the gateway's lane frame limit of L bytes`",
+        "`result of N bytes exceeds the gateway's frame limit of L bytes`",
     ] {
         assert!(flat.contains(sentence), "{sentence}");
     }

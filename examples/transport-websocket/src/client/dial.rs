@@ -11,6 +11,8 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderValue, header};
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
+use switchyard_worker::WorkerOptions;
+
 use super::Settings;
 use super::error::ConnectError;
 use crate::config::websocket_config;
@@ -29,13 +31,20 @@ pub(crate) struct Link {
 }
 
 /// Connects and registers, within the connect timeout.
-pub(super) async fn open(settings: &Settings) -> Result<Link, ConnectError> {
-    tokio::time::timeout(settings.connect_timeout, connect_and_register(settings))
+pub(super) async fn open(
+    settings: &Settings,
+    options: &WorkerOptions,
+) -> Result<Link, ConnectError> {
+    let register = connect_and_register(settings, options);
+    tokio::time::timeout(options.connect_timeout, register)
         .await
-        .map_err(|_| ConnectError::Timeout(settings.connect_timeout))?
+        .map_err(|_| ConnectError::Timeout(options.connect_timeout))?
 }
 
-async fn connect_and_register(settings: &Settings) -> Result<Link, ConnectError> {
+async fn connect_and_register(
+    settings: &Settings,
+    options: &WorkerOptions,
+) -> Result<Link, ConnectError> {
     let invalid = |problem: String| ConnectError::InvalidUrl {
         url: settings.url.clone(),
         problem,
@@ -63,7 +72,7 @@ async fn connect_and_register(settings: &Settings) -> Result<Link, ConnectError>
         header::SEC_WEBSOCKET_PROTOCOL,
         HeaderValue::from_static(SUBPROTOCOL),
     );
-    if let Some(token) = &settings.token {
+    if let Some(token) = &options.token {
         let value = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| ConnectError::InvalidToken)?;
         headers.insert(header::AUTHORIZATION, value);
@@ -91,12 +100,12 @@ async fn connect_and_register(settings: &Settings) -> Result<Link, ConnectError>
     .map_err(ConnectError::Handshake)?;
 
     let register = WorkerFrame::Register(RegisterFrame {
-        namespaces: settings.namespaces.clone(),
-        task_queue: settings.task_queue.clone(),
-        node: settings.node.clone(),
-        activity_types: settings.activities.keys().cloned().collect(),
-        identity: settings.identity.clone(),
-        max_concurrency: Some(settings.max_concurrency),
+        namespaces: options.namespaces.clone(),
+        task_queue: options.task_queue.clone(),
+        node: Some(options.node.clone()).filter(|node| !node.is_empty()),
+        activity_types: options.activities.keys().cloned().collect(),
+        identity: options.identity.clone(),
+        max_concurrency: Some(options.max_concurrency),
         token: None,
     });
     let text =

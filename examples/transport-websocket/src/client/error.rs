@@ -10,6 +10,9 @@ use crate::protocol::CloseCode;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
+    /// A worker option is unusable (no namespace, no handler, `max_concurrency` 0).
+    #[error(transparent)]
+    Invalid(#[from] switchyard_worker::WorkerError),
     /// The endpoint is not a usable `ws://` or `wss://` URL.
     #[error("endpoint {url:?}: {problem}")]
     InvalidUrl {

@@ -1,13 +1,13 @@
 //! One registered socket on the worker side: run tasks, answer pings, honour cancels and drain.
 
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::stream::SplitSink;
-use futures::{FutureExt, SinkExt, StreamExt};
-use switchyard_core::{ActivityTask, TaskId, TaskResult};
-use tokio::sync::{Semaphore, mpsc};
+use futures::{SinkExt, StreamExt};
+use switchyard_core::{ActivityTask, TaskId};
+use switchyard_worker::{TaskReply, TaskRunner};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -18,10 +18,6 @@ use super::dial::{Link, Socket};
 use super::error::RunError;
 use crate::protocol::{self, CloseCode, GatewayFrame, ResultFrame, WorkerFrame};
 use crate::socket::{Incoming, close_frame, finish_close, next_message};
-use switchyard_core::{ActivityContext, ActivityError};
-
-/// A handler's end: `None` when the task was cancelled before it started.
-type Finished = (TaskId, Option<TaskResult>);
 
 /// How the session loop ended: what `run` returns, and how to close the socket (`None`: the
 /// socket is gone; `Some(None)`: answer the gateway's close; `Some(frame)`: send `frame`).
@@ -55,24 +51,22 @@ impl End {
 
 /// Serves one registered socket until it ends.
 ///
-/// Handlers run on their own tasks, each holding a permit of a semaphore of `max_concurrency`
-/// permits; their results travel back through this loop, which therefore knows when a drain
-/// is complete. A separate task writes, so a slow socket never stops pings being read.
+/// Handlers run on their own tasks, started by the worker's [`TaskRunner`] (which holds the
+/// `max_concurrency` permits); their replies travel back through this loop, which therefore
+/// knows when a drain is complete. A separate task writes, so a slow socket never stops pings being read.
 pub(super) async fn serve(
     link: Link,
     settings: &Arc<Settings>,
+    runner: &TaskRunner,
+    outbound_queue: usize,
     stop: &CancellationToken,
 ) -> Result<(), RunError> {
     let worker = link.worker_id;
     let (sink, mut stream) = link.socket.split();
-    let (outbound, queued) = mpsc::channel(settings.outbound_queue());
+    let (outbound, queued) = mpsc::channel(outbound_queue);
     let mut writer = tokio::spawn(write(sink, queued));
-    let permits = usize::try_from(settings.max_concurrency)
-        .unwrap_or(Semaphore::MAX_PERMITS)
-        .min(Semaphore::MAX_PERMITS);
     let mut session = Session {
-        settings,
-        permits: Arc::new(Semaphore::new(permits)),
+        runner,
         outbound,
         running: HashMap::new(),
         handlers: JoinSet::new(),
@@ -115,8 +109,8 @@ pub(super) async fn serve(
             Some(joined) = session.handlers.join_next(), if !session.handlers.is_empty() => {
                 // Handlers never panic out (they are caught) and are aborted only with the
                 // set, so a join error cannot happen while the set is alive.
-                let Ok(finished) = joined else { continue };
-                if !session.report(finished).await {
+                let Ok(reply) = joined else { continue };
+                if !session.report(reply).await {
                     break End::lost("the socket writer stopped");
                 }
             }
@@ -147,12 +141,11 @@ pub(super) async fn serve(
 }
 
 struct Session<'a> {
-    settings: &'a Arc<Settings>,
-    permits: Arc<Semaphore>,
+    runner: &'a TaskRunner,
     outbound: mpsc::Sender<Message>,
     /// Cancellation of each task not yet reported.
     running: HashMap<TaskId, CancellationToken>,
-    handlers: JoinSet<Finished>,
+    handlers: JoinSet<TaskReply>,
     draining: bool,
 }
 
@@ -196,45 +189,25 @@ impl Session<'_> {
     }
 
     fn start(&mut self, task: ActivityTask) {
-        let id = task.task_id;
-        let token = CancellationToken::new();
-        self.running.insert(id, token.clone());
-        let handler = self.settings.activities.get(&task.activity_type).cloned();
-        let permits = Arc::clone(&self.permits);
-        self.handlers.spawn(async move {
-            let Some(handler) = handler else {
-                let error = format!("activity type {:?} is not served here", task.activity_type);
-                return (id, Some(failure(&ActivityError::fatal(error))));
-            };
-            let permit = tokio::select! {
-                permit = permits.acquire_owned() => permit,
-                () = token.cancelled() => return (id, None),
-            };
-            // The semaphore is never closed.
-            let Ok(_permit) = permit else {
-                return (id, None);
-            };
-            let input = task.input.clone();
-            let context = ActivityContext::new(&task, token);
-            let run = AssertUnwindSafe(async move { handler.call(context, input).await });
-            let result = match run.catch_unwind().await {
-                Ok(Ok(output)) => TaskResult::Success(output),
-                Ok(Err(error)) => failure(&error),
-                Err(_) => failure(&ActivityError::fatal("activity handler panicked")),
-            };
-            (id, Some(result))
-        });
+        let running = self.runner.start(task);
+        self.running.insert(running.task_id(), running.canceller());
+        self.handlers.spawn(running);
     }
 
-    /// Sends a finished task's result, or its cancel acknowledgement if the gateway cancelled
-    /// it. Returns false when the writer is gone.
-    async fn report(&mut self, (task, result): Finished) -> bool {
-        let cancelled = self.running.remove(&task).is_some_and(|t| t.is_cancelled());
-        let frame = match result {
-            Some(result) if !cancelled => WorkerFrame::Result(ResultFrame::new(task, result)),
-            _ => WorkerFrame::CancelAck {
-                task_id: task.get(),
-            },
+    /// Sends a finished task's result, or its cancel acknowledgement. Returns false when the
+    /// writer is gone.
+    async fn report(&mut self, reply: TaskReply) -> bool {
+        let frame = match reply {
+            TaskReply::Result { task_id, result } => {
+                self.running.remove(&task_id);
+                WorkerFrame::Result(ResultFrame::new(task_id, result))
+            }
+            TaskReply::CancelAck { task_id } => {
+                self.running.remove(&task_id);
+                WorkerFrame::CancelAck {
+                    task_id: task_id.get(),
+                }
+            }
         };
         self.send(&frame).await
     }
@@ -276,11 +249,4 @@ async fn write(
     // Nothing may stay in the split sink's own slot, which reuniting the halves would drop.
     let flushed = sink.flush().await;
     (sink, flushed)
-}
-
-fn failure(error: &ActivityError) -> TaskResult {
-    TaskResult::Failure {
-        message: error.message().to_owned(),
-        retryable: error.is_retryable(),
-    }
 }

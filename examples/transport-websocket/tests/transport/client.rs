@@ -224,7 +224,7 @@ async fn failures_panics_and_unknown_activity_types_are_reported_as_failures() {
     );
     assert_eq!(
         failures[1],
-        &json!({"message": "activity handler panicked", "retryable": false})
+        &json!({"message": "activity handler panicked: handler bug", "retryable": false})
     );
     assert_eq!(
         failures[2],
@@ -378,11 +378,6 @@ async fn connect_reports_a_refusal_with_its_close_code_and_whole_sentence() {
             CloseCode::NamespaceNotGranted,
             "principal \"shop-workers\" is not granted namespace \"bank\"",
         ),
-        (
-            builder(gateway.url()).max_concurrency(0),
-            CloseCode::InvalidRegistration,
-            "max_concurrency 0",
-        ),
     ];
     for (builder, code, sentence) in cases {
         let refused = builder.activity("hold", echo).connect().await.unwrap_err();
@@ -394,6 +389,15 @@ async fn connect_reports_a_refusal_with_its_close_code_and_whole_sentence() {
             other => panic!("expected a refusal, got {other}"),
         }
     }
+    // An unusable option is refused by the worker runtime before dialling, naming it.
+    let invalid = builder(gateway.url())
+        .max_concurrency(0)
+        .activity("hold", echo)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(invalid.to_string().contains("max_concurrency"), "{invalid}");
+    assert!(matches!(invalid, ConnectError::Invalid(_)), "{invalid}");
     assert!(gateway.core.registry().is_empty());
     // Control: the same builder with valid settings registers.
     let admitted = builder(gateway.url())
@@ -408,6 +412,7 @@ async fn connect_reports_a_refusal_with_its_close_code_and_whole_sentence() {
 async fn connect_rejects_urls_that_are_not_websocket_urls() {
     for url in ["http://127.0.0.1:1/", "not a url", "ws:///no-host"] {
         let error = WsWorker::builder(url)
+            .namespaces([NAMESPACE])
             .activity("hold", echo)
             .connect()
             .await

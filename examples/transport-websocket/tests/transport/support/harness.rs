@@ -133,6 +133,13 @@ impl TransportHarness for WsHarness {
 
 /// The kit's view of a failed connect: a refusal with the family its close code reports.
 fn refusal(error: WsConnectError) -> ConnectError {
+    if let WsConnectError::Invalid(_) = &error {
+        // The worker runtime refuses what the gate would, before dialling.
+        return ConnectError::Refused {
+            kind: switchyard_core::RefusalKind::Invalid,
+            message: error.to_string(),
+        };
+    }
     match error.close_code().and_then(CloseCode::refusal_kind) {
         Some(kind) => ConnectError::Refused {
             kind,
