@@ -184,10 +184,7 @@ fn assert_refused_in_handshake(result: Result<(), Status>, what: &str) {
 
 /// A QUIC worker refused in the handshake: the connection failed before any registration
 /// answer (a refused registration would be `QuicLinkError::Refused`).
-fn assert_quic_refused_in_handshake(
-    result: Result<switchyard_core::WorkerId, WorkerError>,
-    what: &str,
-) {
+fn assert_quic_refused_in_handshake(result: Result<QuicWorker, WorkerError>, what: &str) {
     match result.as_ref().map_err(|e| e.link_error::<QuicLinkError>()) {
         Err(Some(QuicLinkError::Connection(_))) => {}
         other => panic!("{what}: expected a failed handshake, got {other:?}"),
@@ -199,7 +196,7 @@ async fn quic_worker_connects(
     gateway: &TestGateway,
     cert: Option<&ClientCertificates>,
     token: Option<&str>,
-) -> Result<switchyard_core::WorkerId, WorkerError> {
+) -> Result<QuicWorker, WorkerError> {
     let tls = match cert {
         None => gateway.quic_tls(),
         Some(cert) => gateway.quic_tls_presenting(&cert.cert_pem, &cert.key_pem),
@@ -215,8 +212,8 @@ async fn quic_worker_connects(
     if let Some(token) = token {
         builder = builder.token(token);
     }
-    let worker = builder.connect().await?;
-    Ok(worker.worker_id())
+    // Returned alive: dropping the worker closes its connection and deregisters it.
+    builder.connect().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,10 +245,16 @@ async fn a_certificate_from_an_untrusted_ca_is_refused_in_the_handshake() {
     describe_ops(&gateway, None, Some("t"))
         .await
         .expect("certificates are optional here");
-    let id = quic_worker_connects(&gateway, Some(&trusted), None)
+    let worker = quic_worker_connects(&gateway, Some(&trusted), None)
         .await
         .expect("a QUIC worker with the trusted certificate registers");
-    assert!(gateway.gateway().core().registry().is_registered(id));
+    assert!(
+        gateway
+            .gateway()
+            .core()
+            .registry()
+            .is_registered(worker.worker_id())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,8 +280,14 @@ async fn required_client_certificates_refuse_token_only_callers_in_the_handshake
     describe_ops(&gateway, Some(&trusted), None)
         .await
         .expect("the trusted certificate is accepted");
-    let id = quic_worker_connects(&gateway, Some(&trusted), None)
+    let worker = quic_worker_connects(&gateway, Some(&trusted), None)
         .await
         .expect("a QUIC worker with the certificate registers");
-    assert!(gateway.gateway().core().registry().is_registered(id));
+    assert!(
+        gateway
+            .gateway()
+            .core()
+            .registry()
+            .is_registered(worker.worker_id())
+    );
 }
