@@ -18,14 +18,14 @@ mod runtime;
 use std::time::Duration;
 
 use switchyard_core::{ActivityHandler, WorkerId};
-use switchyard_worker::{Link, Registered, SessionContext, SessionEnd, Worker, WorkerOptions};
+use switchyard_worker::{Link, Registered, SessionContext, SessionEnd, Worker};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 use tracing::Instrument;
 
 pub use link::ConnectError;
 pub use switchyard_core::Backoff;
-pub use switchyard_worker::{WorkerError, WorkerHandle};
+pub use switchyard_worker::{WorkerError, WorkerHandle, WorkerOptions};
 
 /// A connected, registered worker; call [`GrpcWorker::run`] to serve tasks.
 ///
@@ -129,6 +129,14 @@ impl std::fmt::Debug for GrpcWorkerBuilder {
 }
 
 impl GrpcWorkerBuilder {
+    /// Replaces every option the SDKs share (namespaces, task queue, node, identity, activities,
+    /// max_concurrency, token, backoff, connect timeout) with `options`, so one
+    /// [`WorkerOptions`] can configure a worker of any transport.
+    pub fn options(mut self, options: WorkerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
     /// Adds namespaces to serve (at least one is required); see [`WorkerOptions`].
     pub fn namespaces<I, S>(mut self, namespaces: I) -> Self
     where

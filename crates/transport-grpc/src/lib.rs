@@ -82,7 +82,9 @@ mod status;
 mod wire;
 
 pub use auth::authenticate_request;
-pub use client::{Backoff, ConnectError, GrpcWorker, GrpcWorkerBuilder, WorkerError, WorkerHandle};
+pub use client::{
+    Backoff, ConnectError, GrpcWorker, GrpcWorkerBuilder, WorkerError, WorkerHandle, WorkerOptions,
+};
 pub use config::GrpcServerConfig;
 pub use delivery::TRANSPORT;
 pub use outbound::Outbound;

@@ -18,15 +18,13 @@ use std::time::Duration;
 
 use quinn::{ConnectionError, Endpoint};
 use switchyard_core::WorkerId;
-use switchyard_worker::{
-    Link, LinkError, Registered, SessionContext, SessionEnd, Worker, WorkerOptions,
-};
+use switchyard_worker::{Link, LinkError, Registered, SessionContext, SessionEnd, Worker};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use switchyard_core::Backoff;
 pub use switchyard_core::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
-pub use switchyard_worker::WorkerError;
+pub use switchyard_worker::{WorkerError, WorkerOptions};
 
 use crate::config::{ConfigError, LinkSettings};
 use crate::protocol::ErrorCode;
@@ -183,6 +181,14 @@ impl std::fmt::Debug for QuicWorkerBuilder {
 }
 
 impl QuicWorkerBuilder {
+    /// Replaces every option the SDKs share (namespaces, task queue, node, identity, activities,
+    /// max_concurrency, token, backoff, connect timeout) with `options`, so one
+    /// [`WorkerOptions`] can configure a worker of any transport.
+    pub fn options(mut self, options: WorkerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
     /// Adds namespaces to serve (at least one is required); see [`WorkerOptions`].
     pub fn namespaces<I, S>(mut self, namespaces: I) -> Self
     where

@@ -77,7 +77,7 @@ mod tls;
 
 pub use client::{
     ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicLinkError,
-    QuicWorker, QuicWorkerBuilder, QuicWorkerHandle, WORKER_KEEP_ALIVE, WorkerError,
+    QuicWorker, QuicWorkerBuilder, QuicWorkerHandle, WORKER_KEEP_ALIVE, WorkerError, WorkerOptions,
 };
 pub use config::{
     ConfigError, CongestionControl, FrameLimits, LinkSettings, MAX_SOCKET_BUFFER, ServerConfig,

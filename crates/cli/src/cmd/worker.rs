@@ -9,13 +9,9 @@ use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use rustls_pki_types::pem::PemObject;
 use switchyard_core::WorkerId;
-use switchyard_transport_grpc::{
-    ActivityContext as GrpcContext, ActivityError as GrpcError, Backoff, GrpcWorker,
-};
-use switchyard_transport_quic::{
-    ActivityContext as QuicContext, ActivityError as QuicError, ClientTls, QuicWorker,
-    QuicWorkerHandle,
-};
+use switchyard_core::{ActivityContext, ActivityError, Backoff};
+use switchyard_transport_grpc::{GrpcWorker, WorkerOptions};
+use switchyard_transport_quic::{ClientTls, QuicWorker, QuicWorkerHandle};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use super::Failure;
@@ -77,48 +73,51 @@ pub(crate) struct WorkerSetup<'a> {
 
 /// Longest wait between the CLI worker's reconnection attempts: a restarted gateway finds it
 /// back within a couple of seconds of being ready.
-const GRPC_RECONNECT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+const RECONNECT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The options both transports' workers share, from the command line: one place for what the
+/// worker serves, how much at once, its credential and its reconnection backoff.
+fn worker_options(setup: &WorkerSetup<'_>) -> WorkerOptions {
+    let mut options = WorkerOptions::default();
+    options.namespaces(setup.namespaces.iter().cloned());
+    options.task_queue = setup.task_queue.to_owned();
+    options.max_concurrency = setup.capacity;
+    options.node = setup.node.unwrap_or_default().to_owned();
+    options.token = setup.token.map(str::to_owned);
+    options.backoff = Backoff {
+        max: RECONNECT_MAX,
+        ..Backoff::default()
+    };
+    for spec in setup.activities {
+        let (behaviour, stats) = (spec.behaviour, Arc::clone(&setup.stats));
+        options.activity(
+            spec.name.clone(),
+            move |context: ActivityContext, input: Bytes| {
+                let stats = Arc::clone(&stats);
+                async move {
+                    let token = context.cancellation().clone();
+                    behaviour::run(behaviour, input, token, stats)
+                        .await
+                        .map_err(ActivityError::retryable)
+                }
+            },
+        );
+    }
+    options
+}
 
 /// A connected gRPC worker; `run` it to serve.
 pub(crate) async fn grpc_worker(
     endpoint: &str,
     setup: &WorkerSetup<'_>,
 ) -> Result<GrpcWorker, Failure> {
-    let mut builder = GrpcWorker::builder(endpoint)
-        .namespaces(setup.namespaces.iter().cloned())
-        .task_queue(setup.task_queue)
-        .max_concurrency(setup.capacity)
-        .backoff(Backoff {
-            max: GRPC_RECONNECT_MAX,
-            ..Backoff::default()
-        });
+    let mut builder = GrpcWorker::builder(endpoint).options(worker_options(setup));
     if endpoint.starts_with("https://") {
         let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(setup.ca_pem));
         if let Some(identity) = setup.identity {
             tls = tls.identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem));
         }
         builder = builder.tls(tls);
-    }
-    if let Some(node) = setup.node {
-        builder = builder.node(node);
-    }
-    if let Some(token) = setup.token {
-        builder = builder.token(token);
-    }
-    for spec in setup.activities {
-        let (behaviour, stats) = (spec.behaviour, Arc::clone(&setup.stats));
-        builder = builder.activity(
-            spec.name.clone(),
-            move |context: GrpcContext, input: Bytes| {
-                let stats = Arc::clone(&stats);
-                async move {
-                    let token = context.cancellation().clone();
-                    behaviour::run(behaviour, input, token, stats)
-                        .await
-                        .map_err(GrpcError::retryable)
-                }
-            },
-        );
     }
     builder
         .connect()
@@ -152,33 +151,9 @@ pub(crate) async fn quic_worker(
         }
     }
     .map_err(|error| Failure::runtime(error.to_string()))?;
-    let mut builder = QuicWorker::builder(addr, server_name)
-        .namespaces(setup.namespaces.iter().cloned())
-        .task_queue(setup.task_queue)
-        .max_concurrency(setup.capacity)
-        .tls(tls);
-    if let Some(node) = setup.node {
-        builder = builder.node(node);
-    }
-    if let Some(token) = setup.token {
-        builder = builder.token(token);
-    }
-    for spec in setup.activities {
-        let (behaviour, stats) = (spec.behaviour, Arc::clone(&setup.stats));
-        builder = builder.activity(
-            spec.name.clone(),
-            move |context: QuicContext, input: Bytes| {
-                let stats = Arc::clone(&stats);
-                async move {
-                    let token = context.cancellation().clone();
-                    behaviour::run(behaviour, input, token, stats)
-                        .await
-                        .map_err(QuicError::retryable)
-                }
-            },
-        );
-    }
-    builder
+    QuicWorker::builder(addr, server_name)
+        .options(worker_options(setup))
+        .tls(tls)
         .connect()
         .await
         .map_err(|error| Failure::runtime(format!("QUIC worker: {error}")))
