@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use switchyard_gateway::{GatewayConfig, PrincipalConfig};
+use switchyard_gateway::{GatewayConfig, PrincipalSection};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
@@ -165,17 +165,17 @@ async fn gateway(pki: &Pki) -> (TestGateway, tempfile::TempDir) {
         config.tls.client_ca = ca_path.display().to_string();
         config.tls.require_client_cert = false;
         config.principals = vec![
-            PrincipalConfig {
+            PrincipalSection {
                 name: "operator".to_owned(),
                 cert_subject: KNOWN_SUBJECT.to_owned(),
                 namespaces: vec![GRANTED.to_owned()],
-                ..PrincipalConfig::default()
+                ..PrincipalSection::default()
             },
-            PrincipalConfig {
+            PrincipalSection {
                 name: "token-holder".to_owned(),
                 token: TOKEN.to_owned(),
                 namespaces: vec![GRANTED.to_owned()],
-                ..PrincipalConfig::default()
+                ..PrincipalSection::default()
             },
         ];
     })

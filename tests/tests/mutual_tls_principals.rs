@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use switchyard_gateway::{GatewayConfig, PrincipalConfig};
+use switchyard_gateway::{GatewayConfig, PrincipalSection};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use switchyard_test_support::TestCa;
@@ -100,17 +100,17 @@ async fn gateway_with_client_ca(
         config.tls.client_ca = ca_path.display().to_string();
         config.tls.require_client_cert = require;
         config.principals = vec![
-            PrincipalConfig {
+            PrincipalSection {
                 name: "operator".to_owned(),
                 cert_subject: "ops.example".to_owned(),
                 namespaces: vec!["ops".to_owned()],
-                ..PrincipalConfig::default()
+                ..PrincipalSection::default()
             },
-            PrincipalConfig {
+            PrincipalSection {
                 name: "token-holder".to_owned(),
                 token: "t".to_owned(),
                 namespaces: vec![token_namespace.to_owned()],
-                ..PrincipalConfig::default()
+                ..PrincipalSection::default()
             },
         ];
     })

@@ -3,13 +3,13 @@
 //! namespaces it is granted, on gRPC and on QUIC alike.
 
 use bytes::Bytes;
-use switchyard_gateway::PrincipalConfig;
+use switchyard_gateway::PrincipalSection;
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::dispatch_outcome::Outcome;
 use switchyard_tests::{TestGateway, WorkerSpec, grpc_worker, quic_worker, wait_eligible};
 
-fn principal(name: &str, token: &str, namespaces: &[&str]) -> PrincipalConfig {
-    PrincipalConfig {
+fn principal(name: &str, token: &str, namespaces: &[&str]) -> PrincipalSection {
+    PrincipalSection {
         name: name.to_owned(),
         token: token.to_owned(),
         cert_subject: String::new(),

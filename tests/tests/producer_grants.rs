@@ -4,14 +4,14 @@
 
 use bytes::Bytes;
 use switchyard_core::CallerIdentity;
-use switchyard_gateway::PrincipalConfig;
+use switchyard_gateway::PrincipalSection;
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::dispatch_outcome::Outcome;
 use switchyard_tests::{ScriptedTransport, TestGateway, registration};
 use tonic::Code;
 
-fn principal(name: &str, token: &str, namespaces: &[&str]) -> PrincipalConfig {
-    PrincipalConfig {
+fn principal(name: &str, token: &str, namespaces: &[&str]) -> PrincipalSection {
+    PrincipalSection {
         name: name.to_owned(),
         token: token.to_owned(),
         cert_subject: String::new(),

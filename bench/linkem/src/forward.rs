@@ -1,4 +1,4 @@
-//! The async driver: moves packets from one TUN device through a [`Link`] to the other.
+//! The async driver: moves packets from one TUN device through a [`EmulatedLink`] to the other.
 
 use std::future::pending;
 use std::io;
@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tun_rs::AsyncDevice;
 
-use crate::link::{Link, LinkStats};
+use crate::link::{EmulatedLink, LinkStats};
 
 /// Largest packet read from a device; TUN reads truncate anything longer.
 const READ_BUFFER: usize = 65_536;
@@ -49,7 +49,7 @@ pub enum ForwardError {
 /// # Examples
 ///
 /// ```no_run
-/// use switchyard_linkem::{Link, Profile, Topology, TopologySpec, forward};
+/// use switchyard_linkem::{EmulatedLink, Profile, Topology, TopologySpec, forward};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// async fn emulate(
@@ -58,8 +58,8 @@ pub enum ForwardError {
 /// ) -> Result<(), Box<dyn std::error::Error>> {
 ///     let topology = Topology::create(spec)?;
 ///     let (a, b) = (topology.device_a(), topology.device_b());
-///     let there = Link::new(Profile::Lossy.config(), 1, 0)?;
-///     let back = Link::new(Profile::Lossy.config(), 1, 1)?;
+///     let there = EmulatedLink::new(Profile::Lossy.config(), 1, 0)?;
+///     let back = EmulatedLink::new(Profile::Lossy.config(), 1, 1)?;
 ///     let (there, back) =
 ///         tokio::join!(forward(a, b, there, &stop), forward(b, a, back, &stop));
 ///     println!("{:?} {:?}", there?, back?);
@@ -70,7 +70,7 @@ pub enum ForwardError {
 pub async fn forward(
     from: &AsyncDevice,
     to: &AsyncDevice,
-    mut link: Link,
+    mut link: EmulatedLink,
     stop: &CancellationToken,
 ) -> Result<DirectionReport, ForwardError> {
     let mut buf = vec![0u8; READ_BUFFER];

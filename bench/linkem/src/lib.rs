@@ -1,11 +1,11 @@
 //! `linkem`: a packet-level link emulator for constrained-link benchmarks.
 //!
 //! It joins two network namespaces through two TUN devices and forwards the IP packets
-//! between them through a [`Link`] per direction, which applies one-way delay, jitter, random
+//! between them through a [`EmulatedLink`] per direction, which applies one-way delay, jitter, random
 //! loss and a rate-limited, drop-tail bottleneck queue. Acting on packets, it treats TCP and
 //! UDP alike.
 //!
-//! The emulation itself ([`Link`]) is plain data driven by the current time; the rest is
+//! The emulation itself ([`EmulatedLink`]) is plain data driven by the current time; the rest is
 //! setup ([`Topology`]), a thin async driver ([`forward()`]) and small UDP probes ([`probe`])
 //! that the tests and scripts run inside the namespaces.
 #![forbid(unsafe_code)]
@@ -20,7 +20,7 @@ mod units;
 
 pub use config::{ConfigError, DEFAULT_HOLD_LIMIT, DEFAULT_MTU, LinkConfig};
 pub use forward::{DirectionReport, ForwardError, forward};
-pub use link::{Link, LinkStats, Verdict};
+pub use link::{EmulatedLink, LinkStats, Verdict};
 pub use profile::Profile;
 pub use topology::{
     InterfaceAddr, SideSpec, Topology, TopologyError, TopologySpec, remove_namespaces,

@@ -18,8 +18,8 @@ use wire::Wire;
 /// One direction of the link: loss, a drop-tail bottleneck queue drained by a token bucket,
 /// then a delay line.
 ///
-/// It does no I/O and reads no clock: [`Link::offer`] takes a packet that arrived at `now`,
-/// [`Link::poll_ready`] hands out the packets due by `now`, and [`Link::next_deadline`] says
+/// It does no I/O and reads no clock: [`EmulatedLink::offer`] takes a packet that arrived at `now`,
+/// [`EmulatedLink::poll_ready`] hands out the packets due by `now`, and [`EmulatedLink::next_deadline`] says
 /// when to poll next. Departure and delivery times come from the model, not from when the
 /// caller happens to poll, so a late poll delays delivery but never changes the link's
 /// timing for later packets. Random choices come from a ChaCha8 generator seeded by the
@@ -31,10 +31,10 @@ use wire::Wire;
 /// use std::time::{Duration, Instant};
 ///
 /// use bytes::Bytes;
-/// use switchyard_linkem::{Link, LinkConfig, Verdict};
+/// use switchyard_linkem::{EmulatedLink, LinkConfig, Verdict};
 ///
 /// let config = LinkConfig { delay: Duration::from_millis(20), ..LinkConfig::unimpaired() };
-/// let mut link = Link::new(config, 7, 0)?;
+/// let mut link = EmulatedLink::new(config, 7, 0)?;
 /// let t0 = Instant::now();
 /// assert_eq!(link.offer(Bytes::from_static(b"ping"), t0), Verdict::Accepted);
 /// assert_eq!(link.poll_ready(t0), None);
@@ -44,7 +44,7 @@ use wire::Wire;
 /// # Ok::<(), switchyard_linkem::ConfigError>(())
 /// ```
 #[derive(Debug)]
-pub struct Link {
+pub struct EmulatedLink {
     loss: f64,
     queue_limit: usize,
     hold_limit: usize,
@@ -85,9 +85,9 @@ pub struct LinkStats {
     pub hold_limit: u64,
     /// Packets dropped as larger than the token bucket.
     pub oversize: u64,
-    /// Packets handed out by [`Link::poll_ready`].
+    /// Packets handed out by [`EmulatedLink::poll_ready`].
     pub delivered: u64,
-    /// Bytes handed out by [`Link::poll_ready`].
+    /// Bytes handed out by [`EmulatedLink::poll_ready`].
     pub delivered_bytes: u64,
     /// Most packets ever waiting in the bottleneck queue at once.
     pub peak_queue: usize,
@@ -99,7 +99,7 @@ struct Queued {
     arrived: Instant,
 }
 
-impl Link {
+impl EmulatedLink {
     /// A link with `config`, drawing random choices from `seed` and `stream` (use one stream
     /// per direction so the two directions draw independently).
     pub fn new(config: LinkConfig, seed: u64, stream: u64) -> Result<Self, ConfigError> {
@@ -239,7 +239,7 @@ mod tests {
 
     /// Delivers everything still held, polling exactly at each deadline, and returns each
     /// packet with its delivery time.
-    fn drain(link: &mut Link) -> Vec<(Instant, Bytes)> {
+    fn drain(link: &mut EmulatedLink) -> Vec<(Instant, Bytes)> {
         let mut out = Vec::new();
         for _ in 0..1_000_000 {
             let Some(at) = link.next_deadline() else {
@@ -268,7 +268,7 @@ mod tests {
         const N: u64 = 10_000;
         for (percent, seed) in [(0.1, 1), (2.0, 2), (5.0, 3), (50.0, 4)] {
             let loss = Loss::from_percent(percent).unwrap();
-            let mut link = Link::new(config(|c| c.loss = loss), seed, 0).unwrap();
+            let mut link = EmulatedLink::new(config(|c| c.loss = loss), seed, 0).unwrap();
             let t0 = Instant::now();
             for i in 0..N {
                 link.offer(packet(i as u32, 100), t0 + MS * i as u32);
@@ -287,9 +287,9 @@ mod tests {
     #[test]
     fn zero_loss_drops_nothing_and_full_loss_drops_everything() {
         let t0 = Instant::now();
-        let mut clean = Link::new(LinkConfig::unimpaired(), 1, 0).unwrap();
+        let mut clean = EmulatedLink::new(LinkConfig::unimpaired(), 1, 0).unwrap();
         let everything = Loss::from_percent(100.0).unwrap();
-        let mut dead = Link::new(config(|c| c.loss = everything), 1, 0).unwrap();
+        let mut dead = EmulatedLink::new(config(|c| c.loss = everything), 1, 0).unwrap();
         for i in 0..1000 {
             assert_eq!(clean.offer(packet(i, 64), t0), Verdict::Accepted);
             assert_eq!(dead.offer(packet(i, 64), t0), Verdict::Lost);
@@ -302,7 +302,7 @@ mod tests {
     fn the_same_seed_drops_the_same_packets_and_another_seed_does_not() {
         let loss = Loss::from_percent(10.0).unwrap();
         let verdicts = |seed, stream| {
-            let mut link = Link::new(config(|c| c.loss = loss), seed, stream).unwrap();
+            let mut link = EmulatedLink::new(config(|c| c.loss = loss), seed, stream).unwrap();
             let t0 = Instant::now();
             (0..1000)
                 .map(|i| link.offer(packet(i, 64), t0))
@@ -318,7 +318,7 @@ mod tests {
         let delay = 20 * MS;
         let jitter = 5 * MS;
         for reorder in [false, true] {
-            let mut link = Link::new(
+            let mut link = EmulatedLink::new(
                 config(|c| {
                     c.delay = delay;
                     c.jitter = jitter;
@@ -368,7 +368,7 @@ mod tests {
     #[test]
     fn zero_jitter_delivers_exactly_after_the_delay() {
         let delay = 50 * MS;
-        let mut link = Link::new(config(|c| c.delay = delay), 1, 0).unwrap();
+        let mut link = EmulatedLink::new(config(|c| c.delay = delay), 1, 0).unwrap();
         let t0 = Instant::now();
         for i in 0..100u32 {
             link.offer(packet(i, 100), t0 + MS * i);
@@ -394,7 +394,7 @@ mod tests {
             }),
         ];
         for cfg in cases {
-            let mut link = Link::new(cfg.clone(), 5, 0).unwrap();
+            let mut link = EmulatedLink::new(cfg.clone(), 5, 0).unwrap();
             for i in 0..500u32 {
                 let len = 40 + (i as usize * 37) % 1400;
                 let at = t0 + Duration::from_micros(u64::from(i) * 300);
@@ -413,7 +413,7 @@ mod tests {
             c.jitter = 8 * MS;
             c.reorder = true;
         });
-        let mut link = Link::new(cfg, 5, 0).unwrap();
+        let mut link = EmulatedLink::new(cfg, 5, 0).unwrap();
         for i in 0..500u32 {
             link.offer(
                 packet(i, 100),
@@ -438,7 +438,7 @@ mod tests {
             c.queue_limit = 100_000;
             c.hold_limit = 100_000;
         });
-        let mut link = Link::new(cfg, 1, 0).unwrap();
+        let mut link = EmulatedLink::new(cfg, 1, 0).unwrap();
         let t0 = Instant::now();
         // Offered at twice the rate for 0.5 s, twice, with an idle gap that refills the bucket.
         let mut releases: Vec<(Instant, usize)> = Vec::new();
@@ -492,7 +492,7 @@ mod tests {
             c.burst = 1500;
             c.queue_limit = 10;
         });
-        let mut link = Link::new(cfg, 1, 0).unwrap();
+        let mut link = EmulatedLink::new(cfg, 1, 0).unwrap();
         let t0 = Instant::now();
         let verdicts: Vec<Verdict> = (0..30).map(|i| link.offer(packet(i, 1000), t0)).collect();
         // The first packet leaves at once on the full bucket; ten wait; the rest are dropped.
@@ -513,7 +513,7 @@ mod tests {
             c.queue_limit = 5;
             c.hold_limit = 5;
         });
-        let mut link = Link::new(cfg, 1, 0).unwrap();
+        let mut link = EmulatedLink::new(cfg, 1, 0).unwrap();
         let t0 = Instant::now();
         let verdicts: Vec<Verdict> = (0..10).map(|i| link.offer(packet(i, 100), t0)).collect();
         assert_eq!(verdicts[..5], [Verdict::Accepted; 5]);
@@ -532,7 +532,7 @@ mod tests {
             c.rate = Rate::mbit(1);
             c.burst = 1500;
         });
-        let mut link = Link::new(cfg, 1, 0).unwrap();
+        let mut link = EmulatedLink::new(cfg, 1, 0).unwrap();
         let t0 = Instant::now();
         assert_eq!(link.offer(packet(0, 1501), t0), Verdict::Oversize);
         assert_eq!(link.offer(packet(1, 1500), t0), Verdict::Accepted);
@@ -546,7 +546,7 @@ mod tests {
             c.burst = 1000;
             c.delay = 10 * MS;
         });
-        let mut link = Link::new(cfg, 1, 0).unwrap();
+        let mut link = EmulatedLink::new(cfg, 1, 0).unwrap();
         let t0 = Instant::now();
         for i in 0..4 {
             link.offer(packet(i, 1000), t0);

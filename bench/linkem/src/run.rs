@@ -4,7 +4,7 @@ use std::error::Error;
 use std::io::Write;
 
 use serde_json::json;
-use switchyard_linkem::{Link, Topology, forward, probe, remove_namespaces};
+use switchyard_linkem::{EmulatedLink, Topology, forward, probe, remove_namespaces};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -23,8 +23,8 @@ pub(crate) fn emulate(args: &RunArgs) -> Outcome {
     config.validate_for_mtu(args.mtu)?;
     let spec = args.topology();
     spec.validate()?;
-    let a_to_b = Link::new(config.clone(), args.seed, STREAM_A_TO_B)?;
-    let b_to_a = Link::new(config.clone(), args.seed, STREAM_B_TO_A)?;
+    let a_to_b = EmulatedLink::new(config.clone(), args.seed, STREAM_A_TO_B)?;
+    let b_to_a = EmulatedLink::new(config.clone(), args.seed, STREAM_B_TO_A)?;
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

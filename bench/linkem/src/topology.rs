@@ -3,7 +3,7 @@
 //! ```text
 //!  netns A (sy-gw)           the emulator's process               netns B (sy-wk)
 //!  lo                        (stays in its own netns)             lo
-//!  tun A 10.77.0.1/30 <-fd A-> Link A->B, Link B->A <-fd B-> tun B 10.77.0.2/30
+//!  tun A 10.77.0.1/30 <-fd A-> EmulatedLink A->B, EmulatedLink B->A <-fd B-> tun B 10.77.0.2/30
 //! ```
 //!
 //! The emulator creates both TUN devices in its own namespace, moves each into its namespace

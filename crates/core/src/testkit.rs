@@ -2,7 +2,7 @@
 //!
 //! A transport crate implements [`TransportHarness`] (start its gateway side over a
 //! [`Core`](crate::Core),
-//! connect a worker with a [`WorkerSpec`]) and [`WorkerHandle`] (the worker's id, [`sever`] and
+//! connect a worker with a [`WorkerSpec`]) and [`ConformanceWorker`] (the worker's id, [`sever`] and
 //! [`freeze`]), then calls [`run_conformance`]. Each [`Check`] builds a fresh core with the
 //! short liveness of [`conformance_config`], starts the gateway, connects workers whose
 //! handlers the kit observes on the worker side (calls, peak concurrency, cancels received),
@@ -27,8 +27,8 @@
 //! [`memory`] is the in-memory transport core's own tests run the kit against; it is also the
 //! smallest complete transport, worth reading before writing one.
 //!
-//! [`sever`]: WorkerHandle::sever
-//! [`freeze`]: WorkerHandle::freeze
+//! [`sever`]: ConformanceWorker::sever
+//! [`freeze`]: ConformanceWorker::freeze
 //!
 //! # Examples
 //!
@@ -53,17 +53,17 @@
 //! #[async_trait::async_trait]
 //! impl TransportHarness for GrpcHarness {
 //!     type Gateway = RunningServer;      // drop stops the listener
-//!     type Worker = TestWorker;          // implements WorkerHandle
+//!     type Worker = TestWorker;          // implements ConformanceWorker
 //!
 //!     async fn start(&self, core: Core) -> Result<RunningServer, BoxError> {
 //!         RunningServer::bind("127.0.0.1:0", core, &self.tls).await
 //!     }
 //!
 //!     async fn connect(&self, gw: &RunningServer, spec: WorkerSpec)
-//!         -> Result<TestWorker, ConnectError> {
+//!         -> Result<TestWorker, HarnessError> {
 //!         let token = gw.issue_token(spec.caller);   // credentials for exactly this caller
 //!         TestWorker::connect(gw.addr(), token, spec.registration, spec.handler).await
-//!             .map_err(|status| ConnectError::Refused {
+//!             .map_err(|status| HarnessError::Refused {
 //!                 kind: refusal_kind(status.code()),
 //!                 message: status.message().to_owned(),
 //!             })
@@ -82,7 +82,7 @@ use std::time::Duration;
 
 pub use check::{Check, CheckFailure, ConformanceFailures, run_conformance};
 pub use handler::{Handler, HandlerFuture, TaskCall};
-pub use harness::{BoxError, ConnectError, TransportHarness, WorkerHandle, WorkerSpec};
+pub use harness::{BoxError, ConformanceWorker, HarnessError, TransportHarness, WorkerSpec};
 
 use crate::dispatcher::DispatchConfig;
 use crate::handle::CoreConfig;

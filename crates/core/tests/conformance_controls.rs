@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use switchyard_core::testkit::memory::{MemoryGateway, MemoryHarness, MemoryWorker};
 use switchyard_core::testkit::{
-    BoxError, Check, ConnectError, Handler, TaskCall, TransportHarness, WorkerHandle, WorkerSpec,
+    BoxError, Check, ConformanceWorker, Handler, HarnessError, TaskCall, TransportHarness,
+    WorkerSpec,
 };
 use switchyard_core::{Core, TaskResult, WorkerId};
 
@@ -34,7 +35,7 @@ struct FaultyWorker {
     fault: Fault,
 }
 
-impl WorkerHandle for FaultyWorker {
+impl ConformanceWorker for FaultyWorker {
     fn worker_id(&self) -> WorkerId {
         self.inner.id()
     }
@@ -67,7 +68,7 @@ impl TransportHarness for Faulty {
         &self,
         gateway: &MemoryGateway,
         mut spec: WorkerSpec,
-    ) -> Result<FaultyWorker, ConnectError> {
+    ) -> Result<FaultyWorker, HarnessError> {
         match self.0 {
             Fault::CorruptsOutput => {
                 let handler = spec.handler.clone();
@@ -92,8 +93,8 @@ impl TransportHarness for Faulty {
         let fault = self.0;
         match MemoryHarness::new().connect(gateway, spec).await {
             Ok(inner) => Ok(FaultyWorker { inner, fault }),
-            Err(ConnectError::Refused { kind, .. }) if matches!(fault, Fault::VagueRefusals) => {
-                Err(ConnectError::Refused {
+            Err(HarnessError::Refused { kind, .. }) if matches!(fault, Fault::VagueRefusals) => {
+                Err(HarnessError::Refused {
                     kind,
                     message: "registration refused".to_owned(),
                 })

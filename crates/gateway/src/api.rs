@@ -15,4 +15,4 @@ mod stream;
 
 pub(crate) use convert::unix_ms;
 pub(crate) use oversized::OversizedAsExhausted;
-pub use service::{ApiSettings, GatewayApi};
+pub use service::{ApiConfig, GatewayApi};

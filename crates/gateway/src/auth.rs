@@ -10,7 +10,7 @@
 use switchyard_auth::{AllowAll, AuthError, Authenticate, CallerTable, Credentials};
 use switchyard_core::{CallerIdentity, NamespaceGrant};
 
-use crate::config::PrincipalConfig;
+use crate::config::PrincipalSection;
 
 /// The principal table: credentials to [`CallerIdentity`]; cheap to share behind an `Arc`.
 #[derive(Clone, Debug, Default)]
@@ -20,7 +20,7 @@ pub struct Principals {
 
 impl Principals {
     /// The table for `principals`; development mode when the list is empty.
-    pub fn new(principals: &[PrincipalConfig]) -> Self {
+    pub fn new(principals: &[PrincipalSection]) -> Self {
         let table = principals
             .iter()
             .fold(CallerTable::new(), |table, principal| {
@@ -66,8 +66,8 @@ impl Authenticate for Principals {
 mod tests {
     use super::*;
 
-    fn principal(name: &str, token: &str, subject: &str, namespaces: &[&str]) -> PrincipalConfig {
-        PrincipalConfig {
+    fn principal(name: &str, token: &str, subject: &str, namespaces: &[&str]) -> PrincipalSection {
+        PrincipalSection {
             name: name.to_owned(),
             token: token.to_owned(),
             cert_subject: subject.to_owned(),

@@ -19,9 +19,9 @@ use std::path::Path;
 pub use duration::{ConfigDuration, DurationSyntax};
 pub use error::ConfigError;
 pub use sections::{
-    CongestionConfig, DispatchSection, GatewayConfig, GrpcSection, LivenessSection, LogFormat,
-    LogSection, NamespaceConfig, NamespacePolicyConfig, NamespacesSection, OpsSection,
-    PrincipalConfig, QuicSection, RegistrySection, ShutdownSection, TlsSection,
+    CongestionName, DispatchSection, GatewayConfig, GrpcSection, LivenessSection, LogFormat,
+    LogSection, NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection,
+    PrincipalSection, QuicSection, RegistrySection, ShutdownSection, TlsSection,
 };
 
 /// Prefix of every configuration environment variable.

@@ -22,9 +22,9 @@ use switchyard_core::{
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::ApiSettings;
+use crate::api::ApiConfig;
 use crate::auth::Principals;
-use crate::config::{GatewayConfig, NamespaceConfig, NamespacePolicyConfig};
+use crate::config::{GatewayConfig, NamespacePolicyName, NamespaceSection};
 use crate::grpc_server::GrpcTransport;
 use crate::ops;
 use crate::quic::QuicTransport;
@@ -116,8 +116,8 @@ impl GatewayBuilder {
         let registry = Registry::builder()
             .namespace_store(store)
             .namespace_policy(match config.namespaces.policy {
-                NamespacePolicyConfig::Open => NamespacePolicy::Open,
-                NamespacePolicyConfig::Closed => NamespacePolicy::Closed,
+                NamespacePolicyName::Open => NamespacePolicy::Open,
+                NamespacePolicyName::Closed => NamespacePolicy::Closed,
             })
             .max_concurrency_limit(config.registry.max_concurrency_limit);
         let core = Core::start(registry, core_config(&config));
@@ -217,7 +217,7 @@ pub(crate) fn core_config(config: &GatewayConfig) -> CoreConfig {
     }
 }
 
-fn known_namespaces(known: &[NamespaceConfig]) -> InMemoryNamespaceStore {
+fn known_namespaces(known: &[NamespaceSection]) -> InMemoryNamespaceStore {
     let nodes = |labels: &[String]| labels.iter().filter_map(|l| Node::new(l.clone())).collect();
     InMemoryNamespaceStore::with_records(known.iter().map(|ns| NamespaceRecord {
         name: ns.name.clone(),
@@ -231,8 +231,8 @@ fn known_namespaces(known: &[NamespaceConfig]) -> InMemoryNamespaceStore {
     }))
 }
 
-pub(crate) fn api_settings(config: &GatewayConfig) -> ApiSettings {
-    ApiSettings {
+pub(crate) fn api_settings(config: &GatewayConfig) -> ApiConfig {
+    ApiConfig {
         default_timeout: config.dispatch.default_timeout.get(),
         max_in_flight_per_stream: config.dispatch.max_in_flight_per_stream,
     }

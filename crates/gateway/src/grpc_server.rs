@@ -16,7 +16,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use switchyard_transport_grpc::{GrpcServerConfig, WorkerService};
 
-use crate::api::{ApiSettings, GatewayApi, OversizedAsExhausted};
+use crate::api::{ApiConfig, GatewayApi, OversizedAsExhausted};
 use crate::config::GrpcSection;
 use crate::tls::TlsMaterial;
 use crate::transport::{
@@ -30,12 +30,12 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 #[derive(Clone, Debug)]
 pub struct GrpcTransport {
     section: GrpcSection,
-    api: ApiSettings,
+    api: ApiConfig,
 }
 
 impl GrpcTransport {
     /// A transport serving `section` with the producer API configured by `api`.
-    pub fn new(section: GrpcSection, api: ApiSettings) -> Self {
+    pub fn new(section: GrpcSection, api: ApiConfig) -> Self {
         Self { section, api }
     }
 }

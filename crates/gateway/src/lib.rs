@@ -32,13 +32,13 @@ mod readiness;
 mod tls;
 mod transport;
 
-pub use api::{ApiSettings, GatewayApi};
+pub use api::{ApiConfig, GatewayApi};
 pub use auth::Principals;
 pub use config::{
-    CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionConfig, DispatchSection,
-    DurationSyntax, ENV_PREFIX, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,
-    NamespaceConfig, NamespacePolicyConfig, NamespacesSection, OpsSection, Override,
-    PrincipalConfig, QuicSection, RegistrySection, ShutdownSection, TlsSection, env_var_for,
+    CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionName, DispatchSection, DurationSyntax,
+    ENV_PREFIX, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,
+    NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection, Override,
+    PrincipalSection, QuicSection, RegistrySection, ShutdownSection, TlsSection, env_var_for,
     keys as config_keys,
 };
 pub use gateway::{Gateway, GatewayBuilder, StartError};

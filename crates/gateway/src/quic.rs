@@ -9,10 +9,10 @@ use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use switchyard_auth::Authenticate;
 use switchyard_transport_quic::{
-    CongestionControl, FrameLimits, LinkSettings, QuicServer, ServerConfig, ServerTls,
+    CongestionControl, ConnectionConfig, FrameLimits, QuicServer, QuicServerConfig, ServerTls,
 };
 
-use crate::config::{CongestionConfig, QuicSection};
+use crate::config::{CongestionName, QuicSection};
 use crate::tls::TlsMaterial;
 use crate::transport::{
     ListenAddr, Listening, Protocol, Transport, TransportContext, TransportError,
@@ -33,16 +33,16 @@ impl QuicTransport {
         Self { section }
     }
 
-    pub(crate) fn server_config(&self) -> ServerConfig {
+    pub(crate) fn server_config(&self) -> QuicServerConfig {
         let section = &self.section;
         let keep_alive = section.keep_alive_interval.get();
-        ServerConfig {
+        QuicServerConfig {
             listen: section.listen,
-            link: LinkSettings {
+            connection: ConnectionConfig {
                 congestion: match section.congestion {
-                    CongestionConfig::Cubic => CongestionControl::Cubic,
-                    CongestionConfig::Bbr => CongestionControl::Bbr,
-                    CongestionConfig::Newreno => CongestionControl::NewReno,
+                    CongestionName::Cubic => CongestionControl::Cubic,
+                    CongestionName::Bbr => CongestionControl::Bbr,
+                    CongestionName::Newreno => CongestionControl::NewReno,
                 },
                 keep_alive_interval: (!keep_alive.is_zero()).then_some(keep_alive),
                 max_idle_timeout: section.max_idle_timeout.get(),

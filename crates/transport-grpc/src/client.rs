@@ -18,12 +18,12 @@ mod runtime;
 use std::time::Duration;
 
 use switchyard_core::{ActivityHandler, WorkerId};
-use switchyard_worker::{Link, Registered, SessionContext, SessionEnd, Worker};
+use switchyard_worker::{ConnectionContext, ConnectionEnd, Link, Registered, Worker};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 use tracing::Instrument;
 
-pub use link::ConnectError;
+pub use link::GrpcLinkError;
 pub use switchyard_core::Backoff;
 pub use switchyard_worker::{WorkerError, WorkerHandle, WorkerOptions};
 
@@ -70,7 +70,7 @@ impl GrpcWorker {
     pub fn builder(endpoint: impl Into<String>) -> GrpcWorkerBuilder {
         GrpcWorkerBuilder {
             options: WorkerOptions::default(),
-            settings: GrpcSettings {
+            settings: DialConfig {
                 endpoint: endpoint.into(),
                 tls: None,
                 keepalive_interval: Duration::from_secs(10),
@@ -116,7 +116,7 @@ impl GrpcWorker {
 /// Configures a [`GrpcWorker`]; see [`GrpcWorker::builder`].
 pub struct GrpcWorkerBuilder {
     options: WorkerOptions,
-    settings: GrpcSettings,
+    settings: DialConfig,
 }
 
 impl std::fmt::Debug for GrpcWorkerBuilder {
@@ -232,7 +232,7 @@ impl GrpcWorkerBuilder {
 }
 
 /// The gRPC-specific settings of a worker.
-pub(crate) struct GrpcSettings {
+pub(crate) struct DialConfig {
     pub(crate) endpoint: String,
     pub(crate) tls: Option<ClientTlsConfig>,
     pub(crate) keepalive_interval: Duration,
@@ -240,15 +240,15 @@ pub(crate) struct GrpcSettings {
     pub(crate) max_message_bytes: usize,
 }
 
-/// The gRPC worker link: one `ConnectWorker` stream per session.
+/// The gRPC worker link: one `ConnectWorker` stream per connection.
 pub(crate) struct GrpcLink {
     endpoint: Endpoint,
-    settings: GrpcSettings,
+    settings: DialConfig,
 }
 
 impl Link for GrpcLink {
-    type Session = link::Stream;
-    type Error = ConnectError;
+    type Connection = link::Stream;
+    type Error = GrpcLinkError;
     const TRANSPORT: &'static str = "grpc";
     const CAN_DRAIN: bool = false;
     const CAN_RESIZE: bool = false;
@@ -256,15 +256,15 @@ impl Link for GrpcLink {
     async fn open(
         &self,
         options: &WorkerOptions,
-    ) -> Result<(link::Stream, Registered), ConnectError> {
+    ) -> Result<(link::Stream, Registered), GrpcLinkError> {
         link::open(&self.endpoint, &self.settings, options).await
     }
 
     async fn serve(
         &self,
         stream: link::Stream,
-        context: SessionContext<'_>,
-    ) -> SessionEnd<ConnectError> {
+        context: ConnectionContext<'_>,
+    ) -> ConnectionEnd<GrpcLinkError> {
         let span = tracing::info_span!("switchyard_worker", worker = stream.ack.worker_id);
         runtime::serve(stream, &self.settings, context)
             .instrument(span)

@@ -31,8 +31,8 @@ pub(crate) enum Farewell {
 /// `TooLarge` before it is queued: tonic would otherwise fail the whole stream on it.
 ///
 /// The leg also remembers which pushed tasks the worker has not answered yet and whether it
-/// was asked to leave, so the session can end the stream once a drained worker holds nothing.
-pub(crate) struct GrpcWorkerDelivery {
+/// was asked to leave, so the stream can end the stream once a drained worker holds nothing.
+pub(crate) struct GrpcDelivery {
     frames: mpsc::Sender<GatewayFrame>,
     max_frame_bytes: usize,
     closed: AtomicBool,
@@ -48,7 +48,7 @@ struct LegState {
     farewell: Option<Farewell>,
 }
 
-impl GrpcWorkerDelivery {
+impl GrpcDelivery {
     /// A leg pushing into `frames`, refusing frames larger than `max_frame_bytes` encoded.
     pub(crate) fn new(frames: mpsc::Sender<GatewayFrame>, max_frame_bytes: usize) -> Self {
         Self {
@@ -89,13 +89,13 @@ impl GrpcWorkerDelivery {
     }
 
     /// Resolves after a notice is queued or a task answered (or at once if that happened
-    /// since the last call): the moment to check [`GrpcWorkerDelivery::farewell_due`] again.
+    /// since the last call): the moment to check [`GrpcDelivery::farewell_due`] again.
     pub(crate) async fn changed(&self) {
         self.changed.notified().await;
     }
 }
 
-impl WorkerDelivery for GrpcWorkerDelivery {
+impl WorkerDelivery for GrpcDelivery {
     fn transport(&self) -> TransportName {
         TRANSPORT
     }
@@ -191,7 +191,7 @@ mod tests {
     #[test]
     fn full_queue_and_closed_stream_are_typed_refusals() {
         let (tx, mut rx) = mpsc::channel(1);
-        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
+        let leg = GrpcDelivery::new(tx, LIMIT);
         assert_eq!(leg.deliver(WorkerMessage::Ping { seq: 1 }), Ok(()));
         assert_eq!(
             leg.deliver(WorkerMessage::Ping { seq: 2 }),
@@ -210,7 +210,7 @@ mod tests {
     #[test]
     fn dropped_receiver_reads_as_disconnected() {
         let (tx, rx) = mpsc::channel(4);
-        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
+        let leg = GrpcDelivery::new(tx, LIMIT);
         drop(rx);
         assert!(!leg.is_connected());
         assert_eq!(
@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn frame_over_the_limit_is_refused_and_never_queued() {
         let (tx, mut rx) = mpsc::channel(4);
-        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
+        let leg = GrpcDelivery::new(tx, LIMIT);
         // Find the largest input whose frame fits exactly.
         let fits = (0..LIMIT).rev().find(|n| task_frame_len(*n) <= LIMIT);
         let Some(fits) = fits else {
@@ -249,7 +249,7 @@ mod tests {
     #[test]
     fn farewell_is_due_once_every_task_is_answered() {
         let (tx, _rx) = mpsc::channel(8);
-        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
+        let leg = GrpcDelivery::new(tx, LIMIT);
         leg.deliver(task(1, 4)).unwrap();
         assert_eq!(leg.farewell_due(), None, "no notice yet");
         leg.deliver(WorkerMessage::ShuttingDown).unwrap();
@@ -262,16 +262,16 @@ mod tests {
     #[test]
     fn a_final_drain_is_not_downgraded_by_a_shutdown() {
         let (tx, _rx) = mpsc::channel(8);
-        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
+        let leg = GrpcDelivery::new(tx, LIMIT);
         leg.deliver(WorkerMessage::Drain).unwrap();
         leg.deliver(WorkerMessage::ShuttingDown).unwrap();
         assert_eq!(leg.farewell_due(), Some(Farewell::Drain));
     }
 
     #[tokio::test]
-    async fn a_queued_notice_wakes_the_session() {
+    async fn a_queued_notice_wakes_the_stream() {
         let (tx, _rx) = mpsc::channel(8);
-        let leg = GrpcWorkerDelivery::new(tx, LIMIT);
+        let leg = GrpcDelivery::new(tx, LIMIT);
         let changed = leg.changed();
         tokio::pin!(changed);
         assert!(futures::poll!(changed.as_mut()).is_pending());

@@ -77,20 +77,20 @@ mod delivery;
 mod outbound;
 mod serve;
 mod service;
-mod session;
 mod status;
 mod wire;
+mod worker_stream;
 
 pub use auth::authenticate_request;
 pub use client::{
-    Backoff, ConnectError, GrpcWorker, GrpcWorkerBuilder, WorkerError, WorkerHandle, WorkerOptions,
+    Backoff, GrpcLinkError, GrpcWorker, GrpcWorkerBuilder, WorkerError, WorkerHandle, WorkerOptions,
 };
 pub use config::GrpcServerConfig;
 pub use delivery::TRANSPORT;
 pub use outbound::Outbound;
 pub use serve::{ServeError, serve};
 pub use service::WorkerService;
-#[cfg(fuzzing)]
-pub use session::fuzz_registered_frames;
 pub use status::{SessionError, admission_status};
 pub use switchyard_core::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
+#[cfg(fuzzing)]
+pub use worker_stream::fuzz_registered_frames;

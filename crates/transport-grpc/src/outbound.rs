@@ -1,4 +1,4 @@
-//! The response half of a worker stream: the frames the session queues (the acknowledgement
+//! The response half of a worker stream: the frames the stream queues (the acknowledgement
 //! first), then the closing status once the frames queued before it are out.
 
 use std::future::Future;
@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tonic::Status;
 
-/// What the session tells the response stream.
+/// What the stream tells the response stream.
 pub(crate) enum Control {
     /// Registration accepted: send whatever arrives on `frames`, the acknowledgement first.
     Registered {
@@ -28,12 +28,12 @@ pub(crate) const CLOSE_FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 /// The response stream of a worker call (`GatewayFrame`s, then the closing status).
 ///
-/// The session queues the acknowledgement before it announces the worker to core, so nothing
+/// The stream queues the acknowledgement before it announces the worker to core, so nothing
 /// core sends can overtake it; before registration only a closing status can flow. The stream
-/// ends when the session
+/// ends when the stream
 /// says so (a status) or drops its control sender (a clean end). Frames queued before that end
 /// go out first, so a worker sees the `drain` or `cancel` that explains it; the flush takes
-/// what is already queued (the delivery leg accepts nothing once the session ends) and at most
+/// what is already queued (the delivery leg accepts nothing once the stream ends) and at most
 /// 5 s, so a worker that reads slowly cannot hold the end forever.
 pub struct Outbound {
     control: mpsc::Receiver<Control>,
@@ -60,7 +60,7 @@ impl std::fmt::Debug for Outbound {
 }
 
 impl Outbound {
-    /// A response stream and the session's end of its control channel.
+    /// A response stream and the stream's end of its control channel.
     pub(crate) fn new() -> (Self, mpsc::Sender<Control>) {
         // Two messages at most ever travel: the registration and the closing status.
         let (control, rx) = mpsc::channel(2);

@@ -13,12 +13,12 @@ use switchyard_auth::Authenticate;
 use crate::auth::authenticate_request;
 use crate::config::GrpcServerConfig;
 use crate::outbound::Outbound;
-use crate::session::Session;
 use crate::status::SessionError;
+use crate::worker_stream::WorkerStream;
 
 /// The worker stream service, cheap to clone; mount it with [`WorkerService::into_server`].
 ///
-/// Each `ConnectWorker` call authenticates its caller, then runs one session on its own task: the
+/// Each `ConnectWorker` call authenticates its caller, then runs one stream on its own task: the
 /// registration deadline, the admission gate, the acknowledgement, and the frame loop that
 /// hands results, pongs and cancel acknowledgements to core. The registration token lives in
 /// that task, so the stream ending for any reason deregisters the worker exactly once; a
@@ -51,10 +51,10 @@ use crate::status::SessionError;
 /// ```
 #[derive(Clone)]
 pub struct WorkerService {
-    inner: Arc<Shared>,
+    inner: Arc<ServiceState>,
 }
 
-pub(crate) struct Shared {
+pub(crate) struct ServiceState {
     pub(crate) core: Core,
     pub(crate) config: GrpcServerConfig,
     auth: Arc<dyn Authenticate>,
@@ -71,7 +71,7 @@ impl std::fmt::Debug for WorkerService {
 impl WorkerService {
     /// A service admitting workers into `core`, authenticating callers with `auth`.
     pub fn new(core: Core, auth: Arc<dyn Authenticate>, config: GrpcServerConfig) -> Self {
-        let inner = Arc::new(Shared { core, config, auth });
+        let inner = Arc::new(ServiceState { core, config, auth });
         Self { inner }
     }
 
@@ -91,8 +91,8 @@ impl WorkerService {
 
 #[cfg(fuzzing)]
 impl WorkerService {
-    /// The state every session of this service shares (for the fuzzing entry).
-    pub(crate) fn shared(&self) -> Arc<Shared> {
+    /// The state every stream of this service shares (for the fuzzing entry).
+    pub(crate) fn shared(&self) -> Arc<ServiceState> {
         Arc::clone(&self.inner)
     }
 }
@@ -113,8 +113,8 @@ impl WorkerGateway for WorkerService {
         let span = tracing::info_span!("grpc_worker", principal = %caller.principal, ?peer,
             worker = tracing::field::Empty, namespaces = tracing::field::Empty);
         let (outbound, control) = Outbound::new();
-        let session = Session::new(Arc::clone(&self.inner), caller, control);
-        tokio::spawn(session.run(request.into_inner()).instrument(span));
+        let stream = WorkerStream::new(Arc::clone(&self.inner), caller, control);
+        tokio::spawn(stream.run(request.into_inner()).instrument(span));
         Ok(Response::new(outbound))
     }
 }

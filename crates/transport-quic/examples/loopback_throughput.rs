@@ -21,8 +21,8 @@ use switchyard_core::{
     WorkerMessage,
 };
 use switchyard_transport_quic::{
-    ActivityContext, ActivityError, CongestionControl, LinkSettings, QuicServer, QuicWorker,
-    SelfSigned, ServerConfig,
+    ActivityContext, ActivityError, CongestionControl, ConnectionConfig, QuicServer,
+    QuicServerConfig, QuicWorker, SelfSigned,
 };
 use tokio::sync::mpsc;
 
@@ -73,17 +73,17 @@ fn args() -> Result<Args, String> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
-    let link = LinkSettings {
+    let link = ConnectionConfig {
         congestion: args.congestion,
-        ..LinkSettings::default()
+        ..ConnectionConfig::default()
     };
     let ca = SelfSigned::new(["localhost"])?;
     let core = Core::start(Registry::builder(), CoreConfig::default());
     let server = QuicServer::builder(core.clone(), ca.server_tls()?)
-        .config(ServerConfig {
+        .config(QuicServerConfig {
             listen: "127.0.0.1:0".parse()?,
-            link: link.clone(),
-            ..ServerConfig::default()
+            connection: link.clone(),
+            ..QuicServerConfig::default()
         })
         .bind()
         .await?;
@@ -101,7 +101,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Ok::<_, ActivityError>(input)
             })
             .max_concurrency(args.capacity)
-            .link(link.clone())
+            .connection(link.clone())
             .tls(ca.client_tls()?)
             .connect()
             .await?;

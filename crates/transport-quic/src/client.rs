@@ -1,7 +1,7 @@
 //! The Rust worker SDK for the QUIC transport: a thin [`Link`] on the shared worker runtime.
 //!
 //! The builder takes the same calls with the same meaning as the gRPC SDK's (the options are
-//! [`WorkerOptions`]), plus the QUIC ones (TLS, [`LinkSettings`], the local socket).
+//! [`WorkerOptions`]), plus the QUIC ones (TLS, [`ConnectionConfig`], the local socket).
 //! [`QuicWorkerBuilder::connect`] makes the first registration, then [`QuicWorker::run`] serves
 //! tasks and the runtime ([`switchyard_worker`]) reconnects with jittered backoff until the
 //! worker is drained or refused for good. Capacity is announced right after each
@@ -10,15 +10,15 @@
 //! answered on the lane they arrive on, a cancel fires the handler's cancellation token, and a
 //! drain lets running tasks finish.
 
+mod connection;
 mod lane;
-mod session;
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use quinn::{ConnectionError, Endpoint};
 use switchyard_core::WorkerId;
-use switchyard_worker::{Link, LinkError, Registered, SessionContext, SessionEnd, Worker};
+use switchyard_worker::{ConnectionContext, ConnectionEnd, Link, LinkError, Registered, Worker};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -26,10 +26,10 @@ pub use switchyard_core::Backoff;
 pub use switchyard_core::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 pub use switchyard_worker::{WorkerError, WorkerOptions};
 
-use crate::config::{ConfigError, LinkSettings};
+use crate::config::{ConfigError, ConnectionConfig};
 use crate::protocol::ErrorCode;
 use crate::tls::ClientTls;
-use session::Session;
+use connection::QuicConnection;
 
 /// The worker's default QUIC keep-alive interval: the longest it stays silent when the gateway
 /// is.
@@ -115,45 +115,48 @@ impl LinkError for QuicLinkError {
 }
 
 /// The QUIC-specific settings of a worker.
-pub(crate) struct QuicSettings {
+pub(crate) struct DialConfig {
     addr: SocketAddr,
     server_name: String,
     tls: ClientTls,
-    link: LinkSettings,
+    connection: ConnectionConfig,
 }
 
-/// The QUIC worker link: one connection per session, one lane per slot.
+/// The QUIC worker link: one lane per slot on each connection.
 pub(crate) struct QuicLink {
-    settings: QuicSettings,
+    settings: DialConfig,
     endpoint: Endpoint,
 }
 
 impl Link for QuicLink {
-    type Session = Session;
+    type Connection = QuicConnection;
     type Error = QuicLinkError;
     const TRANSPORT: &'static str = "quic";
     const CAN_DRAIN: bool = true;
     const CAN_RESIZE: bool = true;
 
-    async fn open(&self, options: &WorkerOptions) -> Result<(Session, Registered), QuicLinkError> {
-        Session::open(&self.endpoint, &self.settings, options).await
+    async fn open(
+        &self,
+        options: &WorkerOptions,
+    ) -> Result<(QuicConnection, Registered), QuicLinkError> {
+        QuicConnection::open(&self.endpoint, &self.settings, options).await
     }
 
     async fn serve(
         &self,
-        session: Session,
-        context: SessionContext<'_>,
-    ) -> SessionEnd<QuicLinkError> {
-        match session.serve(context).await {
+        connection: QuicConnection,
+        context: ConnectionContext<'_>,
+    ) -> ConnectionEnd<QuicLinkError> {
+        match connection.serve(context).await {
             QuicLinkError::Refused {
                 code: ErrorCode::Drained,
                 ..
             } => {
                 tracing::info!("drained; worker stopping");
-                SessionEnd::Drained
+                ConnectionEnd::Drained
             }
-            error if error.is_permanent() => SessionEnd::Failed(error),
-            error => SessionEnd::ComeBack {
+            error if error.is_permanent() => ConnectionEnd::Failed(error),
+            error => ConnectionEnd::ComeBack {
                 shutting_down: error.is_shutdown(),
                 reason: error.to_string(),
             },
@@ -167,7 +170,7 @@ pub struct QuicWorkerBuilder {
     server_name: String,
     options: WorkerOptions,
     tls: Option<ClientTls>,
-    link: LinkSettings,
+    connection: ConnectionConfig,
     bind: Option<SocketAddr>,
 }
 
@@ -243,10 +246,10 @@ impl QuicWorkerBuilder {
         self
     }
 
-    /// QUIC tuning (default [`LinkSettings::default`] with a keep-alive of
+    /// QUIC tuning (default [`ConnectionConfig::default`] with a keep-alive of
     /// [`WORKER_KEEP_ALIVE`]).
-    pub fn link(mut self, link: LinkSettings) -> Self {
-        self.link = link;
+    pub fn connection(mut self, connection: ConnectionConfig) -> Self {
+        self.connection = connection;
         self
     }
 
@@ -276,7 +279,7 @@ impl QuicWorkerBuilder {
             reason: "required: QUIC always runs TLS 1.3",
         })?;
         let link_error = |error: QuicLinkError| WorkerError::link(QuicLink::TRANSPORT, error);
-        self.link
+        self.connection
             .transport(1)
             .map_err(|error| link_error(error.into()))?;
         let bind = self.bind.unwrap_or(match self.addr {
@@ -285,11 +288,11 @@ impl QuicWorkerBuilder {
         });
         let endpoint = Endpoint::client(bind).map_err(|error| link_error(error.into()))?;
         let link = QuicLink {
-            settings: QuicSettings {
+            settings: DialConfig {
                 addr: self.addr,
                 server_name: self.server_name,
                 tls,
-                link: self.link,
+                connection: self.connection,
             },
             endpoint: endpoint.clone(),
         };
@@ -339,9 +342,9 @@ impl QuicWorker {
             server_name: server_name.into(),
             options: WorkerOptions::default(),
             tls: None,
-            link: LinkSettings {
+            connection: ConnectionConfig {
                 keep_alive_interval: Some(WORKER_KEEP_ALIVE),
-                ..LinkSettings::default()
+                ..ConnectionConfig::default()
             },
             bind: None,
         }

@@ -27,7 +27,7 @@ pub enum CongestionControl {
 
 /// QUIC transport tuning shared by the gateway and the worker SDK.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LinkSettings {
+pub struct ConnectionConfig {
     /// Congestion controller (default [`CongestionControl::Cubic`]).
     pub congestion: CongestionControl,
     /// Interval of QUIC keep-alive packets when nothing else is sent (default 10 s: well
@@ -46,7 +46,7 @@ pub struct LinkSettings {
     pub send_window: u64,
 }
 
-impl Default for LinkSettings {
+impl Default for ConnectionConfig {
     fn default() -> Self {
         Self {
             congestion: CongestionControl::Cubic,
@@ -85,7 +85,7 @@ pub enum ConfigError {
     },
 }
 
-impl LinkSettings {
+impl ConnectionConfig {
     /// The quinn transport config for one side; `bidi_streams` is how many bidirectional
     /// streams the peer may open at first (uni streams and datagrams are never used).
     pub(crate) fn transport(&self, bidi_streams: u32) -> Result<TransportConfig, ConfigError> {
@@ -142,16 +142,16 @@ impl FrameLimits {
     }
 }
 
-/// Largest [`ServerConfig::socket_buffer`]: 1 GiB (the kernel takes an `int`).
+/// Largest [`QuicServerConfig::socket_buffer`]: 1 GiB (the kernel takes an `int`).
 pub const MAX_SOCKET_BUFFER: usize = 1 << 30;
 
 /// The gateway side's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServerConfig {
+pub struct QuicServerConfig {
     /// UDP address to listen on (default `[::]:7443`).
     pub listen: SocketAddr,
     /// QUIC tuning.
-    pub link: LinkSettings,
+    pub connection: ConnectionConfig,
     /// Frame limits the gateway enforces on what it reads.
     pub frames: FrameLimits,
     /// Let a worker's connection survive a change of its address (NAT rebinding, network
@@ -170,7 +170,7 @@ pub struct ServerConfig {
     pub socket_buffer: usize,
 }
 
-impl ServerConfig {
+impl QuicServerConfig {
     /// Refuses settings that would make the listener useless, naming the setting.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         self.frames.check()?;
@@ -185,7 +185,7 @@ impl ServerConfig {
                 max: MAX_SOCKET_BUFFER,
             });
         }
-        self.link.transport(1).map(drop)
+        self.connection.transport(1).map(drop)
     }
 }
 
@@ -197,11 +197,11 @@ fn nonzero(field: &'static str, value: usize) -> Result<(), ConfigError> {
     }
 }
 
-impl Default for ServerConfig {
+impl Default for QuicServerConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 7443)),
-            link: LinkSettings::default(),
+            connection: ConnectionConfig::default(),
             frames: FrameLimits::default(),
             migration: true,
             registration_timeout: Duration::from_secs(10),
@@ -222,9 +222,9 @@ mod tests {
             CongestionControl::Bbr,
             CongestionControl::NewReno,
         ] {
-            let link = LinkSettings {
+            let link = ConnectionConfig {
                 congestion,
-                ..LinkSettings::default()
+                ..ConnectionConfig::default()
             };
             assert!(link.transport(1).is_ok());
         }
@@ -232,10 +232,10 @@ mod tests {
 
     #[test]
     fn zero_limits_are_refused_by_name() {
-        assert!(ServerConfig::default().check().is_ok());
-        let config = ServerConfig {
+        assert!(QuicServerConfig::default().check().is_ok());
+        let config = QuicServerConfig {
             max_unregistered_connections: 0,
-            ..ServerConfig::default()
+            ..QuicServerConfig::default()
         };
         assert_eq!(
             config.check(),
@@ -243,12 +243,12 @@ mod tests {
                 field: "max_unregistered_connections"
             })
         );
-        let config = ServerConfig {
+        let config = QuicServerConfig {
             frames: FrameLimits {
                 lane: 0,
                 ..FrameLimits::default()
             },
-            ..ServerConfig::default()
+            ..QuicServerConfig::default()
         };
         assert_eq!(
             config.check(),
@@ -260,9 +260,9 @@ mod tests {
 
     #[test]
     fn unrepresentable_idle_timeout_is_refused_by_name() {
-        let link = LinkSettings {
+        let link = ConnectionConfig {
             max_idle_timeout: Duration::MAX,
-            ..LinkSettings::default()
+            ..ConnectionConfig::default()
         };
         let error = link.transport(1).unwrap_err();
         assert!(error.to_string().contains("max_idle_timeout"), "{error}");

@@ -24,7 +24,7 @@
 //!     ActivityOutcome, ActivityRequest, CallerIdentity, Core, CoreConfig, Registry,
 //! };
 //! use switchyard_transport_quic::{
-//!     ActivityContext, ActivityError, QuicServer, QuicWorker, SelfSigned, ServerConfig,
+//!     ActivityContext, ActivityError, QuicServer, QuicWorker, SelfSigned, QuicServerConfig,
 //! };
 //!
 //! # let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2)
@@ -33,7 +33,7 @@
 //! let ca = SelfSigned::new(["localhost"])?;
 //! let core = Core::start(Registry::builder(), CoreConfig::default());
 //! let server = QuicServer::builder(core.clone(), ca.server_tls()?)
-//!     .config(ServerConfig { listen: "127.0.0.1:0".parse()?, ..ServerConfig::default() })
+//!     .config(QuicServerConfig { listen: "127.0.0.1:0".parse()?, ..QuicServerConfig::default() })
 //!     .bind()
 //!     .await?;
 //!
@@ -80,7 +80,8 @@ pub use client::{
     QuicWorker, QuicWorkerBuilder, QuicWorkerHandle, WORKER_KEEP_ALIVE, WorkerError, WorkerOptions,
 };
 pub use config::{
-    ConfigError, CongestionControl, FrameLimits, LinkSettings, MAX_SOCKET_BUFFER, ServerConfig,
+    ConfigError, CongestionControl, ConnectionConfig, FrameLimits, MAX_SOCKET_BUFFER,
+    QuicServerConfig,
 };
 pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,

@@ -101,7 +101,7 @@ impl StreamOut {
     }
 
     /// Writes `item` without waiting; hands the stream to a flusher when it cannot.
-    fn write_now(self: &Arc<Self>, item: Item, outbox: &Shared) -> Result<(), Fault> {
+    fn write_now(self: &Arc<Self>, item: Item, outbox: &OutboxState) -> Result<(), Fault> {
         let mut state = self.lock();
         if state.failed {
             return Ok(());
@@ -152,7 +152,7 @@ fn poll_once<F: Future>(future: F) -> Poll<F::Output> {
 
 /// Writes a blocked stream's backlog, waiting as long as flow control requires, then gives
 /// the stream back to the batch writer.
-async fn flush(out: Arc<StreamOut>, mut send: SendStream, outbox: Shared) {
+async fn flush(out: Arc<StreamOut>, mut send: SendStream, outbox: OutboxState) {
     loop {
         let item = {
             let mut state = out.lock();
@@ -184,7 +184,7 @@ async fn flush(out: Arc<StreamOut>, mut send: SendStream, outbox: Shared) {
 }
 
 #[derive(Clone)]
-struct Shared {
+struct OutboxState {
     on_fault: OnFault,
     /// Fired when the outbox is dropped, so flushers blocked on flow control let go of their
     /// streams (and with them the connection).
@@ -203,7 +203,7 @@ impl Outbox {
     pub(crate) fn spawn(on_fault: OnFault) -> Self {
         let (queue, rx) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
-        let shared = Shared {
+        let shared = OutboxState {
             on_fault,
             stop: stop.clone(),
         };
@@ -223,7 +223,10 @@ impl Outbox {
     }
 }
 
-async fn write_batches(mut rx: mpsc::UnboundedReceiver<(Arc<StreamOut>, Item)>, shared: Shared) {
+async fn write_batches(
+    mut rx: mpsc::UnboundedReceiver<(Arc<StreamOut>, Item)>,
+    shared: OutboxState,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     loop {
         if rx.recv_many(&mut batch, BATCH).await == 0 {

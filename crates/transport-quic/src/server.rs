@@ -11,9 +11,9 @@
 //! connection's end deregisters the worker exactly once (its registration token).
 
 mod connection;
+mod delivery;
 mod lane;
 mod lanes;
-mod link;
 mod reset;
 
 use std::collections::HashMap;
@@ -25,12 +25,12 @@ use switchyard_core::{Core, WorkerId};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-pub use link::TRANSPORT;
+pub use delivery::TRANSPORT;
 
-use crate::config::{ConfigError, ServerConfig};
+use crate::config::{ConfigError, QuicServerConfig};
 use crate::protocol::ErrorCode;
 use crate::tls::ServerTls;
-use link::Link;
+use delivery::QuicDelivery;
 use switchyard_auth::{AllowAll, Authenticate};
 
 /// Why the QUIC listener could not start.
@@ -56,21 +56,21 @@ const SHUTDOWN_SLACK: std::time::Duration = std::time::Duration::from_millis(500
 /// State shared by the accept loop and every connection.
 pub(crate) struct ServerShared {
     pub(crate) core: Core,
-    pub(crate) config: ServerConfig,
+    pub(crate) config: QuicServerConfig,
     pub(crate) auth: Arc<dyn Authenticate>,
     /// Registered connections, for the flushed close at shutdown and the count.
-    connections: Mutex<HashMap<WorkerId, Weak<Link>>>,
+    connections: Mutex<HashMap<WorkerId, Weak<QuicDelivery>>>,
 }
 
 impl ServerShared {
-    fn connections(&self) -> MutexGuard<'_, HashMap<WorkerId, Weak<Link>>> {
+    fn connections(&self) -> MutexGuard<'_, HashMap<WorkerId, Weak<QuicDelivery>>> {
         self.connections
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn track(&self, worker: WorkerId, link: &Arc<Link>) {
-        self.connections().insert(worker, Arc::downgrade(link));
+    pub(crate) fn track(&self, worker: WorkerId, delivery: &Arc<QuicDelivery>) {
+        self.connections().insert(worker, Arc::downgrade(delivery));
     }
 
     pub(crate) fn untrack(&self, worker: WorkerId) {
@@ -82,14 +82,14 @@ impl ServerShared {
 pub struct QuicServerBuilder {
     core: Core,
     tls: ServerTls,
-    config: ServerConfig,
+    config: QuicServerConfig,
     auth: Arc<dyn Authenticate>,
     reset_key: Option<ring::hmac::Key>,
 }
 
 impl QuicServerBuilder {
-    /// Settings (default [`ServerConfig::default`]).
-    pub fn config(mut self, config: ServerConfig) -> Self {
+    /// Settings (default [`QuicServerConfig::default`]).
+    pub fn config(mut self, config: QuicServerConfig) -> Self {
         self.config = config;
         self
     }
@@ -119,7 +119,7 @@ impl QuicServerBuilder {
         let config = self.config;
         config.check()?;
         // A worker may open exactly one stream: its control stream.
-        let transport = config.link.transport(1)?;
+        let transport = config.connection.transport(1)?;
         let mut quic = quinn::ServerConfig::with_crypto(self.tls.quic());
         quic.transport_config(Arc::new(transport))
             .migration(config.migration);
@@ -193,12 +193,12 @@ async fn accept_loop(endpoint: Endpoint, shared: Arc<ServerShared>, unregistered
 ///
 /// ```no_run
 /// use switchyard_core::{Core, CoreConfig, Registry};
-/// use switchyard_transport_quic::{QuicServer, ServerConfig, ServerTls};
+/// use switchyard_transport_quic::{QuicServer, QuicServerConfig, ServerTls};
 ///
 /// # async fn start(tls: ServerTls) -> Result<(), Box<dyn std::error::Error>> {
 /// let core = Core::start(Registry::builder(), CoreConfig::default());
 /// let server = QuicServer::builder(core, tls)
-///     .config(ServerConfig { listen: "127.0.0.1:7443".parse()?, ..ServerConfig::default() })
+///     .config(QuicServerConfig { listen: "127.0.0.1:7443".parse()?, ..QuicServerConfig::default() })
 ///     .bind()
 ///     .await?;
 /// println!("workers connect to {}", server.local_addr());
@@ -226,7 +226,7 @@ impl QuicServer {
         QuicServerBuilder {
             core,
             tls,
-            config: ServerConfig::default(),
+            config: QuicServerConfig::default(),
             auth: Arc::new(AllowAll),
             reset_key: None,
         }
@@ -258,22 +258,22 @@ impl QuicServer {
     /// connections are closed at once. Call it after core's shutdown.
     pub async fn shutdown(&self) {
         self.accept.abort();
-        let links: Vec<Arc<Link>> = self
+        let deliveries: Vec<Arc<QuicDelivery>> = self
             .shared
             .connections()
             .values()
             .filter_map(Weak::upgrade)
             .collect();
-        for link in &links {
-            link.close_when_flushed();
+        for delivery in &deliveries {
+            delivery.close_when_flushed();
         }
         let closed = async {
-            for link in &links {
-                link.connection().closed().await;
+            for delivery in &deliveries {
+                delivery.connection().closed().await;
             }
         };
         // The flush is bounded per connection; this bounds a connection driver that is stuck.
-        let _ = tokio::time::timeout(link::FLUSH_PATIENCE + SHUTDOWN_SLACK, closed).await;
+        let _ = tokio::time::timeout(delivery::FLUSH_PATIENCE + SHUTDOWN_SLACK, closed).await;
         self.close();
     }
 

@@ -5,7 +5,9 @@ mod self_signed;
 
 use std::sync::Arc;
 
-use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::crypto::rustls::{
+    QuicClientConfig as QuinnClientCrypto, QuicServerConfig as QuinnServerCrypto,
+};
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
@@ -38,7 +40,7 @@ fn provider() -> Arc<CryptoProvider> {
 /// The gateway's TLS identity, and the client roots when mutual TLS is required.
 #[derive(Clone)]
 pub struct ServerTls {
-    config: Arc<QuicServerConfig>,
+    config: Arc<QuinnServerCrypto>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -80,11 +82,11 @@ impl ServerTls {
     pub fn from_rustls(mut config: rustls::ServerConfig) -> Result<Self, TlsError> {
         config.alpn_protocols = vec![ALPN.to_vec()];
         Ok(Self {
-            config: Arc::new(QuicServerConfig::try_from(config)?),
+            config: Arc::new(QuinnServerCrypto::try_from(config)?),
         })
     }
 
-    pub(crate) fn quic(&self) -> Arc<QuicServerConfig> {
+    pub(crate) fn quic(&self) -> Arc<QuinnServerCrypto> {
         Arc::clone(&self.config)
     }
 }
@@ -92,7 +94,7 @@ impl ServerTls {
 /// What a worker trusts, and its own certificate when the gateway requires mutual TLS.
 #[derive(Clone)]
 pub struct ClientTls {
-    config: Arc<QuicClientConfig>,
+    config: Arc<QuinnClientCrypto>,
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -128,11 +130,11 @@ impl ClientTls {
     pub fn from_rustls(mut config: rustls::ClientConfig) -> Result<Self, TlsError> {
         config.alpn_protocols = vec![ALPN.to_vec()];
         Ok(Self {
-            config: Arc::new(QuicClientConfig::try_from(config)?),
+            config: Arc::new(QuinnClientCrypto::try_from(config)?),
         })
     }
 
-    pub(crate) fn quic(&self) -> Arc<QuicClientConfig> {
+    pub(crate) fn quic(&self) -> Arc<QuinnClientCrypto> {
         Arc::clone(&self.config)
     }
 }

@@ -14,9 +14,9 @@ use crate::{TaskRunner, WorkerError};
 /// A transport whose protocol has no frame for an operation answers it with
 /// [`WorkerError::Unsupported`] rather than pretending.
 #[derive(Clone)]
-pub struct WorkerHandle(Arc<Shared>);
+pub struct WorkerHandle(Arc<HandleState>);
 
-struct Shared {
+struct HandleState {
     transport: &'static str,
     can_drain: bool,
     can_resize: bool,
@@ -43,7 +43,7 @@ impl WorkerHandle {
         runner: TaskRunner,
         max_concurrency: u32,
     ) -> Self {
-        Self(Arc::new(Shared {
+        Self(Arc::new(HandleState {
             transport,
             can_drain,
             can_resize,

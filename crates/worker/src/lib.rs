@@ -7,20 +7,20 @@
 //! panic catching, the result-size check, result or cancel-ack), the reconnect loop with its
 //! jittered [`Backoff`], the [`WorkerHandle`] and the one [`WorkerError`].
 //!
-//! The loop asks the link how each session ended ([`SessionEnd`]): a requested drain is
+//! The loop asks the link how each connection ended ([`ConnectionEnd`]): a requested drain is
 //! final, a gateway shutting down or a lost connection brings the worker back with backoff,
 //! and a failure the link marks permanent ([`LinkError::is_permanent`]) ends the worker.
 //!
 //! # Examples
 //!
-//! A link in memory: it registers once, and its session ends with a requested drain, so
+//! A link in memory: it registers once, and its connection ends with a requested drain, so
 //! [`Worker::run`] returns `Ok`.
 //!
 //! ```
 //! use bytes::Bytes;
 //! use switchyard_core::WorkerId;
 //! use switchyard_worker::{
-//!     ActivityContext, ActivityError, Link, LinkError, Registered, SessionContext, SessionEnd,
+//!     ActivityContext, ActivityError, Link, LinkError, Registered, ConnectionContext, ConnectionEnd,
 //!     Worker, WorkerOptions,
 //! };
 //!
@@ -37,7 +37,7 @@
 //! struct InMemory;
 //!
 //! impl Link for InMemory {
-//!     type Session = ();
+//!     type Connection = ();
 //!     type Error = Never;
 //!     const TRANSPORT: &'static str = "in-memory";
 //!     const CAN_DRAIN: bool = false;
@@ -48,8 +48,8 @@
 //!         Ok(((), Registered { worker_id: WorkerId::from_raw(1), task_queue }))
 //!     }
 //!
-//!     async fn serve(&self, (): (), _: SessionContext<'_>) -> SessionEnd<Never> {
-//!         SessionEnd::Drained
+//!     async fn serve(&self, (): (), _: ConnectionContext<'_>) -> ConnectionEnd<Never> {
+//!         ConnectionEnd::Drained
 //!     }
 //! }
 //!
@@ -81,7 +81,7 @@ mod runner;
 
 pub use error::{LinkError, WorkerError};
 pub use handle::WorkerHandle;
-pub use link::{Link, Registered, SessionContext, SessionEnd};
+pub use link::{ConnectionContext, ConnectionEnd, Link, Registered};
 pub use options::WorkerOptions;
 pub use reconnect::Worker;
 pub use runner::{RunningTask, TaskReply, TaskRunner};

@@ -1,4 +1,4 @@
-//! The seam a transport SDK implements: open and register, then serve one session.
+//! The seam a transport SDK implements: open and register, then serve one connection.
 
 use std::future::Future;
 
@@ -15,9 +15,9 @@ pub struct Registered {
     pub task_queue: String,
 }
 
-/// What a session may use while it serves.
+/// What a connection may use while it serves.
 #[derive(Clone, Copy, Debug)]
-pub struct SessionContext<'a> {
+pub struct ConnectionContext<'a> {
     /// The worker's options.
     pub options: &'a WorkerOptions,
     /// Starts each task that arrives.
@@ -26,9 +26,9 @@ pub struct SessionContext<'a> {
     pub handle: &'a WorkerHandle,
 }
 
-/// How a session ended, as the link classifies it for the reconnect loop.
+/// How a connection ended, as the link classifies it for the reconnect loop.
 #[derive(Debug)]
-pub enum SessionEnd<E> {
+pub enum ConnectionEnd<E> {
     /// A requested drain completed: the worker stops.
     Drained,
     /// The gateway is shutting down (or restarted) or the connection was lost: the worker
@@ -46,11 +46,11 @@ pub enum SessionEnd<E> {
 /// A transport's worker link.
 ///
 /// `open` dials and registers (the runtime bounds it by the connect timeout); `serve` turns
-/// inbound frames into tasks for [`SessionContext::runner`], writes their replies, answers
-/// pings, and returns when the session ends. Dropping the `serve` future stops the session.
+/// inbound frames into tasks for [`ConnectionContext::runner`], writes their replies, answers
+/// pings, and returns when the connection ends. Dropping the `serve` future stops the connection.
 pub trait Link: Send + Sync + 'static {
     /// One registered connection or stream.
-    type Session: Send + 'static;
+    type Connection: Send + 'static;
     /// The link's own failure.
     type Error: LinkError;
     /// The transport's name, for errors and logs.
@@ -64,12 +64,12 @@ pub trait Link: Send + Sync + 'static {
     fn open(
         &self,
         options: &WorkerOptions,
-    ) -> impl Future<Output = Result<(Self::Session, Registered), Self::Error>> + Send;
+    ) -> impl Future<Output = Result<(Self::Connection, Registered), Self::Error>> + Send;
 
-    /// Serves one session until it ends.
+    /// Serves one connection until it ends.
     fn serve(
         &self,
-        session: Self::Session,
-        context: SessionContext<'_>,
-    ) -> impl Future<Output = SessionEnd<Self::Error>> + Send;
+        connection: Self::Connection,
+        context: ConnectionContext<'_>,
+    ) -> impl Future<Output = ConnectionEnd<Self::Error>> + Send;
 }

@@ -3,8 +3,8 @@
 use switchyard_core::WorkerId;
 
 use crate::{
-    Link, LinkError, Registered, SessionContext, SessionEnd, TaskRunner, WorkerError, WorkerHandle,
-    WorkerOptions,
+    ConnectionContext, ConnectionEnd, Link, LinkError, Registered, TaskRunner, WorkerError,
+    WorkerHandle, WorkerOptions,
 };
 
 /// A registered worker on link `L`; [`Worker::run`] serves it until it stops for good.
@@ -13,7 +13,7 @@ pub struct Worker<L: Link> {
     options: WorkerOptions,
     runner: TaskRunner,
     handle: WorkerHandle,
-    first: Option<L::Session>,
+    first: Option<L::Connection>,
     registered: Registered,
 }
 
@@ -37,14 +37,14 @@ impl<L: Link> Worker<L> {
             runner.clone(),
             options.max_concurrency,
         );
-        let (session, registered) = open(&link, &options).await?;
+        let (connection, registered) = open(&link, &options).await?;
         handle.set_registered(Some(registered.worker_id));
         Ok(Self {
             link,
             options,
             runner,
             handle,
-            first: Some(session),
+            first: Some(connection),
             registered,
         })
     }
@@ -78,8 +78,8 @@ impl<L: Link> Worker<L> {
         let drain = self.handle.drain_requested().clone();
         let mut attempt: u32 = 0;
         loop {
-            let session = match self.first.take() {
-                Some(session) => session,
+            let connection = match self.first.take() {
+                Some(connection) => connection,
                 None => {
                     let delay = self.options.backoff.delay(attempt, &mut rand::rng());
                     attempt = attempt.saturating_add(1);
@@ -93,12 +93,12 @@ impl<L: Link> Worker<L> {
                         } => opened,
                     };
                     match opened {
-                        Ok((session, registered)) => {
+                        Ok((connection, registered)) => {
                             tracing::info!(worker = %registered.worker_id, attempt,
                                 transport = L::TRANSPORT, "reconnected to the gateway");
                             self.handle.set_registered(Some(registered.worker_id));
                             attempt = 0;
-                            session
+                            connection
                         }
                         Err(error) if error.is_permanent() => return Err(error),
                         Err(error) => {
@@ -110,36 +110,36 @@ impl<L: Link> Worker<L> {
                     }
                 }
             };
-            let context = SessionContext {
+            let context = ConnectionContext {
                 options: &self.options,
                 runner: &self.runner,
                 handle: &self.handle,
             };
-            // Dropping the session on stop drops its handlers and closes the connection.
+            // Dropping the connection on stop drops its handlers and closes the connection.
             let ended = tokio::select! {
-                ended = self.link.serve(session, context) => ended,
-                () = stop.cancelled() => SessionEnd::Drained,
+                ended = self.link.serve(connection, context) => ended,
+                () = stop.cancelled() => ConnectionEnd::Drained,
             };
             self.handle.set_registered(None);
             let retry_within = self.options.backoff.ceiling(attempt);
             match ended {
-                SessionEnd::Drained => return Ok(()),
-                SessionEnd::Failed(error) if error.is_permanent() => {
+                ConnectionEnd::Drained => return Ok(()),
+                ConnectionEnd::Failed(error) if error.is_permanent() => {
                     return Err(WorkerError::link(L::TRANSPORT, error));
                 }
                 _ if drain.is_cancelled() => {
                     tracing::info!("connection ended while draining; worker stopping");
                     return Ok(());
                 }
-                SessionEnd::ComeBack {
+                ConnectionEnd::ComeBack {
                     reason,
                     shutting_down: true,
                 } => tracing::info!(%reason, ?retry_within,
                     "lost the gateway: it is shutting down; reconnecting with backoff"),
-                SessionEnd::ComeBack { reason, .. } => {
+                ConnectionEnd::ComeBack { reason, .. } => {
                     tracing::warn!(%reason, ?retry_within, "lost the gateway; reconnecting")
                 }
-                SessionEnd::Failed(error) => {
+                ConnectionEnd::Failed(error) => {
                     tracing::warn!(%error, ?retry_within, "lost the gateway; reconnecting")
                 }
             }
@@ -151,7 +151,7 @@ impl<L: Link> Worker<L> {
 async fn open<L: Link>(
     link: &L,
     options: &WorkerOptions,
-) -> Result<(L::Session, Registered), WorkerError> {
+) -> Result<(L::Connection, Registered), WorkerError> {
     match tokio::time::timeout(options.connect_timeout, link.open(options)).await {
         Ok(Ok(opened)) => Ok(opened),
         Ok(Err(error)) => Err(WorkerError::link(L::TRANSPORT, error)),
@@ -185,7 +185,7 @@ mod tests {
 
     enum Step {
         Open(Result<(), bool>),
-        End(SessionEnd<Scripted>),
+        End(ConnectionEnd<Scripted>),
     }
 
     /// A link that follows a script and records when each open happened.
@@ -210,7 +210,7 @@ mod tests {
     }
 
     impl Link for ScriptedLink {
-        type Session = ();
+        type Connection = ();
         type Error = Scripted;
         const TRANSPORT: &'static str = "scripted";
         const CAN_DRAIN: bool = true;
@@ -238,7 +238,7 @@ mod tests {
             }
         }
 
-        async fn serve(&self, (): (), _: SessionContext<'_>) -> SessionEnd<Scripted> {
+        async fn serve(&self, (): (), _: ConnectionContext<'_>) -> ConnectionEnd<Scripted> {
             match self.next() {
                 Some(Step::End(end)) => end,
                 _ => std::future::pending().await,
@@ -260,15 +260,15 @@ mod tests {
     }
 
     fn come_back() -> Step {
-        Step::End(SessionEnd::ComeBack {
+        Step::End(ConnectionEnd::ComeBack {
             reason: "lost".into(),
             shutting_down: false,
         })
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lost_session_comes_back_under_a_new_registration() {
-        // After the loss the second session never ends by itself.
+    async fn a_lost_connection_comes_back_under_a_new_registration() {
+        // After the loss the second connection never ends by itself.
         let link = ScriptedLink::new([Step::Open(Ok(())), come_back(), Step::Open(Ok(()))]);
         let Ok(worker) = Worker::connect(link, options()).await else {
             panic!("first registration");
@@ -298,9 +298,10 @@ mod tests {
             Step::Open(Err(false)),
             Step::Open(Err(false)),
             Step::Open(Ok(())),
-            Step::End(SessionEnd::Drained),
+            Step::End(ConnectionEnd::Drained),
         ]));
-        let Ok(worker) = Worker::connect(Shared(std::sync::Arc::clone(&link)), options()).await
+        let Ok(worker) =
+            Worker::connect(SharedScript(std::sync::Arc::clone(&link)), options()).await
         else {
             panic!("first registration");
         };
@@ -328,7 +329,7 @@ mod tests {
     async fn a_permanent_failure_stops_the_worker_and_a_transient_one_does_not() {
         let link = ScriptedLink::new([
             Step::Open(Ok(())),
-            Step::End(SessionEnd::Failed(Scripted { permanent: false })),
+            Step::End(ConnectionEnd::Failed(Scripted { permanent: false })),
             Step::Open(Err(true)),
         ]);
         let Ok(worker) = Worker::connect(link, options()).await else {
@@ -366,10 +367,10 @@ mod tests {
     }
 
     /// A link shared with the test, so the test can read what it recorded.
-    struct Shared(std::sync::Arc<ScriptedLink>);
+    struct SharedScript(std::sync::Arc<ScriptedLink>);
 
-    impl Link for Shared {
-        type Session = ();
+    impl Link for SharedScript {
+        type Connection = ();
         type Error = Scripted;
         const TRANSPORT: &'static str = "scripted";
         const CAN_DRAIN: bool = true;
@@ -379,8 +380,12 @@ mod tests {
             self.0.open(options).await
         }
 
-        async fn serve(&self, session: (), context: SessionContext<'_>) -> SessionEnd<Scripted> {
-            self.0.serve(session, context).await
+        async fn serve(
+            &self,
+            connection: (),
+            context: ConnectionContext<'_>,
+        ) -> ConnectionEnd<Scripted> {
+            self.0.serve(connection, context).await
         }
     }
 }

@@ -21,10 +21,10 @@ use switchyard_worker::{TaskRunner, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use error::{ConnectError, RunError};
+pub use error::{RunError, WsLinkError};
 pub use switchyard_core::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
 
-use dial::Link;
+use dial::RegisteredSocket;
 
 /// Room in the outbound queue beyond one result per task, for pongs and cancel acks.
 const OUTBOUND_HEADROOM: usize = 16;
@@ -59,8 +59,8 @@ const OUTBOUND_HEADROOM: usize = 16;
 /// # }
 /// ```
 pub struct WsWorker {
-    settings: Arc<Settings>,
-    link: Link,
+    settings: Arc<DialConfig>,
+    socket: RegisteredSocket,
     runner: TaskRunner,
     outbound_queue: usize,
     stop: CancellationToken,
@@ -70,7 +70,7 @@ impl std::fmt::Debug for WsWorker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WsWorker")
             .field("url", &self.settings.url)
-            .field("worker_id", &self.link.worker_id)
+            .field("worker_id", &self.socket.worker_id)
             .finish_non_exhaustive()
     }
 }
@@ -83,7 +83,7 @@ impl WsWorker {
                 identity: format!("rust-ws pid {}", std::process::id()),
                 ..WorkerOptions::default()
             },
-            settings: Settings {
+            settings: DialConfig {
                 url: url.into(),
                 tls: None,
                 close_timeout: Duration::from_secs(5),
@@ -94,17 +94,17 @@ impl WsWorker {
 
     /// The id the gateway gave this worker.
     pub fn worker_id(&self) -> WorkerId {
-        self.link.worker_id
+        self.socket.worker_id
     }
 
     /// The task queue the gateway registered the worker in (never empty).
     pub fn task_queue(&self) -> &str {
-        &self.link.task_queue
+        &self.socket.task_queue
     }
 
     /// How often the gateway said it will ping.
     pub fn ping_interval(&self) -> Duration {
-        self.link.ping_interval
+        self.socket.ping_interval
     }
 
     /// A token that stops [`WsWorker::run`] when cancelled: in-flight handlers are cancelled,
@@ -118,9 +118,9 @@ impl WsWorker {
     /// result, or the gateway closed once nothing was left) or the worker is stopped through
     /// [`WsWorker::shutdown_token`], both `Ok`; or until the socket ends otherwise.
     pub async fn run(self) -> Result<(), RunError> {
-        let span = tracing::info_span!("ws_worker", worker = %self.link.worker_id);
+        let span = tracing::info_span!("ws_worker", worker = %self.socket.worker_id);
         runtime::serve(
-            self.link,
+            self.socket,
             &self.settings,
             &self.runner,
             self.outbound_queue,
@@ -134,7 +134,7 @@ impl WsWorker {
 /// Configures a [`WsWorker`]; see [`WsWorker::builder`].
 pub struct WsWorkerBuilder {
     options: WorkerOptions,
-    settings: Settings,
+    settings: DialConfig,
 }
 
 impl std::fmt::Debug for WsWorkerBuilder {
@@ -214,15 +214,15 @@ impl WsWorkerBuilder {
     }
 
     /// Validates the options, connects, registers, and waits for the gateway's answer.
-    pub async fn connect(self) -> Result<WsWorker, ConnectError> {
+    pub async fn connect(self) -> Result<WsWorker, WsLinkError> {
         self.options.validate()?;
-        let link = dial::open(&self.settings, &self.options).await?;
+        let socket = dial::open(&self.settings, &self.options).await?;
         let runner = TaskRunner::new(
             self.options.activities.clone(),
             self.options.max_concurrency,
         );
         Ok(WsWorker {
-            link,
+            socket,
             runner,
             stop: CancellationToken::new(),
             outbound_queue: outbound_queue(self.options.max_concurrency),
@@ -232,7 +232,7 @@ impl WsWorkerBuilder {
 }
 
 /// The WebSocket-specific settings of a worker.
-pub(crate) struct Settings {
+pub(crate) struct DialConfig {
     pub(crate) url: String,
     pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
     pub(crate) close_timeout: Duration,

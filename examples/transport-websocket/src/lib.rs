@@ -22,7 +22,7 @@ mod server;
 mod socket;
 
 pub use client::{
-    ActivityContext, ActivityError, ActivityHandler, ConnectError, RunError, WsWorker,
+    ActivityContext, ActivityError, ActivityHandler, RunError, WsLinkError, WsWorker,
     WsWorkerBuilder,
 };
 pub use config::WsServerConfig;

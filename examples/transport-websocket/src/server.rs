@@ -1,8 +1,8 @@
 //! [`WsServer`]: the listener that admits WebSocket workers into a [`Core`].
 
 mod connection;
-mod session;
-mod shared;
+mod state;
+mod worker_socket;
 mod writer;
 
 use std::io;
@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::config::WsServerConfig;
-use shared::Shared;
+use state::ServerState;
 use switchyard_auth::Authenticate;
 
 /// The WebSocket worker listener over one [`Core`]; dropping it stops accepting and closes
@@ -94,11 +94,11 @@ impl WsServer {
         let local_addr = listener.local_addr()?;
         let stop = CancellationToken::new();
         let connections = TaskTracker::new();
-        let shared = Shared::new(core, auth, config, stop.clone());
-        let accepting = shared.accepting.clone();
+        let state = ServerState::new(core, auth, config, stop.clone());
+        let accepting = state.accepting.clone();
         let span = tracing::info_span!("ws_listener", %local_addr);
         let accept = tokio::spawn(
-            accept_loop(listener, shared, connections.clone(), accepting.clone()).instrument(span),
+            accept_loop(listener, state, connections.clone(), accepting.clone()).instrument(span),
         );
         tracing::info!(%local_addr, "websocket worker transport listening");
         Ok(Self {
@@ -143,11 +143,11 @@ impl Drop for WsServer {
 
 async fn accept_loop(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
     connections: TaskTracker,
     accepting: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(shared.config.max_connections.max(1)));
+    let slots = Arc::new(Semaphore::new(state.config.max_connections.max(1)));
     loop {
         // Take a slot before accepting, so past the limit clients wait in the backlog rather
         // than costing a task and a buffer each.
@@ -165,10 +165,10 @@ async fn accept_loop(
                 let span = tracing::info_span!("ws_worker", %peer,
                     principal = tracing::field::Empty, worker = tracing::field::Empty,
                     namespaces = tracing::field::Empty);
-                let shared = Arc::clone(&shared);
+                let state = Arc::clone(&state);
                 connections.spawn(
                     async move {
-                        connection::serve(shared, stream).await;
+                        connection::serve(state, stream).await;
                         drop(slot);
                     }
                     .instrument(span),

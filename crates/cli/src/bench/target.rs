@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use switchyard_core::Core;
-use switchyard_gateway::{ConfigDuration, CongestionConfig, Gateway, GatewayConfig};
+use switchyard_gateway::{ConfigDuration, CongestionName, Gateway, GatewayConfig};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -98,9 +98,9 @@ impl Target {
             .unwrap_or(usize::MAX)
             .max(config.dispatch.max_in_flight_per_stream);
         config.quic.congestion = match args.congestion {
-            Congestion::Cubic => CongestionConfig::Cubic,
-            Congestion::Bbr => CongestionConfig::Bbr,
-            Congestion::Newreno => CongestionConfig::Newreno,
+            Congestion::Cubic => CongestionName::Cubic,
+            Congestion::Bbr => CongestionName::Bbr,
+            Congestion::Newreno => CongestionName::Newreno,
         };
         let gateway = Gateway::builder(config)
             .start()

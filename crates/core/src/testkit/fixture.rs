@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::conformance_config;
 use super::handler::Handler;
-use super::harness::{ConnectError, TransportHarness, WorkerHandle, WorkerSpec};
+use super::harness::{ConformanceWorker, HarnessError, TransportHarness, WorkerSpec};
 use super::probe::Probe;
 use crate::address::WorkerId;
 use crate::eligibility::Eligibility;
@@ -111,7 +111,7 @@ impl<'h, H: TransportHarness> Fixture<'h, H> {
         caller: CallerIdentity,
         registration: Registration,
         handler: Handler,
-    ) -> Result<H::Worker, ConnectError> {
+    ) -> Result<H::Worker, HarnessError> {
         let spec = WorkerSpec {
             caller,
             registration,
@@ -119,7 +119,7 @@ impl<'h, H: TransportHarness> Fixture<'h, H> {
         };
         match tokio::time::timeout(STEP, self.harness.connect(&self.gateway, spec)).await {
             Ok(result) => result,
-            Err(_) => Err(ConnectError::Transport(
+            Err(_) => Err(HarnessError::Transport(
                 format!("connect did not resolve within {STEP:?}").into(),
             )),
         }

@@ -28,7 +28,7 @@ pub struct WorkerSpec {
 /// Why [`TransportHarness::connect`] produced no worker.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConnectError {
+pub enum HarnessError {
     /// The gateway (or the worker runtime's own validation) refused the registration.
     #[error("registration refused ({kind:?}): {message}")]
     Refused {
@@ -45,7 +45,7 @@ pub enum ConnectError {
 /// The worker side of one connection, as seen by the kit.
 ///
 /// Dropping it closes the worker's connection (gracefully or not).
-pub trait WorkerHandle: Send + Sync + 'static {
+pub trait ConformanceWorker: Send + Sync + 'static {
     /// The id the gateway gave the worker at registration.
     fn worker_id(&self) -> WorkerId;
 
@@ -70,7 +70,7 @@ pub trait TransportHarness: Send + Sync {
     /// The running gateway side (listeners, server tasks); dropping it stops them.
     type Gateway: Send + Sync + 'static;
     /// A connected worker.
-    type Worker: WorkerHandle;
+    type Worker: ConformanceWorker;
 
     /// Starts the gateway side of the transport, admitting workers into `core`.
     async fn start(&self, core: Core) -> Result<Self::Gateway, BoxError>;
@@ -79,12 +79,12 @@ pub trait TransportHarness: Send + Sync {
     ///
     /// Resolves once the gateway has admitted the worker and its capacity is settled (for a
     /// transport that announces capacity after registration, once the announcement was
-    /// accepted), or with [`ConnectError::Refused`] if either was refused. A worker refused
+    /// accepted), or with [`HarnessError::Refused`] if either was refused. A worker refused
     /// after admission (its capacity announcement) must leave the registry as its connection
     /// closes; the kit allows a moment for that.
     async fn connect(
         &self,
         gateway: &Self::Gateway,
         spec: WorkerSpec,
-    ) -> Result<Self::Worker, ConnectError>;
+    ) -> Result<Self::Worker, HarnessError>;
 }

@@ -27,7 +27,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 pub use link::TRANSPORT;
 
 use super::handler::Handler;
-use super::harness::{BoxError, ConnectError, TransportHarness, WorkerHandle, WorkerSpec};
+use super::harness::{BoxError, ConformanceWorker, HarnessError, TransportHarness, WorkerSpec};
 use crate::address::WorkerId;
 use crate::admission::AdmissionError;
 use crate::handle::Core;
@@ -222,7 +222,7 @@ impl Drop for MemoryWorker {
     }
 }
 
-impl WorkerHandle for MemoryWorker {
+impl ConformanceWorker for MemoryWorker {
     fn worker_id(&self) -> WorkerId {
         self.id
     }
@@ -269,11 +269,11 @@ impl TransportHarness for MemoryHarness {
         &self,
         gateway: &MemoryGateway,
         spec: WorkerSpec,
-    ) -> Result<MemoryWorker, ConnectError> {
+    ) -> Result<MemoryWorker, HarnessError> {
         gateway
             .connect(&spec.caller, spec.registration, spec.handler)
             .await
-            .map_err(|refusal| ConnectError::Refused {
+            .map_err(|refusal| HarnessError::Refused {
                 kind: refusal.kind(),
                 message: refusal.to_string(),
             })

@@ -18,14 +18,14 @@ use crate::auth::Principals;
 
 /// Settings of the producer API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ApiSettings {
+pub struct ApiConfig {
     /// Timeout of a dispatch that asks for none.
     pub default_timeout: Duration,
     /// Dispatches one `DispatchStream` runs at once.
     pub max_in_flight_per_stream: usize,
 }
 
-impl Default for ApiSettings {
+impl Default for ApiConfig {
     fn default() -> Self {
         Self {
             default_timeout: Duration::from_secs(60),
@@ -39,13 +39,13 @@ impl Default for ApiSettings {
 pub struct GatewayApi {
     core: Core,
     principals: Arc<Principals>,
-    settings: ApiSettings,
+    settings: ApiConfig,
     closing: CancellationToken,
 }
 
 impl GatewayApi {
     /// The API over `core`, authenticating callers against `principals`.
-    pub fn new(core: Core, principals: Arc<Principals>, settings: ApiSettings) -> Self {
+    pub fn new(core: Core, principals: Arc<Principals>, settings: ApiConfig) -> Self {
         Self {
             core,
             principals,

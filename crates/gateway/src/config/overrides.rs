@@ -4,10 +4,10 @@
 
 use switchyard_core::{DEFAULT_MAX_CONCURRENCY_LIMIT, DispatchConfig, LivenessConfig};
 use switchyard_transport_grpc::GrpcServerConfig;
-use switchyard_transport_quic::ServerConfig as QuicServerConfig;
+use switchyard_transport_quic::QuicServerConfig;
 
 use super::GatewayConfig;
-use crate::api::ApiSettings;
+use crate::api::ApiConfig;
 use crate::quic::QuicTransport;
 
 /// Every library setting the gateway configures, as the gateway hands it over.
@@ -17,7 +17,7 @@ struct Libraries {
     quic: QuicServerConfig,
     dispatch: DispatchConfig,
     liveness: LivenessConfig,
-    api: ApiSettings,
+    api: ApiConfig,
     max_concurrency_limit: u32,
 }
 
@@ -28,7 +28,7 @@ impl Libraries {
             quic: QuicServerConfig::default(),
             dispatch: DispatchConfig::default(),
             liveness: LivenessConfig::default(),
-            api: ApiSettings::default(),
+            api: ApiConfig::default(),
             max_concurrency_limit: DEFAULT_MAX_CONCURRENCY_LIMIT,
         }
     }

@@ -5,8 +5,8 @@
 //! default that can be listed and overridden from the environment.
 //!
 //! A key that configures a library setting takes its default from that library's `Default`
-//! (`GrpcServerConfig`, the QUIC `ServerConfig`, core's `DispatchConfig`, `LivenessConfig`
-//! and registry ceiling, the producer API's `ApiSettings`), so the two cannot drift; the few
+//! (`GrpcServerConfig`, the QUIC `QuicServerConfig`, core's `DispatchConfig`, `LivenessConfig`
+//! and registry ceiling, the producer API's `ApiConfig`), so the two cannot drift; the few
 //! the gateway sets differently on purpose are listed, with why, in `config/overrides.rs`,
 //! whose test fails on any other difference.
 
@@ -15,10 +15,10 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{DEFAULT_MAX_CONCURRENCY_LIMIT, DispatchConfig, LivenessConfig};
 use switchyard_transport_grpc::GrpcServerConfig;
-use switchyard_transport_quic::{CongestionControl, ServerConfig as QuicServerConfig};
+use switchyard_transport_quic::{CongestionControl, QuicServerConfig};
 
 use super::duration::ConfigDuration;
-use crate::api::ApiSettings;
+use crate::api::ApiConfig;
 
 /// `grpc.listen`'s default: loopback, first of the gateway's three adjacent ports.
 const GRPC_LISTEN: SocketAddr =
@@ -40,7 +40,7 @@ pub struct GatewayConfig {
     /// TLS material.
     pub tls: TlsSection,
     /// Who may call: principals with their credentials and granted namespaces.
-    pub principals: Vec<PrincipalConfig>,
+    pub principals: Vec<PrincipalSection>,
     /// Namespace policy and per-namespace placement.
     pub namespaces: NamespacesSection,
     /// The admission gate's rules shared by every transport.
@@ -102,7 +102,7 @@ pub struct QuicSection {
     /// UDP address the QUIC endpoint binds.
     pub listen: SocketAddr,
     /// Congestion controller: `cubic`, `bbr` or `newreno`.
-    pub congestion: CongestionConfig,
+    pub congestion: CongestionName,
     /// Interval of QUIC keep-alive packets on an idle connection; `0s` sends none.
     pub keep_alive_interval: ConfigDuration,
     /// A connection without any packet from the peer this long is closed.
@@ -133,11 +133,11 @@ pub struct QuicSection {
 impl Default for QuicSection {
     fn default() -> Self {
         let library = QuicServerConfig::default();
-        let link = library.link;
+        let link = library.connection;
         Self {
             enabled: true,
             listen: QUIC_LISTEN,
-            congestion: CongestionConfig::from_library(link.congestion),
+            congestion: CongestionName::from_library(link.congestion),
             keep_alive_interval: ConfigDuration(link.keep_alive_interval.unwrap_or_default()),
             max_idle_timeout: ConfigDuration(link.max_idle_timeout),
             initial_rtt: ConfigDuration(link.initial_rtt),
@@ -157,7 +157,7 @@ impl Default for QuicSection {
 /// QUIC congestion controller.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum CongestionConfig {
+pub enum CongestionName {
     /// CUBIC.
     #[default]
     Cubic,
@@ -167,7 +167,7 @@ pub enum CongestionConfig {
     Newreno,
 }
 
-impl CongestionConfig {
+impl CongestionName {
     /// The key's value for the library's controller. A controller the gateway has no name
     /// for yet reads as the default, CUBIC; the defaults test catches a library default
     /// changing to one.
@@ -220,7 +220,7 @@ pub struct TlsSection {
 /// `[[principals]]`: one caller the gateway knows.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct PrincipalConfig {
+pub struct PrincipalSection {
     /// The principal's name, as logged and shown on its workers.
     pub name: String,
     /// Bearer token that authenticates it; empty for none.
@@ -234,7 +234,7 @@ pub struct PrincipalConfig {
 /// What the admission gate does with a namespace it does not know.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum NamespacePolicyConfig {
+pub enum NamespacePolicyName {
     /// Create it on first registration.
     #[default]
     Open,
@@ -247,15 +247,15 @@ pub enum NamespacePolicyConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct NamespacesSection {
     /// `open` or `closed`.
-    pub policy: NamespacePolicyConfig,
+    pub policy: NamespacePolicyName,
     /// Namespaces known from the start, with their placement.
-    pub known: Vec<NamespaceConfig>,
+    pub known: Vec<NamespaceSection>,
 }
 
 /// `[[namespaces.known]]`: a namespace and where its workers run.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct NamespaceConfig {
+pub struct NamespaceSection {
     /// The namespace name.
     pub name: String,
     /// Node labels every worker of the namespace must advertise one of (enforced).
@@ -300,7 +300,7 @@ pub struct DispatchSection {
 impl Default for DispatchSection {
     fn default() -> Self {
         let core = DispatchConfig::default();
-        let api = ApiSettings::default();
+        let api = ApiConfig::default();
         Self {
             default_timeout: ConfigDuration(api.default_timeout),
             max_timeout: ConfigDuration(core.max_timeout),

@@ -13,12 +13,12 @@ use tonic::{Code, Request, Status, Streaming};
 use switchyard_core::WorkerId;
 use switchyard_worker::{LinkError, Registered, WorkerOptions};
 
-use super::GrpcSettings;
+use super::DialConfig;
 
 /// Why a worker could not open a registered stream.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConnectError {
+pub enum GrpcLinkError {
     /// The endpoint is not a valid URI, or its TLS settings were rejected.
     #[error("endpoint {endpoint:?} rejected: {source}")]
     InvalidEndpoint {
@@ -46,7 +46,7 @@ pub enum ConnectError {
     NoAcknowledgement,
 }
 
-impl LinkError for ConnectError {
+impl LinkError for GrpcLinkError {
     fn is_permanent(&self) -> bool {
         matches!(
             self,
@@ -55,7 +55,7 @@ impl LinkError for ConnectError {
     }
 }
 
-impl ConnectError {
+impl GrpcLinkError {
     fn from_status(status: Status) -> Self {
         match status.code() {
             Code::InvalidArgument
@@ -77,10 +77,10 @@ pub(crate) struct Stream {
 
 /// The endpoint to dial, with TLS and HTTP/2 keepalive applied; built once per worker.
 pub(crate) fn endpoint(
-    settings: &GrpcSettings,
+    settings: &DialConfig,
     connect_timeout: std::time::Duration,
-) -> Result<Endpoint, ConnectError> {
-    let invalid = |source| ConnectError::InvalidEndpoint {
+) -> Result<Endpoint, GrpcLinkError> {
+    let invalid = |source| GrpcLinkError::InvalidEndpoint {
         endpoint: settings.endpoint.clone(),
         source,
     };
@@ -100,13 +100,13 @@ pub(crate) fn endpoint(
 /// Dials `endpoint`, opens the stream, registers and waits for the acknowledgement.
 pub(crate) async fn open(
     endpoint: &Endpoint,
-    settings: &GrpcSettings,
+    settings: &DialConfig,
     options: &WorkerOptions,
-) -> Result<(Stream, Registered), ConnectError> {
+) -> Result<(Stream, Registered), GrpcLinkError> {
     let channel: Channel = endpoint
         .connect()
         .await
-        .map_err(ConnectError::Unreachable)?;
+        .map_err(GrpcLinkError::Unreachable)?;
     let mut client = WorkerGatewayClient::new(channel)
         .max_decoding_message_size(settings.max_message_bytes)
         .max_encoding_message_size(settings.max_message_bytes);
@@ -124,17 +124,17 @@ pub(crate) async fn open(
     // The queue is empty and its receiver alive, so the first frame always fits.
     outbound
         .try_send(register)
-        .map_err(|_| ConnectError::NoAcknowledgement)?;
+        .map_err(|_| GrpcLinkError::NoAcknowledgement)?;
     let mut request = Request::new(ReceiverStream::new(frames));
     if let Some(token) = &options.token {
         let value = MetadataValue::try_from(format!("Bearer {token}"))
-            .map_err(|_| ConnectError::InvalidToken)?;
+            .map_err(|_| GrpcLinkError::InvalidToken)?;
         request.metadata_mut().insert("authorization", value);
     }
     let mut inbound = client
         .connect_worker(request)
         .await
-        .map_err(ConnectError::from_status)?
+        .map_err(GrpcLinkError::from_status)?
         .into_inner();
     match inbound.message().await {
         Ok(Some(GatewayFrame {
@@ -151,8 +151,8 @@ pub(crate) async fn open(
             };
             Ok((stream, registered))
         }
-        Ok(_) => Err(ConnectError::NoAcknowledgement),
-        Err(status) => Err(ConnectError::from_status(status)),
+        Ok(_) => Err(GrpcLinkError::NoAcknowledgement),
+        Err(status) => Err(GrpcLinkError::from_status(status)),
     }
 }
 

@@ -8,13 +8,13 @@ use switchyard_proto::v1::{
     self, ActivityResult, CancelAck, Failure, Pong, WorkerFrame, activity_result, drain_request,
     gateway_frame::Frame, worker_frame,
 };
-use switchyard_worker::{SessionContext, SessionEnd, TaskReply, TaskRunner};
+use switchyard_worker::{ConnectionContext, ConnectionEnd, TaskReply, TaskRunner};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::GrpcSettings;
-use super::link::{ConnectError, Stream};
+use super::DialConfig;
+use super::link::{GrpcLinkError, Stream};
 use crate::wire;
 
 /// Serves one registered stream until it ends.
@@ -25,54 +25,54 @@ use crate::wire;
 /// knows when a drain is complete. Dropping the future aborts the stream's handlers.
 pub(crate) async fn serve(
     stream: Stream,
-    settings: &GrpcSettings,
-    context: SessionContext<'_>,
-) -> SessionEnd<ConnectError> {
+    settings: &DialConfig,
+    context: ConnectionContext<'_>,
+) -> ConnectionEnd<GrpcLinkError> {
     let Stream {
         ack,
         outbound,
         mut inbound,
     } = stream;
-    let mut session = Session {
+    let mut serving = Serving {
         runner: context.runner,
         outbound,
         max_frame_bytes: frame_limit(&ack, settings),
         running: HashMap::new(),
         handlers: JoinSet::new(),
     };
-    let lost = |reason: &str| SessionEnd::ComeBack {
+    let lost = |reason: &str| ConnectionEnd::ComeBack {
         reason: reason.to_owned(),
         shutting_down: false,
     };
-    let mut draining: Option<SessionEnd<ConnectError>> = None;
+    let mut draining: Option<ConnectionEnd<GrpcLinkError>> = None;
     let end = loop {
-        if draining.is_some() && session.handlers.is_empty() {
+        if draining.is_some() && serving.handlers.is_empty() {
             break None;
         }
         tokio::select! {
             frame = inbound.message() => match frame {
                 Ok(Some(frame)) => match frame.frame {
-                    Some(Frame::Task(task)) => session.start(task),
+                    Some(Frame::Task(task)) => serving.start(task),
                     Some(Frame::Ping(ping)) => {
-                        if !session.send(worker_frame::Frame::Pong(Pong { seq: ping.seq })).await {
+                        if !serving.send(worker_frame::Frame::Pong(Pong { seq: ping.seq })).await {
                             break Some(lost("outbound stream closed"));
                         }
                     }
                     Some(Frame::Cancel(cancel)) => {
                         tracing::debug!(task = cancel.task_id, reason = ?cancel.reason(),
                             "task cancelled by the gateway");
-                        if let Some(token) = session.running.get(&cancel.task_id) {
+                        if let Some(token) = serving.running.get(&cancel.task_id) {
                             token.cancel();
                         }
                     }
                     Some(Frame::Drain(drain)) => {
-                        let in_flight = session.handlers.len();
+                        let in_flight = serving.handlers.len();
                         draining = Some(match drain.reason() {
                             drain_request::Reason::ShuttingDown => {
                                 tracing::info!(worker = ack.worker_id, in_flight,
                                     "the gateway is shutting down; finishing in-flight tasks, \
                                      then reconnecting");
-                                SessionEnd::ComeBack {
+                                ConnectionEnd::ComeBack {
                                     reason: "the gateway is shutting down".into(),
                                     shutting_down: true,
                                 }
@@ -81,7 +81,7 @@ pub(crate) async fn serve(
                             | drain_request::Reason::Unspecified => {
                                 tracing::info!(worker = ack.worker_id, in_flight,
                                     "drain requested; finishing in-flight tasks, then leaving");
-                                SessionEnd::Drained
+                                ConnectionEnd::Drained
                             }
                         });
                     }
@@ -100,22 +100,22 @@ pub(crate) async fn serve(
                 Err(status) => break Some(lost(&format!(
                     "stream ended ({}): {}", status.code(), status.message()))),
             },
-            Some(joined) = session.handlers.join_next(), if !session.handlers.is_empty() => {
+            Some(joined) = serving.handlers.join_next(), if !serving.handlers.is_empty() => {
                 // Handlers never panic out (the runner catches them) and are aborted only with
                 // the set, so a join error cannot happen while the set is alive.
                 let Ok(reply) = joined else { continue };
-                if !session.report(reply).await {
+                if !serving.report(reply).await {
                     break Some(lost("outbound stream closed"));
                 }
             }
         }
     };
     if let Some(end) = end {
-        session.abandon();
+        serving.abandon();
         return end;
     }
     // Half-close, then let the gateway end the stream after it deregisters the worker.
-    drop(session);
+    drop(serving);
     let closing = async { while let Ok(Some(_)) = inbound.message().await {} };
     if tokio::time::timeout(settings.keepalive_timeout, closing)
         .await
@@ -124,11 +124,11 @@ pub(crate) async fn serve(
         tracing::debug!("gateway kept the stream open after the drain; closing it");
     }
     tracing::info!(worker = ack.worker_id, "drained");
-    draining.unwrap_or(SessionEnd::Drained)
+    draining.unwrap_or(ConnectionEnd::Drained)
 }
 
 /// The largest frame the worker sends: the gateway's stated limit, within the worker's own.
-fn frame_limit(ack: &v1::RegisterAck, settings: &GrpcSettings) -> usize {
+fn frame_limit(ack: &v1::RegisterAck, settings: &DialConfig) -> usize {
     let stated = usize::try_from(ack.max_worker_frame_bytes).unwrap_or(usize::MAX);
     // 0: a gateway that states no limit.
     match stated {
@@ -137,7 +137,7 @@ fn frame_limit(ack: &v1::RegisterAck, settings: &GrpcSettings) -> usize {
     }
 }
 
-struct Session<'a> {
+struct Serving<'a> {
     runner: &'a TaskRunner,
     outbound: mpsc::Sender<WorkerFrame>,
     /// Largest encoded frame the gateway accepts on this stream.
@@ -147,7 +147,7 @@ struct Session<'a> {
     handlers: JoinSet<TaskReply>,
 }
 
-impl Session<'_> {
+impl Serving<'_> {
     fn start(&mut self, task: v1::ActivityTask) {
         let running = self.runner.start(wire::activity_task(task));
         self.running

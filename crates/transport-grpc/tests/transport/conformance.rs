@@ -10,12 +10,12 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 use switchyard_core::testkit::{
-    self, BoxError, ConformanceFailures, ConnectError as KitConnectError, Handler, TaskCall,
-    TransportHarness, WorkerHandle, WorkerSpec,
+    self, BoxError, ConformanceFailures, ConformanceWorker, Handler, HarnessError, TaskCall,
+    TransportHarness, WorkerSpec,
 };
 use switchyard_core::{Core, RefusalKind, TaskResult, WorkerId};
 use switchyard_transport_grpc::{
-    ActivityContext, ActivityError, Backoff, ConnectError, GrpcServerConfig, GrpcWorker,
+    ActivityContext, ActivityError, Backoff, GrpcLinkError, GrpcServerConfig, GrpcWorker,
     WorkerError,
 };
 use tokio::task::JoinHandle;
@@ -48,11 +48,11 @@ impl TransportHarness for GrpcHarness {
         &self,
         gateway: &Gateway,
         spec: WorkerSpec,
-    ) -> Result<KitWorker, KitConnectError> {
+    ) -> Result<KitWorker, HarnessError> {
         let index = testkit::callers()
             .iter()
             .position(|caller| *caller == spec.caller)
-            .ok_or_else(|| KitConnectError::Transport("caller unknown to the harness".into()))?;
+            .ok_or_else(|| HarnessError::Transport("caller unknown to the harness".into()))?;
         let proxy = TcpRelay::start(gateway.addr).await.unwrap();
         let registration = spec.registration;
         let mut builder = GrpcWorker::builder(https_endpoint(proxy.addr()))
@@ -113,25 +113,25 @@ fn adapt(
     }
 }
 
-fn refusal(error: WorkerError) -> KitConnectError {
+fn refusal(error: WorkerError) -> HarnessError {
     if let WorkerError::Invalid { .. } = &error {
         // The runtime refuses what the gate would, before dialling.
-        return KitConnectError::Refused {
+        return HarnessError::Refused {
             kind: RefusalKind::Invalid,
             message: error.to_string(),
         };
     }
-    let Some(ConnectError::Refused(status)) = error.link_error::<ConnectError>() else {
-        return KitConnectError::Transport(Box::new(error));
+    let Some(GrpcLinkError::Refused(status)) = error.link_error::<GrpcLinkError>() else {
+        return HarnessError::Transport(Box::new(error));
     };
     let kind = match status.code() {
         Code::InvalidArgument => RefusalKind::Invalid,
         Code::PermissionDenied => RefusalKind::Unauthorised,
         Code::NotFound => RefusalKind::NotFound,
         Code::FailedPrecondition => RefusalKind::Placement,
-        _ => return KitConnectError::Transport(Box::new(error)),
+        _ => return HarnessError::Transport(Box::new(error)),
     };
-    KitConnectError::Refused {
+    HarnessError::Refused {
         kind,
         message: status.message().to_owned(),
     }
@@ -144,7 +144,7 @@ struct KitWorker {
     run: JoinHandle<Result<(), WorkerError>>,
 }
 
-impl WorkerHandle for KitWorker {
+impl ConformanceWorker for KitWorker {
     fn worker_id(&self) -> WorkerId {
         self.id
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use switchyard_core::{ActivityOutcome, CallerIdentity, DisconnectReason, WorkerEvent, WorkerId};
 use switchyard_transport_grpc::{
-    ActivityContext, ActivityError, Backoff, ConnectError, GrpcWorker, GrpcWorkerBuilder,
+    ActivityContext, ActivityError, Backoff, GrpcLinkError, GrpcWorker, GrpcWorkerBuilder,
     WorkerError,
 };
 use tokio::sync::{Semaphore, mpsc};
@@ -283,7 +283,7 @@ async fn connect_reports_refusals_as_permanent_and_outages_as_transient() {
         .connect()
         .await
         .unwrap_err();
-    let Some(ConnectError::Refused(status)) = refused.link_error::<ConnectError>() else {
+    let Some(GrpcLinkError::Refused(status)) = refused.link_error::<GrpcLinkError>() else {
         panic!("expected a refusal, got {refused:?}");
     };
     assert_eq!(status.code(), Code::PermissionDenied);
@@ -301,8 +301,8 @@ async fn connect_reports_refusals_as_permanent_and_outages_as_transient() {
         .unwrap_err();
     assert!(
         matches!(
-            unreachable.link_error::<ConnectError>(),
-            Some(ConnectError::Unreachable(_))
+            unreachable.link_error::<GrpcLinkError>(),
+            Some(GrpcLinkError::Unreachable(_))
         ),
         "{unreachable:?}"
     );
@@ -553,7 +553,7 @@ async fn invalid_options_are_refused_before_dialling_naming_the_option() {
         .await
         .unwrap_err();
     assert!(
-        unreachable.link_error::<ConnectError>().is_some(),
+        unreachable.link_error::<GrpcLinkError>().is_some(),
         "{unreachable:?}"
     );
 }

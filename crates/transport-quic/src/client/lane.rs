@@ -21,7 +21,7 @@ use crate::frame::{FrameReader, encode_frame};
 use crate::outbox::{Item, Outbox, StreamOut};
 use crate::protocol::ErrorCode;
 
-/// What every lane of a session shares.
+/// What every lane of a connection shares.
 pub(crate) struct LaneContext {
     /// The connection's writer, shared by its lanes.
     pub(crate) outbox: Outbox,
@@ -34,7 +34,7 @@ pub(crate) struct LaneContext {
 }
 
 /// Serves a lane the gateway opened, on its own task, until the gateway retires it, the
-/// connection ends, or `stop` fires (the session was dropped: the lane lets go of the
+/// connection ends, or `stop` fires (the connection was dropped: the lane lets go of the
 /// connection so that dropping a worker closes it).
 pub(crate) fn spawn(
     conn: Connection,

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::ServerShared;
+use super::delivery::{FLUSH_PATIENCE, QuicDelivery};
 use super::lane::OpenedLane;
-use super::link::{FLUSH_PATIENCE, Link};
 use crate::convert;
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
@@ -94,7 +94,7 @@ pub(crate) async fn serve(
 struct Admitted {
     token: RegistrationToken,
     namespaces: Vec<String>,
-    link: Arc<Link>,
+    delivery: Arc<QuicDelivery>,
     control_send: SendStream,
     control_reader: FrameReader,
     control_rx: mpsc::Receiver<QuicControlDown>,
@@ -132,18 +132,22 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
     let namespaces: Vec<String> = registration.namespaces.iter().cloned().collect();
     let task_queue = switchyard_core::normalise_task_queue(&registration.task_queue).to_owned();
 
-    let (link, control_rx) = Link::new(conn.clone(), limits.lane);
-    let link = Arc::new(link);
-    let delivery: Arc<dyn WorkerDelivery> = link.clone();
+    let (delivery, control_rx) = QuicDelivery::new(conn.clone(), limits.lane);
+    let delivery = Arc::new(delivery);
+    let leg: Arc<dyn WorkerDelivery> = delivery.clone();
     let token = server
         .core
         .registry()
-        .admit_unannounced(&caller, registration, delivery)
+        .admit_unannounced(&caller, registration, leg)
         .await
         .map_err(|error| Fault::close(convert::refusal_code(&error), error.to_string()))?;
     let worker = token.worker_id();
     let (send, recv) = conn.open_bi().await.map_err(|_| Fault::Gone)?;
-    OpenedLane::enter(&link, send, recv).spawn(Arc::clone(&link), server.core.clone(), worker);
+    OpenedLane::enter(&delivery, send, recv).spawn(
+        Arc::clone(&delivery),
+        server.core.clone(),
+        worker,
+    );
     let registered = QuicControlDown {
         frame: Some(quic_control_down::Frame::Registered(QuicRegistered {
             worker_id: worker.get(),
@@ -162,7 +166,7 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
     Ok(Admitted {
         token,
         namespaces,
-        link,
+        delivery,
         control_send,
         control_reader,
         control_rx,
@@ -229,9 +233,9 @@ async fn flush_control(
     let _ = tokio::time::timeout_at(deadline, send.stopped()).await;
 }
 
-/// Closes `link` with `code` once the control stream and every lane have been flushed.
+/// Closes `delivery` with `code` once the control stream and every lane have been flushed.
 async fn close_flushed(
-    link: &Link,
+    delivery: &QuicDelivery,
     control_send: &mut SendStream,
     control_rx: &mut mpsc::Receiver<QuicControlDown>,
     limit: u32,
@@ -240,16 +244,16 @@ async fn close_flushed(
     let deadline = Instant::now() + FLUSH_PATIENCE;
     tokio::join!(
         flush_control(control_send, control_rx, limit, deadline),
-        link.flush(deadline)
+        delivery.flush(deadline)
     );
-    link.close(code, reason);
+    delivery.close(code, reason);
 }
 
 /// Serves a registered worker: capacity announcements, drains, and the lane manager.
 async fn run(admitted: Admitted, server: &ServerShared) {
     let Admitted {
         token,
-        link,
+        delivery,
         mut control_send,
         mut control_reader,
         mut control_rx,
@@ -257,9 +261,9 @@ async fn run(admitted: Admitted, server: &ServerShared) {
     } = admitted;
     let worker = token.worker_id();
     let limit = server.config.frames.control;
-    server.track(worker, &link);
+    server.track(worker, &delivery);
     let (capacity_tx, capacity_rx) = watch::channel(None);
-    let manager = manage_lanes(&link, server, worker, capacity_rx);
+    let manager = manage_lanes(&delivery, server, worker, capacity_rx);
     tokio::pin!(manager);
     let exit = loop {
         let fault = tokio::select! {
@@ -276,52 +280,52 @@ async fn run(admitted: Admitted, server: &ServerShared) {
             Some(down) = control_rx.recv() => {
                 write_control(&mut control_send, &down, limit).await.err()
             }
-            () = link.drained.notified() => {
-                let close = link.drain_close();
-                close_flushed(&link, &mut control_send, &mut control_rx, limit, close).await;
+            () = delivery.drained.notified() => {
+                let close = delivery.drain_close();
+                close_flushed(&delivery, &mut control_send, &mut control_rx, limit, close).await;
                 break match close.0 {
                     ErrorCode::Drained => Exit::Drained,
                     _ => Exit::Ended,
                 };
             }
-            () = link.closing() => {
+            () = delivery.closing() => {
                 // An operator's drain under way stays final.
-                let close = match link.drain_close() {
+                let close = match delivery.drain_close() {
                     (ErrorCode::Drained, _) => {
                         (ErrorCode::Drained, "drained; the gateway is shutting down")
                     }
                     close => close,
                 };
-                close_flushed(&link, &mut control_send, &mut control_rx, limit, close).await;
+                close_flushed(&delivery, &mut control_send, &mut control_rx, limit, close).await;
                 break Exit::Ended;
             }
             reason = token.departed() => {
-                link.close(
+                delivery.close(
                     ErrorCode::Deregistered,
                     &format!("deregistered by the gateway: {}", reason.as_str()),
                 );
                 break Exit::Ended;
             }
             Err(fault) = &mut manager => Some(fault),
-            _ = link.connection().closed() => break Exit::Ended,
+            _ = delivery.connection().closed() => break Exit::Ended,
         };
         match fault {
             None => {}
             Some(Fault::Gone) => break Exit::Ended,
             Some(Fault::Close { code, reason }) => {
                 tracing::warn!(%code, %reason, "closing worker connection");
-                link.close(code, &reason);
+                delivery.close(code, &reason);
                 break Exit::Ended;
             }
         }
     };
-    link.disconnect();
+    delivery.disconnect();
     server.untrack(worker);
     let reason = match exit {
         Exit::Drained => DisconnectReason::Drained,
         Exit::Ended => DisconnectReason::Disconnect,
     };
-    if let Some(error) = link.connection().close_reason() {
+    if let Some(error) = delivery.connection().close_reason() {
         tracing::info!(%error, "quic worker connection ended");
     }
     token.deregister(reason);
@@ -367,7 +371,7 @@ fn control(
 /// retires lanes after (busy ones when their task ends), so core never holds more slots
 /// than there are lanes to carry them. Returns only on a fault.
 async fn manage_lanes(
-    link: &Arc<Link>,
+    delivery: &Arc<QuicDelivery>,
     server: &ServerShared,
     worker: WorkerId,
     mut wanted: watch::Receiver<Option<u32>>,
@@ -381,7 +385,7 @@ async fn manage_lanes(
                 apply(registry, worker, target)?;
                 applied = Some(target);
             }
-            let mut to_open = link.lanes().set_target(target);
+            let mut to_open = delivery.lanes().set_target(target);
             if to_open > 0 {
                 // Until the worker grants the stream credit, operators see why it takes no task.
                 registry
@@ -391,10 +395,10 @@ async fn manage_lanes(
             let mut superseded = false;
             while to_open > 0 {
                 tokio::select! {
-                    opened = link.connection().open_bi() => {
+                    opened = delivery.connection().open_bi() => {
                         let (send, recv) = opened.map_err(|_| Fault::Gone)?;
-                        OpenedLane::enter(link, send, recv)
-                            .spawn(Arc::clone(link), server.core.clone(), worker);
+                        OpenedLane::enter(delivery, send, recv)
+                            .spawn(Arc::clone(delivery), server.core.clone(), worker);
                         to_open -= 1;
                     }
                     changed = wanted.changed() => {

@@ -8,8 +8,8 @@ use switchyard_core::{Core, TaskId, WorkerId};
 use switchyard_proto::v1::{QuicCancelAck, QuicLaneUp, QuicPong, quic_lane_up::Frame};
 use tracing::Instrument;
 
+use super::delivery::QuicDelivery;
 use super::lanes::{Ending, FinishError, LaneId};
-use super::link::Link;
 use crate::convert;
 use crate::fault::Fault;
 use crate::frame::FrameReader;
@@ -23,25 +23,25 @@ pub(crate) struct OpenedLane {
 }
 
 impl OpenedLane {
-    /// Enters a freshly opened stream in `link`'s table as an idle lane; its frames go out
+    /// Enters a freshly opened stream in `delivery`'s table as an idle lane; its frames go out
     /// through the connection's outbox.
-    pub(crate) fn enter(link: &Link, send: SendStream, recv: RecvStream) -> Self {
+    pub(crate) fn enter(delivery: &QuicDelivery, send: SendStream, recv: RecvStream) -> Self {
         let id = LaneId::new(send.id().index());
-        let sink = link.lane_out(StreamOut::new(send));
-        link.lanes().add(id, sink);
+        let sink = delivery.lane_out(StreamOut::new(send));
+        delivery.lanes().add(id, sink);
         Self { id, recv }
     }
 
     /// Reads the lane on its own task until the lane is retired or the connection ends.
-    pub(crate) fn spawn(self, link: Arc<Link>, core: Core, worker: WorkerId) {
+    pub(crate) fn spawn(self, delivery: Arc<QuicDelivery>, core: Core, worker: WorkerId) {
         let span = tracing::debug_span!("lane", worker = %worker, lane = %self.id);
         tokio::spawn(
             async move {
-                match read(self, &link, &core, worker).await {
+                match read(self, &delivery, &core, worker).await {
                     Ok(()) | Err(Fault::Gone) => tracing::trace!("lane ended"),
                     Err(Fault::Close { code, reason }) => {
                         tracing::warn!(%code, %reason, "closing worker connection");
-                        link.close(code, &reason);
+                        delivery.close(code, &reason);
                     }
                 }
             }
@@ -50,9 +50,14 @@ impl OpenedLane {
     }
 }
 
-async fn read(lane: OpenedLane, link: &Link, core: &Core, worker: WorkerId) -> Result<(), Fault> {
+async fn read(
+    lane: OpenedLane,
+    delivery: &QuicDelivery,
+    core: &Core,
+    worker: WorkerId,
+) -> Result<(), Fault> {
     let OpenedLane { id, recv } = lane;
-    let mut frames = FrameReader::new(recv, link.lane_frame_limit());
+    let mut frames = FrameReader::new(recv, delivery.lane_frame_limit());
     loop {
         let next = frames
             .next::<QuicLaneUp>()
@@ -60,7 +65,7 @@ async fn read(lane: OpenedLane, link: &Link, core: &Core, worker: WorkerId) -> R
             .map_err(|error| Fault::read(error, &id))?;
         let Some(up) = next else {
             // The worker answers the FIN the gateway sends when it retires the lane.
-            if link.lanes().contains(id) {
+            if delivery.lanes().contains(id) {
                 return Err(Fault::close(
                     ErrorCode::ProtocolViolation,
                     format!("the worker finished {id}, which the gateway had not retired"),
@@ -68,14 +73,14 @@ async fn read(lane: OpenedLane, link: &Link, core: &Core, worker: WorkerId) -> R
             }
             return Ok(());
         };
-        answer(up, id, link, core, worker)?;
+        answer(up, id, delivery, core, worker)?;
     }
 }
 
 fn answer(
     up: QuicLaneUp,
     id: LaneId,
-    link: &Link,
+    delivery: &QuicDelivery,
     core: &Core,
     worker: WorkerId,
 ) -> Result<(), Fault> {
@@ -89,7 +94,8 @@ fn answer(
             };
             // The lane is free before core frees the slot, so the dispatch that the freed slot
             // lets in always finds an idle lane.
-            link.finish(id, task, Ending::Result)
+            delivery
+                .finish(id, task, Ending::Result)
                 .map_err(|error| refused("result", &error))?;
             if let Err(refusal) = core.complete(worker, task, outcome) {
                 tracing::debug!(task = %task, %refusal, "result not taken");
@@ -98,7 +104,8 @@ fn answer(
         Some(Frame::Pong(QuicPong { seq })) => core.record_pong(worker, seq),
         Some(Frame::CancelAck(QuicCancelAck { task_id })) => {
             let task = TaskId::from_raw(task_id);
-            link.finish(id, task, Ending::CancelAck)
+            delivery
+                .finish(id, task, Ending::CancelAck)
                 .map_err(|error| refused("cancel_ack", &error))?;
             if let Err(refusal) = core.cancel_acknowledged(worker, task) {
                 tracing::debug!(task = %task, %refusal, "cancel acknowledgement not taken");

@@ -5,13 +5,14 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 use switchyard_core::testkit::{
-    self, BoxError, ConnectError, Handler, TaskCall, TransportHarness, WorkerHandle, WorkerSpec,
+    self, BoxError, ConformanceWorker, Handler, HarnessError, TaskCall, TransportHarness,
+    WorkerSpec,
 };
 use switchyard_core::{Core, RefusalKind, TaskResult, WorkerEvent, WorkerId};
 use switchyard_test_support::UdpRelay;
 use switchyard_transport_quic::{
     ActivityContext, ActivityError, ActivityFuture, ErrorCode, QuicLinkError, QuicServer,
-    QuicWorker, SelfSigned, ServerConfig, WorkerError,
+    QuicServerConfig, QuicWorker, SelfSigned, WorkerError,
 };
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -32,7 +33,7 @@ struct Worker {
     relay: UdpRelay,
 }
 
-impl WorkerHandle for Worker {
+impl ConformanceWorker for Worker {
     fn worker_id(&self) -> WorkerId {
         self.id
     }
@@ -68,9 +69,9 @@ impl TransportHarness for QuicHarness {
                 table.with_token(caller.principal.clone(), caller)
             });
         let server = QuicServer::builder(core.clone(), ca.server_tls()?)
-            .config(ServerConfig {
+            .config(QuicServerConfig {
                 listen: "127.0.0.1:0".parse()?,
-                ..ServerConfig::default()
+                ..QuicServerConfig::default()
             })
             .authenticator(std::sync::Arc::new(tokens))
             .bind()
@@ -78,8 +79,8 @@ impl TransportHarness for QuicHarness {
         Ok(Gateway { core, server, ca })
     }
 
-    async fn connect(&self, gateway: &Gateway, spec: WorkerSpec) -> Result<Worker, ConnectError> {
-        let transport = |error: BoxError| ConnectError::Transport(error);
+    async fn connect(&self, gateway: &Gateway, spec: WorkerSpec) -> Result<Worker, HarnessError> {
+        let transport = |error: BoxError| HarnessError::Transport(error);
         let relay = UdpRelay::start(gateway.server.local_addr())
             .await
             .map_err(|e| transport(e.into()))?;
@@ -115,19 +116,19 @@ async fn capacity_settled(
     events: &mut broadcast::Receiver<WorkerEvent>,
     run: &mut JoinHandle<Result<(), WorkerError>>,
     id: WorkerId,
-) -> Result<(), ConnectError> {
+) -> Result<(), HarnessError> {
     loop {
         tokio::select! {
             event = events.recv() => match event {
                 Ok(WorkerEvent::CapacityAnnounced { worker, .. }) if worker == id => return Ok(()),
                 Ok(_) => {}
-                Err(error) => return Err(ConnectError::Transport(error.into())),
+                Err(error) => return Err(HarnessError::Transport(error.into())),
             },
             ended = &mut *run => {
                 return Err(match ended {
                     Ok(Err(error)) => refusal(error),
-                    Ok(Ok(())) => ConnectError::Transport("the worker stopped".into()),
-                    Err(error) => ConnectError::Transport(error.into()),
+                    Ok(Ok(())) => HarnessError::Transport("the worker stopped".into()),
+                    Err(error) => HarnessError::Transport(error.into()),
                 });
             }
         }
@@ -135,9 +136,9 @@ async fn capacity_settled(
 }
 
 /// A worker error as the kit's refusal, its family recovered from the close code.
-fn refusal(error: WorkerError) -> ConnectError {
+fn refusal(error: WorkerError) -> HarnessError {
     if let WorkerError::Invalid { .. } = &error {
-        return ConnectError::Refused {
+        return HarnessError::Refused {
             kind: RefusalKind::Invalid,
             message: error.to_string(),
         };
@@ -152,13 +153,13 @@ fn refusal(error: WorkerError) -> ConnectError {
                 ErrorCode::NamespaceUnknown => RefusalKind::NotFound,
                 ErrorCode::PlacementRefused => RefusalKind::Placement,
                 ErrorCode::Unavailable => RefusalKind::Unavailable,
-                _ => return ConnectError::Transport(error.into()),
+                _ => return HarnessError::Transport(error.into()),
             };
             (kind, reason.clone())
         }
-        _ => return ConnectError::Transport(error.into()),
+        _ => return HarnessError::Transport(error.into()),
     };
-    ConnectError::Refused { kind, message }
+    HarnessError::Refused { kind, message }
 }
 
 /// The kit's handler as an SDK handler.

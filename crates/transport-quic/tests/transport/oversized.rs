@@ -5,19 +5,19 @@ use std::time::Duration;
 use bytes::Bytes;
 use switchyard_auth::AllowAll;
 use switchyard_core::{ActivityOutcome, CallerIdentity, DispatchError};
-use switchyard_transport_quic::{ActivityContext, ActivityError, FrameLimits, ServerConfig};
+use switchyard_transport_quic::{ActivityContext, ActivityError, FrameLimits, QuicServerConfig};
 
 use crate::support::{Gateway, PATIENCE, eventually, request};
 
 const LANE_LIMIT: u32 = 1024;
 
 async fn small_lanes() -> Gateway {
-    let config = ServerConfig {
+    let config = QuicServerConfig {
         frames: FrameLimits {
             lane: LANE_LIMIT,
             ..FrameLimits::default()
         },
-        ..ServerConfig::default()
+        ..QuicServerConfig::default()
     };
     Gateway::with(config, AllowAll).await
 }

@@ -7,7 +7,7 @@ use switchyard_core::{
     ActivityOutcome, CallerIdentity, DisconnectReason, UnservedReason, WorkerEvent,
 };
 use switchyard_proto::v1::{QuicResult, quic_lane_up, quic_result};
-use switchyard_transport_quic::{ErrorCode, QuicLinkError, ServerConfig};
+use switchyard_transport_quic::{ErrorCode, QuicLinkError, QuicServerConfig};
 
 use crate::support::{Gateway, NS, PATIENCE, Raw, closed_with, event, register_frame, request};
 
@@ -121,7 +121,7 @@ async fn capacity_above_the_registry_ceiling_is_refused_and_the_ceiling_is_annou
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_decide_who_registers_and_what_they_are_granted() {
     let tokens = CallerTable::new().with_token("good", CallerIdentity::granted("team", [NS]));
-    let gateway = Gateway::with(ServerConfig::default(), tokens).await;
+    let gateway = Gateway::with(QuicServerConfig::default(), tokens).await;
 
     let refused = gateway.worker().token("bad").connect().await.unwrap_err();
     assert!(
@@ -150,7 +150,7 @@ async fn tokens_decide_who_registers_and_what_they_are_granted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_requires_a_client_certificate() {
-    let gateway = Gateway::with_tls(ServerConfig::default(), AllowAll, true).await;
+    let gateway = Gateway::with_tls(QuicServerConfig::default(), AllowAll, true).await;
     let without = gateway
         .worker()
         .connect_timeout(Duration::from_secs(5))
@@ -184,9 +184,9 @@ async fn unknown_protocol_version_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_never_registers_is_closed_at_the_deadline() {
-    let config = ServerConfig {
+    let config = QuicServerConfig {
         registration_timeout: Duration::from_millis(200),
-        ..ServerConfig::default()
+        ..QuicServerConfig::default()
     };
     let gateway = Gateway::with(config, AllowAll).await;
     let raw = Raw::connect(&gateway).await;
@@ -197,9 +197,9 @@ async fn a_connection_that_never_registers_is_closed_at_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unregistered_connections_beyond_the_cap_are_refused_until_one_registers() {
-    let config = ServerConfig {
+    let config = QuicServerConfig {
         max_unregistered_connections: 1,
-        ..ServerConfig::default()
+        ..QuicServerConfig::default()
     };
     let gateway = Gateway::with(config, AllowAll).await;
     let mut first = Raw::connect(&gateway).await;

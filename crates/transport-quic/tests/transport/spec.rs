@@ -12,7 +12,7 @@ use switchyard_proto::v1::{
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{
-    ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, ServerConfig,
+    ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, QuicServerConfig,
 };
 
 const SPEC: &str = include_str!("../../../../docs/quic-protocol.md");
@@ -225,7 +225,7 @@ fn spec_tables_match_the_code() {
         );
     }
     assert!(SPEC.contains(&format!("`{}`", std::str::from_utf8(ALPN).unwrap())));
-    let defaults = ServerConfig::default();
+    let defaults = QuicServerConfig::default();
     assert_eq!(defaults.frames.control, 65_536);
     assert!(SPEC.contains("65,536 bytes (64 KiB)"));
     assert_eq!(defaults.frames.lane, 4_194_304);

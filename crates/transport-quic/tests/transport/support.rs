@@ -23,8 +23,8 @@ use switchyard_proto::v1::{
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{
-    ALPN, ActivityContext, ActivityError, ErrorCode, QuicServer, QuicWorker, QuicWorkerBuilder,
-    SelfSigned, ServerConfig,
+    ALPN, ActivityContext, ActivityError, ErrorCode, QuicServer, QuicServerConfig, QuicWorker,
+    QuicWorkerBuilder, SelfSigned,
 };
 use tokio::sync::{Mutex, broadcast, mpsc};
 
@@ -41,15 +41,15 @@ pub(crate) struct Gateway {
 
 impl Gateway {
     pub(crate) async fn start() -> Self {
-        Self::with(ServerConfig::default(), AllowAll).await
+        Self::with(QuicServerConfig::default(), AllowAll).await
     }
 
-    pub(crate) async fn with(config: ServerConfig, auth: impl Authenticate) -> Self {
+    pub(crate) async fn with(config: QuicServerConfig, auth: impl Authenticate) -> Self {
         Self::with_tls(config, auth, false).await
     }
 
     pub(crate) async fn with_tls(
-        config: ServerConfig,
+        config: QuicServerConfig,
         auth: impl Authenticate,
         mutual: bool,
     ) -> Self {
@@ -59,12 +59,12 @@ impl Gateway {
     /// A gateway whose registry admits at most `limit` slots per worker.
     pub(crate) async fn with_ceiling(limit: u32) -> Self {
         let registry = Registry::builder().max_concurrency_limit(limit);
-        Self::over(registry, ServerConfig::default(), AllowAll, false).await
+        Self::over(registry, QuicServerConfig::default(), AllowAll, false).await
     }
 
     async fn over(
         registry: RegistryBuilder,
-        config: ServerConfig,
+        config: QuicServerConfig,
         auth: impl Authenticate,
         mutual: bool,
     ) -> Self {
@@ -76,7 +76,7 @@ impl Gateway {
         };
         let core = Core::start(registry, CoreConfig::default());
         let server = QuicServer::builder(core.clone(), tls)
-            .config(ServerConfig {
+            .config(QuicServerConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 ..config
             })
@@ -98,11 +98,12 @@ impl Gateway {
         let core = Core::start(Registry::builder(), CoreConfig::default());
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
-            let mut builder =
-                QuicServer::builder(core.clone(), ca.server_tls().unwrap()).config(ServerConfig {
+            let mut builder = QuicServer::builder(core.clone(), ca.server_tls().unwrap()).config(
+                QuicServerConfig {
                     listen: addr,
-                    ..ServerConfig::default()
-                });
+                    ..QuicServerConfig::default()
+                },
+            );
             if let Some(material) = reset_material {
                 builder = builder.stateless_reset_key(material);
             }

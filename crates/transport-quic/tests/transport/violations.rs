@@ -7,7 +7,7 @@ use switchyard_proto::v1::{
     QuicCancelAck, QuicCapabilities, QuicDrainRequest, QuicResult, quic_control_up, quic_lane_up,
     quic_result,
 };
-use switchyard_transport_quic::{ErrorCode, FrameLimits, ServerConfig};
+use switchyard_transport_quic::{ErrorCode, FrameLimits, QuicServerConfig};
 
 use crate::support::{Gateway, Raw, event, register_frame};
 
@@ -56,12 +56,12 @@ async fn an_oversized_control_frame_closes_with_frame_too_large_before_registeri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_lane_frame_closes_with_frame_too_large() {
-    let config = ServerConfig {
+    let config = QuicServerConfig {
         frames: FrameLimits {
             lane: 1024,
             ..FrameLimits::default()
         },
-        ..ServerConfig::default()
+        ..QuicServerConfig::default()
     };
     let gateway = Gateway::with(config, AllowAll).await;
     let (raw, lane) = registered(&gateway).await;

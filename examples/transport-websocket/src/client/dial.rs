@@ -13,8 +13,8 @@ use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use switchyard_worker::WorkerOptions;
 
-use super::Settings;
-use super::error::ConnectError;
+use super::DialConfig;
+use super::error::WsLinkError;
 use crate::config::websocket_config;
 use crate::protocol::{self, GatewayFrame, RegisterFrame, SUBPROTOCOL, WorkerFrame};
 use crate::socket::{Incoming, finish_close, next_message};
@@ -23,7 +23,7 @@ use crate::socket::{Incoming, finish_close, next_message};
 pub(crate) type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// A registered socket and what the gateway said about it.
-pub(crate) struct Link {
+pub(crate) struct RegisteredSocket {
     pub(crate) socket: Socket,
     pub(crate) worker_id: WorkerId,
     pub(crate) task_queue: String,
@@ -32,20 +32,20 @@ pub(crate) struct Link {
 
 /// Connects and registers, within the connect timeout.
 pub(super) async fn open(
-    settings: &Settings,
+    settings: &DialConfig,
     options: &WorkerOptions,
-) -> Result<Link, ConnectError> {
+) -> Result<RegisteredSocket, WsLinkError> {
     let register = connect_and_register(settings, options);
     tokio::time::timeout(options.connect_timeout, register)
         .await
-        .map_err(|_| ConnectError::Timeout(options.connect_timeout))?
+        .map_err(|_| WsLinkError::Timeout(options.connect_timeout))?
 }
 
 async fn connect_and_register(
-    settings: &Settings,
+    settings: &DialConfig,
     options: &WorkerOptions,
-) -> Result<Link, ConnectError> {
-    let invalid = |problem: String| ConnectError::InvalidUrl {
+) -> Result<RegisteredSocket, WsLinkError> {
+    let invalid = |problem: String| WsLinkError::InvalidUrl {
         url: settings.url.clone(),
         problem,
     };
@@ -74,7 +74,7 @@ async fn connect_and_register(
     );
     if let Some(token) = &options.token {
         let value = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| ConnectError::InvalidToken)?;
+            .map_err(|_| WsLinkError::InvalidToken)?;
         headers.insert(header::AUTHORIZATION, value);
     }
 
@@ -97,7 +97,7 @@ async fn connect_and_register(
         Some(connector),
     )
     .await
-    .map_err(ConnectError::Handshake)?;
+    .map_err(WsLinkError::Handshake)?;
 
     let register = WorkerFrame::Register(RegisterFrame {
         namespaces: options.namespaces.clone(),
@@ -109,16 +109,19 @@ async fn connect_and_register(
         token: None,
     });
     let text =
-        protocol::encode(&register).map_err(|error| ConnectError::Protocol(error.to_string()))?;
+        protocol::encode(&register).map_err(|error| WsLinkError::Protocol(error.to_string()))?;
     socket
         .send(Message::text(text))
         .await
-        .map_err(ConnectError::Handshake)?;
+        .map_err(WsLinkError::Handshake)?;
     answer(socket, settings).await
 }
 
 /// Reads the gateway's answer to the `register` frame.
-async fn answer(mut socket: Socket, settings: &Settings) -> Result<Link, ConnectError> {
+async fn answer(
+    mut socket: Socket,
+    settings: &DialConfig,
+) -> Result<RegisteredSocket, WsLinkError> {
     let text = match next_message(&mut socket).await {
         Incoming::Text(text) => text,
         Incoming::Closed(frame) => {
@@ -126,11 +129,11 @@ async fn answer(mut socket: Socket, settings: &Settings) -> Result<Link, Connect
                 || "closed without a code".to_owned(),
                 |frame| format!("closed ({}): {}", u16::from(frame.code), frame.reason),
             );
-            return Err(ConnectError::Closed(detail));
+            return Err(WsLinkError::Closed(detail));
         }
-        Incoming::Lost(detail) => return Err(ConnectError::Closed(detail)),
+        Incoming::Lost(detail) => return Err(WsLinkError::Closed(detail)),
         other => {
-            return Err(ConnectError::Protocol(format!(
+            return Err(WsLinkError::Protocol(format!(
                 "unexpected answer: {other:?}"
             )));
         }
@@ -140,7 +143,7 @@ async fn answer(mut socket: Socket, settings: &Settings) -> Result<Link, Connect
             worker_id,
             task_queue,
             ping_interval_ms,
-        }) => Ok(Link {
+        }) => Ok(RegisteredSocket {
             socket,
             worker_id: WorkerId::from_raw(worker_id),
             task_queue,
@@ -149,12 +152,12 @@ async fn answer(mut socket: Socket, settings: &Settings) -> Result<Link, Connect
         Ok(GatewayFrame::Refused { code, message }) => {
             // Answer the gateway's close so it is not left waiting for it.
             finish_close(&mut socket, None, settings.close_timeout).await;
-            Err(ConnectError::Refused { code, message })
+            Err(WsLinkError::Refused { code, message })
         }
-        Ok(_) => Err(ConnectError::Protocol(
+        Ok(_) => Err(WsLinkError::Protocol(
             "the answer to register was neither registered nor refused".to_owned(),
         )),
-        Err(error) => Err(ConnectError::Protocol(error.to_string())),
+        Err(error) => Err(WsLinkError::Protocol(error.to_string())),
     }
 }
 

@@ -9,7 +9,7 @@ use crate::protocol::CloseCode;
 /// Why [`WsWorkerBuilder::connect`](super::WsWorkerBuilder::connect) produced no worker.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConnectError {
+pub enum WsLinkError {
     /// A worker option is unusable (no namespace, no handler, `max_concurrency` 0).
     #[error(transparent)]
     Invalid(#[from] switchyard_worker::WorkerError),
@@ -52,7 +52,7 @@ pub enum ConnectError {
     Protocol(String),
 }
 
-impl ConnectError {
+impl WsLinkError {
     /// The close code of a refusal, if this is one the protocol names.
     pub fn close_code(&self) -> Option<CloseCode> {
         match self {

@@ -13,13 +13,13 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
-use super::Settings;
-use super::dial::{Link, Socket};
+use super::DialConfig;
+use super::dial::{RegisteredSocket, Socket};
 use super::error::RunError;
 use crate::protocol::{self, CloseCode, GatewayFrame, ResultFrame, WorkerFrame};
 use crate::socket::{Incoming, close_frame, finish_close, next_message};
 
-/// How the session loop ended: what `run` returns, and how to close the socket (`None`: the
+/// How the serving loop ended: what `run` returns, and how to close the socket (`None`: the
 /// socket is gone; `Some(None)`: answer the gateway's close; `Some(frame)`: send `frame`).
 struct End {
     result: Result<(), RunError>,
@@ -55,17 +55,17 @@ impl End {
 /// `max_concurrency` permits); their replies travel back through this loop, which therefore
 /// knows when a drain is complete. A separate task writes, so a slow socket never stops pings being read.
 pub(super) async fn serve(
-    link: Link,
-    settings: &Arc<Settings>,
+    registered: RegisteredSocket,
+    settings: &Arc<DialConfig>,
     runner: &TaskRunner,
     outbound_queue: usize,
     stop: &CancellationToken,
 ) -> Result<(), RunError> {
-    let worker = link.worker_id;
-    let (sink, mut stream) = link.socket.split();
+    let worker = registered.worker_id;
+    let (sink, mut stream) = registered.socket.split();
     let (outbound, queued) = mpsc::channel(outbound_queue);
     let mut writer = tokio::spawn(write(sink, queued));
-    let mut session = Session {
+    let mut serving = Serving {
         runner,
         outbound,
         running: HashMap::new(),
@@ -73,7 +73,7 @@ pub(super) async fn serve(
         draining: false,
     };
     let end = loop {
-        if session.draining && session.handlers.is_empty() {
+        if serving.draining && serving.handlers.is_empty() {
             tracing::info!(%worker, "drained");
             break End::leave(CloseCode::Normal, "drained");
         }
@@ -82,13 +82,13 @@ pub(super) async fn serve(
             incoming = next_message(&mut stream) => match incoming {
                 Incoming::Text(text) => match protocol::decode_gateway(&text) {
                     Ok(frame) => {
-                        if let Err(end) = session.on_frame(frame).await {
+                        if let Err(end) = serving.on_frame(frame).await {
                             break end;
                         }
                     }
                     Err(error) => break End::violation(CloseCode::InvalidPayload, error.to_string()),
                 },
-                Incoming::Closed(_) if session.draining && session.handlers.is_empty() => {
+                Incoming::Closed(_) if serving.draining && serving.handlers.is_empty() => {
                     // Asked to drain with nothing left to finish: the drain is done, whoever
                     // closed first.
                     break End { result: Ok(()), close: Some(None) };
@@ -106,20 +106,20 @@ pub(super) async fn serve(
                 Incoming::TooBig(detail) => break End::violation(CloseCode::TooBig, detail),
                 Incoming::Lost(detail) => break End::lost(detail),
             },
-            Some(joined) = session.handlers.join_next(), if !session.handlers.is_empty() => {
+            Some(joined) = serving.handlers.join_next(), if !serving.handlers.is_empty() => {
                 // Handlers never panic out (they are caught) and are aborted only with the
                 // set, so a join error cannot happen while the set is alive.
                 let Ok(reply) = joined else { continue };
-                if !session.report(reply).await {
+                if !serving.report(reply).await {
                     break End::lost("the socket writer stopped");
                 }
             }
         }
     };
-    session.abandon();
-    // Dropping the session's sender lets the writer send what is queued (a drained worker's
+    serving.abandon();
+    // Dropping the serving's sender lets the writer send what is queued (a drained worker's
     // last results) and hand the sink back.
-    drop(session);
+    drop(serving);
     let close_timeout = settings.close_timeout;
     let sink = match tokio::time::timeout(close_timeout, &mut writer).await {
         Ok(Ok((sink, Ok(())))) => Some(sink),
@@ -140,7 +140,7 @@ pub(super) async fn serve(
     end.result
 }
 
-struct Session<'a> {
+struct Serving<'a> {
     runner: &'a TaskRunner,
     outbound: mpsc::Sender<Message>,
     /// Cancellation of each task not yet reported.
@@ -149,8 +149,8 @@ struct Session<'a> {
     draining: bool,
 }
 
-impl Session<'_> {
-    /// Acts on one gateway frame; `Err` ends the session.
+impl Serving<'_> {
+    /// Acts on one gateway frame; `Err` ends the serving.
     async fn on_frame(&mut self, frame: GatewayFrame) -> Result<(), End> {
         match frame {
             GatewayFrame::Task(task) => match ActivityTask::try_from(task) {
@@ -222,7 +222,7 @@ impl Session<'_> {
         }
     }
 
-    /// The session is over: stop every handler, since nobody will read their results.
+    /// The serving is over: stop every handler, since nobody will read their results.
     fn abandon(&mut self) {
         for token in self.running.values() {
             token.cancel();

@@ -8,34 +8,34 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, header};
 
-use super::session;
-use super::shared::Shared;
+use super::state::ServerState;
+use super::worker_socket;
 use crate::protocol::SUBPROTOCOL;
 
 /// Serves one connection until it closes; every stage before registration shares one deadline.
-pub(super) async fn serve(shared: Arc<Shared>, stream: TcpStream) {
-    let deadline = Instant::now() + shared.config.registration_timeout;
+pub(super) async fn serve(state: Arc<ServerState>, stream: TcpStream) {
+    let deadline = Instant::now() + state.config.registration_timeout;
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%error, "could not disable Nagle's algorithm");
     }
-    match shared.tls.clone() {
+    match state.tls.clone() {
         Some(acceptor) => {
             let handshake = tokio::select! {
-                () = shared.accepting.cancelled() => return,
+                () = state.accepting.cancelled() => return,
                 handshake = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => handshake,
             };
             match handshake {
-                Ok(Ok(tls)) => upgrade(shared, tls, deadline).await,
+                Ok(Ok(tls)) => upgrade(state, tls, deadline).await,
                 Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
                 Err(_) => tracing::debug!("TLS handshake did not finish before the deadline"),
             }
         }
-        None => upgrade(shared, stream, deadline).await,
+        None => upgrade(state, stream, deadline).await,
     }
 }
 
-/// Answers the upgrade request, keeping its `Authorization` header for the session.
-async fn upgrade<S>(shared: Arc<Shared>, stream: S, deadline: Instant)
+/// Answers the upgrade request, keeping its `Authorization` header for the worker socket.
+async fn upgrade<S>(state: Arc<ServerState>, stream: S, deadline: Instant)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -55,14 +55,14 @@ where
     let accept = tokio_tungstenite::accept_hdr_async_with_config(
         stream,
         callback,
-        Some(shared.config.websocket()),
+        Some(state.config.websocket()),
     );
     let upgraded = tokio::select! {
-        () = shared.accepting.cancelled() => return,
+        () = state.accepting.cancelled() => return,
         upgraded = tokio::time::timeout_at(deadline, accept) => upgraded,
     };
     match upgraded {
-        Ok(Ok(socket)) => session::run(shared, socket, authorization, deadline).await,
+        Ok(Ok(socket)) => worker_socket::run(state, socket, authorization, deadline).await,
         Ok(Err(error)) => tracing::debug!(%error, "websocket upgrade failed"),
         Err(_) => tracing::debug!("websocket upgrade did not finish before the deadline"),
     }

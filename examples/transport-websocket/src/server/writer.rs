@@ -11,7 +11,7 @@ use crate::protocol::{self, GatewayFrame};
 
 /// Sends queued frames until `stop` is cancelled or the queue closes, then hands the sink back
 /// for the close handshake (the close flushes what was fed). A write error cancels `failed`,
-/// which ends the session.
+/// which ends the worker socket.
 ///
 /// Frames are written without a flush while more are queued and flushed once the queue is
 /// empty, so a burst of tasks costs one flush, not one per task.

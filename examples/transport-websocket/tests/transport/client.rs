@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use switchyard_core::{
     ActivityOutcome, ActivityRequest, CallerIdentity, DisconnectReason, WorkerEvent, WorkerId,
 };
-use switchyard_transport_websocket::client::{ConnectError, RunError};
+use switchyard_transport_websocket::client::{RunError, WsLinkError};
 use switchyard_transport_websocket::{
     ActivityContext, ActivityError, CloseCode, WsServerConfig, WsWorker, WsWorkerBuilder,
 };
@@ -383,7 +383,7 @@ async fn connect_reports_a_refusal_with_its_close_code_and_whole_sentence() {
         let refused = builder.activity("hold", echo).connect().await.unwrap_err();
         assert_eq!(refused.close_code(), Some(code), "{refused}");
         match &refused {
-            ConnectError::Refused { message, .. } => {
+            WsLinkError::Refused { message, .. } => {
                 assert!(message.contains(sentence), "{message:?} names {sentence:?}");
             }
             other => panic!("expected a refusal, got {other}"),
@@ -397,7 +397,7 @@ async fn connect_reports_a_refusal_with_its_close_code_and_whole_sentence() {
         .await
         .unwrap_err();
     assert!(invalid.to_string().contains("max_concurrency"), "{invalid}");
-    assert!(matches!(invalid, ConnectError::Invalid(_)), "{invalid}");
+    assert!(matches!(invalid, WsLinkError::Invalid(_)), "{invalid}");
     assert!(gateway.core.registry().is_empty());
     // Control: the same builder with valid settings registers.
     let admitted = builder(gateway.url())
@@ -418,7 +418,7 @@ async fn connect_rejects_urls_that_are_not_websocket_urls() {
             .await
             .unwrap_err();
         assert!(
-            matches!(error, ConnectError::InvalidUrl { .. }),
+            matches!(error, WsLinkError::InvalidUrl { .. }),
             "{url}: {error}"
         );
     }

@@ -13,10 +13,10 @@ use rustls_pki_types::pem::PemObject;
 use switchyard_core::{
     ActivityOutcome, ActivityRequest, CallerIdentity, Eligibility, Registry, WorkerEvent,
 };
-use switchyard_gateway::{ConfigDuration, Gateway, GatewayConfig, PrincipalConfig};
+use switchyard_gateway::{ConfigDuration, Gateway, GatewayConfig, PrincipalSection};
 use switchyard_transport_grpc::GrpcWorker;
 use switchyard_transport_quic::{ClientTls, QuicWorker};
-use switchyard_transport_websocket::client::ConnectError;
+use switchyard_transport_websocket::client::WsLinkError;
 use switchyard_transport_websocket::{
     ActivityContext, ActivityError, CloseCode, WsTransport, WsWorker,
 };
@@ -42,7 +42,7 @@ async fn gateway(data_dir: &std::path::Path) -> Gateway {
     config.liveness.ping_interval = ConfigDuration::millis(100);
     config.liveness.ping_timeout = ConfigDuration::millis(300);
     config.shutdown.drain_timeout = ConfigDuration::secs(2);
-    config.principals = vec![PrincipalConfig {
+    config.principals = vec![PrincipalSection {
         name: "mixed-workers".to_owned(),
         token: TOKEN.to_owned(),
         cert_subject: String::new(),
@@ -305,7 +305,7 @@ async fn websocket_workers_authenticate_against_the_gateway_principal_table() {
         "{foreign}"
     );
     assert!(
-        matches!(&foreign, ConnectError::Refused { message, .. } if message.contains("mixed-workers")),
+        matches!(&foreign, WsLinkError::Refused { message, .. } if message.contains("mixed-workers")),
         "{foreign}"
     );
     // Control: the principal's own token and namespace register.

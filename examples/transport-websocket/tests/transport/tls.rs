@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use switchyard_core::{ActivityOutcome, ActivityRequest, CallerIdentity};
-use switchyard_transport_websocket::client::ConnectError;
+use switchyard_transport_websocket::client::WsLinkError;
 use switchyard_transport_websocket::{ActivityContext, ActivityError, WsServerConfig, WsWorker};
 
 use crate::support::gateway::{NAMESPACE, TOKEN, TestGateway};
@@ -90,7 +90,7 @@ async fn a_client_refuses_a_gateway_certificate_it_does_not_trust() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(error, ConnectError::Handshake(_)), "{error}");
+    assert!(matches!(error, WsLinkError::Handshake(_)), "{error}");
     assert!(
         error.to_string().to_lowercase().contains("certificate"),
         "{error}"
@@ -107,6 +107,6 @@ async fn a_plain_client_cannot_register_on_a_tls_listener() {
     let gateway = tls_gateway(&pki).await;
     let url = format!("ws://127.0.0.1:{}/", gateway.server.local_addr().port());
     let error = worker(url).connect().await.unwrap_err();
-    assert!(matches!(error, ConnectError::Handshake(_)), "{error}");
+    assert!(matches!(error, WsLinkError::Handshake(_)), "{error}");
     assert!(gateway.core.registry().is_empty());
 }

@@ -6,7 +6,7 @@ use crate::admission::RefusalKind;
 use crate::registration::{CallerIdentity, Registration};
 use crate::testkit::fixture::{Fixture, Verdict, ensure, registration};
 use crate::testkit::handler::Handler;
-use crate::testkit::harness::{ConnectError, TransportHarness, WorkerHandle};
+use crate::testkit::harness::{ConformanceWorker, HarnessError, TransportHarness};
 
 const GRANTED: &str = "conformance";
 const FORBIDDEN: &str = "conformance-forbidden";
@@ -67,7 +67,7 @@ pub(super) async fn refusals<H: TransportHarness>(mut fixture: Fixture<'_, H>) -
                     worker.worker_id()
                 ));
             }
-            Err(ConnectError::Refused { kind: got, message }) => {
+            Err(HarnessError::Refused { kind: got, message }) => {
                 ensure!(
                     got == kind,
                     "a registration with {case} was refused as {got:?}, expected {kind:?}"
@@ -77,7 +77,7 @@ pub(super) async fn refusals<H: TransportHarness>(mut fixture: Fixture<'_, H>) -
                     "the refusal of a registration with {case} does not name `{named}`: {message:?}"
                 );
             }
-            Err(error @ ConnectError::Transport(_)) => {
+            Err(error @ HarnessError::Transport(_)) => {
                 return Err(format!("a registration with {case} failed: {error}"));
             }
         }

@@ -6,7 +6,7 @@ use crate::eligibility::Eligibility;
 use crate::outcome::{ActivityOutcome, TaskResult};
 use crate::testkit::fixture::{Fixture, NAMESPACE, STEP, Verdict, ensure, join, producer, request};
 use crate::testkit::handler::{Handler, TaskCall};
-use crate::testkit::harness::{TransportHarness, WorkerHandle};
+use crate::testkit::harness::{ConformanceWorker, TransportHarness};
 
 const ACTIVITY_ID: &str = "conformance-cancel";
 

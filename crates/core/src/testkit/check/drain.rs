@@ -10,7 +10,7 @@ use crate::outcome::{ActivityOutcome, TaskResult};
 use crate::registry::UnservedReason;
 use crate::testkit::fixture::{Fixture, STEP, Verdict, ensure, join, request};
 use crate::testkit::handler::{Handler, TaskCall};
-use crate::testkit::harness::{TransportHarness, WorkerHandle};
+use crate::testkit::harness::{ConformanceWorker, TransportHarness};
 
 pub(super) async fn finishes_in_flight<H: TransportHarness>(
     mut fixture: Fixture<'_, H>,

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use crate::outcome::{ActivityOutcome, TaskResult};
 use crate::testkit::fixture::{Fixture, STEP, Verdict, ensure, join, request};
 use crate::testkit::handler::{Handler, TaskCall};
-use crate::testkit::harness::{TransportHarness, WorkerHandle};
+use crate::testkit::harness::{ConformanceWorker, TransportHarness};
 use crate::testkit::probe::Probe;
 
 const TIMEOUT: Duration = Duration::from_secs(10);

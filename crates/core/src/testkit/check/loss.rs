@@ -13,7 +13,7 @@ use crate::events::{DisconnectReason, WorkerEvent};
 use crate::outcome::ActivityOutcome;
 use crate::testkit::fixture::{Fixture, STEP, Verdict, ensure, join, request};
 use crate::testkit::handler::Handler;
-use crate::testkit::harness::{TransportHarness, WorkerHandle};
+use crate::testkit::harness::{ConformanceWorker, TransportHarness};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use switchyard_core::testkit::{
-    self, BoxError, ConnectError, Handler, TaskCall, TransportHarness, WorkerHandle, WorkerSpec,
+    self, BoxError, ConformanceWorker, Handler, HarnessError, TaskCall, TransportHarness,
+    WorkerSpec,
 };
 use switchyard_core::{Core, TaskResult, WorkerId};
 use switchyard_test_support::TcpRelay;
-use switchyard_transport_websocket::client::ConnectError as WsConnectError;
+use switchyard_transport_websocket::client::WsLinkError;
 use switchyard_transport_websocket::{
     ActivityContext, ActivityError, ActivityHandler, CloseCode, WsServer, WsServerConfig, WsWorker,
 };
@@ -56,7 +57,7 @@ impl Drop for KitWorker {
     }
 }
 
-impl WorkerHandle for KitWorker {
+impl ConformanceWorker for KitWorker {
     fn worker_id(&self) -> WorkerId {
         self.id
     }
@@ -96,13 +97,13 @@ impl TransportHarness for WsHarness {
         &self,
         gateway: &KitGateway,
         spec: WorkerSpec,
-    ) -> Result<KitWorker, ConnectError> {
+    ) -> Result<KitWorker, HarnessError> {
         let token = gateway.tokens.get(&spec.caller.principal).ok_or_else(|| {
-            ConnectError::Transport(format!("no token for {}", spec.caller.principal).into())
+            HarnessError::Transport(format!("no token for {}", spec.caller.principal).into())
         })?;
         let relay = TcpRelay::start(gateway.server.local_addr())
             .await
-            .map_err(|error| ConnectError::Transport(error.into()))?;
+            .map_err(|error| HarnessError::Transport(error.into()))?;
         let scheme = if self.tls.is_some() { "wss" } else { "ws" };
         let registration = spec.registration;
         let mut builder = WsWorker::builder(format!("{scheme}://127.0.0.1:{}/", relay.port()))
@@ -132,23 +133,23 @@ impl TransportHarness for WsHarness {
 }
 
 /// The kit's view of a failed connect: a refusal with the family its close code reports.
-fn refusal(error: WsConnectError) -> ConnectError {
-    if let WsConnectError::Invalid(_) = &error {
+fn refusal(error: WsLinkError) -> HarnessError {
+    if let WsLinkError::Invalid(_) = &error {
         // The worker runtime refuses what the gate would, before dialling.
-        return ConnectError::Refused {
+        return HarnessError::Refused {
             kind: switchyard_core::RefusalKind::Invalid,
             message: error.to_string(),
         };
     }
     match error.close_code().and_then(CloseCode::refusal_kind) {
-        Some(kind) => ConnectError::Refused {
+        Some(kind) => HarnessError::Refused {
             kind,
             message: match error {
-                WsConnectError::Refused { message, .. } => message,
+                WsLinkError::Refused { message, .. } => message,
                 other => other.to_string(),
             },
         },
-        None => ConnectError::Transport(Box::new(error)),
+        None => HarnessError::Transport(Box::new(error)),
     }
 }
 

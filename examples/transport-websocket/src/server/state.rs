@@ -9,7 +9,7 @@ use crate::config::WsServerConfig;
 use switchyard_auth::Authenticate;
 
 /// What every connection of one [`WsServer`](crate::WsServer) reads.
-pub(crate) struct Shared {
+pub(crate) struct ServerState {
     pub(crate) core: Core,
     pub(crate) config: WsServerConfig,
     pub(crate) auth: Arc<dyn Authenticate>,
@@ -17,11 +17,11 @@ pub(crate) struct Shared {
     /// Cancelled when the listener stops accepting: no new connection or registration is
     /// taken; registered workers stay. A child of `stop`.
     pub(crate) accepting: CancellationToken,
-    /// Cancelled when the listener closes; every session closes with 1001.
+    /// Cancelled when the listener closes; every worker socket closes with 1001.
     pub(crate) stop: CancellationToken,
 }
 
-impl Shared {
+impl ServerState {
     pub(crate) fn new(
         core: Core,
         auth: Arc<dyn Authenticate>,

@@ -9,12 +9,12 @@ use switchyard_proto::v1::{
     QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest,
     QuicRegister, QuicRegistered, quic_control_down, quic_control_up,
 };
-use switchyard_worker::{Registered, SessionContext, WorkerOptions};
+use switchyard_worker::{ConnectionContext, Registered, WorkerOptions};
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::lane::{self, LaneContext};
-use super::{QuicLinkError, QuicSettings};
+use super::{DialConfig, QuicLinkError};
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
 use crate::outbox::Outbox;
@@ -23,7 +23,7 @@ use crate::protocol::{DEFAULT_MAX_CONTROL_FRAME, ErrorCode, PROTOCOL_VERSION};
 const CONTROL: &str = "control stream";
 
 /// A registered connection.
-pub(crate) struct Session {
+pub(crate) struct QuicConnection {
     conn: quinn::Connection,
     control_send: SendStream,
     control_reader: FrameReader,
@@ -31,20 +31,20 @@ pub(crate) struct Session {
     /// The gateway's `max_lane_frame_bytes`.
     lane_limit: u32,
     worker: WorkerId,
-    /// Stops the lane tasks when the session is dropped, even mid-serve.
+    /// Stops the lane tasks when the connection is dropped, even mid-serve.
     stop_lanes: DropGuard,
 }
 
-impl Session {
-    /// Connects and registers; the capacity is announced when the session starts serving.
+impl QuicConnection {
+    /// Connects and registers; the capacity is announced when the connection starts serving.
     pub(crate) async fn open(
         endpoint: &Endpoint,
-        settings: &QuicSettings,
+        settings: &DialConfig,
         options: &WorkerOptions,
     ) -> Result<(Self, Registered), QuicLinkError> {
         let mut client = quinn::ClientConfig::new(settings.tls.quic());
         // One stream credit for lane 0 until capacity is announced.
-        client.transport_config(Arc::new(settings.link.transport(1)?));
+        client.transport_config(Arc::new(settings.connection.transport(1)?));
         let conn = endpoint
             .connect_with(client, settings.addr, &settings.server_name)?
             .await?;
@@ -85,7 +85,7 @@ impl Session {
             ..
         } = registered;
         let worker = WorkerId::from_raw(worker_id);
-        let session = Self {
+        let connection = Self {
             conn,
             control_send,
             control_reader,
@@ -102,11 +102,11 @@ impl Session {
             worker_id: worker,
             task_queue,
         };
-        Ok((session, registered))
+        Ok((connection, registered))
     }
 
     /// Serves the connection until it ends, and says why it ended.
-    pub(crate) async fn serve(mut self, context: SessionContext<'_>) -> QuicLinkError {
+    pub(crate) async fn serve(mut self, context: ConnectionContext<'_>) -> QuicLinkError {
         let closer = self.conn.clone();
         let lanes = Arc::new(LaneContext {
             outbox: Outbox::spawn(Arc::new(move |fault| {

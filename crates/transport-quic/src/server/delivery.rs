@@ -37,7 +37,7 @@ pub(crate) const FLUSH_PATIENCE: Duration = Duration::from_secs(1);
 pub const TRANSPORT: TransportName = TransportName::from_static("quic");
 
 /// Shared state of one worker connection: its lanes, its control queue, and whether it lives.
-pub(crate) struct Link {
+pub(crate) struct QuicDelivery {
     conn: Connection,
     outbox: Outbox,
     lanes: Mutex<LaneTable<LaneOut>>,
@@ -54,7 +54,7 @@ pub(crate) struct Link {
     closing: CancellationToken,
 }
 
-impl Link {
+impl QuicDelivery {
     pub(crate) fn new(
         conn: Connection,
         lane_frame_limit: u32,
@@ -67,7 +67,7 @@ impl Link {
                 close_connection(&closer, code, &reason);
             }
         }));
-        let link = Self {
+        let delivery = Self {
             conn,
             outbox,
             lanes: Mutex::new(LaneTable::new(1)),
@@ -79,7 +79,7 @@ impl Link {
             changed: Notify::new(),
             closing: CancellationToken::new(),
         };
-        (link, control_rx)
+        (delivery, control_rx)
     }
 
     pub(crate) fn lanes(&self) -> MutexGuard<'_, LaneTable<LaneOut>> {
@@ -145,7 +145,7 @@ impl Link {
         self.closing.cancel();
     }
 
-    /// Resolves once [`Link::close_when_flushed`] was called.
+    /// Resolves once [`QuicDelivery::close_when_flushed`] was called.
     pub(crate) async fn closing(&self) {
         self.closing.cancelled().await;
     }
@@ -153,7 +153,7 @@ impl Link {
     /// Delivers what was queued toward the worker before a close, until `deadline` at most:
     /// waits for every task held to be cancelled or ended (so their cancels are queued too),
     /// finishes every lane after its queued frames, and waits for the worker to acknowledge
-    /// them. The link refuses every later message.
+    /// them. The delivery refuses every later message.
     pub(crate) async fn flush(&self, deadline: Instant) {
         loop {
             let changed = self.changed.notified();
@@ -184,7 +184,7 @@ impl Link {
         }
     }
 
-    /// Marks the link gone: core stops selecting it and every lane sink is dropped.
+    /// Marks the delivery gone: core stops selecting it and every lane sink is dropped.
     pub(crate) fn disconnect(&self) {
         self.connected.store(false, Ordering::Release);
         drop(self.lanes().close());
@@ -222,7 +222,7 @@ impl Link {
     }
 }
 
-impl WorkerDelivery for Link {
+impl WorkerDelivery for QuicDelivery {
     fn transport(&self) -> TransportName {
         TRANSPORT
     }

@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
-use super::shared::Shared;
+use super::state::ServerState;
 use super::writer;
 use crate::auth::authenticate;
 use crate::delivery::WsDelivery;
@@ -63,16 +63,16 @@ struct Admitted {
 
 /// Runs the registration, then serves the worker until its socket ends.
 pub(super) async fn run<S>(
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
     mut socket: WebSocketStream<S>,
     authorization: Option<HeaderValue>,
     deadline: Instant,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    match admit(&shared, &mut socket, authorization.as_ref(), deadline).await {
-        Ok(admitted) => serve_registered(&shared, socket, admitted).await,
-        Err(Some(refusal)) => refuse(&shared, socket, refusal).await,
+    match admit(&state, &mut socket, authorization.as_ref(), deadline).await {
+        Ok(admitted) => serve_registered(&state, socket, admitted).await,
+        Err(Some(refusal)) => refuse(&state, socket, refusal).await,
         Err(None) => {}
     }
 }
@@ -80,7 +80,7 @@ pub(super) async fn run<S>(
 /// Reads the `register` frame, authenticates the caller and passes the admission gate.
 /// `Err(None)` means the socket ended first.
 async fn admit<S>(
-    shared: &Shared,
+    state: &ServerState,
     socket: &mut WebSocketStream<S>,
     authorization: Option<&HeaderValue>,
     deadline: Instant,
@@ -88,10 +88,10 @@ async fn admit<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (registration, frame_token) = first_frame(shared, socket, deadline)
+    let (registration, frame_token) = first_frame(state, socket, deadline)
         .await?
         .into_registration();
-    let caller = authenticate(authorization, frame_token.as_deref(), shared.auth.as_ref())
+    let caller = authenticate(authorization, frame_token.as_deref(), state.auth.as_ref())
         .map_err(|error| Closing::new(CloseCode::Unauthenticated, error.to_string()))?;
     let span = tracing::Span::current();
     span.record("principal", caller.principal.as_str());
@@ -99,13 +99,13 @@ where
         "namespaces",
         tracing::field::debug(&registration.namespaces),
     );
-    if shared.accepting.is_cancelled() {
+    if state.accepting.is_cancelled() {
         return Err(Some(shutting_down()));
     }
     let task_queue = normalise_task_queue(&registration.task_queue).to_owned();
-    let (queue, queued) = mpsc::channel(shared.config.queue_size(registration.max_concurrency));
+    let (queue, queued) = mpsc::channel(state.config.queue_size(registration.max_concurrency));
     let delivery = Arc::new(WsDelivery::new(queue));
-    let token = shared
+    let token = state
         .core
         .registry()
         .admit_unannounced(&caller, registration, Arc::clone(&delivery) as _)
@@ -121,8 +121,11 @@ where
 
 /// Acknowledges the registration, serves the worker's frames while a writer task sends core's
 /// messages, then deregisters the worker and closes the socket with the code naming why.
-async fn serve_registered<S>(shared: &Shared, mut socket: WebSocketStream<S>, admitted: Admitted)
-where
+async fn serve_registered<S>(
+    state: &ServerState,
+    mut socket: WebSocketStream<S>,
+    admitted: Admitted,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let Admitted {
@@ -131,7 +134,7 @@ where
         queued,
         task_queue,
     } = admitted;
-    let core = &shared.core;
+    let core = &state.core;
     let worker = token.worker_id();
     tracing::Span::current().record("worker", tracing::field::display(worker));
     let ack = GatewayFrame::Registered {
@@ -156,7 +159,7 @@ where
         writer_stop.clone(),
         writer_failed.clone(),
     ));
-    let end = serve(shared, &token, &mut stream, &writer_failed).await;
+    let end = serve(state, &token, &mut stream, &writer_failed).await;
 
     delivery.close();
     let reason = match end {
@@ -172,7 +175,7 @@ where
     }
 
     writer_stop.cancel();
-    let close_timeout = shared.config.close_timeout;
+    let close_timeout = state.config.close_timeout;
     let sink = match tokio::time::timeout(close_timeout, &mut writer).await {
         Ok(Ok(sink)) => sink,
         Ok(Err(_)) | Err(_) => {
@@ -192,7 +195,7 @@ where
 
 /// Waits for the `register` frame. `Err(None)` means the socket ended first.
 async fn first_frame<S>(
-    shared: &Shared,
+    state: &ServerState,
     socket: &mut WebSocketStream<S>,
     deadline: Instant,
 ) -> Result<RegisterFrame, Option<Closing>>
@@ -200,11 +203,11 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let incoming = tokio::select! {
-        () = shared.accepting.cancelled() => return Err(Some(shutting_down())),
+        () = state.accepting.cancelled() => return Err(Some(shutting_down())),
         incoming = tokio::time::timeout_at(deadline, next_message(socket)) => incoming,
     };
     let Ok(incoming) = incoming else {
-        let timeout = shared.config.registration_timeout;
+        let timeout = state.config.registration_timeout;
         return Err(Some(Closing::new(
             CloseCode::RegistrationTimeout,
             format!("no register frame within {timeout:?} of connecting"),
@@ -228,7 +231,7 @@ where
 
 /// Serves a registered worker's frames until its socket ends or the gateway closes it.
 async fn serve<S>(
-    shared: &Shared,
+    state: &ServerState,
     token: &RegistrationToken,
     stream: &mut S,
     writer_failed: &CancellationToken,
@@ -236,13 +239,13 @@ async fn serve<S>(
 where
     S: Stream<Item = Result<Message, WsError>> + Unpin,
 {
-    let core = &shared.core;
+    let core = &state.core;
     let worker = token.worker_id();
     loop {
         let incoming = tokio::select! {
             incoming = next_message(stream) => incoming,
             reason = token.departed() => return End::Closing(evicted(reason)),
-            () = shared.stop.cancelled() => return End::Closing(shutting_down()),
+            () = state.stop.cancelled() => return End::Closing(shutting_down()),
             () = writer_failed.cancelled() => {
                 return End::Lost("writing to the socket failed".to_owned());
             }
@@ -320,7 +323,7 @@ fn evicted(reason: DisconnectReason) -> Closing {
 
 /// Tells the worker why it is refused (the whole sentence, in a `refused` frame), then closes
 /// with the refusal's code.
-async fn refuse<S>(shared: &Shared, mut socket: WebSocketStream<S>, refusal: Closing)
+async fn refuse<S>(state: &ServerState, mut socket: WebSocketStream<S>, refusal: Closing)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -329,7 +332,7 @@ where
         code: refusal.code.code(),
         message: refusal.message.clone(),
     };
-    let limit = shared.config.close_timeout;
+    let limit = state.config.close_timeout;
     match tokio::time::timeout(limit, send(&mut socket, &frame)).await {
         Ok(Ok(())) => finish_close(&mut socket, Some(refusal.frame()), limit).await,
         Ok(Err(error)) => tracing::debug!(%error, "the refusal could not be sent"),

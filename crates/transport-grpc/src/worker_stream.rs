@@ -10,15 +10,15 @@ use switchyard_proto::v1::{WorkerFrame, worker_frame::Frame};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use crate::delivery::{Farewell, GrpcWorkerDelivery};
+use crate::delivery::{Farewell, GrpcDelivery};
 use crate::outbound::Control;
-use crate::service::Shared;
+use crate::service::ServiceState;
 use crate::status::SessionError;
 use crate::wire;
 
 /// Drives one `Connect` call; see [`WorkerService`](crate::WorkerService) for the rules.
-pub(crate) struct Session {
-    shared: Arc<Shared>,
+pub(crate) struct WorkerStream {
+    shared: Arc<ServiceState>,
     caller: CallerIdentity,
     control: mpsc::Sender<Control>,
 }
@@ -37,9 +37,9 @@ enum End {
     Farewell(Farewell),
 }
 
-impl Session {
+impl WorkerStream {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        shared: Arc<ServiceState>,
         caller: CallerIdentity,
         control: mpsc::Sender<Control>,
     ) -> Self {
@@ -62,7 +62,7 @@ impl Session {
         let (frames, pushed) = mpsc::channel(queue);
         let acknowledgement = frames.clone();
         let max_frame_bytes = self.shared.config.max_message_bytes;
-        let delivery = Arc::new(GrpcWorkerDelivery::new(frames, max_frame_bytes));
+        let delivery = Arc::new(GrpcDelivery::new(frames, max_frame_bytes));
         let leg: Arc<dyn WorkerDelivery> = delivery.clone();
         tracing::Span::current().record(
             "namespaces",
@@ -124,7 +124,7 @@ impl Session {
             (End::WorkerClosed | End::Farewell(_), Some(Farewell::ShuttingDown)) => {
                 self.close(SessionError::ShuttingDown).await;
             }
-            // A final drain ends cleanly: the control sender drops with the session.
+            // A final drain ends cleanly: the control sender drops with the stream.
             _ => {}
         }
     }
@@ -162,7 +162,7 @@ impl Session {
         worker: WorkerId,
         inbound: &mut Streaming<WorkerFrame>,
         token: &RegistrationToken,
-        delivery: &GrpcWorkerDelivery,
+        delivery: &GrpcDelivery,
     ) -> End {
         let mut refused: u64 = 0;
         let end = loop {
@@ -237,7 +237,7 @@ impl Session {
 
 /// Fuzzing entry, not API (built only under `--cfg fuzzing`, as cargo-fuzz sets it): feeds
 /// `frames` to the frame handler of a stream registered as `worker` on `service`, exactly as a
-/// session does after registration, until one would end the stream. Returns that error, or
+/// stream does after registration, until one would end the stream. Returns that error, or
 /// `None` if the stream would stay open.
 #[cfg(fuzzing)]
 pub fn fuzz_registered_frames(
@@ -246,9 +246,9 @@ pub fn fuzz_registered_frames(
     frames: impl IntoIterator<Item = WorkerFrame>,
 ) -> Option<SessionError> {
     let (control, _) = mpsc::channel(1);
-    let session = Session::new(service.shared(), CallerIdentity::trusted("fuzz"), control);
+    let stream = WorkerStream::new(service.shared(), CallerIdentity::trusted("fuzz"), control);
     let mut refused = 0;
     frames
         .into_iter()
-        .find_map(|frame| session.handle(worker, frame, &mut refused).err())
+        .find_map(|frame| stream.handle(worker, frame, &mut refused).err())
 }
