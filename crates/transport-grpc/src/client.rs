@@ -17,7 +17,7 @@ mod runtime;
 
 use std::time::Duration;
 
-use switchyard_core::{ActivityHandler, WorkerId};
+use switchyard_core::WorkerId;
 use switchyard_worker::{ConnectionContext, ConnectionEnd, Link, Registered, Worker};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{ClientTlsConfig, Endpoint};
@@ -129,70 +129,11 @@ impl std::fmt::Debug for GrpcWorkerBuilder {
 }
 
 impl GrpcWorkerBuilder {
-    /// Replaces every option the SDKs share (namespaces, task queue, node, identity, activities,
-    /// max_concurrency, token, backoff, connect timeout) with `options`, so one
-    /// [`WorkerOptions`] can configure a worker of any transport.
-    pub fn options(mut self, options: WorkerOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Adds namespaces to serve (at least one is required); see [`WorkerOptions`].
-    pub fn namespaces<I, S>(mut self, namespaces: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.options.namespaces(namespaces);
-        self
-    }
-
-    /// The task queue to serve in each namespace (default: the gateway's default queue).
-    pub fn task_queue(mut self, task_queue: impl Into<String>) -> Self {
-        self.options.task_queue = task_queue.into();
-        self
-    }
-
-    /// The locality label to advertise (default: none).
-    pub fn node(mut self, node: impl Into<String>) -> Self {
-        self.options.node = node.into();
-        self
-    }
-
-    /// The free-form process description operators see (default: `rust-sdk pid <pid>`).
-    pub fn identity(mut self, identity: impl Into<String>) -> Self {
-        self.options.identity = identity.into();
-        self
-    }
-
-    /// Serves activity type `name` with `handler` (at least one is required); a later handler
-    /// for the same name replaces the earlier one.
-    pub fn activity(mut self, name: impl Into<String>, handler: impl ActivityHandler) -> Self {
-        self.options.activity(name, handler);
-        self
-    }
-
-    /// Most handlers running at once, and the capacity advertised to the gateway (default 16).
-    pub fn max_concurrency(mut self, max_concurrency: u32) -> Self {
-        self.options.max_concurrency = max_concurrency;
-        self
-    }
+    switchyard_worker::worker_option_setters!(reconnect);
 
     /// TLS settings (CA to trust, client identity for mTLS); the endpoint must be `https://`.
     pub fn tls(mut self, tls: ClientTlsConfig) -> Self {
         self.settings.tls = Some(tls);
-        self
-    }
-
-    /// A bearer token sent as `authorization: Bearer <token>`.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.options.token = Some(token.into());
-        self
-    }
-
-    /// Waits between reconnection attempts (default: 100 ms doubling to 30 s, jittered).
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.options.backoff = backoff;
         self
     }
 
@@ -201,12 +142,6 @@ impl GrpcWorkerBuilder {
     pub fn keepalive(mut self, interval: Duration, timeout: Duration) -> Self {
         self.settings.keepalive_interval = interval;
         self.settings.keepalive_timeout = timeout;
-        self
-    }
-
-    /// Longest wait to connect and register, per attempt (default 10 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.options.connect_timeout = timeout;
         self
     }
 

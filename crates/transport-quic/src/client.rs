@@ -184,55 +184,7 @@ impl std::fmt::Debug for QuicWorkerBuilder {
 }
 
 impl QuicWorkerBuilder {
-    /// Replaces every option the SDKs share (namespaces, task queue, node, identity, activities,
-    /// max_concurrency, token, backoff, connect timeout) with `options`, so one
-    /// [`WorkerOptions`] can configure a worker of any transport.
-    pub fn options(mut self, options: WorkerOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Adds namespaces to serve (at least one is required); see [`WorkerOptions`].
-    pub fn namespaces<I, S>(mut self, namespaces: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.options.namespaces(namespaces);
-        self
-    }
-
-    /// Task queue within each namespace (default: the default queue).
-    pub fn task_queue(mut self, task_queue: impl Into<String>) -> Self {
-        self.options.task_queue = task_queue.into();
-        self
-    }
-
-    /// Locality label (default: none).
-    pub fn node(mut self, node: impl Into<String>) -> Self {
-        self.options.node = node.into();
-        self
-    }
-
-    /// Free-form identity shown to operators (default: `rust-sdk pid <pid>`).
-    pub fn identity(mut self, identity: impl Into<String>) -> Self {
-        self.options.identity = identity.into();
-        self
-    }
-
-    /// Serves activity type `name` with `handler` (at least one is required); a later handler
-    /// for the same name replaces the earlier one.
-    pub fn activity(mut self, name: impl Into<String>, handler: impl ActivityHandler) -> Self {
-        self.options.activity(name, handler);
-        self
-    }
-
-    /// Tasks run at once (default 16); announced right after registering, and the number of
-    /// lanes the gateway may open.
-    pub fn max_concurrency(mut self, max_concurrency: u32) -> Self {
-        self.options.max_concurrency = max_concurrency;
-        self
-    }
+    switchyard_worker::worker_option_setters!(reconnect);
 
     /// TLS trust (and client certificate for mutual TLS); required.
     pub fn tls(mut self, tls: ClientTls) -> Self {
@@ -240,28 +192,10 @@ impl QuicWorkerBuilder {
         self
     }
 
-    /// Bearer token sent in the registration frame.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.options.token = Some(token.into());
-        self
-    }
-
     /// QUIC tuning (default [`ConnectionConfig::default`] with a keep-alive of
     /// [`WORKER_KEEP_ALIVE`]).
     pub fn connection(mut self, connection: ConnectionConfig) -> Self {
         self.connection = connection;
-        self
-    }
-
-    /// Delays between reconnection attempts (default [`Backoff::default`]).
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.options.backoff = backoff;
-        self
-    }
-
-    /// Longest time to connect and register, per attempt (default 10 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.options.connect_timeout = timeout;
         self
     }
 

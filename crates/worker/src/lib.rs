@@ -78,6 +78,7 @@ mod link;
 mod options;
 mod reconnect;
 mod runner;
+mod setters;
 
 pub use error::{LinkError, WorkerError};
 pub use handle::WorkerHandle;

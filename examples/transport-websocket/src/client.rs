@@ -147,52 +147,7 @@ impl std::fmt::Debug for WsWorkerBuilder {
 }
 
 impl WsWorkerBuilder {
-    /// Adds namespaces to serve (at least one is required); see [`WorkerOptions`].
-    pub fn namespaces<I, S>(mut self, namespaces: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.options.namespaces(namespaces);
-        self
-    }
-
-    /// The task queue to serve in each namespace (default: the gateway's default queue).
-    pub fn task_queue(mut self, task_queue: impl Into<String>) -> Self {
-        self.options.task_queue = task_queue.into();
-        self
-    }
-
-    /// The locality label to advertise (default: none).
-    pub fn node(mut self, node: impl Into<String>) -> Self {
-        self.options.node = node.into();
-        self
-    }
-
-    /// The free-form process description operators see (default: `rust-ws pid <pid>`).
-    pub fn identity(mut self, identity: impl Into<String>) -> Self {
-        self.options.identity = identity.into();
-        self
-    }
-
-    /// Serves activity type `name` with `handler` (at least one is required); a later handler
-    /// for the same name replaces the earlier one.
-    pub fn activity(mut self, name: impl Into<String>, handler: impl ActivityHandler) -> Self {
-        self.options.activity(name, handler);
-        self
-    }
-
-    /// Most handlers running at once, and the capacity advertised to the gateway (default 16).
-    pub fn max_concurrency(mut self, max_concurrency: u32) -> Self {
-        self.options.max_concurrency = max_concurrency;
-        self
-    }
-
-    /// A bearer token, sent as `Authorization: Bearer <token>` on the upgrade request.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.options.token = Some(token.into());
-        self
-    }
+    switchyard_worker::worker_option_setters!();
 
     /// TLS settings for `wss://` (default: the public web's roots, from `webpki-roots`).
     pub fn tls(mut self, tls: Arc<rustls::ClientConfig>) -> Self {
