@@ -8,9 +8,10 @@
 //! `CancelActivity`, and finishes in-flight work and closes on `DrainRequest`. Only a requested
 //! drain, or the worker's shutdown, ends [`GrpcWorker::run`].
 //!
-//! The gRPC worker protocol has no frame for a worker to ask for its own drain or to announce a
-//! new capacity, so [`WorkerHandle::drain`] and [`WorkerHandle::set_max_concurrency`] answer
-//! [`WorkerError::Unsupported`] on this transport.
+//! [`WorkerHandle::drain`] sends `WorkerDrainRequest` (the gateway answers with a requested
+//! drain, final) and [`WorkerHandle::set_max_concurrency`] sends `CapacityUpdate` (also after a
+//! reconnection, when the capacity differs from the options); a capacity the gateway's gate
+//! refuses ends the stream with its status and `run` returns the permanent error.
 
 mod link;
 mod runtime;
@@ -185,8 +186,8 @@ impl Link for GrpcLink {
     type Connection = link::Stream;
     type Error = GrpcLinkError;
     const TRANSPORT: &'static str = "grpc";
-    const CAN_DRAIN: bool = false;
-    const CAN_RESIZE: bool = false;
+    const CAN_DRAIN: bool = true;
+    const CAN_RESIZE: bool = true;
 
     async fn open(
         &self,

@@ -108,6 +108,8 @@ pub(crate) fn worker_frame_name(frame: Option<&worker_frame::Frame>) -> &'static
         Some(worker_frame::Frame::Result(_)) => "result",
         Some(worker_frame::Frame::Pong(_)) => "pong",
         Some(worker_frame::Frame::CancelAck(_)) => "cancel_ack",
+        Some(worker_frame::Frame::DrainRequest(_)) => "drain_request",
+        Some(worker_frame::Frame::Capacity(_)) => "capacity",
         None => "an empty frame",
     }
 }

@@ -221,6 +221,19 @@ impl WorkerStream {
                 }
                 return Ok(Some(task));
             }
+            Some(Frame::DrainRequest(_)) => {
+                core.record_frame(worker);
+                tracing::info!("worker asked to be drained");
+                core.registry().drain_worker(worker);
+            }
+            Some(Frame::Capacity(update)) => {
+                core.record_frame(worker);
+                // Core's gate owns the capacity rule (zero, the ceiling) and its wording; a
+                // refusal ends the stream with the gate's status, as QUIC closes the connection.
+                core.registry()
+                    .set_advertised_capacity(worker, update.max_concurrency)?;
+                tracing::debug!(max_concurrency = update.max_concurrency, "capacity changed");
+            }
             Some(Frame::Register(_)) => return Err(SessionError::DoubleRegistration { worker }),
             // A frame kind from a newer protocol version: it still proves the worker alive.
             None => core.record_frame(worker),

@@ -56,7 +56,8 @@ impl LinkError for GrpcLinkError {
 }
 
 impl GrpcLinkError {
-    fn from_status(status: Status) -> Self {
+    /// Classifies a status ending a stream: the gate's refusals are permanent.
+    pub(crate) fn from_status(status: Status) -> Self {
         match status.code() {
             Code::InvalidArgument
             | Code::PermissionDenied

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use prost::Message;
 use switchyard_core::TaskResult;
 use switchyard_proto::v1::{
-    self, ActivityResult, CancelAck, Failure, Pong, WorkerFrame, activity_result, drain_request,
-    gateway_frame::Frame, worker_frame,
+    self, ActivityResult, CancelAck, CapacityUpdate, Failure, Pong, WorkerDrainRequest,
+    WorkerFrame, activity_result, drain_request, gateway_frame::Frame, worker_frame,
 };
 use switchyard_worker::{ConnectionContext, ConnectionEnd, TaskReply, TaskRunner};
 use tokio::sync::mpsc;
@@ -45,11 +45,42 @@ pub(crate) async fn serve(
         shutting_down: false,
     };
     let mut draining: Option<ConnectionEnd<GrpcLinkError>> = None;
+    let drain = context.handle.drain_requested().clone();
+    let mut drain_sent = false;
+    let mut capacity = context.handle.capacity();
+    // A resize made while disconnected (or before this stream) is announced first.
+    let mut announce = *capacity.borrow_and_update() != context.options.max_concurrency;
     let end = loop {
+        if announce {
+            announce = false;
+            let max_concurrency = *capacity.borrow_and_update();
+            tracing::debug!(
+                worker = ack.worker_id,
+                max_concurrency,
+                "announcing capacity"
+            );
+            let update = worker_frame::Frame::Capacity(CapacityUpdate { max_concurrency });
+            if !serving.send(update).await {
+                break Some(lost("outbound stream closed"));
+            }
+        }
         if draining.is_some() && serving.handlers.is_empty() {
             break None;
         }
         tokio::select! {
+            () = drain.cancelled(), if !drain_sent => {
+                drain_sent = true;
+                tracing::info!(worker = ack.worker_id, "asking the gateway to drain this worker");
+                let request = worker_frame::Frame::DrainRequest(WorkerDrainRequest {});
+                if !serving.send(request).await {
+                    break Some(lost("outbound stream closed"));
+                }
+            }
+            changed = capacity.changed() => {
+                if changed.is_ok() {
+                    announce = true;
+                }
+            }
             frame = inbound.message() => match frame {
                 Ok(Some(frame)) => match frame.frame {
                     Some(Frame::Task(task)) => serving.start(task),
@@ -97,8 +128,14 @@ pub(crate) async fn serve(
                         "the gateway ended the stream during the drain");
                     break draining.take();
                 }
-                Err(status) => break Some(lost(&format!(
-                    "stream ended ({}): {}", status.code(), status.message()))),
+                Err(status) => break Some(match GrpcLinkError::from_status(status) {
+                    // The gate refused something this worker sent (a capacity update): sending
+                    // it again unchanged would be refused again.
+                    refused @ GrpcLinkError::Refused(_) => ConnectionEnd::Failed(refused),
+                    GrpcLinkError::Stream(status) => lost(&format!(
+                        "stream ended ({}): {}", status.code(), status.message())),
+                    other => ConnectionEnd::Failed(other),
+                }),
             },
             Some(joined) = serving.handlers.join_next(), if !serving.handlers.is_empty() => {
                 // Handlers never panic out (the runner catches them) and are aborted only with

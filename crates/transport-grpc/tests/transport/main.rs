@@ -7,3 +7,4 @@ mod sdk;
 mod stream_endings;
 mod support;
 mod task_flow;
+mod worker_requests;

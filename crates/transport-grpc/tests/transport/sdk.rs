@@ -492,35 +492,91 @@ async fn a_result_over_the_stated_frame_limit_fails_locally_and_the_worker_stays
 }
 
 #[tokio::test]
-async fn drain_and_resize_are_typed_as_unsupported_and_shutdown_stops_the_worker() {
+async fn the_worker_drains_itself_through_its_handle_after_its_in_flight_work() {
     let gateway = Gateway::start().await;
+    let mut events = gateway.core.registry().subscribe_events();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new(Semaphore::new(0));
+    let counters = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let worker = sdk(&gateway)
-        .activity("echo", echo)
+        .activity(
+            "gated",
+            gated(started_tx, release.clone(), counters.0, counters.1),
+        )
+        .max_concurrency(2)
         .connect()
         .await
         .unwrap();
     let handle = worker.handle();
     let (id, run) = running(&gateway, worker).await;
-    assert_eq!(handle.worker_id(), Some(id));
-    for (error, operation) in [
-        (handle.drain().unwrap_err(), "drain"),
-        (
-            handle.set_max_concurrency(4).unwrap_err(),
-            "set_max_concurrency",
-        ),
-    ] {
-        assert!(
-            matches!(
-                &error,
-                WorkerError::Unsupported { operation: op, transport: "grpc" } if *op == operation
-            ),
-            "{error:?}"
-        );
-    }
-    // Control: the handle does reach the running worker, and a refused drain left it serving.
-    assert!(!run.is_finished());
-    handle.shutdown();
-    within("the worker to stop", run).await.unwrap().unwrap();
+    let outcome = dispatch(&gateway.core, request("ns", "gated", b"work"));
+    within("the handler to start", started.recv())
+        .await
+        .unwrap();
+
+    handle.drain().unwrap();
+    // The drain waits for the task in flight (the worker cannot leave while it runs).
+    assert!(
+        !run.is_finished(),
+        "the worker waits for its in-flight task"
+    );
+    release.add_permits(1);
+    assert_eq!(
+        outcome.await.unwrap(),
+        ActivityOutcome::Completed(Bytes::from_static(b"work"))
+    );
+    within("run to return", run).await.unwrap().unwrap();
+    assert_eq!(
+        support::disconnected(&mut events, id).await,
+        DisconnectReason::Drained
+    );
+}
+
+#[tokio::test]
+async fn a_resize_is_announced_and_one_above_the_ceiling_is_refused_for_good() {
+    let gateway = Gateway::builder()
+        .registry(switchyard_core::Registry::builder().max_concurrency_limit(8))
+        .start()
+        .await;
+    let mut events = gateway.core.registry().subscribe_events();
+    let worker = sdk(&gateway)
+        .activity("echo", echo)
+        .max_concurrency(2)
+        .connect()
+        .await
+        .unwrap();
+    let handle = worker.handle();
+    let (id, run) = running(&gateway, worker).await;
+
+    handle.set_max_concurrency(5).unwrap();
+    within("the new capacity to reach the gateway", async {
+        loop {
+            match events.recv().await.unwrap() {
+                WorkerEvent::CapacityAnnounced {
+                    worker,
+                    capacity: 5,
+                } if worker == id => break,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        gateway.core.registry().worker(id).unwrap().capacity,
+        Some(5)
+    );
+
+    handle.set_max_concurrency(9).unwrap();
+    let error = within("the refused worker to stop", run)
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(error.is_permanent(), "{error:?}");
+    let Some(GrpcLinkError::Refused(status)) = error.link_error::<GrpcLinkError>() else {
+        panic!("expected the gate's refusal, got {error:?}");
+    };
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("8"), "{}", status.message());
 }
 
 #[tokio::test]
