@@ -70,9 +70,11 @@ mod config;
 mod convert;
 mod fault;
 pub mod frame;
+mod metrics;
 mod outbox;
 mod protocol;
 mod server;
+mod throttle;
 mod tls;
 
 pub use client::{
@@ -81,7 +83,10 @@ pub use client::{
 };
 pub use config::{
     ConfigError, CongestionControl, ConnectionConfig, FrameLimits, MAX_SOCKET_BUFFER,
-    QuicServerConfig,
+    QuicServerConfig, RetryPolicy,
+};
+pub use crate::metrics::{
+    CONNECTIONS_REFUSED_TOTAL, LIMIT_LABELS, LISTENER_LABEL, QUIC_RETRIES_TOTAL, register_metrics,
 };
 pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,

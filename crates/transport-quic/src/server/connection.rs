@@ -10,12 +10,13 @@ use switchyard_proto::v1::{
     QuicControlDown, QuicControlUp, QuicRegister, QuicRegistered, quic_control_down,
     quic_control_up,
 };
-use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::ServerShared;
 use super::delivery::{FLUSH_PATIENCE, QuicDelivery};
+use super::intake::Pass;
 use super::lane::OpenedLane;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
@@ -24,13 +25,9 @@ use crate::protocol::ErrorCode;
 
 const CONTROL: &str = "control stream";
 
-/// Serves one incoming connection until it closes; `permit` counts it as unregistered until
-/// admission.
-pub(crate) async fn serve(
-    incoming: Incoming,
-    server: Arc<ServerShared>,
-    permit: OwnedSemaphorePermit,
-) {
+/// Serves one incoming connection until it closes; `pass` holds its share of the intake's
+/// limits for as long.
+pub(crate) async fn serve(incoming: Incoming, server: Arc<ServerShared>, mut pass: Pass) {
     let remote = incoming.remote_address();
     let span = tracing::debug_span!(
         "quic_worker",
@@ -59,6 +56,13 @@ pub(crate) async fn serve(
                 return;
             }
         };
+        if let Err(refusal) = pass.handshaken() {
+            server
+                .refusals
+                .refused(refusal, conn.remote_address(), Instant::now());
+            close_connection(&conn, ErrorCode::ConnectionRefused, &refusal.to_string());
+            return;
+        }
         let admitted = match tokio::time::timeout_at(deadline, register(&conn, &server)).await {
             Ok(Ok(admitted)) => admitted,
             Ok(Err(Fault::Gone)) => return,
@@ -77,7 +81,7 @@ pub(crate) async fn serve(
                 return;
             }
         };
-        drop(permit);
+        pass.registered();
         let span = tracing::Span::current();
         span.record(
             "worker",
@@ -85,6 +89,7 @@ pub(crate) async fn serve(
         );
         span.record("namespaces", tracing::field::debug(&admitted.namespaces));
         run(admitted, &server).await;
+        drop(pass);
     }
     .instrument(span)
     .await;
