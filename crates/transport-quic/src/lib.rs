@@ -77,6 +77,9 @@ mod server;
 mod throttle;
 mod tls;
 
+pub use crate::metrics::{
+    CONNECTIONS_REFUSED_TOTAL, LIMIT_LABELS, LISTENER_LABEL, QUIC_RETRIES_TOTAL, register_metrics,
+};
 pub use client::{
     ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicLinkError,
     QuicWorker, QuicWorkerBuilder, QuicWorkerHandle, WORKER_KEEP_ALIVE, WorkerError, WorkerOptions,
@@ -84,9 +87,6 @@ pub use client::{
 pub use config::{
     ConfigError, CongestionControl, ConnectionConfig, FrameLimits, MAX_SOCKET_BUFFER,
     QuicServerConfig, RetryPolicy,
-};
-pub use crate::metrics::{
-    CONNECTIONS_REFUSED_TOTAL, LIMIT_LABELS, LISTENER_LABEL, QUIC_RETRIES_TOTAL, register_metrics,
 };
 pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,

@@ -366,7 +366,10 @@ mod tests {
         let mut intake = intake(RetryPolicy::UnderLoad, 100, 1, 100);
         let mut first = handshake(intake.arrive(HOST, true));
         let mut second = handshake(intake.arrive(OTHER, true));
-        assert_eq!(intake.unregistered, 0, "handshakes in progress hold no slot");
+        assert_eq!(
+            intake.unregistered, 0,
+            "handshakes in progress hold no slot"
+        );
         intake.handshaken(HOST, &mut first).unwrap();
         assert_eq!(
             intake.handshaken(OTHER, &mut second),
@@ -426,13 +429,21 @@ mod tests {
         let mut waiting = handshake(intake.arrive(HOST, true));
         intake.handshaken(HOST, &mut waiting).unwrap();
         assert_eq!(
-            (intake.unvalidated, intake.unregistered, intake.per_address.len()),
+            (
+                intake.unvalidated,
+                intake.unregistered,
+                intake.per_address.len()
+            ),
             (1, 1, 1)
         );
         intake.release(&mut unproven);
         intake.release(&mut waiting);
         assert_eq!(
-            (intake.unvalidated, intake.unregistered, intake.per_address.len()),
+            (
+                intake.unvalidated,
+                intake.unregistered,
+                intake.per_address.len()
+            ),
             (0, 0, 0)
         );
     }
@@ -452,6 +463,9 @@ mod tests {
     fn limit_labels_name_the_settings() {
         let labels = Limit::ALL.map(Limit::label);
         assert_eq!(labels, LIMIT_LABELS);
-        assert_eq!(Limit::ConnectionsPerAddress.label(), "max_connections_per_address");
+        assert_eq!(
+            Limit::ConnectionsPerAddress.label(),
+            "max_connections_per_address"
+        );
     }
 }
