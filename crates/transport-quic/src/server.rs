@@ -1,6 +1,8 @@
 //! The gateway side: a QUIC endpoint that admits workers through core and pushes tasks to
 //! them over lanes.
 //!
+//! Before the gateway keeps any state for a connection, its intake (`server/intake.rs`) decides
+//! on the first packet: a stateless Retry, a refusal naming the limit, or the handshake.
 //! Per connection: the worker opens the control stream and registers (no capacity); the
 //! gateway admits the worker through core's gate, opens lane 0, answers `QuicRegistered`,
 //! announces the worker to core (pings start), and opens one lane per announced capacity slot

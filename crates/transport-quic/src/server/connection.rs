@@ -18,6 +18,7 @@ use super::ServerShared;
 use super::delivery::{FLUSH_PATIENCE, QuicDelivery};
 use super::intake::Pass;
 use super::lane::OpenedLane;
+use super::refusals::RegistrationEnd;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
@@ -67,7 +68,11 @@ pub(crate) async fn serve(incoming: Incoming, server: Arc<ServerShared>, mut pas
             Ok(Ok(admitted)) => admitted,
             Ok(Err(Fault::Gone)) => return,
             Ok(Err(Fault::Close { code, reason })) => {
-                tracing::info!(%code, %reason, "registration refused");
+                server.refusals.registration_ended(
+                    RegistrationEnd::Refused,
+                    &reason,
+                    Instant::now(),
+                );
                 close_connection(&conn, code, &reason);
                 return;
             }
@@ -76,7 +81,11 @@ pub(crate) async fn serve(incoming: Incoming, server: Arc<ServerShared>, mut pas
                     "no registration within {} ms of the first packet",
                     server.config.registration_timeout.as_millis()
                 );
-                tracing::info!(%reason, "registration timed out");
+                server.refusals.registration_ended(
+                    RegistrationEnd::TimedOut,
+                    &reason,
+                    Instant::now(),
+                );
                 close_connection(&conn, ErrorCode::RegistrationTimeout, &reason);
                 return;
             }

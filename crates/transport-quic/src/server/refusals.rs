@@ -1,5 +1,7 @@
 //! How a refused connection is reported: always counted, logged at most once per interval and
-//! limit with the number held back since, so a flood of refusals cannot flood the log.
+//! limit with the number held back since, so a flood of refusals cannot flood the log. The
+//! same holds for connections that end their registration without a worker (a refused
+//! credential, a deadline missed): one line per kind and interval.
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
@@ -14,16 +16,28 @@ use crate::throttle::Throttle;
 /// At most one refusal line per limit in this long.
 pub(crate) const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
-/// The refusal counters and the throttled warning, one throttle per limit.
+/// How a registration ended without a worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RegistrationEnd {
+    /// Refused: a credential, a malformed registration, the gate.
+    Refused,
+    /// No registration within the deadline.
+    TimedOut,
+}
+
+/// The refusal counters and the throttled lines, one throttle per limit and per kind of
+/// registration end.
 #[derive(Debug)]
 pub(crate) struct Refusals {
     throttles: Mutex<[Throttle; 3]>,
+    registrations: Mutex<[Throttle; 2]>,
 }
 
 impl Default for Refusals {
     fn default() -> Self {
         Self {
             throttles: Mutex::new(Limit::ALL.map(|_| Throttle::new(REFUSAL_LOG_INTERVAL))),
+            registrations: Mutex::new([(); 2].map(|()| Throttle::new(REFUSAL_LOG_INTERVAL))),
         }
     }
 }
@@ -46,6 +60,29 @@ impl Refusals {
                 "refusing QUIC connections: {refusal}; `suppressed` more were refused \
                  for this limit since the last such line"
             );
+        }
+    }
+}
+
+impl Refusals {
+    /// Logs a registration that ended without a worker, for `reason`, unless a line for the
+    /// same kind was written less than [`REFUSAL_LOG_INTERVAL`] ago.
+    pub(crate) fn registration_ended(&self, end: RegistrationEnd, reason: &str, now: Instant) {
+        let allowed = self
+            .registrations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)[end as usize]
+            .allow(now);
+        let Some(suppressed) = allowed else {
+            return;
+        };
+        match end {
+            RegistrationEnd::Refused => {
+                tracing::info!(%reason, suppressed, "registration refused");
+            }
+            RegistrationEnd::TimedOut => {
+                tracing::info!(%reason, suppressed, "registration timed out");
+            }
         }
     }
 }
@@ -118,6 +155,35 @@ mod tests {
         assert_eq!(text.lines().count(), 2, "{text}");
         assert!(
             text.lines().nth(1).unwrap().contains("suppressed=999"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn refused_registrations_write_one_line_per_interval() {
+        let lines = Lines::default();
+        let _guard = capture(&lines);
+        let refusals = Refusals::default();
+        let start = Instant::now();
+        for i in 0..100 {
+            refusals.registration_ended(
+                RegistrationEnd::Refused,
+                "bearer token not recognised",
+                start + Duration::from_millis(i),
+            );
+        }
+        // Control: the other kind has its own line.
+        refusals.registration_ended(RegistrationEnd::TimedOut, "no registration", start);
+        let text = lines.text();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        refusals.registration_ended(
+            RegistrationEnd::Refused,
+            "bearer token not recognised",
+            start + REFUSAL_LOG_INTERVAL,
+        );
+        let text = lines.text();
+        assert!(
+            text.lines().nth(2).unwrap().contains("suppressed=99"),
             "{text}"
         );
     }
