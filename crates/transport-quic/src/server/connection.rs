@@ -69,7 +69,7 @@ pub(crate) async fn serve(incoming: Incoming, server: Arc<ServerShared>, mut pas
             Ok(Err(Fault::Gone)) => return,
             Ok(Err(Fault::Close { code, reason })) => {
                 server.refusals.registration_ended(
-                    RegistrationEnd::Refused,
+                    RegistrationEnd::Refused(code),
                     &reason,
                     Instant::now(),
                 );

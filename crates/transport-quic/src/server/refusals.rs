@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::intake::{Limit, Refusal};
 use crate::metrics;
+use crate::protocol::ErrorCode;
 use crate::throttle::Throttle;
 
 /// At most one refusal line per limit in this long.
@@ -19,10 +20,20 @@ pub(crate) const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// How a registration ended without a worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RegistrationEnd {
-    /// Refused: a credential, a malformed registration, the gate.
-    Refused,
+    /// Refused with this code: a credential, a malformed registration, the gate.
+    Refused(ErrorCode),
     /// No registration within the deadline.
     TimedOut,
+}
+
+impl RegistrationEnd {
+    /// Its throttle's place.
+    const fn index(self) -> usize {
+        match self {
+            Self::Refused(_) => 0,
+            Self::TimedOut => 1,
+        }
+    }
 }
 
 /// The refusal counters and the throttled lines, one throttle per limit and per kind of
@@ -71,14 +82,14 @@ impl Refusals {
         let allowed = self
             .registrations
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)[end as usize]
-            .allow(now);
+            .unwrap_or_else(PoisonError::into_inner)[end.index()]
+        .allow(now);
         let Some(suppressed) = allowed else {
             return;
         };
         match end {
-            RegistrationEnd::Refused => {
-                tracing::info!(%reason, suppressed, "registration refused");
+            RegistrationEnd::Refused(code) => {
+                tracing::info!(%code, %reason, suppressed, "registration refused");
             }
             RegistrationEnd::TimedOut => {
                 tracing::info!(%reason, suppressed, "registration timed out");
@@ -167,7 +178,7 @@ mod tests {
         let start = Instant::now();
         for i in 0..100 {
             refusals.registration_ended(
-                RegistrationEnd::Refused,
+                RegistrationEnd::Refused(ErrorCode::Unauthenticated),
                 "bearer token not recognised",
                 start + Duration::from_millis(i),
             );
@@ -177,7 +188,7 @@ mod tests {
         let text = lines.text();
         assert_eq!(text.lines().count(), 2, "{text}");
         refusals.registration_ended(
-            RegistrationEnd::Refused,
+            RegistrationEnd::Refused(ErrorCode::Unauthenticated),
             "bearer token not recognised",
             start + REFUSAL_LOG_INTERVAL,
         );
