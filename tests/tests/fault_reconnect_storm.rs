@@ -36,6 +36,8 @@ async fn a_reconnect_storm_leaves_the_registry_consistent() {
         config.liveness.ping_interval = ConfigDuration::secs(1);
         config.liveness.ping_timeout = ConfigDuration::secs(2);
         config.quic.max_unregistered_connections = 4 * CONNECTING;
+        // Every worker dials from 127.0.0.1, the killed ones' connections lingering meanwhile.
+        config.quic.max_connections_per_address = 2 * workers;
         config.dispatch.loss_budget = LOSS_BUDGET;
     })
     .await;

@@ -58,6 +58,9 @@ impl QuicTransport {
             migration: section.migration,
             registration_timeout: section.registration_timeout.get(),
             max_unregistered_connections: section.max_unregistered_connections,
+            retry: section.retry.to_library(),
+            max_unvalidated_handshakes: section.max_unvalidated_handshakes,
+            max_connections_per_address: section.max_connections_per_address,
             socket_buffer: section.socket_buffer,
         }
     }
@@ -127,6 +130,8 @@ impl Transport for QuicTransport {
         context: TransportContext,
     ) -> Result<Listening, TransportError> {
         let config = self.server_config();
+        // Its refusal counters at zero from the start (the recorder is installed by now).
+        switchyard_transport_quic::register_metrics();
         let server = QuicServer::builder(context.core.clone(), server_tls(&context.tls)?)
             .config(config)
             .stateless_reset_key(&reset_key_material(&context.tls)?)
@@ -165,6 +170,29 @@ impl Transport for QuicTransport {
 mod tests {
     use super::*;
     use crate::config::TlsSection;
+    use switchyard_transport_quic::RetryPolicy;
+
+    #[test]
+    fn the_retry_keys_reach_the_listener() {
+        let config = crate::GatewayConfig::load(
+            None,
+            [
+                ("SWITCHYARD_QUIC_RETRY", "always"),
+                ("SWITCHYARD_QUIC_MAX_CONNECTIONS_PER_ADDRESS", "3"),
+                ("SWITCHYARD_QUIC_MAX_UNVALIDATED_HANDSHAKES", "4"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            &[],
+        )
+        .unwrap();
+        let server = QuicTransport::new(config.quic).server_config();
+        assert_eq!(server.retry, RetryPolicy::Always);
+        assert_eq!(server.max_connections_per_address, 3);
+        assert_eq!(server.max_unvalidated_handshakes, 4);
+        // Control: the default is Retry under load.
+        let default = QuicTransport::new(QuicSection::default()).server_config();
+        assert_eq!(default.retry, RetryPolicy::UnderLoad);
+    }
 
     #[test]
     fn the_reset_key_material_survives_a_restart_and_differs_between_data_dirs() {

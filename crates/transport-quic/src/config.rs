@@ -145,6 +145,28 @@ impl FrameLimits {
 /// Largest [`QuicServerConfig::socket_buffer`]: 1 GiB (the kernel takes an `int`).
 pub const MAX_SOCKET_BUFFER: usize = 1 << 30;
 
+/// When the gateway answers a new connection with a stateless Retry, making the client prove it
+/// receives packets at its address before the gateway keeps any state for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryPolicy {
+    /// Every connection from an address not yet validated gets a Retry (one round trip more
+    /// per connection).
+    Always,
+    /// A Retry only under load, the default: when
+    /// [`QuicServerConfig::max_unvalidated_handshakes`] handshakes from unvalidated addresses
+    /// are under way, when more than half of
+    /// [`QuicServerConfig::max_unregistered_connections`] is in use, or when the address has
+    /// reached [`QuicServerConfig::max_connections_per_address`] (so a refusal only ever goes
+    /// to an address that proved itself).
+    #[default]
+    UnderLoad,
+    /// Never: an unvalidated handshake beyond
+    /// [`QuicServerConfig::max_unvalidated_handshakes`] is refused, so a flood of spoofed
+    /// Initial packets locks real workers out. For tests and comparisons.
+    Off,
+}
+
 /// The gateway side's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QuicServerConfig {
@@ -160,9 +182,20 @@ pub struct QuicServerConfig {
     /// Time from the first packet to a completed registration; slower connections are
     /// closed with `REGISTRATION_TIMEOUT` (default 10 s).
     pub registration_timeout: Duration,
-    /// Connections still handshaking or registering at once; more are refused at the QUIC
-    /// level (default 1024).
+    /// Connections through their handshake but not yet registered, at once; more are
+    /// refused (default 1024). Handshakes in progress do not count: they are bounded by
+    /// [`Self::max_unvalidated_handshakes`] and [`Self::max_connections_per_address`].
     pub max_unregistered_connections: usize,
+    /// When to answer a new connection with a stateless Retry (default
+    /// [`RetryPolicy::UnderLoad`]).
+    pub retry: RetryPolicy,
+    /// Handshakes under way at once from addresses that have not been validated (default
+    /// 256); beyond it a new one gets a Retry, or under [`RetryPolicy::Off`] is refused.
+    pub max_unvalidated_handshakes: usize,
+    /// Connections at once from one IP address whose address is proven (validated by a Retry
+    /// or through the handshake), registered or not (default 256); more are refused with
+    /// `CONNECTION_REFUSED`. Spoofed packets never count against an address.
+    pub max_connections_per_address: usize,
     /// Receive and send buffer asked of the kernel for the listening UDP socket, in bytes
     /// (default 4 MiB; the kernel caps it at `net.core.rmem_max` / `wmem_max`; 0 keeps the
     /// kernel's default). Every worker's
@@ -177,6 +210,14 @@ impl QuicServerConfig {
         nonzero(
             "max_unregistered_connections",
             self.max_unregistered_connections,
+        )?;
+        nonzero(
+            "max_unvalidated_handshakes",
+            self.max_unvalidated_handshakes,
+        )?;
+        nonzero(
+            "max_connections_per_address",
+            self.max_connections_per_address,
         )?;
         if self.socket_buffer > MAX_SOCKET_BUFFER {
             return Err(ConfigError::TooLarge {
@@ -206,6 +247,9 @@ impl Default for QuicServerConfig {
             migration: true,
             registration_timeout: Duration::from_secs(10),
             max_unregistered_connections: 1024,
+            retry: RetryPolicy::UnderLoad,
+            max_unvalidated_handshakes: 256,
+            max_connections_per_address: 256,
             socket_buffer: 4 * 1024 * 1024,
         }
     }
@@ -243,6 +287,24 @@ mod tests {
                 field: "max_unregistered_connections"
             })
         );
+        for (field, config) in [
+            (
+                "max_unvalidated_handshakes",
+                QuicServerConfig {
+                    max_unvalidated_handshakes: 0,
+                    ..QuicServerConfig::default()
+                },
+            ),
+            (
+                "max_connections_per_address",
+                QuicServerConfig {
+                    max_connections_per_address: 0,
+                    ..QuicServerConfig::default()
+                },
+            ),
+        ] {
+            assert_eq!(config.check(), Err(ConfigError::Zero { field }));
+        }
         let config = QuicServerConfig {
             frames: FrameLimits {
                 lane: 0,

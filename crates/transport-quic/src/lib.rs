@@ -70,18 +70,23 @@ mod config;
 mod convert;
 mod fault;
 pub mod frame;
+mod metrics;
 mod outbox;
 mod protocol;
 mod server;
+mod throttle;
 mod tls;
 
+pub use crate::metrics::{
+    CONNECTIONS_REFUSED_TOTAL, LIMIT_LABELS, LISTENER_LABEL, QUIC_RETRIES_TOTAL, register_metrics,
+};
 pub use client::{
     ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicLinkError,
     QuicWorker, QuicWorkerBuilder, QuicWorkerHandle, WORKER_KEEP_ALIVE, WorkerError, WorkerOptions,
 };
 pub use config::{
     ConfigError, CongestionControl, ConnectionConfig, FrameLimits, MAX_SOCKET_BUFFER,
-    QuicServerConfig,
+    QuicServerConfig, RetryPolicy,
 };
 pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,

@@ -64,11 +64,14 @@ pub enum ErrorCode {
     CapacityRefused,
     /// The gateway removed the worker (for example, silent past the heartbeat window).
     Deregistered,
+    /// A connection limit was reached once the handshake proved the worker's address (the
+    /// reason names the limit); reconnect later.
+    ConnectionRefused,
 }
 
 impl ErrorCode {
     /// Every code, in wire order.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         Self::Closed,
         Self::Drained,
         Self::ShuttingDown,
@@ -87,6 +90,7 @@ impl ErrorCode {
         Self::Unavailable,
         Self::CapacityRefused,
         Self::Deregistered,
+        Self::ConnectionRefused,
     ];
 
     /// The code's number on the wire.
@@ -110,6 +114,7 @@ impl ErrorCode {
             Self::Unavailable => 0x25,
             Self::CapacityRefused => 0x26,
             Self::Deregistered => 0x27,
+            Self::ConnectionRefused => 0x28,
         }
     }
 
@@ -141,6 +146,7 @@ impl ErrorCode {
             Self::Unavailable => "UNAVAILABLE",
             Self::CapacityRefused => "CAPACITY_REFUSED",
             Self::Deregistered => "DEREGISTERED",
+            Self::ConnectionRefused => "CONNECTION_REFUSED",
         }
     }
 

@@ -1,6 +1,8 @@
 //! The gateway side: a QUIC endpoint that admits workers through core and pushes tasks to
 //! them over lanes.
 //!
+//! Before the gateway keeps any state for a connection, its intake (`server/intake.rs`) decides
+//! on the first packet: a stateless Retry, a refusal naming the limit, or the handshake.
 //! Per connection: the worker opens the control stream and registers (no capacity); the
 //! gateway admits the worker through core's gate, opens lane 0, answers `QuicRegistered`,
 //! announces the worker to core (pings start), and opens one lane per announced capacity slot
@@ -12,18 +14,20 @@
 
 mod connection;
 mod delivery;
+mod intake;
 mod lane;
 mod lanes;
+mod refusals;
 mod reset;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use quinn::Endpoint;
+use quinn::{Endpoint, Incoming};
 use switchyard_core::{Core, WorkerId};
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 pub use delivery::TRANSPORT;
 
@@ -31,6 +35,8 @@ use crate::config::{ConfigError, QuicServerConfig};
 use crate::protocol::ErrorCode;
 use crate::tls::ServerTls;
 use delivery::QuicDelivery;
+use intake::{SharedIntake, Verdict};
+use refusals::Refusals;
 use switchyard_auth::{AllowAll, Authenticate};
 
 /// Why the QUIC listener could not start.
@@ -58,6 +64,8 @@ pub(crate) struct ServerShared {
     pub(crate) core: Core,
     pub(crate) config: QuicServerConfig,
     pub(crate) auth: Arc<dyn Authenticate>,
+    /// Refused connections, counted and logged (throttled).
+    pub(crate) refusals: Refusals,
     /// Registered connections, for the flushed close at shutdown and the count.
     connections: Mutex<HashMap<WorkerId, Weak<QuicDelivery>>>,
 }
@@ -150,18 +158,15 @@ impl QuicServerBuilder {
             addr: config.listen,
             source,
         })?;
-        let unregistered = Arc::new(Semaphore::new(config.max_unregistered_connections));
+        let intake = SharedIntake::new(&config);
         let shared = Arc::new(ServerShared {
             core: self.core,
             config,
             auth: self.auth,
+            refusals: Refusals::default(),
             connections: Mutex::new(HashMap::new()),
         });
-        let accept = tokio::spawn(accept_loop(
-            endpoint.clone(),
-            Arc::clone(&shared),
-            unregistered,
-        ));
+        let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&shared), intake));
         tracing::info!(%local_addr, "quic worker listener started");
         Ok(QuicServer {
             endpoint,
@@ -172,17 +177,28 @@ impl QuicServerBuilder {
     }
 }
 
-async fn accept_loop(endpoint: Endpoint, shared: Arc<ServerShared>, unregistered: Arc<Semaphore>) {
+async fn accept_loop(endpoint: Endpoint, shared: Arc<ServerShared>, intake: SharedIntake) {
     while let Some(incoming) = endpoint.accept().await {
-        match Arc::clone(&unregistered).try_acquire_owned() {
-            Ok(permit) => {
-                tokio::spawn(connection::serve(incoming, Arc::clone(&shared), permit));
-            }
-            Err(_) => {
-                tracing::warn!(remote = %incoming.remote_address(),
-                    "too many unregistered connections; refusing");
-                incoming.refuse();
-            }
+        arrive(incoming, &shared, &intake);
+    }
+}
+
+/// Applies the intake's decision to a new connection: its handshake, a stateless Retry, or a
+/// refusal (`CONNECTION_REFUSED`), counted and logged throttled.
+fn arrive(incoming: Incoming, shared: &Arc<ServerShared>, intake: &SharedIntake) {
+    let remote = incoming.remote_address();
+    match intake.arrive(remote.ip(), incoming.remote_address_validated()) {
+        Verdict::Handshake(pass) => {
+            tokio::spawn(connection::serve(incoming, Arc::clone(shared), pass));
+        }
+        Verdict::Retry => match incoming.retry() {
+            Ok(()) => crate::metrics::retried(),
+            // Only a validated connection cannot be retried, and the intake retries none.
+            Err(error) => error.into_incoming().refuse(),
+        },
+        Verdict::Refuse(refusal) => {
+            shared.refusals.refused(refusal, remote, Instant::now());
+            incoming.refuse();
         }
     }
 }

@@ -97,6 +97,8 @@ impl Target {
         config.dispatch.max_in_flight_per_stream = usize::try_from(args.outstanding)
             .unwrap_or(usize::MAX)
             .max(config.dispatch.max_in_flight_per_stream);
+        // Every bench worker dials from this host's one address (`--idle-workers` up to 50,000).
+        config.quic.max_connections_per_address = usize::MAX;
         config.quic.congestion = match args.congestion {
             Congestion::Cubic => CongestionName::Cubic,
             Congestion::Bbr => CongestionName::Bbr,

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{DEFAULT_MAX_CONCURRENCY_LIMIT, DispatchConfig, LivenessConfig};
 use switchyard_transport_grpc::GrpcServerConfig;
-use switchyard_transport_quic::{CongestionControl, QuicServerConfig};
+use switchyard_transport_quic::{CongestionControl, QuicServerConfig, RetryPolicy};
 
 use super::duration::ConfigDuration;
 use crate::api::ApiConfig;
@@ -123,8 +123,16 @@ pub struct QuicSection {
     pub migration: bool,
     /// Time from a connection's first packet to its completed registration.
     pub registration_timeout: ConfigDuration,
-    /// Connections still handshaking or registering at once; more are refused.
+    /// Connections through their handshake but not yet registered, at once; more are refused.
     pub max_unregistered_connections: usize,
+    /// When a new connection gets a stateless Retry (address validation): `under_load`,
+    /// `always` or `off`.
+    pub retry: RetryName,
+    /// Handshakes under way at once from addresses not yet validated; beyond, a Retry (or
+    /// with `retry = "off"`, a refusal).
+    pub max_unvalidated_handshakes: usize,
+    /// Connections at once from one IP address, registered or not; more are refused.
+    pub max_connections_per_address: usize,
     /// Receive and send buffer asked of the kernel for the UDP socket, in bytes (capped by
     /// `net.core.rmem_max` / `wmem_max`); every worker's packets share this one socket.
     pub socket_buffer: usize,
@@ -149,6 +157,9 @@ impl Default for QuicSection {
             migration: library.migration,
             registration_timeout: ConfigDuration(library.registration_timeout),
             max_unregistered_connections: library.max_unregistered_connections,
+            retry: RetryName::from_library(library.retry),
+            max_unvalidated_handshakes: library.max_unvalidated_handshakes,
+            max_connections_per_address: library.max_connections_per_address,
             socket_buffer: library.socket_buffer,
         }
     }
@@ -176,6 +187,40 @@ impl CongestionName {
             CongestionControl::Bbr => Self::Bbr,
             CongestionControl::NewReno => Self::Newreno,
             _ => Self::Cubic,
+        }
+    }
+}
+
+/// When the QUIC listener answers a new connection with a stateless Retry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryName {
+    /// When handshakes from unvalidated addresses or unregistered connections pile up.
+    #[default]
+    UnderLoad,
+    /// For every connection whose address is not validated yet.
+    Always,
+    /// Never (a flood of forged Initial packets can then lock workers out).
+    Off,
+}
+
+impl RetryName {
+    /// The key's value for the library's policy. A policy the gateway has no name for yet
+    /// reads as the default; the defaults test catches a library default changing to one.
+    fn from_library(retry: RetryPolicy) -> Self {
+        match retry {
+            RetryPolicy::Always => Self::Always,
+            RetryPolicy::Off => Self::Off,
+            _ => Self::UnderLoad,
+        }
+    }
+
+    /// The library's policy for the key's value.
+    pub(crate) fn to_library(self) -> RetryPolicy {
+        match self {
+            Self::UnderLoad => RetryPolicy::UnderLoad,
+            Self::Always => RetryPolicy::Always,
+            Self::Off => RetryPolicy::Off,
         }
     }
 }

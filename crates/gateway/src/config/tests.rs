@@ -257,6 +257,17 @@ fn zero_and_contradictory_limits_are_refused() {
             "4294967296",
             "quic.socket_buffer",
         ),
+        (
+            "SWITCHYARD_QUIC_MAX_CONNECTIONS_PER_ADDRESS",
+            "0",
+            "quic.max_connections_per_address",
+        ),
+        (
+            "SWITCHYARD_QUIC_MAX_UNVALIDATED_HANDSHAKES",
+            "0",
+            "quic.max_unvalidated_handshakes",
+        ),
+        ("SWITCHYARD_QUIC_RETRY", "sometimes", "quic.retry"),
     ] {
         let error = GatewayConfig::load(None, env(&[(var, value)]), &[]).unwrap_err();
         assert_eq!(invalid_key(&error).0, key, "{var}={value}");

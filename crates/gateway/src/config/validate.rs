@@ -74,6 +74,14 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             "quic.max_unregistered_connections",
             config.quic.max_unregistered_connections,
         ),
+        (
+            "quic.max_unvalidated_handshakes",
+            config.quic.max_unvalidated_handshakes,
+        ),
+        (
+            "quic.max_connections_per_address",
+            config.quic.max_connections_per_address,
+        ),
     ];
     for (key, value) in counts {
         if value == 0 {

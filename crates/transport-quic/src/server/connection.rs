@@ -10,13 +10,15 @@ use switchyard_proto::v1::{
     QuicControlDown, QuicControlUp, QuicRegister, QuicRegistered, quic_control_down,
     quic_control_up,
 };
-use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::ServerShared;
 use super::delivery::{FLUSH_PATIENCE, QuicDelivery};
+use super::intake::Pass;
 use super::lane::OpenedLane;
+use super::refusals::RegistrationEnd;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
@@ -24,13 +26,9 @@ use crate::protocol::ErrorCode;
 
 const CONTROL: &str = "control stream";
 
-/// Serves one incoming connection until it closes; `permit` counts it as unregistered until
-/// admission.
-pub(crate) async fn serve(
-    incoming: Incoming,
-    server: Arc<ServerShared>,
-    permit: OwnedSemaphorePermit,
-) {
+/// Serves one incoming connection until it closes; `pass` holds its share of the intake's
+/// limits for as long.
+pub(crate) async fn serve(incoming: Incoming, server: Arc<ServerShared>, mut pass: Pass) {
     let remote = incoming.remote_address();
     let span = tracing::debug_span!(
         "quic_worker",
@@ -59,11 +57,22 @@ pub(crate) async fn serve(
                 return;
             }
         };
+        if let Err(refusal) = pass.handshaken() {
+            server
+                .refusals
+                .refused(refusal, conn.remote_address(), Instant::now());
+            close_connection(&conn, ErrorCode::ConnectionRefused, &refusal.to_string());
+            return;
+        }
         let admitted = match tokio::time::timeout_at(deadline, register(&conn, &server)).await {
             Ok(Ok(admitted)) => admitted,
             Ok(Err(Fault::Gone)) => return,
             Ok(Err(Fault::Close { code, reason })) => {
-                tracing::info!(%code, %reason, "registration refused");
+                server.refusals.registration_ended(
+                    RegistrationEnd::Refused(code),
+                    &reason,
+                    Instant::now(),
+                );
                 close_connection(&conn, code, &reason);
                 return;
             }
@@ -72,12 +81,16 @@ pub(crate) async fn serve(
                     "no registration within {} ms of the first packet",
                     server.config.registration_timeout.as_millis()
                 );
-                tracing::info!(%reason, "registration timed out");
+                server.refusals.registration_ended(
+                    RegistrationEnd::TimedOut,
+                    &reason,
+                    Instant::now(),
+                );
                 close_connection(&conn, ErrorCode::RegistrationTimeout, &reason);
                 return;
             }
         };
-        drop(permit);
+        pass.registered();
         let span = tracing::Span::current();
         span.record(
             "worker",
@@ -85,6 +98,7 @@ pub(crate) async fn serve(
         );
         span.record("namespaces", tracing::field::debug(&admitted.namespaces));
         run(admitted, &server).await;
+        drop(pass);
     }
     .instrument(span)
     .await;

@@ -2,11 +2,14 @@
 // The helpers outside `#[test]` functions fail the test the same way the tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod address_cap;
 mod capacity;
 mod closing;
 mod conformance;
 mod delivery;
+mod initial_flood;
 mod isolation;
+mod observe;
 mod oversized;
 mod registration;
 mod spec;

@@ -259,7 +259,17 @@ impl Raw {
         config: quinn::ClientConfig,
         stall: Option<Arc<Stall>>,
     ) -> Self {
-        let endpoint = Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        Self::connect_from(gateway, "127.0.0.1:0", config, stall).await
+    }
+
+    /// [`Self::connect_with`] from the local address `local`.
+    pub(crate) async fn connect_from(
+        gateway: &Gateway,
+        local: &str,
+        config: quinn::ClientConfig,
+        stall: Option<Arc<Stall>>,
+    ) -> Self {
+        let endpoint = Endpoint::client(local.parse().unwrap()).unwrap();
         let conn = endpoint
             .connect_with(config, gateway.addr(), "localhost")
             .unwrap()

@@ -1,5 +1,7 @@
 //! Frames no well-behaved worker sends close the connection with their documented code.
 
+use std::time::Duration;
+
 use switchyard_auth::AllowAll;
 use switchyard_core::ActivityOutcome;
 use switchyard_core::WorkerEvent;
@@ -198,6 +200,22 @@ async fn registering_twice_is_a_protocol_violation() {
     let (code, reason) = raw.closed().await;
     assert_eq!(code, ErrorCode::ProtocolViolation);
     assert_eq!(reason, "register sent twice");
+}
+
+/// One connection carries one worker: besides `register` twice on the control stream (above),
+/// the worker has no credit for a second stream on which to register another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_worker_cannot_open_a_second_stream() {
+    let gateway = Gateway::start().await;
+    let (raw, _) = registered(&gateway).await;
+    // With credit, opening a stream is local and immediate; without, it waits for credit the
+    // gateway never grants.
+    let second = tokio::time::timeout(Duration::from_millis(300), raw.conn.open_bi()).await;
+    assert!(second.is_err(), "a second stream was opened");
+    assert_eq!(gateway.registry().len(), 1);
+    // Control: a new connection opens its one stream at once.
+    let fresh = Raw::connect(&gateway).await;
+    drop(fresh);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
