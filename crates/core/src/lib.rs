@@ -23,6 +23,7 @@ mod namespace;
 mod outcome;
 mod registration;
 mod registry;
+mod role;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod worker;
@@ -60,6 +61,7 @@ pub use outcome::{
     ActivityOutcome, ActivityRequest, CancelError, CompletionRefused, DispatchError, TaskResult,
 };
 pub use registration::{CallerIdentity, NamespaceGrant, Registration};
+pub use role::{Role, Roles};
 pub use registry::{
     DEFAULT_EVENT_CAPACITY, Departure, DepartureObserver, DispatchReservation, PoolCensus,
     RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
