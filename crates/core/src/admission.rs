@@ -14,6 +14,7 @@ use std::sync::Arc;
 pub use audit::AdmissionAudit;
 pub use capacity::DEFAULT_MAX_CONCURRENCY_LIMIT;
 pub use error::{AdmissionError, RefusalKind};
+pub use quota::DEFAULT_MAX_WORKERS_PER_PRINCIPAL;
 pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES, MAX_SERVED_PAIRS};
 
 use crate::address::normalise_task_queue;

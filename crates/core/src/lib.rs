@@ -33,7 +33,8 @@ pub use address::{
     ActivityKey, DEFAULT_TASK_QUEUE, Node, PoolAddress, WorkerId, normalise_task_queue,
 };
 pub use admission::{
-    AdmissionAudit, AdmissionError, DEFAULT_MAX_CONCURRENCY_LIMIT, MAX_ACTIVITY_TYPES,
+    AdmissionAudit, AdmissionError, DEFAULT_MAX_CONCURRENCY_LIMIT, DEFAULT_MAX_WORKERS_PER_PRINCIPAL,
+    MAX_ACTIVITY_TYPES,
     MAX_NAME_BYTES, MAX_NAMESPACES, MAX_SERVED_PAIRS, RefusalKind,
 };
 pub use arrival::WorkerArrival;

@@ -97,8 +97,8 @@ impl SessionError {
 
 /// The status for a registration refused by the admission gate: validation and capacity are
 /// INVALID_ARGUMENT, namespace authorisation PERMISSION_DENIED, an unknown namespace under a
-/// closed policy NOT_FOUND, placement FAILED_PRECONDITION, a store failure UNAVAILABLE. The
-/// message is the gate's own sentence.
+/// closed policy NOT_FOUND, placement FAILED_PRECONDITION, a store failure UNAVAILABLE, a quota
+/// RESOURCE_EXHAUSTED. The message is the gate's own sentence.
 pub fn admission_status(error: &AdmissionError) -> Status {
     let code = match error.kind() {
         RefusalKind::Invalid => Code::InvalidArgument,
@@ -106,6 +106,7 @@ pub fn admission_status(error: &AdmissionError) -> Status {
         RefusalKind::NotFound => Code::NotFound,
         RefusalKind::Placement => Code::FailedPrecondition,
         RefusalKind::Unavailable => Code::Unavailable,
+        RefusalKind::Exhausted => Code::ResourceExhausted,
         // A family added to core after this transport: say so rather than guess.
         _ => Code::Unknown,
     };

@@ -6,6 +6,10 @@
 //! is rare next to dispatch, and a scan keeps no second copy of the worker table to drift.
 
 use super::AdmissionError;
+
+/// Default of the per-principal worker quota the gateway configures
+/// (`principals[].max_workers`).
+pub const DEFAULT_MAX_WORKERS_PER_PRINCIPAL: u32 = 1000;
 use crate::registration::CallerIdentity;
 use crate::registry::state::State;
 
