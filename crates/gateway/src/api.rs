@@ -13,6 +13,7 @@ mod outcome;
 mod oversized;
 mod service;
 mod stream;
+mod throttle;
 
 pub(crate) use convert::unix_ms;
 pub(crate) use oversized::OversizedAsExhausted;

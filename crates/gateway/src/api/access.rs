@@ -112,13 +112,19 @@ mod tests {
         let producer = CallerIdentity::granted("p1", ["a"]).with_roles([Role::Producer]);
         let theirs = redact(&producer, info("w2", &["a", "secret"]));
         assert_eq!(theirs.namespaces, vec!["a".to_owned()]);
-        assert_eq!((theirs.identity.as_str(), theirs.principal.as_str()), ("", ""));
+        assert_eq!(
+            (theirs.identity.as_str(), theirs.principal.as_str()),
+            ("", "")
+        );
         let own = redact(&producer, info("p1", &["a"]));
         assert_eq!(own.identity, "p1-host", "a caller sees its own workers");
         // Control: an operator of the namespace sees the identity.
         let operator = CallerIdentity::granted("ops", ["a"]).with_roles([Role::Operator]);
         let seen = redact(&operator, info("w2", &["a", "secret"]));
-        assert_eq!((seen.identity.as_str(), seen.principal.as_str()), ("w2-host", "w2"));
+        assert_eq!(
+            (seen.identity.as_str(), seen.principal.as_str()),
+            ("w2-host", "w2")
+        );
         assert_eq!(seen.namespaces, vec!["a".to_owned()]);
     }
 }

@@ -12,8 +12,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::stream::StreamLimits;
 use super::access::{self, CANCEL, DISPATCH, OPERATE, VIEW};
+use super::stream::StreamLimits;
 use super::{caller, convert, drain, outcome, stream};
 use crate::auth::Principals;
 
@@ -141,6 +141,8 @@ impl GatewayRpc for GatewayApi {
         let caller = self.caller(&request, DISPATCH, "DispatchStream")?;
         let limits = StreamLimits {
             max_in_flight: self.settings.max_in_flight_per_stream,
+            max_outstanding: self.settings.max_stream_outstanding,
+            slow_consumer_timeout: self.settings.slow_consumer_timeout,
             default_timeout: self.settings.default_timeout,
         };
         Ok(Response::new(stream::start(

@@ -187,8 +187,7 @@ fn principals(config: &GatewayConfig) -> Result<(), ConfigError> {
         if principal.max_workers == 0 {
             return Err(ConfigError::invalid(
                 &at("max_workers"),
-                "must be at least 1; to forbid registering, leave `worker` out of roles"
-                    .to_owned(),
+                "must be at least 1; to forbid registering, leave `worker` out of roles".to_owned(),
             ));
         }
     }
