@@ -22,8 +22,8 @@ use crate::delivery::WorkerDelivery;
 use crate::eligibility::DispatchExclusion;
 use crate::namespace::{NamespacePolicy, NamespaceRecord, Placement};
 use crate::registration::{CallerIdentity, Registration};
-use crate::role::Role;
 use crate::registry::{RegistrationToken, Registry};
+use crate::role::Role;
 use crate::worker::Worker;
 
 impl Registry {

@@ -33,9 +33,9 @@ pub use address::{
     ActivityKey, DEFAULT_TASK_QUEUE, Node, PoolAddress, WorkerId, normalise_task_queue,
 };
 pub use admission::{
-    AdmissionAudit, AdmissionError, DEFAULT_MAX_CONCURRENCY_LIMIT, DEFAULT_MAX_WORKERS_PER_PRINCIPAL,
-    MAX_ACTIVITY_TYPES,
-    MAX_NAME_BYTES, MAX_NAMESPACES, MAX_SERVED_PAIRS, RefusalKind,
+    AdmissionAudit, AdmissionError, DEFAULT_MAX_CONCURRENCY_LIMIT,
+    DEFAULT_MAX_WORKERS_PER_PRINCIPAL, MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES,
+    MAX_SERVED_PAIRS, RefusalKind,
 };
 pub use arrival::WorkerArrival;
 pub use backoff::Backoff;
@@ -62,9 +62,9 @@ pub use outcome::{
     ActivityOutcome, ActivityRequest, CancelError, CompletionRefused, DispatchError, TaskResult,
 };
 pub use registration::{CallerIdentity, NamespaceGrant, Registration};
-pub use role::{Role, Roles};
 pub use registry::{
     DEFAULT_EVENT_CAPACITY, Departure, DepartureObserver, DispatchReservation, PoolCensus,
     RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
+pub use role::{Role, Roles};
 pub use worker::{Worker, WorkerSnapshot};

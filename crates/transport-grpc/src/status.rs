@@ -53,6 +53,12 @@ pub enum SessionError {
         /// What the decoder said (it names the size and the limit).
         reason: String,
     },
+    /// The connection already carries as many worker streams as the gateway allows.
+    #[error("`grpc.max_workers_per_connection` ({limit}) reached on this connection")]
+    ConnectionWorkerLimit {
+        /// The cap.
+        limit: usize,
+    },
     /// The gateway is shutting down; the worker should reconnect later.
     #[error("the gateway is shutting down; reconnect later")]
     ShuttingDown,
@@ -89,7 +95,9 @@ impl SessionError {
             | Self::DoubleRegistration { .. }
             | Self::ResultWithoutOutcome { .. }
             | Self::MalformedFrame { .. } => Status::invalid_argument(self.to_string()),
-            Self::FrameTooLarge { .. } => Status::resource_exhausted(self.to_string()),
+            Self::FrameTooLarge { .. } | Self::ConnectionWorkerLimit { .. } => {
+                Status::resource_exhausted(self.to_string())
+            }
             Self::Deregistered { .. } | Self::ShuttingDown => Status::unavailable(self.to_string()),
         }
     }

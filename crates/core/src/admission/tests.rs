@@ -424,7 +424,11 @@ async fn a_principal_holds_at_most_max_workers_and_a_departure_frees_a_place() {
         }
     );
     assert_eq!(refusal.kind(), RefusalKind::Exhausted);
-    assert!(refusal.to_string().contains("`principals[].max_workers` (2)"));
+    assert!(
+        refusal
+            .to_string()
+            .contains("`principals[].max_workers` (2)")
+    );
 
     // Controls: another principal is not counted against w1, and a departure frees a place.
     let other = CallerIdentity::granted("w2", ["a"]).with_max_workers(2);

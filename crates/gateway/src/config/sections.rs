@@ -78,6 +78,8 @@ pub struct GrpcSection {
     pub max_message_size: usize,
     /// Set TCP_NODELAY on accepted connections.
     pub tcp_nodelay: bool,
+    /// Worker streams one connection may carry at once; one more is refused.
+    pub max_workers_per_connection: usize,
 }
 
 impl Default for GrpcSection {
@@ -92,6 +94,7 @@ impl Default for GrpcSection {
             keepalive_timeout: ConfigDuration(library.keepalive_timeout),
             max_message_size: library.max_message_bytes,
             tcp_nodelay: library.tcp_nodelay,
+            max_workers_per_connection: library.max_workers_per_connection,
         }
     }
 }

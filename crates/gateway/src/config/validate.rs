@@ -48,6 +48,10 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
     let counts = [
         ("grpc.max_message_size", config.grpc.max_message_size),
         (
+            "grpc.max_workers_per_connection",
+            config.grpc.max_workers_per_connection,
+        ),
+        (
             "dispatch.max_in_flight_per_stream",
             config.dispatch.max_in_flight_per_stream,
         ),
