@@ -47,6 +47,7 @@ async fn gateway(data_dir: &std::path::Path) -> Gateway {
         token: TOKEN.to_owned(),
         cert_subject: String::new(),
         namespaces: vec![NAMESPACE.to_owned()],
+        ..PrincipalSection::default()
     }];
     Gateway::builder(config)
         .transport(WsTransport::new("127.0.0.1:0".parse().unwrap()))
