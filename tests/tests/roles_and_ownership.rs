@@ -308,6 +308,49 @@ async fn drain_by_an_unknown_id_and_by_an_invisible_id_get_the_same_answer() {
         .expect("root drains it");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_shows_only_the_workers_of_granted_namespaces() {
+    use pb::gateway_event::Event;
+    let (gateway, scripted) = gateway().await;
+    let mut events = client(&gateway, "ops")
+        .await
+        .watch_events(pb::WatchEventsRequest {})
+        .await
+        .expect("an operator watches")
+        .into_inner();
+    // Connected one after the other: the watcher's first event tells which it was shown.
+    let _hidden = worker(&scripted, "root", &["secret"], "echo").await;
+    let shown = worker(&scripted, "w1", &[SHARED, "secret"], "echo").await;
+    let first = within("an event", events.message())
+        .await
+        .expect("stream open")
+        .expect("an event");
+    assert_eq!(
+        first.worker_id,
+        shown.id().get(),
+        "the secret worker's event is not shown"
+    );
+    match first.event {
+        Some(Event::Connected(connected)) => {
+            assert_eq!(connected.namespaces, vec![SHARED.to_owned()]);
+        }
+        other => panic!("expected a connection, got {other:?}"),
+    }
+    // Control: root, granted every namespace, is shown the secret worker too.
+    let mut everything = client(&gateway, "root")
+        .await
+        .watch_events(pb::WatchEventsRequest {})
+        .await
+        .expect("root watches")
+        .into_inner();
+    let secret = worker(&scripted, "root", &["secret"], "other").await;
+    let first = within("an event", everything.message())
+        .await
+        .expect("stream open")
+        .expect("an event");
+    assert_eq!(first.worker_id, secret.id().get());
+}
+
 /// A TLS channel (one HTTP/2 connection) to the gRPC port.
 async fn channel(gateway: &TestGateway) -> Channel {
     let addr = gateway.gateway().addr("grpc").unwrap();

@@ -8,12 +8,17 @@
 //! | `ListWorkers`, `DescribePool`, `ExplainPool`, `UnservedQueues` | `producer` or `operator` |
 //! | `Drain`, `WatchEvents` | `operator` |
 //!
+//! `WatchEvents` carries only the events of workers serving a namespace the caller is granted
+//! ([`EventView`]).
+//!
 //! `admin` holds every role. A caller sees only the namespaces it is granted, and the
 //! `identity` and `principal` of another principal's worker only as an operator of the
 //! namespaces it shares with that worker. A worker it may not drain is, to a drain by id,
 //! the same as a worker that does not exist.
 
-use switchyard_core::{CallerIdentity, Role, Worker};
+use std::collections::HashSet;
+
+use switchyard_core::{CallerIdentity, Registry, Role, Worker};
 use switchyard_proto::v1 as pb;
 use tonic::Status;
 
@@ -68,6 +73,57 @@ pub(crate) fn redact(caller: &CallerIdentity, mut info: pb::WorkerInfo) -> pb::W
         info.principal.clear();
     }
     info
+}
+
+/// The part of the event stream one watcher may see: events of workers serving a namespace it
+/// is granted, their `Connected` namespaces cut to the granted ones, and the `Missed` notices.
+#[derive(Debug)]
+pub(crate) struct EventView {
+    caller: CallerIdentity,
+    visible: HashSet<u64>,
+}
+
+impl EventView {
+    /// A view for `caller`, seeded with the workers `registry` holds now; subscribe to the
+    /// events before calling this, so no worker falls between the two.
+    pub(crate) fn new(caller: CallerIdentity, registry: &Registry) -> Self {
+        let visible = registry
+            .workers()
+            .iter()
+            .filter(|s| may_see(&caller, &s.worker))
+            .map(|s| s.worker.id().get())
+            .collect();
+        Self { caller, visible }
+    }
+
+    /// `event` as the watcher may see it, or `None` when it concerns a worker it may not see.
+    pub(crate) fn admit(&mut self, mut event: pb::GatewayEvent) -> Option<pb::GatewayEvent> {
+        use pb::gateway_event::Event;
+        let id = event.worker_id;
+        match &mut event.event {
+            Some(Event::Connected(connected)) => {
+                connected
+                    .namespaces
+                    .retain(|ns| self.caller.grant.allows(ns));
+                if connected.namespaces.is_empty() {
+                    return None;
+                }
+                self.visible.insert(id);
+            }
+            Some(Event::Missed(_)) => {}
+            Some(Event::Disconnected(_)) => {
+                if !self.visible.remove(&id) {
+                    return None;
+                }
+            }
+            _ => {
+                if !self.visible.contains(&id) {
+                    return None;
+                }
+            }
+        }
+        Some(event)
+    }
 }
 
 #[cfg(test)]
@@ -126,5 +182,31 @@ mod tests {
             ("w2-host", "w2")
         );
         assert_eq!(seen.namespaces, vec!["a".to_owned()]);
+    }
+
+    #[test]
+    fn a_watcher_sees_only_the_events_of_workers_in_its_namespaces() {
+        use pb::gateway_event::Event;
+        let operator = CallerIdentity::granted("ops", ["a"]).with_roles([Role::Operator]);
+        let mut view = EventView::new(operator, &Registry::default());
+        let connected = |id: u64, namespaces: &[&str]| pb::GatewayEvent {
+            worker_id: id,
+            event: Some(Event::Connected(pb::WorkerConnectedEvent {
+                namespaces: namespaces.iter().map(|ns| (*ns).to_owned()).collect(),
+                ..pb::WorkerConnectedEvent::default()
+            })),
+            ..pb::GatewayEvent::default()
+        };
+        let gone = |id: u64| pb::GatewayEvent {
+            worker_id: id,
+            event: Some(Event::Disconnected(pb::WorkerDisconnectedEvent::default())),
+            ..pb::GatewayEvent::default()
+        };
+        assert_eq!(view.admit(connected(1, &["secret"])), None);
+        assert_eq!(view.admit(gone(1)), None, "nor its departure");
+        // Control: a worker serving a granted namespace is seen, its other namespaces cut.
+        let seen = view.admit(connected(2, &["a", "secret"])).expect("seen");
+        assert!(matches!(seen.event, Some(Event::Connected(c)) if c.namespaces == ["a"]));
+        assert!(view.admit(gone(2)).is_some());
     }
 }

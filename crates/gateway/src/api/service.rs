@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use switchyard_core::{CallerIdentity, Core, NamespaceGrant, WorkerId, normalise_task_queue};
+use switchyard_core::{CallerIdentity, Core, WorkerId, normalise_task_queue};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_server::{Gateway as GatewayRpc, GatewayServer};
 use tokio::sync::broadcast::error::RecvError;
@@ -338,27 +338,21 @@ impl GatewayRpc for GatewayApi {
         request: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         let caller = self.caller(&request, OPERATE, "WatchEvents")?;
-        if caller.grant != NamespaceGrant::All {
-            return Err(Status::permission_denied(format!(
-                "principal {:?} is not granted every namespace, which watching events requires",
-                caller.principal
-            )));
-        }
         let receiver = self.core.registry().subscribe_events();
-        let events = futures::stream::unfold(receiver, |mut receiver| async move {
-            loop {
-                match receiver.recv().await {
-                    Ok(event) => match convert::event(&event) {
-                        Some(wire) => return Some((Ok(wire), receiver)),
-                        None => continue,
-                    },
-                    Err(RecvError::Lagged(count)) => {
-                        return Some((Ok(convert::missed(count)), receiver));
+        let view = access::EventView::new(caller, self.core.registry());
+        let events =
+            futures::stream::unfold((receiver, view), |(mut receiver, mut view)| async move {
+                loop {
+                    let wire = match receiver.recv().await {
+                        Ok(event) => convert::event(&event),
+                        Err(RecvError::Lagged(count)) => Some(convert::missed(count)),
+                        Err(RecvError::Closed) => return None,
+                    };
+                    if let Some(wire) = wire.and_then(|wire| view.admit(wire)) {
+                        return Some((Ok(wire), (receiver, view)));
                     }
-                    Err(RecvError::Closed) => return None,
                 }
-            }
-        });
+            });
         Ok(Response::new(Box::pin(
             events.take_until(self.closing.clone().cancelled_owned()),
         )))
