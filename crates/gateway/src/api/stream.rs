@@ -171,9 +171,8 @@ impl Driver {
             limits.slow_consumer_timeout, limits.max_outstanding
         ))
     }
-}
 
-impl Driver {
+    /// Runs the stream until the producer and every dispatch are done, or it is ended.
     async fn drive(
         self,
         mut inbound: Streaming<pb::DispatchStreamRequest>,
