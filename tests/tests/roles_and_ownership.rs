@@ -351,6 +351,69 @@ async fn watching_shows_only_the_workers_of_granted_namespaces() {
     assert_eq!(first.worker_id, secret.id().get());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_by_node_reaches_only_the_workers_the_caller_may_drain() {
+    let (gateway, scripted) = gateway().await;
+    let on_node = |principal: &'static str, namespace: &'static str| {
+        let scripted = &scripted;
+        async move {
+            let mut registration = registration(&[namespace], &["echo"], Some(4));
+            registration.node = switchyard_core::Node::new("n1");
+            scripted
+                .connect(
+                    &CallerIdentity::granted(principal, [namespace]),
+                    registration,
+                    true,
+                )
+                .await
+                .expect("admitted")
+        }
+    };
+    let shared = on_node("w1", SHARED).await;
+    let secret = on_node("root", "secret").await;
+    let mut ops = client(&gateway, "ops").await;
+    let mut progress = ops
+        .drain(pb::DrainWorkersRequest {
+            target: Some(pb::drain_workers_request::Target::Node("n1".to_owned())),
+            ..pb::DrainWorkersRequest::default()
+        })
+        .await
+        .expect("the operator drains what it may")
+        .into_inner();
+    let first = within("drain progress", progress.message())
+        .await
+        .expect("stream open")
+        .expect("progress");
+    let drained: Vec<u64> = first.workers.iter().map(|w| w.worker_id).collect();
+    assert_eq!(
+        drained,
+        vec![shared.id().get()],
+        "the secret worker is not drained"
+    );
+    // Control: root sees the shared worker draining and the secret one still eligible.
+    let listed = client(&gateway, "root")
+        .await
+        .list_workers(pb::ListWorkersRequest::default())
+        .await
+        .expect("listed")
+        .into_inner();
+    let eligibility = |id: u64| {
+        listed
+            .workers
+            .iter()
+            .find(|w| w.worker_id == id)
+            .map(|w| w.eligibility())
+    };
+    assert_eq!(
+        eligibility(shared.id().get()),
+        Some(pb::Eligibility::Draining)
+    );
+    assert_ne!(
+        eligibility(secret.id().get()),
+        Some(pb::Eligibility::Draining)
+    );
+}
+
 /// A TLS channel (one HTTP/2 connection) to the gRPC port.
 async fn channel(gateway: &TestGateway) -> Channel {
     let addr = gateway.gateway().addr("grpc").unwrap();
