@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use switchyard_gateway::{GatewayConfig, PrincipalSection};
+use switchyard_gateway::{GatewayConfig, PrincipalSection, RoleName};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
@@ -38,6 +38,10 @@ const GRANTED: &str = "ops";
 const NOT_GRANTED: &str = "payroll";
 /// The token of principal `token-holder`.
 const TOKEN: &str = "t-ops";
+/// The token of principal `producer-only` (roles `producer`), granted [`GRANTED`].
+const PRODUCER_TOKEN: &str = "t-producer";
+/// The token of principal `worker-only` (roles `worker`), granted [`GRANTED`].
+const WORKER_TOKEN: &str = "t-worker";
 /// The certificate subject of principal `operator`.
 const KNOWN_SUBJECT: &str = "ops.example";
 /// A subject the CA signs but the principal table does not know.
@@ -50,7 +54,8 @@ enum Answer {
     Admitted,
     /// gRPC `UNAUTHENTICATED`, QUIC `UNAUTHENTICATED` close.
     Unauthenticated,
-    /// gRPC `PERMISSION_DENIED`, QUIC `NAMESPACE_NOT_GRANTED` close.
+    /// gRPC `PERMISSION_DENIED`, QUIC `NAMESPACE_NOT_GRANTED` close (a namespace outside the
+    /// grant, or a role the principal lacks).
     NotGranted,
     /// Anything else, with what it was.
     Other(String),
@@ -72,6 +77,9 @@ struct Row {
     authorization: Option<&'static str>,
     namespace: &'static str,
     expected: Answer,
+    /// The producer API's answer when it differs from the workers' (a role one has and the
+    /// other needs).
+    api: Option<Answer>,
 }
 
 fn rows() -> Vec<Row> {
@@ -82,6 +90,7 @@ fn rows() -> Vec<Row> {
             authorization: Some("Bearer t-ops"),
             namespace: GRANTED,
             expected: Answer::Admitted,
+            api: None,
         },
         Row {
             credential: "valid token, `bearer`",
@@ -89,6 +98,7 @@ fn rows() -> Vec<Row> {
             authorization: Some("bearer t-ops"),
             namespace: GRANTED,
             expected: Answer::Admitted,
+            api: None,
         },
         Row {
             credential: "unknown token",
@@ -96,6 +106,7 @@ fn rows() -> Vec<Row> {
             authorization: Some("Bearer guess"),
             namespace: GRANTED,
             expected: Answer::Unauthenticated,
+            api: None,
         },
         Row {
             credential: "no credential",
@@ -103,6 +114,7 @@ fn rows() -> Vec<Row> {
             authorization: None,
             namespace: GRANTED,
             expected: Answer::Unauthenticated,
+            api: None,
         },
         Row {
             credential: "trusted certificate, known subject",
@@ -110,6 +122,7 @@ fn rows() -> Vec<Row> {
             authorization: None,
             namespace: GRANTED,
             expected: Answer::Admitted,
+            api: None,
         },
         Row {
             credential: "trusted certificate, unknown subject (with a valid token)",
@@ -117,6 +130,7 @@ fn rows() -> Vec<Row> {
             authorization: Some("Bearer t-ops"),
             namespace: GRANTED,
             expected: Answer::Unauthenticated,
+            api: None,
         },
         Row {
             credential: "valid token, namespace not granted",
@@ -124,6 +138,23 @@ fn rows() -> Vec<Row> {
             authorization: Some("Bearer t-ops"),
             namespace: NOT_GRANTED,
             expected: Answer::NotGranted,
+            api: None,
+        },
+        Row {
+            credential: "valid token, principal without the `worker` role",
+            certificate: None,
+            authorization: Some("Bearer t-producer"),
+            namespace: GRANTED,
+            expected: Answer::NotGranted,
+            api: Some(Answer::Admitted),
+        },
+        Row {
+            credential: "valid token, principal with only the `worker` role",
+            certificate: None,
+            authorization: Some("Bearer t-worker"),
+            namespace: GRANTED,
+            expected: Answer::Admitted,
+            api: Some(Answer::NotGranted),
         },
         Row {
             credential: "known certificate, namespace not granted",
@@ -131,6 +162,7 @@ fn rows() -> Vec<Row> {
             authorization: None,
             namespace: NOT_GRANTED,
             expected: Answer::NotGranted,
+            api: None,
         },
     ]
 }
@@ -175,6 +207,20 @@ async fn gateway(pki: &Pki) -> (TestGateway, tempfile::TempDir) {
                 name: "token-holder".to_owned(),
                 token: TOKEN.to_owned(),
                 namespaces: vec![GRANTED.to_owned()],
+                ..PrincipalSection::default()
+            },
+            PrincipalSection {
+                name: "producer-only".to_owned(),
+                token: PRODUCER_TOKEN.to_owned(),
+                namespaces: vec![GRANTED.to_owned()],
+                roles: Some(vec![RoleName::Producer]),
+                ..PrincipalSection::default()
+            },
+            PrincipalSection {
+                name: "worker-only".to_owned(),
+                token: WORKER_TOKEN.to_owned(),
+                namespaces: vec![GRANTED.to_owned()],
+                roles: Some(vec![RoleName::Worker]),
                 ..PrincipalSection::default()
             },
         ];
@@ -326,10 +372,14 @@ async fn every_credential_gets_the_same_answer_on_every_transport() {
             ),
         ];
         for (transport, answer) in answers {
-            if answer != row.expected {
+            let expected = match (&row.api, transport) {
+                (Some(api), "producer API") => api,
+                _ => &row.expected,
+            };
+            if &answer != expected {
                 mismatches.push(format!(
-                    "{} on the {transport}: expected {:?}, got {answer:?}",
-                    row.credential, row.expected
+                    "{} on the {transport}: expected {expected:?}, got {answer:?}",
+                    row.credential
                 ));
             }
         }

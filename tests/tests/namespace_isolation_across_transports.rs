@@ -14,6 +14,7 @@ fn principal(name: &str, token: &str, namespaces: &[&str]) -> PrincipalSection {
         token: token.to_owned(),
         cert_subject: String::new(),
         namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect(),
+        ..PrincipalSection::default()
     }
 }
 

@@ -3,6 +3,7 @@
 mod audit;
 mod capacity;
 mod error;
+mod quota;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 pub use audit::AdmissionAudit;
 pub use capacity::DEFAULT_MAX_CONCURRENCY_LIMIT;
 pub use error::{AdmissionError, RefusalKind};
+pub use quota::DEFAULT_MAX_WORKERS_PER_PRINCIPAL;
 pub use validate::{MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES, MAX_SERVED_PAIRS};
 
 use crate::address::normalise_task_queue;
@@ -21,17 +23,20 @@ use crate::eligibility::DispatchExclusion;
 use crate::namespace::{NamespacePolicy, NamespaceRecord, Placement};
 use crate::registration::{CallerIdentity, Registration};
 use crate::registry::{RegistrationToken, Registry};
+use crate::role::Role;
 use crate::worker::Worker;
 
 impl Registry {
     /// Admits a worker: the only way into the registry, shared by every transport.
     ///
-    /// In order: validate the request's shape; check that `caller` is granted every namespace;
+    /// In order: check that `caller` holds the `worker` role; validate the request's shape;
+    /// check that `caller` is granted every namespace;
     /// apply the namespace policy (mint unknown namespaces under `Open`, refuse them under
     /// `Closed`); enforce pinned placement for every namespace; settle capacity (required,
     /// non-zero and within [`Registry::max_concurrency_limit`] when the transport's
     /// registration carries it, otherwise unknown until [`Registry::set_advertised_capacity`]
-    /// applies the same rule); then insert and announce: emit `Connected` and wake parked
+    /// applies the same rule); check the caller's worker quota
+    /// ([`CallerIdentity::max_workers`]); then insert and announce: emit `Connected` and wake parked
     /// selections. Any refusal refuses the whole registration and changes nothing.
     ///
     /// # Examples
@@ -138,6 +143,12 @@ impl Registry {
         registration: Registration,
         delivery: Arc<dyn WorkerDelivery>,
     ) -> Result<RegistrationToken, AdmissionError> {
+        if !caller.has_role(Role::Worker) {
+            return Err(AdmissionError::RoleMissing {
+                principal: caller.principal.clone(),
+                role: Role::Worker,
+            });
+        }
         validate::validate(&registration)?;
         if let Some(namespace) = registration
             .namespaces
@@ -226,6 +237,7 @@ impl Registry {
             if state.closed {
                 return Err(AdmissionError::ShuttingDown);
             }
+            quota::check_worker_quota(&state, caller)?;
             let id = state.mint_id();
             let worker = Worker::new(
                 id,

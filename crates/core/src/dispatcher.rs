@@ -73,8 +73,8 @@ struct Inner {
     config: DispatchConfig,
     tasks: Mutex<TaskTable>,
     next_task: AtomicU64,
-    /// `(namespace, activity id)` of dispatches in flight, with their cancel handles.
-    activities: Mutex<HashMap<(String, String), CancellationToken>>,
+    /// Dispatches in flight that carry an activity id, with their cancel handles.
+    activities: Mutex<HashMap<ActivityIdKey, CancellationToken>>,
     unserved: Arc<UnservedBook>,
     shutting_down: AtomicBool,
     /// Fired when shutdown starts: parked dispatches end at once.
@@ -111,7 +111,7 @@ impl Inner {
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn lock_activities(&self) -> MutexGuard<'_, HashMap<(String, String), CancellationToken>> {
+    fn lock_activities(&self) -> MutexGuard<'_, HashMap<ActivityIdKey, CancellationToken>> {
         self.activities
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -206,9 +206,13 @@ impl Drop for PendingGuard<'_> {
 }
 
 /// Holds an activity id for the life of its dispatch.
+/// `(namespace, dispatching principal, activity id)`: an activity id is unique per principal
+/// within a namespace, so one principal's ids neither collide with nor reveal another's.
+type ActivityIdKey = (String, String, String);
+
 struct ActivityGuard<'a> {
     inner: &'a Inner,
-    key: Option<(String, String)>,
+    key: Option<ActivityIdKey>,
 }
 
 impl Drop for ActivityGuard<'_> {
@@ -256,8 +260,9 @@ impl Dispatcher {
     /// Runs one activity on a worker of its pool and returns its one outcome.
     ///
     /// Refused up front (no outcome) when a required name is empty or any name is longer than
-    /// [`MAX_NAME_BYTES`], the caller is not granted the namespace, or the activity id is
-    /// already in flight in the namespace.
+    /// [`MAX_NAME_BYTES`], the caller is not granted the namespace, or the caller already has
+    /// a dispatch with this activity id in flight in the namespace (another principal's ids
+    /// are not seen).
     pub async fn dispatch(
         &self,
         caller: &CallerIdentity,
@@ -271,7 +276,7 @@ impl Dispatcher {
             });
         }
         let cancel = CancellationToken::new();
-        let _activity = self.claim_activity_id(&request, &cancel)?;
+        let _activity = self.claim_activity_id(caller, &request, &cancel)?;
         let started = Instant::now();
         let span = tracing::debug_span!("dispatch", namespace = %request.namespace,
             activity_type = %request.activity_type, activity_id = request.activity_id.as_deref());
@@ -288,6 +293,7 @@ impl Dispatcher {
 
     fn claim_activity_id(
         &self,
+        caller: &CallerIdentity,
         request: &ActivityRequest,
         cancel: &CancellationToken,
     ) -> Result<ActivityGuard<'_>, DispatchError> {
@@ -297,12 +303,16 @@ impl Dispatcher {
                 key: None,
             });
         };
-        let key = (request.namespace.clone(), id.clone());
+        let key = (
+            request.namespace.clone(),
+            caller.principal.clone(),
+            id.clone(),
+        );
         let mut activities = self.inner.lock_activities();
         if activities.contains_key(&key) {
             return Err(DispatchError::DuplicateActivityId {
                 namespace: key.0,
-                activity_id: key.1,
+                activity_id: key.2,
             });
         }
         activities.insert(key.clone(), cancel.clone());
@@ -553,8 +563,11 @@ impl Dispatcher {
         }
     }
 
-    /// Cancels the in-flight dispatch with this activity id: it ends `Cancelled` at once and
-    /// the worker holding it (if any) is sent a cancel.
+    /// Cancels the caller's in-flight dispatch with this activity id: it ends `Cancelled` at
+    /// once and the worker holding it (if any) is sent a cancel. An operator of the namespace
+    /// ([`CallerIdentity::operates`]) cancels every principal's dispatch with the id; anyone
+    /// else reaches only its own, and another principal's is [`CancelError::NotFound`], the
+    /// same answer as an id nobody uses.
     pub fn cancel(
         &self,
         caller: &CallerIdentity,
@@ -567,21 +580,31 @@ impl Dispatcher {
                 namespace: namespace.to_owned(),
             });
         }
-        let token = self
-            .inner
-            .lock_activities()
-            .get(&(namespace.to_owned(), activity_id.to_owned()))
-            .cloned();
-        match token {
-            Some(token) => {
-                token.cancel();
-                Ok(())
+        let tokens: Vec<CancellationToken> = {
+            let activities = self.inner.lock_activities();
+            if caller.operates(namespace) {
+                activities
+                    .iter()
+                    .filter(|((ns, _, id), _)| ns == namespace && id == activity_id)
+                    .map(|(_, token)| token.clone())
+                    .collect()
+            } else {
+                let key = (
+                    namespace.to_owned(),
+                    caller.principal.clone(),
+                    activity_id.to_owned(),
+                );
+                activities.get(&key).cloned().into_iter().collect()
             }
-            None => Err(CancelError::NotFound {
-                namespace: namespace.to_owned(),
-                activity_id: activity_id.to_owned(),
-            }),
+        };
+        if !tokens.is_empty() {
+            tokens.iter().for_each(CancellationToken::cancel);
+            return Ok(());
         }
+        Err(CancelError::NotFound {
+            namespace: namespace.to_owned(),
+            activity_id: activity_id.to_owned(),
+        })
     }
 
     /// Addresses with parked dispatches, with reason, census and how many wait.

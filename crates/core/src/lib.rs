@@ -23,6 +23,7 @@ mod namespace;
 mod outcome;
 mod registration;
 mod registry;
+mod role;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod worker;
@@ -32,8 +33,9 @@ pub use address::{
     ActivityKey, DEFAULT_TASK_QUEUE, Node, PoolAddress, WorkerId, normalise_task_queue,
 };
 pub use admission::{
-    AdmissionAudit, AdmissionError, DEFAULT_MAX_CONCURRENCY_LIMIT, MAX_ACTIVITY_TYPES,
-    MAX_NAME_BYTES, MAX_NAMESPACES, MAX_SERVED_PAIRS, RefusalKind,
+    AdmissionAudit, AdmissionError, DEFAULT_MAX_CONCURRENCY_LIMIT,
+    DEFAULT_MAX_WORKERS_PER_PRINCIPAL, MAX_ACTIVITY_TYPES, MAX_NAME_BYTES, MAX_NAMESPACES,
+    MAX_SERVED_PAIRS, RefusalKind,
 };
 pub use arrival::WorkerArrival;
 pub use backoff::Backoff;
@@ -64,4 +66,5 @@ pub use registry::{
     DEFAULT_EVENT_CAPACITY, Departure, DepartureObserver, DispatchReservation, PoolCensus,
     RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
+pub use role::{Role, Roles};
 pub use worker::{Worker, WorkerSnapshot};

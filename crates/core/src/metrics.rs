@@ -52,7 +52,7 @@ pub const UNSERVED_LABELS: [&str; 8] = [
 ];
 
 /// Every `reason` label of [`ADMISSION_REFUSALS_TOTAL`].
-pub const ADMISSION_LABELS: [&str; 14] = [
+pub const ADMISSION_LABELS: [&str; 16] = [
     "empty_field",
     "empty_entry",
     "too_long",
@@ -62,6 +62,8 @@ pub const ADMISSION_LABELS: [&str; 14] = [
     "zero_capacity",
     "capacity_above_limit",
     "namespace_not_granted",
+    "role_missing",
+    "principal_max_workers",
     "unknown_namespace",
     "placement_violated",
     "unknown_worker",
@@ -135,6 +137,8 @@ fn every_variant_is_listed(
         | A::ZeroCapacity
         | A::CapacityAboveLimit { .. }
         | A::NamespaceNotGranted { .. }
+        | A::RoleMissing { .. }
+        | A::PrincipalWorkerLimit { .. }
         | A::UnknownNamespace { .. }
         | A::PlacementViolated { .. }
         | A::UnknownWorker

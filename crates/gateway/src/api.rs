@@ -2,9 +2,10 @@
 //! worker service on one port.
 //!
 //! Callers are identified like workers ([`crate::auth`]); a caller only reaches the
-//! namespaces its principal is granted. Every dispatch goes through core's one dispatcher, and
+//! namespaces its principal is granted, and only the RPCs its roles allow ([`access`]). Every dispatch goes through core's one dispatcher, and
 //! every outcome reaches the wire through one mapping ([`outcome`]).
 
+mod access;
 mod caller;
 mod convert;
 mod drain;
@@ -12,6 +13,7 @@ mod outcome;
 mod oversized;
 mod service;
 mod stream;
+mod throttle;
 
 pub(crate) use convert::unix_ms;
 pub(crate) use oversized::OversizedAsExhausted;

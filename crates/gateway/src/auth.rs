@@ -3,12 +3,15 @@
 //! [`Principals`] is the gateway's one [`Authenticate`]: every transport and the producer API
 //! hand it what the caller presented, and `switchyard-auth`'s [`CallerTable`] decides (the
 //! certificate wins over a token; an unrecognised certificate subject or token is refused as
-//! unauthenticated). With no principal configured the gateway runs in development mode: every
-//! caller is `anonymous` and granted every namespace (configuration refuses that mode on
+//! unauthenticated). Each principal carries its roles (`principals[].roles`; absent means
+//! `admin`, with a start-up warning naming the principal, so configurations written before roles
+//! keep working) and its worker quota (`principals[].max_workers`). With no principal
+//! configured the gateway runs in development mode: every caller is `anonymous`, granted every
+//! namespace and every role, with no worker quota (configuration refuses that mode on
 //! non-loopback addresses).
 
 use switchyard_auth::{AllowAll, AuthError, Authenticate, CallerTable, Credentials};
-use switchyard_core::{CallerIdentity, NamespaceGrant};
+use switchyard_core::{CallerIdentity, NamespaceGrant, Roles};
 
 use crate::config::PrincipalSection;
 
@@ -30,8 +33,10 @@ impl Principals {
                     NamespaceGrant::Only(principal.namespaces.iter().cloned().collect())
                 };
                 let identity = CallerIdentity {
-                    principal: principal.name.clone(),
                     grant,
+                    roles: roles_of(principal),
+                    max_workers: Some(principal.max_workers),
+                    ..CallerIdentity::trusted(principal.name.clone())
                 };
                 let table = if principal.token.is_empty() {
                     table
@@ -50,6 +55,20 @@ impl Principals {
     /// True when no principal is configured and every caller is trusted.
     pub fn is_development(&self) -> bool {
         self.table.is_empty()
+    }
+}
+
+/// The roles `principal` holds: its `roles`, or `admin` when the key is absent (warned once,
+/// at start, naming the principal).
+fn roles_of(principal: &PrincipalSection) -> Roles {
+    match &principal.roles {
+        Some(roles) => roles.iter().map(|role| role.role()).collect(),
+        None => {
+            tracing::warn!(principal = %principal.name,
+                "principal {:?} has no `roles`: it holds `admin` (every role); list the roles it \
+                 needs (worker, producer, operator) to narrow it", principal.name);
+            Roles::ADMIN
+        }
     }
 }
 
@@ -72,6 +91,7 @@ mod tests {
             token: token.to_owned(),
             cert_subject: subject.to_owned(),
             namespaces: namespaces.iter().map(|ns| (*ns).to_owned()).collect(),
+            ..PrincipalSection::default()
         }
     }
 
@@ -109,5 +129,30 @@ mod tests {
         assert_eq!(anonymous.principal, "anonymous");
         assert_eq!(anonymous.grant, NamespaceGrant::All);
         assert_eq!(token(&dev, "nope").unwrap().principal, "anonymous");
+    }
+
+    #[test]
+    fn roles_and_quota_come_from_the_section_and_absent_roles_mean_admin() {
+        use crate::config::RoleName;
+        use switchyard_core::Role;
+        let mut narrow = principal("w1", "t-w1", "", &["a"]);
+        narrow.roles = Some(vec![RoleName::Worker]);
+        narrow.max_workers = 7;
+        let table = Principals::new(&[narrow, principal("legacy", "t-legacy", "", &["a"])]);
+        let w1 = token(&table, "t-w1").unwrap();
+        assert!(w1.has_role(Role::Worker));
+        assert!(!w1.has_role(Role::Producer), "only the listed roles");
+        assert_eq!(w1.max_workers, Some(7));
+        let legacy = token(&table, "t-legacy").unwrap();
+        assert_eq!(legacy.roles, Roles::ADMIN, "no roles key: admin");
+        assert_eq!(
+            legacy.max_workers,
+            Some(switchyard_core::DEFAULT_MAX_WORKERS_PER_PRINCIPAL)
+        );
+        let anonymous = Principals::new(&[])
+            .authenticate(&Credentials::new())
+            .unwrap();
+        assert_eq!(anonymous.roles, Roles::ADMIN);
+        assert_eq!(anonymous.max_workers, None, "development mode has no quota");
     }
 }

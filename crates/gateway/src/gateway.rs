@@ -235,6 +235,8 @@ pub(crate) fn api_settings(config: &GatewayConfig) -> ApiConfig {
     ApiConfig {
         default_timeout: config.dispatch.default_timeout.get(),
         max_in_flight_per_stream: config.dispatch.max_in_flight_per_stream,
+        max_stream_outstanding: config.dispatch.max_stream_outstanding,
+        slow_consumer_timeout: config.dispatch.slow_consumer_timeout.get(),
     }
 }
 

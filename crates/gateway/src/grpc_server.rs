@@ -61,6 +61,7 @@ pub(crate) fn worker_config(section: &GrpcSection) -> GrpcServerConfig {
         keepalive_timeout: section.keepalive_timeout.get(),
         max_message_bytes: section.max_message_size,
         tcp_nodelay: section.tcp_nodelay,
+        max_workers_per_connection: section.max_workers_per_connection,
         ..GrpcServerConfig::default()
     }
 }

@@ -34,6 +34,9 @@ pub struct GrpcServerConfig {
     /// Largest push queue of one worker, whatever capacity it states (default 65 536): a
     /// worker stating more still registers, and pushes beyond the queue are refused as full.
     pub max_queue: usize,
+    /// Worker streams one HTTP/2 connection may carry at once (default 64); one more is
+    /// refused RESOURCE_EXHAUSTED naming `grpc.max_workers_per_connection`.
+    pub max_workers_per_connection: usize,
 }
 
 impl Default for GrpcServerConfig {
@@ -46,6 +49,7 @@ impl Default for GrpcServerConfig {
             tcp_nodelay: true,
             control_headroom: 32,
             max_queue: 65_536,
+            max_workers_per_connection: 64,
         }
     }
 }

@@ -73,6 +73,7 @@
 mod auth;
 mod client;
 mod config;
+mod connection_streams;
 mod delivery;
 mod outbound;
 mod serve;

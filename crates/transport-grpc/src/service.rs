@@ -12,6 +12,7 @@ use switchyard_auth::Authenticate;
 
 use crate::auth::authenticate_request;
 use crate::config::GrpcServerConfig;
+use crate::connection_streams::ConnectionStreams;
 use crate::outbound::Outbound;
 use crate::status::SessionError;
 use crate::worker_stream::WorkerStream;
@@ -58,6 +59,7 @@ pub(crate) struct ServiceState {
     pub(crate) core: Core,
     pub(crate) config: GrpcServerConfig,
     auth: Arc<dyn Authenticate>,
+    streams: Arc<ConnectionStreams>,
 }
 
 impl std::fmt::Debug for WorkerService {
@@ -71,7 +73,13 @@ impl std::fmt::Debug for WorkerService {
 impl WorkerService {
     /// A service admitting workers into `core`, authenticating callers with `auth`.
     pub fn new(core: Core, auth: Arc<dyn Authenticate>, config: GrpcServerConfig) -> Self {
-        let inner = Arc::new(ServiceState { core, config, auth });
+        let streams = ConnectionStreams::new(config.max_workers_per_connection);
+        let inner = Arc::new(ServiceState {
+            core,
+            config,
+            auth,
+            streams,
+        });
         Self { inner }
     }
 
@@ -110,11 +118,22 @@ impl WorkerGateway for WorkerService {
             tracing::info!(?peer, %error, "worker stream refused");
             SessionError::from(error).status()
         })?;
+        let place = self.inner.streams.open(peer).map_err(|error| {
+            tracing::debug!(?peer, %error, "worker stream refused");
+            error.status()
+        })?;
         let span = tracing::info_span!("grpc_worker", principal = %caller.principal, ?peer,
             worker = tracing::field::Empty, namespaces = tracing::field::Empty);
         let (outbound, control) = Outbound::new();
         let stream = WorkerStream::new(Arc::clone(&self.inner), caller, control);
-        tokio::spawn(stream.run(request.into_inner()).instrument(span));
+        let inbound = request.into_inner();
+        tokio::spawn(
+            async move {
+                let _place = place;
+                stream.run(inbound).await;
+            }
+            .instrument(span),
+        );
         Ok(Response::new(outbound))
     }
 }

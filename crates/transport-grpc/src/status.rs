@@ -53,6 +53,12 @@ pub enum SessionError {
         /// What the decoder said (it names the size and the limit).
         reason: String,
     },
+    /// The connection already carries as many worker streams as the gateway allows.
+    #[error("`grpc.max_workers_per_connection` ({limit}) reached on this connection")]
+    ConnectionWorkerLimit {
+        /// The cap.
+        limit: usize,
+    },
     /// The gateway is shutting down; the worker should reconnect later.
     #[error("the gateway is shutting down; reconnect later")]
     ShuttingDown,
@@ -89,7 +95,9 @@ impl SessionError {
             | Self::DoubleRegistration { .. }
             | Self::ResultWithoutOutcome { .. }
             | Self::MalformedFrame { .. } => Status::invalid_argument(self.to_string()),
-            Self::FrameTooLarge { .. } => Status::resource_exhausted(self.to_string()),
+            Self::FrameTooLarge { .. } | Self::ConnectionWorkerLimit { .. } => {
+                Status::resource_exhausted(self.to_string())
+            }
             Self::Deregistered { .. } | Self::ShuttingDown => Status::unavailable(self.to_string()),
         }
     }
@@ -97,8 +105,8 @@ impl SessionError {
 
 /// The status for a registration refused by the admission gate: validation and capacity are
 /// INVALID_ARGUMENT, namespace authorisation PERMISSION_DENIED, an unknown namespace under a
-/// closed policy NOT_FOUND, placement FAILED_PRECONDITION, a store failure UNAVAILABLE. The
-/// message is the gate's own sentence.
+/// closed policy NOT_FOUND, placement FAILED_PRECONDITION, a store failure UNAVAILABLE, a quota
+/// RESOURCE_EXHAUSTED. The message is the gate's own sentence.
 pub fn admission_status(error: &AdmissionError) -> Status {
     let code = match error.kind() {
         RefusalKind::Invalid => Code::InvalidArgument,
@@ -106,6 +114,7 @@ pub fn admission_status(error: &AdmissionError) -> Status {
         RefusalKind::NotFound => Code::NotFound,
         RefusalKind::Placement => Code::FailedPrecondition,
         RefusalKind::Unavailable => Code::Unavailable,
+        RefusalKind::Exhausted => Code::ResourceExhausted,
         // A family added to core after this transport: say so rather than guess.
         _ => Code::Unknown,
     };

@@ -2,6 +2,7 @@
 
 use crate::address::Node;
 use crate::namespace::StoreError;
+use crate::role::Role;
 
 /// A registration refused by the admission gate; each variant names the field or rule it broke.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +69,22 @@ pub enum AdmissionError {
         /// The first namespace outside its grant.
         namespace: String,
     },
+    /// The caller does not hold the role registering a worker needs.
+    #[error("principal `{principal}` lacks role `{role}` to register a worker")]
+    RoleMissing {
+        /// The authenticated caller.
+        principal: String,
+        /// The role it lacks (`worker`).
+        role: Role,
+    },
+    /// The caller already holds as many registered workers as its quota allows.
+    #[error("`principals[].max_workers` ({limit}) reached for principal `{principal}`")]
+    PrincipalWorkerLimit {
+        /// The authenticated caller.
+        principal: String,
+        /// Its quota.
+        limit: u32,
+    },
     /// Closed namespace policy and the namespace does not exist.
     #[error("namespace {namespace:?} does not exist and the namespace policy is closed")]
     UnknownNamespace {
@@ -113,6 +130,8 @@ pub enum RefusalKind {
     Placement,
     /// The gateway could not decide (store failure).
     Unavailable,
+    /// A quota is reached; the same registration may succeed once the caller holds less.
+    Exhausted,
 }
 
 impl AdmissionError {
@@ -128,7 +147,10 @@ impl AdmissionError {
             | Self::ZeroCapacity
             | Self::CapacityAboveLimit { .. }
             | Self::UnknownWorker => RefusalKind::Invalid,
-            Self::NamespaceNotGranted { .. } => RefusalKind::Unauthorised,
+            Self::NamespaceNotGranted { .. } | Self::RoleMissing { .. } => {
+                RefusalKind::Unauthorised
+            }
+            Self::PrincipalWorkerLimit { .. } => RefusalKind::Exhausted,
             Self::UnknownNamespace { .. } => RefusalKind::NotFound,
             Self::PlacementViolated { .. } => RefusalKind::Placement,
             Self::Store(_) | Self::ShuttingDown => RefusalKind::Unavailable,
@@ -147,6 +169,8 @@ impl AdmissionError {
             Self::ZeroCapacity => "zero_capacity",
             Self::CapacityAboveLimit { .. } => "capacity_above_limit",
             Self::NamespaceNotGranted { .. } => "namespace_not_granted",
+            Self::RoleMissing { .. } => "role_missing",
+            Self::PrincipalWorkerLimit { .. } => "principal_max_workers",
             Self::UnknownNamespace { .. } => "unknown_namespace",
             Self::PlacementViolated { .. } => "placement_violated",
             Self::UnknownWorker => "unknown_worker",

@@ -374,3 +374,73 @@ async fn a_gateway_shutting_down_admits_no_worker_and_says_come_back() {
     );
     assert_eq!(registry.len(), 1);
 }
+
+#[tokio::test]
+async fn a_caller_without_the_worker_role_is_refused_naming_the_role() {
+    use crate::role::Role;
+    let registry = Registry::default();
+    let producer = CallerIdentity::granted("p1", ["a"]).with_roles([Role::Producer]);
+    let refusal = try_admit(&registry, &producer, registration(&["a"], "", "", &["dev"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal.to_string(),
+        "principal `p1` lacks role `worker` to register a worker"
+    );
+    assert_eq!(refusal.kind(), RefusalKind::Unauthorised);
+    assert!(registry.is_empty());
+
+    // Control: the same principal with `worker` (or `admin`) registers.
+    let mut admitted = Vec::new();
+    for roles in [vec![Role::Worker, Role::Producer], vec![Role::Admin]] {
+        let worker = CallerIdentity::granted("p1", ["a"]).with_roles(roles);
+        admitted.push(
+            try_admit(&registry, &worker, registration(&["a"], "", "", &["dev"]))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(registry.len(), 2);
+}
+
+#[tokio::test]
+async fn a_principal_holds_at_most_max_workers_and_a_departure_frees_a_place() {
+    let registry = Registry::default();
+    let capped = CallerIdentity::granted("w1", ["a"]).with_max_workers(2);
+    let first = try_admit(&registry, &capped, registration(&["a"], "", "", &["dev"]))
+        .await
+        .unwrap();
+    let _second = try_admit(&registry, &capped, registration(&["a"], "", "", &["dev"]))
+        .await
+        .unwrap();
+    let refusal = try_admit(&registry, &capped, registration(&["a"], "", "", &["dev"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal,
+        AdmissionError::PrincipalWorkerLimit {
+            principal: "w1".to_owned(),
+            limit: 2
+        }
+    );
+    assert_eq!(refusal.kind(), RefusalKind::Exhausted);
+    assert!(
+        refusal
+            .to_string()
+            .contains("`principals[].max_workers` (2)")
+    );
+
+    // Controls: another principal is not counted against w1, and a departure frees a place.
+    let other = CallerIdentity::granted("w2", ["a"]).with_max_workers(2);
+    let _theirs = try_admit(&registry, &other, registration(&["a"], "", "", &["dev"]))
+        .await
+        .unwrap();
+    registry.deregister(
+        first.token.worker_id(),
+        crate::events::DisconnectReason::Timeout,
+    );
+    let _again = try_admit(&registry, &capped, registration(&["a"], "", "", &["dev"]))
+        .await
+        .unwrap();
+    assert_eq!(registry.len(), 3);
+}

@@ -5,13 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use switchyard_core::{CallerIdentity, Core, NamespaceGrant, WorkerId, normalise_task_queue};
+use switchyard_core::{CallerIdentity, Core, WorkerId, normalise_task_queue};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_server::{Gateway as GatewayRpc, GatewayServer};
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::access::{self, CANCEL, DISPATCH, OPERATE, VIEW};
 use super::stream::StreamLimits;
 use super::{caller, convert, drain, outcome, stream};
 use crate::auth::Principals;
@@ -23,6 +24,12 @@ pub struct ApiConfig {
     pub default_timeout: Duration,
     /// Dispatches one `DispatchStream` runs at once.
     pub max_in_flight_per_stream: usize,
+    /// Dispatches running plus replies the producer has not taken, per `DispatchStream`; at
+    /// the limit the stream is not read (the producer is slowed).
+    pub max_stream_outstanding: usize,
+    /// How long a stream may stay at `max_stream_outstanding` with the producer taking no
+    /// reply before it is ended as a slow consumer.
+    pub slow_consumer_timeout: Duration,
 }
 
 impl Default for ApiConfig {
@@ -30,6 +37,8 @@ impl Default for ApiConfig {
         Self {
             default_timeout: Duration::from_secs(60),
             max_in_flight_per_stream: 1024,
+            max_stream_outstanding: 1024,
+            slow_consumer_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -66,8 +75,16 @@ impl GatewayApi {
         GatewayServer::new(self)
     }
 
-    fn caller<T>(&self, request: &Request<T>) -> Result<CallerIdentity, Status> {
-        caller::identify(&self.principals, request)
+    /// The caller of `request`, once it is known to hold one of `roles` for `rpc`.
+    fn caller<T>(
+        &self,
+        request: &Request<T>,
+        roles: &[switchyard_core::Role],
+        rpc: &str,
+    ) -> Result<CallerIdentity, Status> {
+        let caller = caller::identify(&self.principals, request)?;
+        access::require_role(&caller, roles, rpc)?;
+        Ok(caller)
     }
 }
 
@@ -102,7 +119,7 @@ impl GatewayRpc for GatewayApi {
         &self,
         request: Request<pb::DispatchRequest>,
     ) -> Result<Response<pb::DispatchReply>, Status> {
-        let caller = self.caller(&request)?;
+        let caller = self.caller(&request, DISPATCH, "Dispatch")?;
         let request = outcome::request(request.into_inner(), self.settings.default_timeout);
         let ended = self
             .core
@@ -121,9 +138,11 @@ impl GatewayRpc for GatewayApi {
         &self,
         request: Request<Streaming<pb::DispatchStreamRequest>>,
     ) -> Result<Response<Self::DispatchStreamStream>, Status> {
-        let caller = self.caller(&request)?;
+        let caller = self.caller(&request, DISPATCH, "DispatchStream")?;
         let limits = StreamLimits {
             max_in_flight: self.settings.max_in_flight_per_stream,
+            max_outstanding: self.settings.max_stream_outstanding,
+            slow_consumer_timeout: self.settings.slow_consumer_timeout,
             default_timeout: self.settings.default_timeout,
         };
         Ok(Response::new(stream::start(
@@ -139,7 +158,7 @@ impl GatewayRpc for GatewayApi {
         &self,
         request: Request<pb::CancelDispatchRequest>,
     ) -> Result<Response<pb::CancelDispatchReply>, Status> {
-        let caller = self.caller(&request)?;
+        let caller = self.caller(&request, CANCEL, "Cancel")?;
         let request = request.into_inner();
         require("namespace", &request.namespace)?;
         require("activity_id", &request.activity_id)?;
@@ -154,7 +173,7 @@ impl GatewayRpc for GatewayApi {
         &self,
         request: Request<pb::DescribePoolRequest>,
     ) -> Result<Response<pb::DescribePoolReply>, Status> {
-        let caller = self.caller(&request)?;
+        let caller = self.caller(&request, VIEW, "DescribePool")?;
         let request = request.into_inner();
         require("namespace", &request.namespace)?;
         require("activity_type", &request.activity_type)?;
@@ -197,7 +216,7 @@ impl GatewayRpc for GatewayApi {
         &self,
         request: Request<pb::UnservedQueuesRequest>,
     ) -> Result<Response<pb::UnservedQueuesReply>, Status> {
-        let caller = self.caller(&request)?;
+        let caller = self.caller(&request, VIEW, "UnservedQueues")?;
         let queues = self
             .core
             .dispatcher()
@@ -213,7 +232,7 @@ impl GatewayRpc for GatewayApi {
         &self,
         request: Request<pb::ExplainPoolRequest>,
     ) -> Result<Response<pb::ExplainPoolReply>, Status> {
-        let caller = self.caller(&request)?;
+        let caller = self.caller(&request, VIEW, "ExplainPool")?;
         let request = request.into_inner();
         require("namespace", &request.namespace)?;
         require("activity_type", &request.activity_type)?;
@@ -228,9 +247,12 @@ impl GatewayRpc for GatewayApi {
             )
             .into_iter()
             .map(|explained| pb::WorkerExplanation {
-                worker: Some(registry.worker(explained.worker.id()).map_or_else(
-                    || convert::worker_facts(&explained.worker),
-                    |s| convert::worker_info(&s),
+                worker: Some(access::redact(
+                    &caller,
+                    registry.worker(explained.worker.id()).map_or_else(
+                        || convert::worker_facts(&explained.worker),
+                        |s| convert::worker_info(&s),
+                    ),
                 )),
                 eligibility: convert::eligibility(&explained.eligibility).into(),
                 explanation: explained.eligibility.to_string(),
@@ -243,7 +265,7 @@ impl GatewayRpc for GatewayApi {
         &self,
         request: Request<pb::ListWorkersRequest>,
     ) -> Result<Response<pb::ListWorkersReply>, Status> {
-        let caller = self.caller(&request)?;
+        let caller = self.caller(&request, VIEW, "ListWorkers")?;
         let filter = request.into_inner();
         let task_queue = normalise_task_queue(&filter.task_queue);
         let workers = self
@@ -251,17 +273,14 @@ impl GatewayRpc for GatewayApi {
             .registry()
             .workers()
             .iter()
+            .filter(|s| access::may_see(&caller, &s.worker))
             .filter(|s| {
-                s.worker
-                    .namespaces()
-                    .iter()
-                    .any(|ns| caller.grant.allows(ns))
-            })
-            .filter(|s| {
-                filter.namespace.is_empty() || s.worker.namespaces().contains(&filter.namespace)
+                filter.namespace.is_empty()
+                    || (caller.grant.allows(&filter.namespace)
+                        && s.worker.namespaces().contains(&filter.namespace))
             })
             .filter(|s| filter.task_queue.is_empty() || s.worker.task_queue() == task_queue)
-            .map(convert::worker_info)
+            .map(|s| access::redact(&caller, convert::worker_info(s)))
             .collect();
         Ok(Response::new(pb::ListWorkersReply { workers }))
     }
@@ -273,18 +292,22 @@ impl GatewayRpc for GatewayApi {
         request: Request<pb::DrainWorkersRequest>,
     ) -> Result<Response<Self::DrainStream>, Status> {
         use pb::drain_workers_request::Target;
-        let caller = self.caller(&request)?;
+        let caller = self.caller(&request, OPERATE, "Drain")?;
         let request = request.into_inner();
         let registry = self.core.registry();
+        // A worker the caller may not drain is left out exactly as one that does not exist,
+        // so the answer never tells the two apart.
         let targets: Vec<_> = match request.target {
             Some(Target::WorkerId(id)) => registry
                 .worker(WorkerId::from_raw(id))
                 .into_iter()
+                .filter(|s| access::may_drain(&caller, &s.worker))
                 .collect(),
             Some(Target::Node(label)) if !label.is_empty() => registry
                 .workers()
                 .into_iter()
                 .filter(|s| s.worker.node().is_some_and(|n| n.as_str() == label))
+                .filter(|s| access::may_drain(&caller, &s.worker))
                 .collect(),
             _ => {
                 return Err(Status::invalid_argument(
@@ -294,22 +317,8 @@ impl GatewayRpc for GatewayApi {
         };
         if targets.is_empty() {
             return Err(Status::not_found(
-                "no registered worker matches the drain target",
+                "no registered worker you may drain matches the drain target",
             ));
-        }
-        for snapshot in &targets {
-            if let Some(namespace) = snapshot
-                .worker
-                .namespaces()
-                .iter()
-                .find(|ns| !caller.grant.allows(ns))
-            {
-                return Err(Status::permission_denied(format!(
-                    "principal {:?} is not granted namespace {namespace:?} served by worker {}",
-                    caller.principal,
-                    snapshot.worker.id()
-                )));
-            }
         }
         let deadline =
             (request.deadline_ms > 0).then(|| Duration::from_millis(request.deadline_ms));
@@ -328,28 +337,22 @@ impl GatewayRpc for GatewayApi {
         &self,
         request: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
-        let caller = self.caller(&request)?;
-        if caller.grant != NamespaceGrant::All {
-            return Err(Status::permission_denied(format!(
-                "principal {:?} is not granted every namespace, which watching events requires",
-                caller.principal
-            )));
-        }
+        let caller = self.caller(&request, OPERATE, "WatchEvents")?;
         let receiver = self.core.registry().subscribe_events();
-        let events = futures::stream::unfold(receiver, |mut receiver| async move {
-            loop {
-                match receiver.recv().await {
-                    Ok(event) => match convert::event(&event) {
-                        Some(wire) => return Some((Ok(wire), receiver)),
-                        None => continue,
-                    },
-                    Err(RecvError::Lagged(count)) => {
-                        return Some((Ok(convert::missed(count)), receiver));
+        let view = access::EventView::new(caller, self.core.registry());
+        let events =
+            futures::stream::unfold((receiver, view), |(mut receiver, mut view)| async move {
+                loop {
+                    let wire = match receiver.recv().await {
+                        Ok(event) => convert::event(&event),
+                        Err(RecvError::Lagged(count)) => Some(convert::missed(count)),
+                        Err(RecvError::Closed) => return None,
+                    };
+                    if let Some(wire) = wire.and_then(|wire| view.admit(wire)) {
+                        return Some((Ok(wire), (receiver, view)));
                     }
-                    Err(RecvError::Closed) => return None,
                 }
-            }
-        });
+            });
         Ok(Response::new(Box::pin(
             events.take_until(self.closing.clone().cancelled_owned()),
         )))

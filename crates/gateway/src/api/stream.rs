@@ -1,37 +1,111 @@
 //! `DispatchStream`: many dispatches over one bidirectional stream, correlated by id, with a
-//! bound on how many run at once.
+//! bound on how many run at once and on how much the gateway holds for a producer that does
+//! not read.
 //!
-//! One driver task per stream reads requests only while fewer than the limit are in flight,
-//! so a producer that outruns its workers is pushed back by HTTP/2 flow control rather than
-//! buffered. Replies go out in completion order through a channel of the same bound. When the
-//! producer goes away the driver ends and drops its dispatches, which core cancels as
-//! `CallerGone`. When the server closes, the driver stops reading and sends the replies of the
-//! dispatches still running before it ends, so every accepted request gets exactly one reply.
+//! One driver task per stream reads requests only while fewer than `max_in_flight` run and
+//! fewer than `max_outstanding` are outstanding (running, plus replies the producer has not
+//! taken), so a producer that outruns its workers, or stops reading its replies, is pushed
+//! back by HTTP/2 flow control rather than buffered. Replies go out in completion order. A
+//! stream that stays at `max_outstanding` with the producer taking no reply for
+//! `slow_consumer_timeout` is ended as a slow consumer, as NATS does: its dispatches are
+//! dropped (core cancels them as `CallerGone`), its queued replies freed, and the producer
+//! reads `RESOURCE_EXHAUSTED` naming the limit after whatever HTTP/2 had already buffered.
+//! When the producer goes away the driver ends and drops its dispatches the same way. When the
+//! server closes, the driver stops reading and sends the replies of the dispatches still
+//! running before it ends, so every accepted request gets exactly one reply.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
 use switchyard_core::{CallerIdentity, Dispatcher};
 use switchyard_proto::v1 as pb;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status, Streaming};
 use tracing::Instrument;
 
 use super::outcome;
+use super::throttle::LogThrottle;
 
-/// Replies of one `DispatchStream`.
-pub(crate) type ReplyStream = ReceiverStream<Result<pb::DispatchStreamReply, Status>>;
+type Reply = Result<pb::DispatchStreamReply, Status>;
+
+/// One WARN per 10 s for slow consumers, whatever the number of streams ended.
+static SLOW_CONSUMER_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
+
+/// Replies of one `DispatchStream`, as tonic sends them.
+pub(crate) type ReplyStream = Pin<Box<dyn Stream<Item = Reply> + Send + 'static>>;
+
+/// The reply stream over the driver's queue.
+#[derive(Debug)]
+struct Replies {
+    outlet: Arc<Mutex<Outlet>>,
+    taken: Arc<Notify>,
+}
+
+/// What the driver and the reply stream share: the queued replies until the stream is ended
+/// as a slow consumer, then the status the producer reads last.
+#[derive(Debug)]
+struct Outlet {
+    replies: Option<mpsc::Receiver<Reply>>,
+    ended_with: Option<Status>,
+    waker: Option<Waker>,
+}
+
+fn lock(outlet: &Mutex<Outlet>) -> MutexGuard<'_, Outlet> {
+    outlet.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Stream for Replies {
+    type Item = Reply;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Reply>> {
+        let mut outlet = lock(&self.outlet);
+        if let Some(replies) = outlet.replies.as_mut() {
+            match replies.poll_recv(cx) {
+                Poll::Ready(Some(reply)) => {
+                    self.taken.notify_one();
+                    return Poll::Ready(Some(reply));
+                }
+                Poll::Ready(None) => outlet.replies = None,
+                Poll::Pending => {
+                    outlet.waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+            }
+        }
+        Poll::Ready(outlet.ended_with.take().map(Err))
+    }
+}
+
+/// Ends the stream as a slow consumer: frees the queued replies and leaves `status` for the
+/// producer to read next.
+fn evict(outlet: &Mutex<Outlet>, status: Status) {
+    let (queued, waker) = {
+        let mut outlet = lock(outlet);
+        outlet.ended_with = Some(status);
+        (outlet.replies.take(), outlet.waker.take())
+    };
+    drop(queued);
+    if let Some(waker) = waker {
+        waker.wake();
+    }
+}
 
 /// Limits of one stream.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StreamLimits {
     /// Dispatches run at once.
     pub(crate) max_in_flight: usize,
+    /// Dispatches running plus replies not yet taken; at the bound the stream is not read.
+    pub(crate) max_outstanding: usize,
+    /// How long the stream may sit at `max_outstanding` with no reply taken.
+    pub(crate) slow_consumer_timeout: Duration,
     /// Timeout of a request that asks for none.
     pub(crate) default_timeout: Duration,
 }
@@ -44,101 +118,171 @@ pub(crate) fn start(
     limits: StreamLimits,
     closing: CancellationToken,
 ) -> ReplyStream {
-    let (replies, receiver) = mpsc::channel(limits.max_in_flight.max(1));
+    let (replies, receiver) = mpsc::channel(limits.max_outstanding.max(1));
+    let outlet = Arc::new(Mutex::new(Outlet {
+        replies: Some(receiver),
+        ended_with: None,
+        waker: None,
+    }));
+    let taken = Arc::new(Notify::new());
     let span = tracing::debug_span!("dispatch_stream", principal = %caller.principal);
-    tokio::spawn(
-        drive(
-            dispatcher,
-            Arc::new(caller),
-            inbound,
-            limits,
-            replies,
-            closing,
-        )
-        .instrument(span),
-    );
-    ReceiverStream::new(receiver)
+    let driver = Driver {
+        dispatcher,
+        caller: Arc::new(caller),
+        limits,
+        replies,
+        outlet: Arc::clone(&outlet),
+        taken: Arc::clone(&taken),
+    };
+    tokio::spawn(driver.drive(inbound, closing).instrument(span));
+    Box::pin(Replies { outlet, taken })
 }
 
-async fn drive(
+struct Driver {
     dispatcher: Dispatcher,
     caller: Arc<CallerIdentity>,
-    mut inbound: Streaming<pb::DispatchStreamRequest>,
     limits: StreamLimits,
-    replies: mpsc::Sender<Result<pb::DispatchStreamReply, Status>>,
-    closing: CancellationToken,
-) {
-    let mut running = FuturesUnordered::new();
-    let mut correlation_ids = HashSet::new();
-    let mut reading = true;
-    while reading || !running.is_empty() {
-        let reply = tokio::select! {
-            next = inbound.message(), if reading && running.len() < limits.max_in_flight => {
-                match next {
-                    Ok(Some(item)) => {
-                        let pb::DispatchStreamRequest { correlation_id, request } = item;
-                        let refusal = match request {
-                            None => Some(Status::invalid_argument("request is required")),
-                            Some(_) if correlation_ids.contains(&correlation_id) => Some(
-                                Status::already_exists(format!(
-                                    "correlation_id {correlation_id} is already in flight on \
-                                     this stream"
-                                )),
-                            ),
-                            Some(request) => {
-                                correlation_ids.insert(correlation_id);
-                                let dispatcher = dispatcher.clone();
-                                let caller = Arc::clone(&caller);
-                                let request = outcome::request(request, limits.default_timeout);
-                                running.push(async move {
-                                    (correlation_id, dispatcher.dispatch(&caller, request).await)
-                                });
-                                None
-                            }
-                        };
-                        match refusal {
-                            Some(status) => refused(correlation_id, &status),
-                            None => continue,
-                        }
-                    }
-                    Ok(None) => {
-                        reading = false;
-                        continue;
-                    }
-                    Err(status) => {
-                        match outcome::oversized_request(&status, dispatcher.max_input_bytes()) {
-                            Some(refusal) => {
-                                let _ = replies.send(Err(refusal)).await;
-                            }
-                            None => tracing::debug!(%status, "dispatch stream ended by the producer"),
-                        }
-                        return;
-                    }
-                }
-            }
-            Some((correlation_id, result)) = running.next(), if !running.is_empty() => {
-                correlation_ids.remove(&correlation_id);
-                match result {
-                    Ok(ended) => pb::DispatchStreamReply {
-                        correlation_id,
-                        result: Some(pb::dispatch_stream_reply::Result::Outcome(
-                            outcome::outcome(ended),
-                        )),
-                    },
-                    Err(error) => refused(correlation_id, &outcome::refusal(&error)),
-                }
-            }
-            () = replies.closed() => return,
-            // The server is closing: read no more, but every dispatch already running still
-            // sends its one reply (core has ended them all by now).
-            () = closing.cancelled(), if reading => {
-                reading = false;
-                continue;
-            }
-        };
-        if replies.send(Ok(reply)).await.is_err() {
-            return;
+    replies: mpsc::Sender<Reply>,
+    outlet: Arc<Mutex<Outlet>>,
+    taken: Arc<Notify>,
+}
+
+impl Driver {
+    /// Replies queued and not yet taken by the producer.
+    fn queued(&self) -> usize {
+        self.replies.max_capacity() - self.replies.capacity()
+    }
+
+    fn slow_consumer(&self) -> Status {
+        let limits = &self.limits;
+        metrics::counter!("switchyard_limit_refusals_total",
+            "limit" => "dispatch.slow_consumer_timeout")
+        .increment(1);
+        if let Some(suppressed) = SLOW_CONSUMER_LOG.allow(Instant::now()) {
+            tracing::warn!(principal = %self.caller.principal, suppressed,
+                "DispatchStream ended as a slow consumer: no reply taken for \
+                 dispatch.slow_consumer_timeout ({:?}) with dispatch.max_stream_outstanding \
+                 ({}) outstanding", limits.slow_consumer_timeout, limits.max_outstanding);
         }
+        Status::resource_exhausted(format!(
+            "slow consumer: no reply taken for `dispatch.slow_consumer_timeout` ({:?}) with \
+             `dispatch.max_stream_outstanding` ({}) outstanding; the stream is ended and its \
+             dispatches cancelled",
+            limits.slow_consumer_timeout, limits.max_outstanding
+        ))
+    }
+
+    /// Runs the stream until the producer and every dispatch are done, or it is ended.
+    async fn drive(
+        self,
+        mut inbound: Streaming<pb::DispatchStreamRequest>,
+        closing: CancellationToken,
+    ) {
+        let Self {
+            dispatcher,
+            caller,
+            limits,
+            replies,
+            ..
+        } = &self;
+        let bound = replies.max_capacity();
+        let mut running = FuturesUnordered::new();
+        let mut correlation_ids = HashSet::new();
+        let mut reading = true;
+        // Since when the stream has sat at its bound with replies the producer has not taken.
+        let mut stalled_since: Option<Instant> = None;
+        while reading || !running.is_empty() {
+            let queued = self.queued();
+            let full = running.len() + queued >= bound;
+            if full && queued > 0 {
+                stalled_since.get_or_insert_with(Instant::now);
+            } else {
+                stalled_since = None;
+            }
+            let evict_at = stalled_since.map(|since| since + limits.slow_consumer_timeout);
+            let reply = tokio::select! {
+                next = inbound.message(),
+                    if reading && !full && running.len() < limits.max_in_flight => {
+                    match next {
+                        Ok(Some(item)) => {
+                            let pb::DispatchStreamRequest { correlation_id, request } = item;
+                            let refusal = match request {
+                                None => Some(Status::invalid_argument("request is required")),
+                                Some(_) if correlation_ids.contains(&correlation_id) => Some(
+                                    Status::already_exists(format!(
+                                        "correlation_id {correlation_id} is already in flight on \
+                                         this stream"
+                                    )),
+                                ),
+                                Some(request) => {
+                                    correlation_ids.insert(correlation_id);
+                                    let dispatcher = dispatcher.clone();
+                                    let caller = Arc::clone(caller);
+                                    let request = outcome::request(request, limits.default_timeout);
+                                    running.push(async move {
+                                        (correlation_id, dispatcher.dispatch(&caller, request).await)
+                                    });
+                                    None
+                                }
+                            };
+                            match refusal {
+                                Some(status) => refused(correlation_id, &status),
+                                None => continue,
+                            }
+                        }
+                        Ok(None) => {
+                            reading = false;
+                            continue;
+                        }
+                        Err(status) => {
+                            match outcome::oversized_request(&status, dispatcher.max_input_bytes()) {
+                                Some(refusal) => {
+                                    let _ = replies.send(Err(refusal)).await;
+                                }
+                                None => tracing::debug!(%status, "dispatch stream ended by the producer"),
+                            }
+                            return;
+                        }
+                    }
+                }
+                Some((correlation_id, result)) = running.next(), if !running.is_empty() => {
+                    correlation_ids.remove(&correlation_id);
+                    match result {
+                        Ok(ended) => pb::DispatchStreamReply {
+                            correlation_id,
+                            result: Some(pb::dispatch_stream_reply::Result::Outcome(
+                                outcome::outcome(ended),
+                            )),
+                        },
+                        Err(error) => refused(correlation_id, &outcome::refusal(&error)),
+                    }
+                }
+                // The producer took a reply: there may be room to read again.
+                () = self.taken.notified(), if full => continue,
+                () = sleep_until(evict_at) => {
+                    evict(&self.outlet, self.slow_consumer());
+                    return;
+                }
+                () = replies.closed() => return,
+                // The server is closing: read no more, but every dispatch already running still
+                // sends its one reply (core has ended them all by now).
+                () = closing.cancelled(), if reading => {
+                    reading = false;
+                    continue;
+                }
+            };
+            // Never waits: every running dispatch and every refusal was counted in the bound.
+            if replies.send(Ok(reply)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

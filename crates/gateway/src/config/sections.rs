@@ -13,7 +13,10 @@
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::{DEFAULT_MAX_CONCURRENCY_LIMIT, DispatchConfig, LivenessConfig};
+use switchyard_core::{
+    DEFAULT_MAX_CONCURRENCY_LIMIT, DEFAULT_MAX_WORKERS_PER_PRINCIPAL, DispatchConfig,
+    LivenessConfig, Role,
+};
 use switchyard_transport_grpc::GrpcServerConfig;
 use switchyard_transport_quic::{CongestionControl, QuicServerConfig, RetryPolicy};
 
@@ -75,6 +78,8 @@ pub struct GrpcSection {
     pub max_message_size: usize,
     /// Set TCP_NODELAY on accepted connections.
     pub tcp_nodelay: bool,
+    /// Worker streams one connection may carry at once; one more is refused.
+    pub max_workers_per_connection: usize,
 }
 
 impl Default for GrpcSection {
@@ -89,6 +94,7 @@ impl Default for GrpcSection {
             keepalive_timeout: ConfigDuration(library.keepalive_timeout),
             max_message_size: library.max_message_bytes,
             tcp_nodelay: library.tcp_nodelay,
+            max_workers_per_connection: library.max_workers_per_connection,
         }
     }
 }
@@ -263,7 +269,7 @@ pub struct TlsSection {
 }
 
 /// `[[principals]]`: one caller the gateway knows.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PrincipalSection {
     /// The principal's name, as logged and shown on its workers.
@@ -274,6 +280,51 @@ pub struct PrincipalSection {
     pub cert_subject: String,
     /// Namespaces it may register workers into and dispatch into; `"*"` grants every one.
     pub namespaces: Vec<String>,
+    /// What it may do in those namespaces; absent means `["admin"]` (everything, with a
+    /// start-up warning naming the principal).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roles: Option<Vec<RoleName>>,
+    /// The most workers it may have registered at once, over every transport.
+    pub max_workers: u32,
+}
+
+impl Default for PrincipalSection {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            token: String::new(),
+            cert_subject: String::new(),
+            namespaces: Vec::new(),
+            roles: None,
+            max_workers: DEFAULT_MAX_WORKERS_PER_PRINCIPAL,
+        }
+    }
+}
+
+/// A role in `principals[].roles`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleName {
+    /// Register workers.
+    Worker,
+    /// Dispatch, and cancel and look up its own dispatches.
+    Producer,
+    /// List, explain, drain and watch; cancel any dispatch in its namespaces.
+    Operator,
+    /// Everything.
+    Admin,
+}
+
+impl RoleName {
+    /// Core's role of this name.
+    pub fn role(self) -> Role {
+        match self {
+            Self::Worker => Role::Worker,
+            Self::Producer => Role::Producer,
+            Self::Operator => Role::Operator,
+            Self::Admin => Role::Admin,
+        }
+    }
 }
 
 /// What the admission gate does with a namespace it does not know.
@@ -340,6 +391,12 @@ pub struct DispatchSection {
     pub loss_window: ConfigDuration,
     /// Dispatches one `DispatchStream` runs at once before the gateway stops reading it.
     pub max_in_flight_per_stream: usize,
+    /// Dispatches running plus replies not yet taken by the producer, per `DispatchStream`;
+    /// at the limit the gateway stops reading the stream.
+    pub max_stream_outstanding: usize,
+    /// How long a `DispatchStream` may stay at `max_stream_outstanding` without the producer
+    /// taking a reply before it is ended as a slow consumer.
+    pub slow_consumer_timeout: ConfigDuration,
 }
 
 impl Default for DispatchSection {
@@ -352,6 +409,8 @@ impl Default for DispatchSection {
             loss_budget: core.loss_budget,
             loss_window: ConfigDuration(core.loss_window),
             max_in_flight_per_stream: api.max_in_flight_per_stream,
+            max_stream_outstanding: api.max_stream_outstanding,
+            slow_consumer_timeout: ConfigDuration(api.slow_consumer_timeout),
         }
     }
 }

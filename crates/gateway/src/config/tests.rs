@@ -217,6 +217,16 @@ fn inconsistent_principals_and_namespaces_name_the_entry() {
             "principals[1].token",
         ),
         (
+            r#"[{ name = "a", token = "t", namespaces = ["x"], roles = [] }]"#,
+            "SWITCHYARD_PRINCIPALS",
+            "principals[0].roles",
+        ),
+        (
+            r#"[{ name = "a", token = "t", namespaces = ["x"], max_workers = 0 }]"#,
+            "SWITCHYARD_PRINCIPALS",
+            "principals[0].max_workers",
+        ),
+        (
             r#"[{ name = "edge", pinned = ["n1"], prefer = ["n2"] }]"#,
             "SWITCHYARD_NAMESPACES_KNOWN",
             "namespaces.known[0].prefer",
@@ -240,6 +250,21 @@ fn zero_and_contradictory_limits_are_refused() {
             "SWITCHYARD_LIVENESS_PING_INTERVAL",
             "0s",
             "liveness.ping_interval",
+        ),
+        (
+            "SWITCHYARD_DISPATCH_MAX_STREAM_OUTSTANDING",
+            "0",
+            "dispatch.max_stream_outstanding",
+        ),
+        (
+            "SWITCHYARD_DISPATCH_SLOW_CONSUMER_TIMEOUT",
+            "0s",
+            "dispatch.slow_consumer_timeout",
+        ),
+        (
+            "SWITCHYARD_GRPC_MAX_WORKERS_PER_CONNECTION",
+            "0",
+            "grpc.max_workers_per_connection",
         ),
         (
             "SWITCHYARD_DISPATCH_DEFAULT_TIMEOUT",
@@ -335,4 +360,19 @@ fn required_client_certificates_need_tls_on_the_grpc_listener() {
     let plaintext = [vars[0], vars[1], ("SWITCHYARD_GRPC_TLS", "false")];
     let error = GatewayConfig::load(None, env(&plaintext), &[]).unwrap_err();
     assert_eq!(invalid_key(&error).0, "tls.require_client_cert");
+}
+
+#[test]
+fn roles_parse_by_name_and_an_unknown_role_is_refused() {
+    let principals = r#"[{ name = "a", token = "t", namespaces = ["x"], roles = ["worker", "operator"], max_workers = 5 }]"#;
+    let config = GatewayConfig::load(None, env(&[("SWITCHYARD_PRINCIPALS", principals)]), &[])
+        .expect("valid roles");
+    assert_eq!(
+        config.principals[0].roles,
+        Some(vec![RoleName::Worker, RoleName::Operator])
+    );
+    assert_eq!(config.principals[0].max_workers, 5);
+    // Control: a role the gateway does not know is not silently dropped.
+    let unknown = r#"[{ name = "a", token = "t", namespaces = ["x"], roles = ["root"] }]"#;
+    assert!(GatewayConfig::load(None, env(&[("SWITCHYARD_PRINCIPALS", unknown)]), &[]).is_err());
 }

@@ -29,6 +29,10 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
         ("liveness.ping_interval", config.liveness.ping_interval),
         ("liveness.ping_timeout", config.liveness.ping_timeout),
         (
+            "dispatch.slow_consumer_timeout",
+            config.dispatch.slow_consumer_timeout,
+        ),
+        (
             "liveness.heartbeat_window",
             config.liveness.heartbeat_window,
         ),
@@ -44,8 +48,16 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
     let counts = [
         ("grpc.max_message_size", config.grpc.max_message_size),
         (
+            "grpc.max_workers_per_connection",
+            config.grpc.max_workers_per_connection,
+        ),
+        (
             "dispatch.max_in_flight_per_stream",
             config.dispatch.max_in_flight_per_stream,
+        ),
+        (
+            "dispatch.max_stream_outstanding",
+            config.dispatch.max_stream_outstanding,
         ),
         (
             "liveness.probation_pings",
@@ -172,6 +184,22 @@ fn principals(config: &GatewayConfig) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(
                 &at("namespaces"),
                 "contains an empty namespace name".to_owned(),
+            ));
+        }
+        if principal.roles.as_ref().is_some_and(Vec::is_empty) {
+            return Err(ConfigError::invalid(
+                &at("roles"),
+                format!(
+                    "principal {:?} holds no role, so it could do nothing; list some of \
+                     worker, producer, operator, admin (or remove the key for admin)",
+                    principal.name
+                ),
+            ));
+        }
+        if principal.max_workers == 0 {
+            return Err(ConfigError::invalid(
+                &at("max_workers"),
+                "must be at least 1; to forbid registering, leave `worker` out of roles".to_owned(),
             ));
         }
     }

@@ -189,8 +189,8 @@ impl GatewayBuilder {
             .with_certificate(
                 CERT_PRINCIPAL,
                 CallerIdentity {
-                    principal: CERT_PRINCIPAL.to_owned(),
                     grant: NamespaceGrant::Only(["billing".to_owned()].into()),
+                    ..CallerIdentity::trusted(CERT_PRINCIPAL)
                 },
             );
         if let Some(anonymous) = self.anonymous {

@@ -13,7 +13,7 @@ use rustls_pki_types::pem::PemObject;
 use switchyard_core::{
     ActivityOutcome, ActivityRequest, CallerIdentity, Eligibility, Registry, WorkerEvent,
 };
-use switchyard_gateway::{ConfigDuration, Gateway, GatewayConfig, PrincipalSection};
+use switchyard_gateway::{ConfigDuration, Gateway, GatewayConfig, PrincipalSection, RoleName};
 use switchyard_transport_grpc::GrpcWorker;
 use switchyard_transport_quic::{ClientTls, QuicWorker};
 use switchyard_transport_websocket::client::WsLinkError;
@@ -26,6 +26,8 @@ use tonic::transport::{Certificate, ClientTlsConfig};
 
 const NAMESPACE: &str = "mixed";
 const TOKEN: &str = "mixed-token";
+/// The token of a principal granted [`NAMESPACE`] without the `worker` role.
+const PRODUCER_TOKEN: &str = "producer-token";
 const ACTIVITY: &str = "whoami";
 /// Served by the WebSocket worker only: holds until the test releases it.
 const HOLD: &str = "hold";
@@ -42,12 +44,22 @@ async fn gateway(data_dir: &std::path::Path) -> Gateway {
     config.liveness.ping_interval = ConfigDuration::millis(100);
     config.liveness.ping_timeout = ConfigDuration::millis(300);
     config.shutdown.drain_timeout = ConfigDuration::secs(2);
-    config.principals = vec![PrincipalSection {
-        name: "mixed-workers".to_owned(),
-        token: TOKEN.to_owned(),
-        cert_subject: String::new(),
-        namespaces: vec![NAMESPACE.to_owned()],
-    }];
+    config.principals = vec![
+        PrincipalSection {
+            name: "mixed-workers".to_owned(),
+            token: TOKEN.to_owned(),
+            cert_subject: String::new(),
+            namespaces: vec![NAMESPACE.to_owned()],
+            ..PrincipalSection::default()
+        },
+        PrincipalSection {
+            name: "producer-only".to_owned(),
+            token: PRODUCER_TOKEN.to_owned(),
+            namespaces: vec![NAMESPACE.to_owned()],
+            roles: Some(vec![RoleName::Producer]),
+            ..PrincipalSection::default()
+        },
+    ];
     Gateway::builder(config)
         .transport(WsTransport::new("127.0.0.1:0".parse().unwrap()))
         .start()
@@ -307,6 +319,17 @@ async fn websocket_workers_authenticate_against_the_gateway_principal_table() {
     assert!(
         matches!(&foreign, WsLinkError::Refused { message, .. } if message.contains("mixed-workers")),
         "{foreign}"
+    );
+    let roleless = attempt(PRODUCER_TOKEN, NAMESPACE).await.unwrap_err();
+    assert_eq!(
+        roleless.close_code(),
+        Some(CloseCode::NamespaceNotGranted),
+        "{roleless}"
+    );
+    assert!(
+        matches!(&roleless, WsLinkError::Refused { message, .. }
+            if message.contains("lacks role `worker`")),
+        "{roleless}"
     );
     // Control: the principal's own token and namespace register.
     let admitted = attempt(TOKEN, NAMESPACE).await.unwrap();

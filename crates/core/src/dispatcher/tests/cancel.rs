@@ -192,3 +192,68 @@ async fn a_caller_dropping_its_dispatch_cancels_the_task_on_the_worker() {
     );
     assert_eq!(s.in_flight(&worker), 1, "held until acknowledged");
 }
+
+fn spawn_as(
+    s: &Setup,
+    caller: CallerIdentity,
+    request: ActivityRequest,
+) -> JoinHandle<Result<ActivityOutcome, DispatchError>> {
+    let dispatcher = s.dispatcher.clone();
+    tokio::spawn(async move { dispatcher.dispatch(&caller, request).await })
+}
+
+#[tokio::test(start_paused = true)]
+async fn activity_ids_belong_to_their_principal_unless_the_caller_operates_the_namespace() {
+    use crate::role::Role;
+    let s = setup();
+    let alice = CallerIdentity::granted("alice", [NS]).with_roles([Role::Producer]);
+    let bob = CallerIdentity::granted("bob", [NS]).with_roles([Role::Producer]);
+    let operator = CallerIdentity::granted("ops", [NS]).with_roles([Role::Operator]);
+    let a1 = spawn_as(
+        &s,
+        alice.clone(),
+        with_id(request("a", Duration::from_secs(30)), "job"),
+    );
+    s.parked(1).await;
+
+    // Bob neither sees nor reaches Alice's id: his cancel is the unknown-id answer, and his
+    // own dispatch with the same id is accepted (it parks next to hers).
+    let bobs_cancel = s.dispatcher.cancel(&bob, NS, "job");
+    let unknown = s.dispatcher.cancel(&bob, NS, "no-such-job");
+    assert!(matches!(bobs_cancel, Err(CancelError::NotFound { .. })));
+    assert_eq!(
+        bobs_cancel.map_err(|e| e.to_string().replace("job", "ID")),
+        unknown.map_err(|e| e.to_string().replace("no-such-job", "ID")),
+        "the same answer as an id nobody uses"
+    );
+    let b1 = spawn_as(
+        &s,
+        bob.clone(),
+        with_id(request("b", Duration::from_secs(30)), "job"),
+    );
+    s.parked(2).await;
+    assert!(!a1.is_finished() && !b1.is_finished());
+
+    // Control: the id is still Alice's own, so her duplicate is refused and her cancel works.
+    let dup = s
+        .dispatcher
+        .dispatch(
+            &alice,
+            with_id(request("a", Duration::from_secs(30)), "job"),
+        )
+        .await;
+    assert!(matches!(
+        dup,
+        Err(DispatchError::DuplicateActivityId { .. })
+    ));
+    s.dispatcher.cancel(&alice, NS, "job").expect("her own");
+    assert_eq!(a1.await.expect("joined"), Ok(ActivityOutcome::Cancelled));
+    assert!(
+        !b1.is_finished(),
+        "Alice's cancel did not reach Bob's dispatch"
+    );
+
+    // An operator of the namespace reaches every principal's dispatch with the id.
+    s.dispatcher.cancel(&operator, NS, "job").expect("operator");
+    assert_eq!(b1.await.expect("joined"), Ok(ActivityOutcome::Cancelled));
+}
