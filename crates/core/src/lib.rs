@@ -23,6 +23,7 @@ mod namespace;
 mod outcome;
 mod registration;
 mod registry;
+mod throttle;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod worker;
@@ -64,4 +65,5 @@ pub use registry::{
     DEFAULT_EVENT_CAPACITY, Departure, DepartureObserver, DispatchReservation, PoolCensus,
     RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
+pub use throttle::{DEFAULT_THROTTLE_INTERVAL, Throttle};
 pub use worker::{Worker, WorkerSnapshot};

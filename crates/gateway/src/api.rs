@@ -13,6 +13,7 @@ mod oversized;
 mod service;
 mod stream;
 
+pub(crate) use caller::identify;
 pub(crate) use convert::unix_ms;
 pub(crate) use oversized::OversizedAsExhausted;
 pub use service::{ApiConfig, GatewayApi};

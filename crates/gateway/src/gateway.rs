@@ -137,6 +137,7 @@ impl GatewayBuilder {
         let ops_stop = CancellationToken::new();
         let mut ops_addr = None;
         let mut ops_task = None;
+        ops::warn_if_remote(&config.ops);
         if config.ops.enabled {
             let listener = ops::bind(config.ops.listen)
                 .await
@@ -144,6 +145,7 @@ impl GatewayBuilder {
             ops_addr = listener.local_addr().ok();
             ops_task = Some(tokio::spawn(ops::serve(
                 listener,
+                &config.ops,
                 core.clone(),
                 readiness.clone(),
                 ops_stop.clone(),

@@ -74,6 +74,7 @@ mod auth;
 mod client;
 mod config;
 mod delivery;
+mod listener;
 mod outbound;
 mod serve;
 mod service;
@@ -87,6 +88,10 @@ pub use client::{
 };
 pub use config::GrpcServerConfig;
 pub use delivery::TRANSPORT;
+pub use listener::{
+    AcceptConfig, CONNECTIONS_REFUSED_TOTAL, ConnectionLimits, ConnectionRefusal, Limited,
+    LimitedIncoming, limited_incoming,
+};
 pub use outbound::Outbound;
 pub use serve::{ServeError, serve};
 pub use service::WorkerService;
