@@ -40,7 +40,7 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 #[non_exhaustive]
 pub enum StartError {
     /// TLS material could not be loaded or generated.
-    #[error("tls: {0}")]
+    #[error("{0}")]
     Tls(#[from] TlsError),
     /// The operations listener could not bind.
     #[error("operations listener: {0}")]
