@@ -260,3 +260,32 @@ async fn reflection_can_be_opened_or_turned_off() {
         .unwrap_err();
     assert_eq!(unserved.code(), tonic::Code::Unimplemented, "{unserved}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_beyond_the_per_connection_limit_wait_for_one_to_end() {
+    let gateway = TestGateway::start(|config| {
+        config.quic.enabled = false;
+        config.grpc.max_concurrent_streams = 2;
+    })
+    .await;
+    // One channel is one HTTP/2 connection.
+    let mut health = HealthClient::new(channel(&gateway, None).await);
+    let request = || HealthCheckRequest {
+        service: String::new(),
+    };
+    let first = health.watch(request()).await.unwrap().into_inner();
+    let _second = health.watch(request()).await.unwrap().into_inner();
+    let mut third = Box::pin({
+        let mut health = health.clone();
+        async move { health.watch(request()).await }
+    });
+    let early = tokio::time::timeout(Duration::from_millis(500), third.as_mut()).await;
+    assert!(
+        early.is_err(),
+        "a third stream opened while the connection allows two: {early:?}"
+    );
+    // Control: when a stream ends, the waiting one opens.
+    drop(first);
+    let opened = tokio::time::timeout(PATIENCE, third).await;
+    assert!(matches!(opened, Ok(Ok(_))), "{opened:?}");
+}
