@@ -4,6 +4,8 @@
 //! `grpc.max_connections_per_address` are closed at accept while another address still
 //! connects, health `Watch` streams stop at `grpc.max_health_watchers`, and reflection needs a
 //! credential in principals mode. Loopback only; every wait is bounded.
+// Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
+#![allow(clippy::unwrap_used)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -79,7 +81,10 @@ async fn a_silent_connection_is_closed_at_the_handshake_timeout() {
     assert!(serving(channel.clone()).await);
     let mut later = TcpStream::connect(addr).await.unwrap();
     assert!(closed_by_peer(&mut later).await);
-    assert!(serving(channel).await, "a handshaken connection outlives the timeout");
+    assert!(
+        serving(channel).await,
+        "a handshaken connection outlives the timeout"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +182,9 @@ async fn health_watch_streams_beyond_the_limit_are_refused_naming_it() {
     let refused = health.watch(request()).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
     assert!(
-        refused.message().contains("grpc.max_health_watchers (2) reached"),
+        refused
+            .message()
+            .contains("grpc.max_health_watchers (2) reached"),
         "{}",
         refused.message()
     );
@@ -249,7 +256,9 @@ async fn reflection_can_be_opened_or_turned_off() {
         config.grpc.reflection = switchyard_gateway::ReflectionName::Open;
     })
     .await;
-    list_services(channel(&open, None).await, None).await.unwrap();
+    list_services(channel(&open, None).await, None)
+        .await
+        .unwrap();
     let off = TestGateway::start(|config| {
         config.quic.enabled = false;
         config.grpc.reflection = switchyard_gateway::ReflectionName::Off;

@@ -2,6 +2,8 @@
 //! (and its environment variable): a zero QUIC registration timeout, a ping timeout not shorter
 //! than the heartbeat window, tokens short enough to guess or padded with whitespace, a zero
 //! listener limit, and an operations listener on a public address next to principals.
+// The helper below fails the test that called it, like the tests do.
+#![allow(clippy::expect_used)]
 
 use switchyard_gateway::{ConfigError, GatewayConfig};
 
@@ -29,7 +31,10 @@ fn a_zero_quic_registration_timeout_is_refused() {
         &[("SWITCHYARD_QUIC_REGISTRATION_TIMEOUT", "0s")],
         "quic.registration_timeout",
     );
-    assert!(message.contains("SWITCHYARD_QUIC_REGISTRATION_TIMEOUT"), "{message}");
+    assert!(
+        message.contains("SWITCHYARD_QUIC_REGISTRATION_TIMEOUT"),
+        "{message}"
+    );
     // Control: any positive timeout loads.
     assert!(load(&[("SWITCHYARD_QUIC_REGISTRATION_TIMEOUT", "1s")]).is_ok());
 }
@@ -79,11 +84,23 @@ fn zero_listener_limits_are_refused() {
             "SWITCHYARD_GRPC_MAX_CONNECTIONS_PER_ADDRESS",
             "grpc.max_connections_per_address",
         ),
-        ("SWITCHYARD_GRPC_MAX_CONCURRENT_STREAMS", "grpc.max_concurrent_streams"),
-        ("SWITCHYARD_GRPC_MAX_HEALTH_WATCHERS", "grpc.max_health_watchers"),
+        (
+            "SWITCHYARD_GRPC_MAX_CONCURRENT_STREAMS",
+            "grpc.max_concurrent_streams",
+        ),
+        (
+            "SWITCHYARD_GRPC_MAX_HEALTH_WATCHERS",
+            "grpc.max_health_watchers",
+        ),
         ("SWITCHYARD_OPS_MAX_CONNECTIONS", "ops.max_connections"),
-        ("SWITCHYARD_GRPC_HANDSHAKE_TIMEOUT", "grpc.handshake_timeout"),
-        ("SWITCHYARD_OPS_HEADER_READ_TIMEOUT", "ops.header_read_timeout"),
+        (
+            "SWITCHYARD_GRPC_HANDSHAKE_TIMEOUT",
+            "grpc.handshake_timeout",
+        ),
+        (
+            "SWITCHYARD_OPS_HEADER_READ_TIMEOUT",
+            "ops.header_read_timeout",
+        ),
         ("SWITCHYARD_OPS_IDLE_TIMEOUT", "ops.idle_timeout"),
     ] {
         let zero = if key.ends_with("timeout") { "0s" } else { "0" };
@@ -101,7 +118,10 @@ fn a_public_ops_listener_with_principals_is_refused_unless_allowed() {
         ],
         "ops.listen",
     );
-    assert!(message.starts_with("refusing to start: ops.listen"), "{message}");
+    assert!(
+        message.starts_with("refusing to start: ops.listen"),
+        "{message}"
+    );
     assert!(message.contains("ops.allow_remote"), "{message}");
     // Control: the operator's explicit consent loads it.
     assert!(

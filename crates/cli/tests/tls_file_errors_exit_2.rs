@@ -12,7 +12,12 @@ use std::time::{Duration, Instant};
 fn serve_with(data_dir: &Path, cert: &Path, key: &Path) -> Output {
     let mut child = Command::new(PathBuf::from(env!("CARGO_BIN_EXE_switchyard")))
         .args(["serve", "--grpc-listen", "127.0.0.1:0"])
-        .args(["--quic-listen", "127.0.0.1:0", "--ops-listen", "127.0.0.1:0"])
+        .args([
+            "--quic-listen",
+            "127.0.0.1:0",
+            "--ops-listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(data_dir)
         .env("SWITCHYARD_TLS_CERT", cert)

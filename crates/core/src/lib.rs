@@ -23,9 +23,9 @@ mod namespace;
 mod outcome;
 mod registration;
 mod registry;
-mod throttle;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod throttle;
 mod worker;
 
 pub use activity::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};

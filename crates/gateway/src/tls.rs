@@ -229,9 +229,8 @@ pub fn resolve_data_dir(configured: &str) -> PathBuf {
 /// Generates the development CA and server certificate when none of the four files exists;
 /// returns whether it generated them. Some present and some missing is refused.
 fn ensure_dev_material(dir: &Path) -> Result<bool, TlsError> {
-    let (present, missing): (Vec<&str>, Vec<&str>) = DEV_FILES
-        .iter()
-        .partition(|name| dir.join(name).exists());
+    let (present, missing): (Vec<&str>, Vec<&str>) =
+        DEV_FILES.iter().partition(|name| dir.join(name).exists());
     if missing.is_empty() {
         return Ok(false);
     }

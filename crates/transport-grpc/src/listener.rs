@@ -8,6 +8,7 @@
 mod accept;
 mod table;
 
-pub use accept::{AcceptConfig, CONNECTIONS_REFUSED_TOTAL, Limited, LimitedIncoming,
-    limited_incoming};
+pub use accept::{
+    AcceptConfig, CONNECTIONS_REFUSED_TOTAL, Limited, LimitedIncoming, limited_incoming,
+};
 pub use table::{ConnectionLimits, ConnectionRefusal};

@@ -90,7 +90,10 @@ impl ServeArgs {
 pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let config = args.load()?;
     init_logging(&config.log).map_err(|error| Failure::usage(error.to_string()))?;
-    let gateway = Gateway::builder(config).start().await.map_err(start_failure)?;
+    let gateway = Gateway::builder(config)
+        .start()
+        .await
+        .map_err(start_failure)?;
     print_banner(&gateway);
     gateway
         .run_until(shutdown_signal())

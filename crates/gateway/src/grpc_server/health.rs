@@ -52,8 +52,11 @@ impl CappedHealth {
             .unwrap_or_else(PoisonError::into_inner)
             .allow(now);
         if let Some(suppressed) = logged {
-            tracing::warn!(suppressed, "health watch refused: {LIMIT_KEY} ({}) reached",
-                self.limit);
+            tracing::warn!(
+                suppressed,
+                "health watch refused: {LIMIT_KEY} ({}) reached",
+                self.limit
+            );
         }
         Status::resource_exhausted(format!("{LIMIT_KEY} ({}) reached", self.limit))
     }

@@ -98,7 +98,11 @@ mod tests {
 
     #[test]
     fn off_serves_no_reflection() {
-        assert!(service(ReflectionName::Off, &principals()).unwrap().is_none());
+        assert!(
+            service(ReflectionName::Off, &principals())
+                .unwrap()
+                .is_none()
+        );
         assert!(
             service(ReflectionName::Authenticated, &principals())
                 .unwrap()

@@ -229,9 +229,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Limited<IO> {
     }
 }
 
-impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected
-    for Limited<IO>
-{
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Limited<IO> {
     type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {

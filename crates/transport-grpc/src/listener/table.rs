@@ -124,9 +124,19 @@ mod tests {
         assert_eq!(table.admit(A), Ok(()));
         assert_eq!(table.admit(A), Ok(()));
         let refused = table.admit(A).unwrap_err();
-        assert_eq!(refused, ConnectionRefusal::Address { limit: 2, address: A });
+        assert_eq!(
+            refused,
+            ConnectionRefusal::Address {
+                limit: 2,
+                address: A
+            }
+        );
         assert_eq!(refused.limit_name(), "max_connections_per_address");
-        assert!(refused.to_string().contains("max_connections_per_address (2)"));
+        assert!(
+            refused
+                .to_string()
+                .contains("max_connections_per_address (2)")
+        );
         assert_eq!(table.admit(B), Ok(()), "another address is not held back");
         // Control: a released connection makes room for the address again.
         table.release(A);
