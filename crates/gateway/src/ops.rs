@@ -167,3 +167,51 @@ async fn unserved(State(state): State<OpsState>) -> axum::Json<Value> {
         .collect();
     axum::Json(json!({ "unserved": queues }))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Everything logged while `f` runs.
+    fn logged(f: impl FnOnce()) -> String {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = {
+            let buffer = Arc::clone(&buffer);
+            move || Capture(Arc::clone(&buffer))
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_non_loopback_ops_listener_is_warned_about_at_start() {
+        let remote = OpsSection {
+            listen: "0.0.0.0:7702".parse().unwrap(),
+            ..OpsSection::default()
+        };
+        let log = logged(|| warn_if_remote(&remote));
+        assert!(log.contains("WARN") && log.contains("ops.listen"), "{log}");
+        // Control: the loopback default says nothing.
+        assert_eq!(logged(|| warn_if_remote(&OpsSection::default())), "");
+    }
+}
