@@ -26,6 +26,7 @@ mod registry;
 mod role;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod throttle;
 mod worker;
 
 pub use activity::{ActivityContext, ActivityError, ActivityFuture, ActivityHandler};
@@ -67,4 +68,5 @@ pub use registry::{
     RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
 pub use role::{Role, Roles};
+pub use throttle::{DEFAULT_THROTTLE_INTERVAL, Throttle};
 pub use worker::{Worker, WorkerSnapshot};

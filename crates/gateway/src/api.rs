@@ -15,6 +15,7 @@ mod service;
 mod stream;
 mod throttle;
 
+pub(crate) use caller::identify;
 pub(crate) use convert::unix_ms;
 pub(crate) use oversized::OversizedAsExhausted;
 pub use service::{ApiConfig, GatewayApi};

@@ -21,7 +21,7 @@ pub use error::ConfigError;
 pub use sections::{
     CongestionName, DispatchSection, GatewayConfig, GrpcSection, LivenessSection, LogFormat,
     LogSection, NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection,
-    PrincipalSection, QuicSection, RegistrySection, RetryName, RoleName, ShutdownSection,
+    PrincipalSection, QuicSection, ReflectionName, RegistrySection, RetryName, RoleName, ShutdownSection,
     TlsSection,
 };
 

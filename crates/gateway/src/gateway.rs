@@ -40,7 +40,7 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 #[non_exhaustive]
 pub enum StartError {
     /// TLS material could not be loaded or generated.
-    #[error("tls: {0}")]
+    #[error("{0}")]
     Tls(#[from] TlsError),
     /// The operations listener could not bind.
     #[error("operations listener: {0}")]
@@ -137,6 +137,7 @@ impl GatewayBuilder {
         let ops_stop = CancellationToken::new();
         let mut ops_addr = None;
         let mut ops_task = None;
+        ops::warn_if_remote(&config.ops);
         if config.ops.enabled {
             let listener = ops::bind(config.ops.listen)
                 .await
@@ -144,6 +145,7 @@ impl GatewayBuilder {
             ops_addr = listener.local_addr().ok();
             ops_task = Some(tokio::spawn(ops::serve(
                 listener,
+                &config.ops,
                 core.clone(),
                 readiness.clone(),
                 ops_stop.clone(),

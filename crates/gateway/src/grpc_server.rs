@@ -4,6 +4,15 @@
 //! It is started through [`Transport`] like any other transport. The producer API is always
 //! mounted; `grpc.workers = false` leaves the worker service out. Workers and producers are
 //! identified against the same principal table.
+//!
+//! Before any credential is checked a connection is bounded: it is counted against
+//! `grpc.max_connections` and `grpc.max_connections_per_address` at accept, has
+//! `grpc.handshake_timeout` to finish TLS, and may open `grpc.max_concurrent_streams` HTTP/2
+//! streams. Health needs no credential, so its `Watch` streams have a ceiling of their own;
+//! reflection needs one unless `grpc.reflection = "open"`.
+
+mod health;
+mod reflection;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,10 +20,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use switchyard_proto::v1::gateway_server::GatewayServer;
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
-use switchyard_transport_grpc::{GrpcServerConfig, WorkerService};
+use switchyard_transport_grpc::{AcceptConfig, GrpcServerConfig, WorkerService, limited_incoming};
 
 use crate::api::{ApiConfig, GatewayApi, OversizedAsExhausted};
 use crate::config::GrpcSection;
@@ -25,6 +33,9 @@ use crate::transport::{
 
 /// How long the server may take to finish its last connections after `close` fires.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// `grpc.max_health_watchers`'s default: health `Watch` streams open at once.
+pub(crate) const DEFAULT_MAX_HEALTH_WATCHERS: usize = 1024;
 
 /// The built-in gRPC transport and producer API server.
 #[derive(Clone, Debug)]
@@ -62,6 +73,10 @@ pub(crate) fn worker_config(section: &GrpcSection) -> GrpcServerConfig {
         max_message_bytes: section.max_message_size,
         tcp_nodelay: section.tcp_nodelay,
         max_workers_per_connection: section.max_workers_per_connection,
+        handshake_timeout: section.handshake_timeout.get(),
+        max_concurrent_streams: section.max_concurrent_streams,
+        max_connections: section.max_connections,
+        max_connections_per_address: section.max_connections_per_address,
         ..GrpcServerConfig::default()
     }
 }
@@ -84,24 +99,28 @@ impl Transport for GrpcTransport {
         let bound = listener
             .local_addr()
             .map_err(|source| TransportError::Bind { addr, source })?;
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(section.tcp_nodelay));
+        let library = worker_config(&section);
+        let incoming = limited_incoming(
+            listener,
+            AcceptConfig {
+                name: "grpc",
+                limits: library.connection_limits(),
+                nodelay: library.tcp_nodelay,
+            },
+        );
 
-        let mut server = Server::builder()
-            .http2_keepalive_interval(Some(section.keepalive_interval.get()))
-            .http2_keepalive_timeout(Some(section.keepalive_timeout.get()));
+        let mut server = library.server_builder();
         if section.tls {
             server = server
-                .tls_config(server_tls(&context.tls))
+                .tls_config(library.tls(server_tls(&context.tls)))
                 .map_err(|error| TransportError::Tls(error.to_string()))?;
         }
 
-        let (health, health_service) = tonic_health::server::health_reporter();
+        let health = tonic_health::server::HealthReporter::new();
         health.set_serving::<GatewayServer<GatewayApi>>().await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(TransportError::other)?;
+        let health_service =
+            health::CappedHealth::new(health.clone(), section.max_health_watchers).into_server();
+        let reflection = reflection::service(section.reflection, &context.principals)?;
         let max_input = context.core.dispatcher().max_input_bytes();
         let api = GatewayApi::new(
             context.core.clone(),
@@ -128,7 +147,7 @@ impl Transport for GrpcTransport {
 
         let router = server
             .add_service(health_service)
-            .add_service(reflection)
+            .add_optional_service(reflection)
             .add_service(api)
             .add_optional_service(workers);
 

@@ -38,7 +38,7 @@ pub use config::{
     CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionName, DispatchSection, DurationSyntax,
     ENV_PREFIX, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,
     NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection, Override,
-    PrincipalSection, QuicSection, RegistrySection, RetryName, RoleName, ShutdownSection,
+    PrincipalSection, QuicSection, ReflectionName, RegistrySection, RetryName, RoleName, ShutdownSection,
     TlsSection, env_var_for, keys as config_keys,
 };
 pub use gateway::{Gateway, GatewayBuilder, StartError};

@@ -1,8 +1,12 @@
 //! The operations HTTP listener: `/healthz`, `/readyz`, `/metrics` and read-only JSON under
 //! `/v1/` (`workers`, `pools`, `unserved`).
 //!
-//! It carries no authentication and changes nothing; it binds loopback by default.
+//! It carries no authentication and changes nothing; it binds loopback by default. Each
+//! connection is counted against `ops.max_connections` at accept and closed when its headers
+//! take longer than `ops.header_read_timeout` or it moves nothing for `ops.idle_timeout`.
 
+mod connections;
+mod idle;
 mod metrics;
 mod pools;
 
@@ -16,11 +20,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 use switchyard_core::Core;
+use switchyard_transport_grpc::{AcceptConfig, ConnectionLimits, limited_incoming};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use metrics::recorder as install_metrics_recorder;
 
+use crate::config::OpsSection;
 use crate::readiness::Readiness;
 use crate::transport::TransportError;
 
@@ -37,9 +43,11 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, TransportError
         .map_err(|source| TransportError::Bind { addr, source })
 }
 
-/// Serves the operations endpoints on `listener` until `stop` fires.
+/// Serves the operations endpoints on `listener`, within `section`'s limits, until `stop`
+/// fires.
 pub(crate) fn serve(
     listener: TcpListener,
+    section: &OpsSection,
     core: Core,
     readiness: Readiness,
     stop: CancellationToken,
@@ -52,10 +60,37 @@ pub(crate) fn serve(
         .route("/v1/pools", get(pools_json))
         .route("/v1/unserved", get(unserved))
         .with_state(OpsState { core, readiness });
-    async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
+    let incoming = limited_incoming(
+        listener,
+        AcceptConfig {
+            name: "ops",
+            limits: ConnectionLimits {
+                max_connections: section.max_connections,
+                // One operator's scraper is one address; the listener's limit is the one
+                // that matters.
+                max_connections_per_address: section.max_connections,
+            },
+            nodelay: true,
+        },
+    );
+    let timeouts = connections::ConnectionTimeouts {
+        header_read: section.header_read_timeout.get(),
+        idle: section.idle_timeout.get(),
+    };
+    connections::serve(incoming, app, timeouts, stop)
+}
+
+/// Warns at start when the listener binds a non-loopback address: it serves every worker's
+/// identity without a credential. (Configuration refuses that with principals unless
+/// `ops.allow_remote` is set.)
+pub(crate) fn warn_if_remote(section: &OpsSection) {
+    if section.enabled && !section.listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %section.listen,
+            allow_remote = section.allow_remote,
+            "ops.listen is not a loopback address: /metrics and /v1/workers answer anyone who \
+             can reach it, without a credential"
+        );
     }
 }
 
@@ -131,4 +166,52 @@ async fn unserved(State(state): State<OpsState>) -> axum::Json<Value> {
         })
         .collect();
     axum::Json(json!({ "unserved": queues }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Everything logged while `f` runs.
+    fn logged(f: impl FnOnce()) -> String {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = {
+            let buffer = Arc::clone(&buffer);
+            move || Capture(Arc::clone(&buffer))
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_non_loopback_ops_listener_is_warned_about_at_start() {
+        let remote = OpsSection {
+            listen: "0.0.0.0:7702".parse().unwrap(),
+            ..OpsSection::default()
+        };
+        let log = logged(|| warn_if_remote(&remote));
+        assert!(log.contains("WARN") && log.contains("ops.listen"), "{log}");
+        // Control: the loopback default says nothing.
+        assert_eq!(logged(|| warn_if_remote(&OpsSection::default())), "");
+    }
 }

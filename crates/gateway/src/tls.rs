@@ -3,7 +3,11 @@
 //! Without `tls.cert`, the first start generates a development CA and a server certificate
 //! for `localhost`, `127.0.0.1` and `::1` signed by it, under `<data_dir>/tls/`; later starts
 //! reuse them, so workers that trust `ca.pem` keep trusting the gateway. Keys are written
-//! readable by the owner only.
+//! readable by the owner only. The four files are generated only together: when some exist
+//! and others are missing the start is refused naming the missing ones, rather than replacing
+//! a CA that workers may trust.
+//!
+//! Every error names the configuration key whose file is at fault (`tls.key: /path: ...`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,20 +22,37 @@ use crate::config::TlsSection;
 #[non_exhaustive]
 pub enum TlsError {
     /// A file could not be read or written.
-    #[error("{}: {source}", path.display())]
+    #[error("{key}: {}: {source}", path.display())]
     Io {
+        /// The configuration key naming the file (`tls.data_dir` for development material).
+        key: &'static str,
         /// The file.
         path: PathBuf,
         /// The I/O error.
         source: std::io::Error,
     },
     /// A PEM file holds nothing usable.
-    #[error("{}: {problem}", path.display())]
+    #[error("{key}: {}: {problem}", path.display())]
     Pem {
+        /// The configuration key naming the file.
+        key: &'static str,
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
         problem: String,
+    },
+    /// Some development files exist and others do not; none is replaced.
+    #[error("tls.data_dir: development TLS material in {} is incomplete: {} missing while {} \
+        exist; workers may trust the existing CA, so nothing is regenerated. Restore the \
+        missing files, or remove all four to generate a new CA",
+        dir.display(), missing.join(", "), present.join(", "))]
+    Incomplete {
+        /// The directory.
+        dir: PathBuf,
+        /// The files that are missing.
+        missing: Vec<String>,
+        /// The files that exist.
+        present: Vec<String>,
     },
     /// Generating development material failed.
     #[error("generating development certificates: {0}")]
@@ -41,6 +62,8 @@ pub enum TlsError {
 /// The server's certificate chain and key, and the CA client certificates must chain to.
 #[derive(Clone, Debug)]
 pub struct TlsMaterial {
+    cert_key: &'static str,
+    key_key: &'static str,
     cert_path: PathBuf,
     key_path: PathBuf,
     dev_ca_path: Option<PathBuf>,
@@ -55,10 +78,20 @@ pub struct TlsMaterial {
 /// File names of the development material inside `<data_dir>/tls/`.
 const DEV_FILES: [&str; 4] = ["ca.pem", "ca-key.pem", "server.pem", "server-key.pem"];
 
+/// The key development material is found under.
+const DATA_DIR_KEY: &str = "tls.data_dir";
+/// The key of the client CA bundle.
+const CLIENT_CA_KEY: &str = "tls.client_ca";
+
 impl TlsMaterial {
     /// Loads the configured material, or the development material under `data_dir` (generated
     /// on first use).
     pub fn load(section: &TlsSection, data_dir: &Path) -> Result<Self, TlsError> {
+        let (cert_key, key_key) = if section.cert.is_empty() {
+            (DATA_DIR_KEY, DATA_DIR_KEY)
+        } else {
+            ("tls.cert", "tls.key")
+        };
         let (cert_path, key_path, dev_ca_path, generated) = if section.cert.is_empty() {
             let dir = data_dir.join("tls");
             let generated = ensure_dev_material(&dir)?;
@@ -79,9 +112,14 @@ impl TlsMaterial {
         let client_ca_path =
             (!section.client_ca.is_empty()).then(|| PathBuf::from(&section.client_ca));
         let material = Self {
-            cert_pem: read(&cert_path)?,
-            key_pem: read(&key_path)?,
-            client_ca_pem: client_ca_path.as_deref().map(read).transpose()?,
+            cert_pem: read(cert_key, &cert_path)?,
+            key_pem: read(key_key, &key_path)?,
+            client_ca_pem: client_ca_path
+                .as_deref()
+                .map(|path| read(CLIENT_CA_KEY, path))
+                .transpose()?,
+            cert_key,
+            key_key,
             cert_path,
             key_path,
             dev_ca_path,
@@ -141,9 +179,13 @@ impl TlsMaterial {
     pub fn cert_chain(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
         let chain = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| pem_error(&self.cert_path, error.to_string()))?;
+            .map_err(|error| pem_error(self.cert_key, &self.cert_path, error.to_string()))?;
         if chain.is_empty() {
-            return Err(pem_error(&self.cert_path, "no certificate".to_owned()));
+            return Err(pem_error(
+                self.cert_key,
+                &self.cert_path,
+                "no certificate".to_owned(),
+            ));
         }
         Ok(chain)
     }
@@ -151,7 +193,7 @@ impl TlsMaterial {
     /// The server key, DER.
     pub fn private_key(&self) -> Result<PrivateKeyDer<'static>, TlsError> {
         PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
-            .map_err(|error| pem_error(&self.key_path, error.to_string()))
+            .map_err(|error| pem_error(self.key_key, &self.key_path, error.to_string()))
     }
 
     /// The client CA certificates, DER; empty when mutual TLS is not configured.
@@ -161,9 +203,9 @@ impl TlsMaterial {
         };
         let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| pem_error(path, error.to_string()))?;
+            .map_err(|error| pem_error(CLIENT_CA_KEY, path, error.to_string()))?;
         if certs.is_empty() {
-            return Err(pem_error(path, "no certificate".to_owned()));
+            return Err(pem_error(CLIENT_CA_KEY, path, "no certificate".to_owned()));
         }
         Ok(certs)
     }
@@ -184,13 +226,23 @@ pub fn resolve_data_dir(configured: &str) -> PathBuf {
     PathBuf::from(".switchyard")
 }
 
-/// Generates the development CA and server certificate unless all four files exist; returns
-/// whether it generated them.
+/// Generates the development CA and server certificate when none of the four files exists;
+/// returns whether it generated them. Some present and some missing is refused.
 fn ensure_dev_material(dir: &Path) -> Result<bool, TlsError> {
-    if DEV_FILES.iter().all(|name| dir.join(name).is_file()) {
+    let (present, missing): (Vec<&str>, Vec<&str>) =
+        DEV_FILES.iter().partition(|name| dir.join(name).exists());
+    if missing.is_empty() {
         return Ok(false);
     }
+    if !present.is_empty() {
+        return Err(TlsError::Incomplete {
+            dir: dir.to_owned(),
+            missing: missing.iter().map(|name| (*name).to_owned()).collect(),
+            present: present.iter().map(|name| (*name).to_owned()).collect(),
+        });
+    }
     std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
+        key: DATA_DIR_KEY,
         path: dir.to_owned(),
         source,
     })?;
@@ -224,11 +276,17 @@ fn ensure_dev_material(dir: &Path) -> Result<bool, TlsError> {
     write(&dir.join(DEV_FILES[1]), &ca_key.serialize_pem(), true)?;
     write(&dir.join(DEV_FILES[2]), &server_cert.pem(), false)?;
     write(&dir.join(DEV_FILES[3]), &server_key.serialize_pem(), true)?;
+    tracing::warn!(
+        dir = %dir.display(),
+        files = ?DEV_FILES,
+        "generated new development TLS material (a new CA): workers must trust the new ca.pem"
+    );
     Ok(true)
 }
 
 fn write(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
     let io = |source| TlsError::Io {
+        key: DATA_DIR_KEY,
         path: path.to_owned(),
         source,
     };
@@ -245,15 +303,17 @@ fn write(path: &Path, contents: &str, secret: bool) -> Result<(), TlsError> {
     file.write_all(contents.as_bytes()).map_err(io)
 }
 
-fn read(path: &Path) -> Result<String, TlsError> {
+fn read(key: &'static str, path: &Path) -> Result<String, TlsError> {
     std::fs::read_to_string(path).map_err(|source| TlsError::Io {
+        key,
         path: path.to_owned(),
         source,
     })
 }
 
-fn pem_error(path: &Path, problem: String) -> TlsError {
+fn pem_error(key: &'static str, path: &Path, problem: String) -> TlsError {
     TlsError::Pem {
+        key,
         path: path.to_owned(),
         problem,
     }
@@ -335,6 +395,56 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.to_string().contains("bogus.pem"), "{error}");
+        assert!(error.to_string().starts_with("tls.cert: "), "{error}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_key_file_is_named_by_its_key() {
+        let dir = temp_dir("missing-key");
+        let dev = TlsMaterial::load(&TlsSection::default(), &dir).unwrap();
+        let missing = dir.join("nowhere-key.pem");
+        let error = TlsMaterial::load(
+            &TlsSection {
+                cert: dev.cert_path().display().to_string(),
+                key: missing.display().to_string(),
+                ..TlsSection::default()
+            },
+            &dir,
+        )
+        .unwrap_err();
+        let message = error.to_string();
+        assert!(message.starts_with("tls.key: "), "{message}");
+        assert!(message.contains("nowhere-key.pem"), "{message}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_development_file_is_refused_and_the_ca_kept() {
+        let dir = temp_dir("partial");
+        let first = TlsMaterial::load(&TlsSection::default(), &dir).unwrap();
+        let ca_path = first.dev_ca_path().unwrap().to_owned();
+        let ca = std::fs::read_to_string(&ca_path).unwrap();
+        std::fs::remove_file(first.key_path()).unwrap();
+        let error = TlsMaterial::load(&TlsSection::default(), &dir).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.starts_with("tls.data_dir: ") && message.contains("server-key.pem missing"),
+            "{message}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&ca_path).unwrap(),
+            ca,
+            "the CA workers trust is left as it was"
+        );
+        assert!(!first.key_path().exists(), "nothing was regenerated");
+        // Control: with every file removed, the material is generated again, whole.
+        for name in DEV_FILES {
+            std::fs::remove_file(ca_path.with_file_name(name)).ok();
+        }
+        let again = TlsMaterial::load(&TlsSection::default(), &dir).unwrap();
+        assert!(again.generated());
+        assert_ne!(std::fs::read_to_string(&ca_path).unwrap(), ca);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

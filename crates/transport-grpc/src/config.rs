@@ -37,6 +37,17 @@ pub struct GrpcServerConfig {
     /// Worker streams one HTTP/2 connection may carry at once (default 64); one more is
     /// refused RESOURCE_EXHAUSTED naming `grpc.max_workers_per_connection`.
     pub max_workers_per_connection: usize,
+    /// How long a new connection has to complete its TLS handshake before it is closed
+    /// (default 10 s); no credential is checked before it ends.
+    pub handshake_timeout: Duration,
+    /// HTTP/2 streams one connection may have open at once (default 256); the client is told
+    /// in its SETTINGS and a stream beyond it is refused.
+    pub max_concurrent_streams: u32,
+    /// Connections the listener holds at once (default 768: with the operations listener's
+    /// 64, below a 1 024 file-descriptor soft limit with room for the rest of the process).
+    pub max_connections: usize,
+    /// Connections the listener holds from one source IP address (default 256).
+    pub max_connections_per_address: usize,
 }
 
 impl Default for GrpcServerConfig {
@@ -50,22 +61,39 @@ impl Default for GrpcServerConfig {
             control_headroom: 32,
             max_queue: 65_536,
             max_workers_per_connection: 64,
+            handshake_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 256,
+            max_connections: 768,
+            max_connections_per_address: 256,
         }
     }
 }
 
 impl GrpcServerConfig {
-    /// A tonic server builder with this configuration's HTTP/2 keepalive and TCP_NODELAY
-    /// applied; add TLS and services to it.
+    /// A tonic server builder with this configuration's HTTP/2 keepalive, stream limit and
+    /// TCP_NODELAY applied; add TLS (through [`GrpcServerConfig::tls`]) and services to it.
     ///
-    /// TCP_NODELAY only takes effect when the server binds its own listener
-    /// (`serve`/`serve_with_shutdown`); [`serve`](crate::serve) applies it to the listener it
-    /// is given.
+    /// TCP_NODELAY and the connection limits only take effect on the listener
+    /// [`serve`](crate::serve) or [`limited_incoming`](crate::limited_incoming) is given.
     pub fn server_builder(&self) -> tonic::transport::Server {
         tonic::transport::Server::builder()
             .http2_keepalive_interval(self.keepalive_interval)
             .http2_keepalive_timeout(Some(self.keepalive_timeout))
+            .max_concurrent_streams(Some(self.max_concurrent_streams))
             .tcp_nodelay(self.tcp_nodelay)
+    }
+
+    /// `tls` with this configuration's handshake timeout.
+    pub fn tls(&self, tls: tonic::transport::ServerTlsConfig) -> tonic::transport::ServerTlsConfig {
+        tls.timeout(self.handshake_timeout)
+    }
+
+    /// The listener's connection limits.
+    pub fn connection_limits(&self) -> crate::ConnectionLimits {
+        crate::ConnectionLimits {
+            max_connections: self.max_connections,
+            max_connections_per_address: self.max_connections_per_address,
+        }
     }
 
     /// The push-queue size for a worker stating `capacity`.

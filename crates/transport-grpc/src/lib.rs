@@ -75,6 +75,7 @@ mod client;
 mod config;
 mod connection_streams;
 mod delivery;
+mod listener;
 mod outbound;
 mod serve;
 mod service;
@@ -88,6 +89,10 @@ pub use client::{
 };
 pub use config::GrpcServerConfig;
 pub use delivery::TRANSPORT;
+pub use listener::{
+    AcceptConfig, CONNECTIONS_REFUSED_TOTAL, ConnectionLimits, ConnectionRefusal, Limited,
+    LimitedIncoming, limited_incoming,
+};
 pub use outbound::Outbound;
 pub use serve::{ServeError, serve};
 pub use service::WorkerService;

@@ -4,8 +4,8 @@ use std::future::Future;
 
 use tokio::net::TcpListener;
 use tonic::transport::ServerTlsConfig;
-use tonic::transport::server::TcpIncoming;
 
+use crate::listener::{AcceptConfig, limited_incoming};
 use crate::service::WorkerService;
 
 /// Why [`serve`] stopped.
@@ -21,8 +21,9 @@ pub enum ServeError {
 }
 
 /// Serves `service` alone on `listener` until `shutdown` resolves, with the service's HTTP/2
-/// keepalive and TCP_NODELAY settings and, when given, TLS (set a client CA with optional
-/// client authentication on `tls` to accept both mTLS and bearer-token workers).
+/// keepalive, stream and connection limits and TCP_NODELAY and, when given, TLS with the
+/// service's handshake timeout (set a client CA with optional client authentication on `tls`
+/// to accept both mTLS and bearer-token workers).
 ///
 /// An embedder serving other services on the same port mounts
 /// [`WorkerService::into_server`] on its own server instead.
@@ -35,9 +36,18 @@ pub async fn serve(
     let config = service.config().clone();
     let mut server = config.server_builder();
     if let Some(tls) = tls {
-        server = server.tls_config(tls).map_err(ServeError::Tls)?;
+        server = server
+            .tls_config(config.tls(tls))
+            .map_err(ServeError::Tls)?;
     }
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(config.tcp_nodelay));
+    let incoming = limited_incoming(
+        listener,
+        AcceptConfig {
+            name: "grpc",
+            limits: config.connection_limits(),
+            nodelay: config.tcp_nodelay,
+        },
+    );
     server
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)

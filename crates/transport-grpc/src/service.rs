@@ -1,8 +1,8 @@
 //! [`WorkerService`]: the tonic implementation of `switchyard.v1.WorkerGateway` over [`Core`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use switchyard_core::Core;
+use switchyard_core::{Core, Throttle};
 use switchyard_proto::v1::WorkerFrame;
 use switchyard_proto::v1::worker_gateway_server::{WorkerGateway, WorkerGatewayServer};
 use tonic::{Request, Response, Status, Streaming};
@@ -60,6 +60,8 @@ pub(crate) struct ServiceState {
     pub(crate) config: GrpcServerConfig,
     auth: Arc<dyn Authenticate>,
     streams: Arc<ConnectionStreams>,
+    /// One log line per interval for refused credentials, which a peer can send at will.
+    refused_log: Mutex<Throttle>,
 }
 
 impl std::fmt::Debug for WorkerService {
@@ -79,6 +81,7 @@ impl WorkerService {
             config,
             auth,
             streams,
+            refused_log: Mutex::new(Throttle::default()),
         });
         Self { inner }
     }
@@ -115,7 +118,15 @@ impl WorkerGateway for WorkerService {
     ) -> Result<Response<Self::ConnectWorkerStream>, Status> {
         let peer = request.remote_addr();
         let caller = authenticate_request(self.inner.auth.as_ref(), &request).map_err(|error| {
-            tracing::info!(?peer, %error, "worker stream refused");
+            let logged = self
+                .inner
+                .refused_log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .allow(std::time::Instant::now());
+            if let Some(suppressed) = logged {
+                tracing::info!(?peer, %error, suppressed, "worker stream refused");
+            }
             SessionError::from(error).status()
         })?;
         let place = self.inner.streams.open(peer).map_err(|error| {

@@ -99,6 +99,12 @@ impl Target {
             .max(config.dispatch.max_in_flight_per_stream);
         // Every bench worker dials from this host's one address (`--idle-workers` up to 50,000).
         config.quic.max_connections_per_address = usize::MAX;
+        // Unary mode opens `--outstanding` streams on one connection, and every bench worker
+        // connects from loopback: the listener limits are for hostile peers, not for this.
+        config.grpc.max_concurrent_streams =
+            args.outstanding.max(config.grpc.max_concurrent_streams);
+        config.grpc.max_connections = usize::MAX;
+        config.grpc.max_connections_per_address = usize::MAX;
         config.quic.congestion = match args.congestion {
             Congestion::Cubic => CongestionName::Cubic,
             Congestion::Bbr => CongestionName::Bbr,

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
-use switchyard_gateway::{Gateway, GatewayConfig, Override, init_logging};
+use switchyard_gateway::{Gateway, GatewayConfig, Override, StartError, init_logging};
 
 use super::Failure;
 
@@ -93,12 +93,21 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let gateway = Gateway::builder(config)
         .start()
         .await
-        .map_err(|error| Failure::runtime(error.to_string()))?;
+        .map_err(start_failure)?;
     print_banner(&gateway);
     gateway
         .run_until(shutdown_signal())
         .await
         .map_err(|error| Failure::runtime(error.to_string()))
+}
+
+/// A start that failed: TLS material the configuration points at that cannot be used is a
+/// configuration error (exit 2, the message names the key); anything else is a run-time one.
+fn start_failure(error: StartError) -> Failure {
+    match error {
+        StartError::Tls(error) => Failure::usage(error.to_string()),
+        other => Failure::runtime(other.to_string()),
+    }
 }
 
 /// What a user needs to connect workers and producers, on stdout.

@@ -80,6 +80,20 @@ pub struct GrpcSection {
     pub tcp_nodelay: bool,
     /// Worker streams one connection may carry at once; one more is refused.
     pub max_workers_per_connection: usize,
+    /// Time a new connection has to complete its TLS handshake before it is closed.
+    pub handshake_timeout: ConfigDuration,
+    /// HTTP/2 streams one connection may have open at once.
+    pub max_concurrent_streams: u32,
+    /// Connections the listener holds at once; more are closed at accept.
+    pub max_connections: usize,
+    /// Connections the listener holds from one source IP address; more are closed at accept.
+    pub max_connections_per_address: usize,
+    /// `grpc.health.v1.Health/Watch` streams open at once, over all callers; more are refused
+    /// `RESOURCE_EXHAUSTED`.
+    pub max_health_watchers: usize,
+    /// Server reflection: `authenticated` (needs a principal's credential when principals
+    /// are configured), `open` or `off`.
+    pub reflection: ReflectionName,
 }
 
 impl Default for GrpcSection {
@@ -95,8 +109,27 @@ impl Default for GrpcSection {
             max_message_size: library.max_message_bytes,
             tcp_nodelay: library.tcp_nodelay,
             max_workers_per_connection: library.max_workers_per_connection,
+            handshake_timeout: ConfigDuration(library.handshake_timeout),
+            max_concurrent_streams: library.max_concurrent_streams,
+            max_connections: library.max_connections,
+            max_connections_per_address: library.max_connections_per_address,
+            max_health_watchers: crate::grpc_server::DEFAULT_MAX_HEALTH_WATCHERS,
+            reflection: ReflectionName::Authenticated,
         }
     }
+}
+
+/// Who may use server reflection on the gRPC listener.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReflectionName {
+    /// Callers a principal's credential identifies (everyone in development mode).
+    #[default]
+    Authenticated,
+    /// Every caller, without a credential.
+    Open,
+    /// Not served.
+    Off,
 }
 
 /// `[quic]`: the QUIC push transport for constrained links (UDP).
@@ -239,6 +272,16 @@ pub struct OpsSection {
     pub enabled: bool,
     /// Address it binds. It is unauthenticated and read-only: keep it on a private address.
     pub listen: SocketAddr,
+    /// Allow `listen` on a non-loopback address while principals are configured (it serves
+    /// every worker's identity without a credential).
+    pub allow_remote: bool,
+    /// Time a request's headers have to arrive, counted from when the connection is ready
+    /// for a request; a connection slower than this is closed.
+    pub header_read_timeout: ConfigDuration,
+    /// A connection that moves no byte either way for this long is closed.
+    pub idle_timeout: ConfigDuration,
+    /// Connections the listener holds at once; more are closed at accept.
+    pub max_connections: usize,
 }
 
 impl Default for OpsSection {
@@ -246,6 +289,10 @@ impl Default for OpsSection {
         Self {
             enabled: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 7702)),
+            allow_remote: false,
+            header_read_timeout: ConfigDuration::secs(5),
+            idle_timeout: ConfigDuration::secs(60),
+            max_connections: 64,
         }
     }
 }

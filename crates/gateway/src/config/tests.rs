@@ -89,7 +89,7 @@ fn lists_of_tables_come_from_the_environment_as_inline_toml() {
         None,
         env(&[(
             "SWITCHYARD_PRINCIPALS",
-            r#"[{ name = "billing", token = "t1", namespaces = ["billing"] }]"#,
+            r#"[{ name = "billing", token = "t1-0123456789abcdef", namespaces = ["billing"] }]"#,
         )]),
         &[],
     )
@@ -174,7 +174,7 @@ fn non_loopback_bind_without_principals_is_refused_with_the_reason() {
         .unwrap_err();
     assert_eq!(invalid_key(&error).0, "quic.listen");
 
-    let principals = r#"[{ name = "a", token = "t", namespaces = ["*"] }]"#;
+    let principals = r#"[{ name = "a", token = "t-0123456789abcdef", namespaces = ["*"] }]"#;
     let secured = GatewayConfig::load(
         None,
         env(&[
@@ -207,12 +207,12 @@ fn inconsistent_principals_and_namespaces_name_the_entry() {
             "principals[0].token",
         ),
         (
-            r#"[{ name = "a", token = "t", namespaces = [] }]"#,
+            r#"[{ name = "a", token = "t-0123456789abcdef", namespaces = [] }]"#,
             "SWITCHYARD_PRINCIPALS",
             "principals[0].namespaces",
         ),
         (
-            r#"[{ name = "a", token = "t", namespaces = ["x"] }, { name = "b", token = "t", namespaces = ["y"] }]"#,
+            r#"[{ name = "a", token = "t-0123456789abcdef", namespaces = ["x"] }, { name = "b", token = "t-0123456789abcdef", namespaces = ["y"] }]"#,
             "SWITCHYARD_PRINCIPALS",
             "principals[1].token",
         ),

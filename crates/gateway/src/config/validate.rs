@@ -23,6 +23,13 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
         ),
         ("grpc.keepalive_interval", config.grpc.keepalive_interval),
         ("grpc.keepalive_timeout", config.grpc.keepalive_timeout),
+        ("grpc.handshake_timeout", config.grpc.handshake_timeout),
+        ("ops.header_read_timeout", config.ops.header_read_timeout),
+        ("ops.idle_timeout", config.ops.idle_timeout),
+        (
+            "quic.registration_timeout",
+            config.quic.registration_timeout,
+        ),
         ("dispatch.default_timeout", config.dispatch.default_timeout),
         ("dispatch.max_timeout", config.dispatch.max_timeout),
         ("dispatch.loss_window", config.dispatch.loss_window),
@@ -51,6 +58,17 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             "grpc.max_workers_per_connection",
             config.grpc.max_workers_per_connection,
         ),
+        (
+            "grpc.max_concurrent_streams",
+            config.grpc.max_concurrent_streams as usize,
+        ),
+        ("grpc.max_connections", config.grpc.max_connections),
+        (
+            "grpc.max_connections_per_address",
+            config.grpc.max_connections_per_address,
+        ),
+        ("grpc.max_health_watchers", config.grpc.max_health_watchers),
+        ("ops.max_connections", config.ops.max_connections),
         (
             "dispatch.max_in_flight_per_stream",
             config.dispatch.max_in_flight_per_stream,
@@ -119,6 +137,16 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if config.liveness.ping_timeout >= config.liveness.heartbeat_window {
+        return Err(ConfigError::invalid(
+            "liveness.ping_timeout",
+            format!(
+                "{} must be shorter than liveness.heartbeat_window {}: a worker would be \
+                 deregistered before a missed ping is counted",
+                config.liveness.ping_timeout, config.liveness.heartbeat_window
+            ),
+        ));
+    }
     if config.liveness.heartbeat_window <= config.liveness.ping_interval {
         return Err(ConfigError::invalid(
             "liveness.heartbeat_window",
@@ -155,6 +183,9 @@ fn principals(config: &GatewayConfig) -> Result<(), ConfigError> {
                     principal.name
                 ),
             ));
+        }
+        if !principal.token.is_empty() {
+            token_strength(&at("token"), &principal.token)?;
         }
         if !principal.token.is_empty() && !tokens.insert(principal.token.as_str()) {
             return Err(ConfigError::invalid(
@@ -202,6 +233,30 @@ fn principals(config: &GatewayConfig) -> Result<(), ConfigError> {
                 "must be at least 1; to forbid registering, leave `worker` out of roles".to_owned(),
             ));
         }
+    }
+    Ok(())
+}
+
+/// Shortest bearer token accepted, in bytes.
+const MIN_TOKEN_BYTES: usize = 16;
+
+/// A token short enough to guess, or padded with whitespace a client header would never carry
+/// (so it could never match), cannot work.
+fn token_strength(key: &str, token: &str) -> Result<(), ConfigError> {
+    if token.trim() != token {
+        return Err(ConfigError::invalid(
+            key,
+            "has leading or trailing whitespace, which no bearer header carries".to_owned(),
+        ));
+    }
+    if token.len() < MIN_TOKEN_BYTES {
+        return Err(ConfigError::invalid(
+            key,
+            format!(
+                "is {} bytes; a token needs at least {MIN_TOKEN_BYTES}",
+                token.len()
+            ),
+        ));
     }
     Ok(())
 }
@@ -283,6 +338,21 @@ fn security(config: &GatewayConfig) -> Result<(), ConfigError> {
     let mut exposed: Vec<(&str, SocketAddr)> = vec![("grpc.listen", config.grpc.listen)];
     if config.quic.enabled {
         exposed.push(("quic.listen", config.quic.listen));
+    }
+    let ops = config.ops.listen;
+    if config.ops.enabled
+        && !ops.ip().is_loopback()
+        && !config.principals.is_empty()
+        && !config.ops.allow_remote
+    {
+        return Err(ConfigError::insecure(
+            "ops.listen",
+            format!(
+                "binds {ops}, which is not a loopback address, while principals are \
+                 configured: the operations listener serves every worker's identity and \
+                 principal without a credential. Bind 127.0.0.1, or set ops.allow_remote = true"
+            ),
+        ));
     }
     for (key, addr) in exposed {
         if addr.ip().is_loopback() {
