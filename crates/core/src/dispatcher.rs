@@ -15,6 +15,7 @@
 mod acquire;
 mod budget;
 mod config;
+pub(crate) mod quota;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -30,7 +31,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use config::{DEFAULT_MAX_INPUT_BYTES, DispatchConfig};
+pub use config::{
+    DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DispatchConfig,
+};
 pub use unserved::{UnservedAddress, UnservedQueue};
 
 use crate::address::{WorkerId, normalise_task_queue};
@@ -41,7 +44,9 @@ use crate::outcome::{
 };
 use crate::registration::CallerIdentity;
 use crate::registry::Registry;
+use acquire::Missed;
 use budget::LossBudget;
+use quota::{HeldInput, QuotaBook};
 use table::{PendingTask, Signal, TaskTable};
 use unserved::UnservedBook;
 
@@ -76,6 +81,7 @@ struct Inner {
     /// `(namespace, activity id)` of dispatches in flight, with their cancel handles.
     activities: Mutex<HashMap<(String, String), CancellationToken>>,
     unserved: Arc<UnservedBook>,
+    quotas: Arc<QuotaBook>,
     shutting_down: AtomicBool,
     /// Fired when shutdown starts: parked dispatches end at once.
     stop_parked: CancellationToken,
@@ -229,6 +235,7 @@ impl Dispatcher {
             next_task: AtomicU64::new(1),
             activities: Mutex::new(HashMap::new()),
             unserved: Arc::new(UnservedBook::default()),
+            quotas: Arc::new(QuotaBook::default()),
             shutting_down: AtomicBool::new(false),
             stop_parked: CancellationToken::new(),
             stop_all: CancellationToken::new(),
@@ -256,8 +263,9 @@ impl Dispatcher {
     /// Runs one activity on a worker of its pool and returns its one outcome.
     ///
     /// Refused up front (no outcome) when a required name is empty or any name is longer than
-    /// [`MAX_NAME_BYTES`], the caller is not granted the namespace, or the activity id is
-    /// already in flight in the namespace.
+    /// [`MAX_NAME_BYTES`], the caller is not granted the namespace, its input would pass a
+    /// held-bytes quota, or the activity id is already in flight in the namespace; refused
+    /// when it would park past a parked quota ([`DispatchError::QuotaExceeded`]).
     pub async fn dispatch(
         &self,
         caller: &CallerIdentity,
@@ -270,6 +278,12 @@ impl Dispatcher {
                 namespace: request.namespace.clone(),
             });
         }
+        let held = self.inner.quotas.hold(
+            &self.inner.config,
+            &request.namespace,
+            &caller.principal,
+            request.input.len(),
+        )?;
         let cancel = CancellationToken::new();
         let _activity = self.claim_activity_id(&request, &cancel)?;
         let started = Instant::now();
@@ -278,7 +292,7 @@ impl Dispatcher {
         let outcome = if self.inner.shutting_down.load(Ordering::Acquire) {
             ActivityOutcome::ShuttingDown
         } else {
-            self.run(&request, &cancel).instrument(span).await?
+            self.run(&request, &cancel, &held).instrument(span).await?
         };
         metrics::counter!("switchyard_dispatches_total", "outcome" => outcome.label()).increment(1);
         metrics::histogram!("switchyard_dispatch_latency_seconds")
@@ -318,6 +332,7 @@ impl Dispatcher {
         &self,
         request: &ActivityRequest,
         cancel: &CancellationToken,
+        held: &HeldInput,
     ) -> Result<ActivityOutcome, DispatchError> {
         let timeout = request.timeout.min(self.inner.config.max_timeout);
         let deadline = Instant::now() + timeout;
@@ -327,10 +342,14 @@ impl Dispatcher {
         let mut deliveries: u32 = 0;
         let mut failed_deliveries: u32 = 0;
         loop {
-            let (worker, reservation) = match self.acquire(request, deadline, cancel).await {
-                Ok(hit) => hit,
-                Err(outcome) => return Ok(outcome),
-            };
+            // Only a dispatch no worker has taken yet may be refused for parking.
+            let refusable = deliveries == 0;
+            let (worker, reservation) =
+                match self.acquire(request, deadline, cancel, held, refusable).await {
+                    Ok(hit) => hit,
+                    Err(Missed::Outcome(outcome)) => return Ok(outcome),
+                    Err(Missed::Refused(error)) => return Err(error),
+                };
             let task = TaskId::from_raw(self.inner.next_task.fetch_add(1, Ordering::Relaxed));
             let (signal, mut wait) = oneshot::channel();
             let replaced = self.inner.lock_tasks().insert(

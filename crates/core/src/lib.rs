@@ -41,7 +41,7 @@ pub use delivery::{
     ActivityTask, CancelReason, DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage,
 };
 pub use dispatcher::{
-    DEFAULT_MAX_INPUT_BYTES, DispatchConfig, Dispatcher, RefusedCounts, UnservedAddress,
+    DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DispatchConfig, Dispatcher, RefusedCounts, UnservedAddress,
     UnservedQueue,
 };
 pub use eligibility::{DispatchExclusion, Eligibility};
@@ -49,8 +49,8 @@ pub use events::{DisconnectReason, WorkerEvent};
 pub use handle::{Core, CoreConfig};
 pub use liveness::{Liveness, LivenessConfig, LivenessTracker, TickActions};
 pub use metrics::{
-    ADMISSION_LABELS, ADMISSION_REFUSALS_TOTAL, DISPATCH_LATENCY_SECONDS, DISPATCHES_TOTAL,
-    OUTCOME_LABELS, REFUSED_RESULT_LABELS, RESULTS_AFTER_CANCEL_TOTAL, RESULTS_REFUSED_TOTAL,
+    ADMISSION_LABELS, ADMISSION_REFUSALS_TOTAL, DISPATCH_LATENCY_SECONDS,
+    DISPATCH_REFUSALS_TOTAL, DISPATCHES_TOTAL, OUTCOME_LABELS, QUOTA_LABELS, REFUSED_RESULT_LABELS, RESULTS_AFTER_CANCEL_TOTAL, RESULTS_REFUSED_TOTAL,
     UNSERVED_EPISODES_TOTAL, UNSERVED_LABELS, register_metrics,
 };
 pub use namespace::{
@@ -62,6 +62,6 @@ pub use outcome::{
 pub use registration::{CallerIdentity, NamespaceGrant, Registration};
 pub use registry::{
     DEFAULT_EVENT_CAPACITY, Departure, DepartureObserver, DispatchReservation, PoolCensus,
-    RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
+    PoolWaiter, RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
 pub use worker::{Worker, WorkerSnapshot};

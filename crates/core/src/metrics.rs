@@ -7,6 +7,7 @@
 //! transport appear with their first worker.
 
 use crate::admission::AdmissionError;
+use crate::dispatcher::quota;
 use crate::outcome::{ActivityOutcome, CompletionRefused};
 use crate::registry::UnservedReason;
 
@@ -24,6 +25,18 @@ pub const RESULTS_AFTER_CANCEL_TOTAL: &str = "switchyard_results_after_cancel_to
 pub const UNSERVED_EPISODES_TOTAL: &str = "switchyard_unserved_episodes_total";
 /// `switchyard_admission_refusals_total{reason}`: registrations refused by the gate, by rule.
 pub const ADMISSION_REFUSALS_TOTAL: &str = "switchyard_admission_refusals_total";
+
+/// `switchyard_dispatch_refusals_total{limit}`: dispatches refused by a quota, by the quota's
+/// configuration key.
+pub const DISPATCH_REFUSALS_TOTAL: &str = "switchyard_dispatch_refusals_total";
+
+/// Every `limit` label of [`DISPATCH_REFUSALS_TOTAL`].
+pub const QUOTA_LABELS: [&str; 4] = [
+    quota::MAX_PARKED_PER_NAMESPACE,
+    quota::MAX_PARKED_PER_PRINCIPAL,
+    quota::MAX_HELD_BYTES_PER_NAMESPACE,
+    quota::MAX_HELD_BYTES_PER_PRINCIPAL,
+];
 
 /// Every `outcome` label of [`DISPATCHES_TOTAL`].
 pub const OUTCOME_LABELS: [&str; 7] = [
@@ -79,6 +92,9 @@ pub fn register_metrics() {
         metrics::counter!(RESULTS_REFUSED_TOTAL, "reason" => reason).increment(0);
     }
     metrics::counter!(RESULTS_AFTER_CANCEL_TOTAL).increment(0);
+    for limit in QUOTA_LABELS {
+        metrics::counter!(DISPATCH_REFUSALS_TOTAL, "limit" => limit).increment(0);
+    }
     for reason in UNSERVED_LABELS {
         metrics::counter!(UNSERVED_EPISODES_TOTAL, "reason" => reason).increment(0);
     }

@@ -16,6 +16,7 @@ pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
 mod token;
+mod wakeups;
 mod workers;
 
 use std::collections::HashMap;
@@ -31,6 +32,10 @@ pub(crate) use departure::departure as departure_pair;
 pub use explain::WorkerExplanation;
 pub use reservation::DispatchReservation;
 pub use token::RegistrationToken;
+pub use wakeups::PoolWaiter;
+pub(crate) use wakeups::shrink_after_drain;
+#[cfg(test)]
+pub(crate) use wakeups::Wakeups;
 
 use crate::address::{WorkerId, normalise_task_queue};
 use crate::admission::AdmissionAudit;
@@ -40,6 +45,7 @@ use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::namespace::{InMemoryNamespaceStore, NamespacePolicy, NamespaceStore};
 use crate::worker::{Worker, WorkerSnapshot};
+use wakeups::{PoolKey, Wake, WakeupTable};
 use workers::Slot;
 
 /// Default size of the event broadcast channel; a receiver that lags further loses events.
@@ -57,6 +63,7 @@ pub struct Registry {
 pub(crate) struct Inner {
     state: Mutex<state::State>,
     arrivals: Arc<Notify>,
+    wakeups: WakeupTable,
     events: broadcast::Sender<WorkerEvent>,
     pub(crate) store: Arc<dyn NamespaceStore>,
     pub(crate) policy: NamespacePolicy,
@@ -138,6 +145,7 @@ impl RegistryBuilder {
             inner: Arc::new(Inner {
                 state: Mutex::new(state::State::default()),
                 arrivals: Arc::new(Notify::new()),
+                wakeups: WakeupTable::default(),
                 events,
                 store: self.store,
                 policy: self.policy,
@@ -161,19 +169,27 @@ impl Inner {
         self.arrivals.notify_waiters();
     }
 
+    /// Wakes the selections parked on the pools `worker` serves (and registry-wide
+    /// [`WorkerArrival`] subscribers); parked selections of other pools are not touched.
+    pub(crate) fn wake_pools(&self, worker: &Worker, how: Wake) {
+        self.wakeups.lock().wake_pools(worker, how);
+        self.wake();
+    }
+
     pub(crate) fn emit(&self, event: WorkerEvent) {
         // No receiver is not an error: events are for whoever listens.
         let _ = self.events.send(event);
     }
 
-    /// Frees one slot of `worker` (no-op once the worker has left). Wakes parked selections
-    /// when the freed slot made the worker selectable again: a worker that already had a free
-    /// slot could not have been what a parked selection was waiting for, and waking every
-    /// parked dispatch on every completion would be a herd on the busiest path.
+    /// Frees one slot of `worker` (no-op once the worker has left). Wakes the first parked
+    /// selection of each of the worker's pools when the freed slot made the worker selectable
+    /// again: a worker that already had a free slot could not have been what a parked
+    /// selection was waiting for, and waking every parked dispatch on every completion would
+    /// be a herd on the busiest path.
     pub(crate) fn release(&self, worker: WorkerId, slot: Slot) {
         let reopened = self.lock().release(worker, slot);
-        if reopened {
-            self.wake();
+        if let Some(worker) = reopened {
+            self.wake_pools(&worker, Wake::One);
         }
     }
 
@@ -261,7 +277,7 @@ impl Inner {
         if let Some(message) = deferred {
             self.tell(worker, announced.delivery().as_ref(), message);
         }
-        self.wake();
+        self.wake_pools(&announced, Wake::All);
         true
     }
 
@@ -354,6 +370,23 @@ impl Registry {
             .listing(namespace, task_queue, activity_type, node)
     }
 
+    /// A place, in arrival order, in the queue of selections parked on `(namespace,
+    /// task_queue, activity_type)` (for workers on `node` when given); see [`PoolWaiter`].
+    pub fn pool_waiter(
+        &self,
+        namespace: &str,
+        task_queue: &str,
+        activity_type: &str,
+        node: Option<&str>,
+    ) -> PoolWaiter {
+        let key = PoolKey {
+            namespace: namespace.to_owned(),
+            task_queue: normalise_task_queue(task_queue).to_owned(),
+            activity_type: activity_type.to_owned(),
+        };
+        PoolWaiter::new(self.inner.wakeups.clone(), key, node.map(str::to_owned))
+    }
+
     /// A subscription that resolves on the next wake after this call (see [`WorkerArrival`]).
     pub fn worker_arrival(&self) -> WorkerArrival {
         WorkerArrival::new(Arc::clone(&self.inner.arrivals))
@@ -368,7 +401,7 @@ impl Registry {
         max_concurrency: u32,
     ) -> Result<(), crate::AdmissionError> {
         let capacity = self.check_announced_capacity(worker, max_concurrency)?;
-        let announced = {
+        let (announced, subject) = {
             let mut state = self.inner.lock();
             let entry = state
                 .workers
@@ -377,8 +410,9 @@ impl Registry {
             entry.capacity = Some(capacity);
             entry.pending_capacity = None;
             let announced = entry.announced;
+            let subject = entry.worker.clone();
             state.refresh_id(worker);
-            announced
+            (announced, subject)
         };
         tracing::debug!(worker = %worker, capacity = capacity.get(), "capacity announced");
         // A worker not yet announced gets its capacity event with its `Connected`.
@@ -388,7 +422,7 @@ impl Registry {
                 capacity: capacity.get(),
             });
         }
-        self.inner.wake();
+        self.inner.wake_pools(&subject, Wake::All);
         Ok(())
     }
 
@@ -425,6 +459,7 @@ impl Registry {
         newest_known: Option<WorkerId>,
     ) {
         let mut changed = Vec::new();
+        let mut touched_workers = Vec::new();
         let mut reopened = false;
         {
             let mut state = self.inner.lock();
@@ -456,10 +491,17 @@ impl Registry {
             for id in touched {
                 let before = previous.get(&id).copied();
                 let after = state.exclusions.get(&id).copied();
-                if before != after {
+                let standing_changed = before != after;
+                if standing_changed {
                     changed.push((id, before, after));
                 }
-                reopened |= state.refresh_id(id);
+                let reopened_now = state.refresh_id(id);
+                reopened |= reopened_now;
+                if standing_changed || reopened_now {
+                    if let Some(entry) = state.workers.get(id) {
+                        touched_workers.push(entry.worker.clone());
+                    }
+                }
             }
         }
         let wake = reopened || !changed.is_empty();
@@ -471,6 +513,11 @@ impl Registry {
         // The prober publishes every round: a round that changed nobody's standing wakes nobody.
         // A change does wake, even one that excludes, so parked dispatches re-read their reason.
         if wake {
+            let mut wakeups = self.inner.wakeups.lock();
+            for worker in &touched_workers {
+                wakeups.wake_pools(worker, Wake::All);
+            }
+            drop(wakeups);
             self.inner.wake();
         }
     }

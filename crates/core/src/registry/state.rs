@@ -106,17 +106,16 @@ impl State {
         Some((worker, slot))
     }
 
-    /// Frees one slot claimed on the worker `id` at `slot`; returns true when that made the
-    /// worker selectable again. A slot whose worker has left frees nothing.
-    pub(crate) fn release(&mut self, id: WorkerId, slot: Slot) -> bool {
-        let Some(entry) = self.workers.at_mut(slot) else {
-            return false;
-        };
+    /// Frees one slot claimed on the worker `id` at `slot`; returns the worker when that made
+    /// it selectable again. A slot whose worker has left frees nothing.
+    pub(crate) fn release(&mut self, id: WorkerId, slot: Slot) -> Option<Worker> {
+        let entry = self.workers.at_mut(slot)?;
         if entry.id != id {
-            return false;
+            return None;
         }
         entry.in_flight = entry.in_flight.saturating_sub(1);
-        self.refresh(slot)
+        let worker = entry.worker.clone();
+        self.refresh(slot).then_some(worker)
     }
 
     /// The eligible, connected workers of the key in turn; the cursor moves past the first.

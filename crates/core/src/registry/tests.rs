@@ -6,5 +6,6 @@ mod capacity;
 mod census;
 mod departure;
 mod explain;
+mod fairness;
 mod lifecycle;
 mod selection;
