@@ -23,7 +23,7 @@ mod unserved;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Notify, oneshot};
@@ -39,6 +39,7 @@ pub use unserved::{UnservedAddress, UnservedQueue};
 use crate::address::{WorkerId, normalise_task_queue};
 use crate::admission::MAX_NAME_BYTES;
 use crate::delivery::{ActivityTask, CancelReason, DeliveryError, TaskId, WorkerMessage};
+use crate::events::DisconnectReason;
 use crate::outcome::{
     ActivityOutcome, ActivityRequest, CancelError, CompletionRefused, DispatchError, TaskResult,
 };
@@ -46,7 +47,7 @@ use crate::registration::CallerIdentity;
 use crate::registry::Registry;
 use acquire::Missed;
 use budget::LossBudget;
-use quota::{HeldInput, QuotaBook};
+use quota::{HeldInput, LogThrottle, QuotaBook};
 use table::{PendingTask, Signal, TaskTable};
 use unserved::UnservedBook;
 
@@ -74,6 +75,8 @@ pub struct Dispatcher {
 }
 
 struct Inner {
+    /// This dispatcher, for the reclaim timers it starts (they must not keep it alive).
+    weak_self: Weak<Inner>,
     registry: Registry,
     config: DispatchConfig,
     tasks: Mutex<TaskTable>,
@@ -82,6 +85,8 @@ struct Inner {
     activities: Mutex<HashMap<(String, String), CancellationToken>>,
     unserved: Arc<UnservedBook>,
     quotas: Arc<QuotaBook>,
+    /// Throttles the reclaim WARN (one a minute, with what it kept quiet).
+    reclaim_log: Mutex<LogThrottle>,
     shutting_down: AtomicBool,
     /// Fired when shutdown starts: parked dispatches end at once.
     stop_parked: CancellationToken,
@@ -133,10 +138,11 @@ impl Inner {
     /// task went out on. The slot stays held until the worker acknowledges, answers or leaves.
     /// False when the wait had already ended (the worker answered or left first).
     fn abandon(&self, task: TaskId, reason: CancelReason) -> bool {
-        let delivery = self.lock_tasks().detach(task);
+        let delivery = self.lock_tasks().detach(task, Instant::now());
         let Some(delivery) = delivery else {
             return false;
         };
+        self.schedule_reclaim(task);
         match delivery.deliver(WorkerMessage::Cancel {
             task_id: task,
             reason,
@@ -148,6 +154,62 @@ impl Inner {
         }
         self.ended();
         true
+    }
+
+    /// Starts the timer after which `task`, if its worker still holds it without answer or
+    /// acknowledgement, is reclaimed ([`Inner::reclaim`]).
+    fn schedule_reclaim(&self, task: TaskId) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime (a dispatch dropped during runtime teardown): nothing will run again.
+            return;
+        };
+        let weak = self.weak_self.clone();
+        let timeout = self.config.cancel_ack_timeout;
+        runtime.spawn(async move {
+            tokio::time::sleep(timeout).await;
+            if let Some(inner) = weak.upgrade() {
+                inner.reclaim(task, Instant::now());
+            }
+        });
+    }
+
+    /// Frees the slot of an ended task its worker neither answered nor acknowledged within
+    /// `cancel_ack_timeout`, and counts it against the worker; a worker reaching
+    /// `max_unresponsive_tasks` is drained and deregistered as
+    /// [`DisconnectReason::Unresponsive`].
+    fn reclaim(&self, task: TaskId, now: Instant) {
+        let removed = self
+            .lock_tasks()
+            .reclaim(task, now, self.config.cancel_ack_timeout);
+        let Some(pending) = removed else { return };
+        let worker = pending.reservation.worker();
+        drop(pending);
+        metrics::counter!(crate::metrics::TASKS_RECLAIMED_TOTAL).increment(1);
+        let Some(count) = self.registry.mark_unresponsive(worker) else {
+            return;
+        };
+        let limit = self.config.max_unresponsive_tasks;
+        if self
+            .reclaim_log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admit("dispatch.cancel_ack_timeout", now)
+            .is_some()
+        {
+            tracing::warn!(worker = %worker, task = %task, unresponsive = count,
+                max_unresponsive_tasks = limit,
+                timeout_ms = self.config.cancel_ack_timeout.as_millis() as u64,
+                "worker neither answered nor acknowledged an ended task within \
+                 `dispatch.cancel_ack_timeout`; its slot was reclaimed");
+        }
+        if count >= limit {
+            tracing::warn!(worker = %worker, unresponsive = count,
+                "`dispatch.max_unresponsive_tasks` reached; draining and removing the worker");
+            self.registry.drain_worker(worker);
+            self.registry
+                .deregister(worker, DisconnectReason::Unresponsive);
+        }
+        self.ended();
     }
 
     fn worker_lost(&self, worker: WorkerId) {
@@ -220,7 +282,9 @@ struct ActivityGuard<'a> {
 impl Drop for ActivityGuard<'_> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            self.inner.lock_activities().remove(&key);
+            let mut activities = self.inner.lock_activities();
+            activities.remove(&key);
+            crate::registry::shrink_after_drain(&mut activities);
         }
     }
 }
@@ -228,7 +292,8 @@ impl Drop for ActivityGuard<'_> {
 impl Dispatcher {
     /// A dispatcher over `registry`; it re-dispatches the tasks of every worker that leaves.
     pub fn new(registry: Registry, config: DispatchConfig) -> Self {
-        let inner = Arc::new(Inner {
+        let inner = Arc::new_cyclic(|weak_self| Inner {
+            weak_self: weak_self.clone(),
             registry: registry.clone(),
             config,
             tasks: Mutex::new(TaskTable::default()),
@@ -236,6 +301,7 @@ impl Dispatcher {
             activities: Mutex::new(HashMap::new()),
             unserved: Arc::new(UnservedBook::default()),
             quotas: Arc::new(QuotaBook::default()),
+            reclaim_log: Mutex::new(LogThrottle::default()),
             shutting_down: AtomicBool::new(false),
             stop_parked: CancellationToken::new(),
             stop_all: CancellationToken::new(),
@@ -344,12 +410,14 @@ impl Dispatcher {
         loop {
             // Only a dispatch no worker has taken yet may be refused for parking.
             let refusable = deliveries == 0;
-            let (worker, reservation) =
-                match self.acquire(request, deadline, cancel, held, refusable).await {
-                    Ok(hit) => hit,
-                    Err(Missed::Outcome(outcome)) => return Ok(outcome),
-                    Err(Missed::Refused(error)) => return Err(error),
-                };
+            let (worker, reservation) = match self
+                .acquire(request, deadline, cancel, held, refusable)
+                .await
+            {
+                Ok(hit) => hit,
+                Err(Missed::Outcome(outcome)) => return Ok(outcome),
+                Err(Missed::Refused(error)) => return Err(error),
+            };
             let task = TaskId::from_raw(self.inner.next_task.fetch_add(1, Ordering::Relaxed));
             let (signal, mut wait) = oneshot::channel();
             let replaced = self.inner.lock_tasks().insert(
@@ -358,6 +426,7 @@ impl Dispatcher {
                     delivery: Arc::clone(worker.delivery()),
                     reservation,
                     signal: Some(signal),
+                    detached_at: None,
                 },
             );
             drop(replaced);
@@ -477,9 +546,10 @@ impl Dispatcher {
     /// sent a cancel per task; the slots stay held until it acknowledges, answers or leaves.
     /// Returns how many dispatches were cancelled (used when a drain passes its deadline).
     pub fn cancel_held_by(&self, worker: WorkerId, reason: CancelReason) -> usize {
-        let detached = self.inner.lock_tasks().detach_all(worker);
+        let detached = self.inner.lock_tasks().detach_all(worker, Instant::now());
         let count = detached.len();
         for (task, delivery, signal) in detached {
+            self.inner.schedule_reclaim(task);
             let _ = signal.send(Signal::Cancelled);
             if let Err(error) = delivery.deliver(WorkerMessage::Cancel {
                 task_id: task,

@@ -8,6 +8,7 @@
 
 use crate::admission::AdmissionError;
 use crate::dispatcher::quota;
+use crate::events::DisconnectReason;
 use crate::outcome::{ActivityOutcome, CompletionRefused};
 use crate::registry::UnservedReason;
 
@@ -29,6 +30,15 @@ pub const ADMISSION_REFUSALS_TOTAL: &str = "switchyard_admission_refusals_total"
 /// `switchyard_dispatch_refusals_total{limit}`: dispatches refused by a quota, by the quota's
 /// configuration key.
 pub const DISPATCH_REFUSALS_TOTAL: &str = "switchyard_dispatch_refusals_total";
+
+/// `switchyard_worker_departures_total{reason}`: workers that left the registry, by reason.
+pub const WORKER_DEPARTURES_TOTAL: &str = "switchyard_worker_departures_total";
+/// `switchyard_tasks_reclaimed_total`: slots taken back from workers that neither answered
+/// nor acknowledged an ended task within `dispatch.cancel_ack_timeout`.
+pub const TASKS_RECLAIMED_TOTAL: &str = "switchyard_tasks_reclaimed_total";
+
+/// Every `reason` label of [`WORKER_DEPARTURES_TOTAL`].
+pub const DEPARTURE_LABELS: [&str; 4] = ["disconnect", "timeout", "drained", "unresponsive"];
 
 /// Every `limit` label of [`DISPATCH_REFUSALS_TOTAL`].
 pub const QUOTA_LABELS: [&str; 4] = [
@@ -92,6 +102,10 @@ pub fn register_metrics() {
         metrics::counter!(RESULTS_REFUSED_TOTAL, "reason" => reason).increment(0);
     }
     metrics::counter!(RESULTS_AFTER_CANCEL_TOTAL).increment(0);
+    for reason in DEPARTURE_LABELS {
+        metrics::counter!(WORKER_DEPARTURES_TOTAL, "reason" => reason).increment(0);
+    }
+    metrics::counter!(TASKS_RECLAIMED_TOTAL).increment(0);
     for limit in QUOTA_LABELS {
         metrics::counter!(DISPATCH_REFUSALS_TOTAL, "limit" => limit).increment(0);
     }
@@ -113,7 +127,12 @@ fn every_variant_is_listed(
     refused: &CompletionRefused,
     unserved: UnservedReason,
     admission: &AdmissionError,
+    departure: DisconnectReason,
 ) {
+    use DisconnectReason as D;
+    match departure {
+        D::Disconnect | D::Timeout | D::Drained | D::Unresponsive => {}
+    }
     use ActivityOutcome as O;
     match outcome {
         O::Completed(_)
@@ -201,6 +220,15 @@ mod tests {
         ];
         let labels: Vec<&str> = unserved.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels, UNSERVED_LABELS);
+
+        let departures = [
+            DisconnectReason::Disconnect,
+            DisconnectReason::Timeout,
+            DisconnectReason::Drained,
+            DisconnectReason::Unresponsive,
+        ];
+        let labels: Vec<&str> = departures.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels, DEPARTURE_LABELS);
     }
 
     #[test]

@@ -34,8 +34,6 @@ pub use reservation::DispatchReservation;
 pub use token::RegistrationToken;
 pub use wakeups::PoolWaiter;
 pub(crate) use wakeups::shrink_after_drain;
-#[cfg(test)]
-pub(crate) use wakeups::Wakeups;
 
 use crate::address::{WorkerId, normalise_task_queue};
 use crate::admission::AdmissionAudit;
@@ -305,6 +303,8 @@ impl Inner {
         }
         tracing::info!(worker = %worker, transport = %w.transport(), reason = reason.as_str(),
             in_flight = entry.in_flight, "worker deregistered");
+        metrics::counter!(crate::metrics::WORKER_DEPARTURES_TOTAL, "reason" => reason.as_str())
+            .increment(1);
         if let Some(departure) = &entry.departure {
             departure.depart(reason);
         }
@@ -522,6 +522,15 @@ impl Registry {
         }
     }
 
+    /// Counts one more reclaimed task against `worker` (it neither answered nor acknowledged
+    /// an ended task in time); returns its new count, `None` once it has left.
+    pub(crate) fn mark_unresponsive(&self, worker: WorkerId) -> Option<u32> {
+        let mut state = self.inner.lock();
+        let entry = state.workers.get_mut(worker)?;
+        entry.unresponsive = entry.unresponsive.saturating_add(1);
+        Some(entry.unresponsive)
+    }
+
     /// The current liveness exclusions.
     pub fn dispatch_exclusions(&self) -> HashMap<WorkerId, DispatchExclusion> {
         self.inner.lock().exclusions.clone()
@@ -626,5 +635,6 @@ fn snapshot(state: &state::State, entry: &workers::WorkerEntry) -> WorkerSnapsho
         in_flight: entry.in_flight,
         eligibility: state.standing(entry),
         connected_at: entry.connected_at,
+        unresponsive: entry.unresponsive,
     }
 }

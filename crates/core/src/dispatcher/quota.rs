@@ -74,10 +74,20 @@ impl QuotaBook {
             let mut books = self.lock();
             let ns = books.namespaces.get(namespace).copied().unwrap_or_default();
             let pr = books.principals.get(principal).copied().unwrap_or_default();
-            let refusal = if ns.bytes.saturating_add(bytes) > config.max_held_input_bytes_per_namespace {
-                Some((MAX_HELD_BYTES_PER_NAMESPACE, config.max_held_input_bytes_per_namespace, Scope::Namespace))
+            let refusal = if ns.bytes.saturating_add(bytes)
+                > config.max_held_input_bytes_per_namespace
+            {
+                Some((
+                    MAX_HELD_BYTES_PER_NAMESPACE,
+                    config.max_held_input_bytes_per_namespace,
+                    Scope::Namespace,
+                ))
             } else if pr.bytes.saturating_add(bytes) > config.max_held_input_bytes_per_principal {
-                Some((MAX_HELD_BYTES_PER_PRINCIPAL, config.max_held_input_bytes_per_principal, Scope::Principal))
+                Some((
+                    MAX_HELD_BYTES_PER_PRINCIPAL,
+                    config.max_held_input_bytes_per_principal,
+                    Scope::Principal,
+                ))
             } else {
                 None
             };
@@ -113,12 +123,26 @@ impl QuotaBook {
         held: &HeldInput,
     ) -> Result<ParkedPlace, DispatchError> {
         let mut books = self.lock();
-        let ns = books.namespaces.get(&held.namespace).map_or(0, |u| u.parked);
-        let pr = books.principals.get(&held.principal).map_or(0, |u| u.parked);
+        let ns = books
+            .namespaces
+            .get(&held.namespace)
+            .map_or(0, |u| u.parked);
+        let pr = books
+            .principals
+            .get(&held.principal)
+            .map_or(0, |u| u.parked);
         let refusal = if ns >= config.max_parked_per_namespace {
-            Some((MAX_PARKED_PER_NAMESPACE, config.max_parked_per_namespace, Scope::Namespace))
+            Some((
+                MAX_PARKED_PER_NAMESPACE,
+                config.max_parked_per_namespace,
+                Scope::Namespace,
+            ))
         } else if pr >= config.max_parked_per_principal {
-            Some((MAX_PARKED_PER_PRINCIPAL, config.max_parked_per_principal, Scope::Principal))
+            Some((
+                MAX_PARKED_PER_PRINCIPAL,
+                config.max_parked_per_principal,
+                Scope::Principal,
+            ))
         } else {
             None
         };
@@ -303,7 +327,9 @@ mod tests {
             ..DispatchConfig::default()
         };
         let first = book.hold(&config, "ns", "p", 60).expect("within quota");
-        let refused = book.hold(&config, "ns", "p", 41).expect_err("past the quota");
+        let refused = book
+            .hold(&config, "ns", "p", 41)
+            .expect_err("past the quota");
         assert!(
             matches!(&refused, DispatchError::QuotaExceeded { limit, value: 100, .. }
                 if *limit == MAX_HELD_BYTES_PER_NAMESPACE),
@@ -312,8 +338,14 @@ mod tests {
         assert!(refused.to_string().contains(MAX_HELD_BYTES_PER_NAMESPACE));
         drop(first);
         // Control: the same input fits once the first dispatch let go of its bytes.
-        let again = book.hold(&config, "ns", "p", 41).expect("bytes were given back");
+        let again = book
+            .hold(&config, "ns", "p", 41)
+            .expect("bytes were given back");
         drop(again);
-        assert_eq!(book.entries(), 0, "nothing is left once every dispatch left");
+        assert_eq!(
+            book.entries(),
+            0,
+            "nothing is left once every dispatch left"
+        );
     }
 }

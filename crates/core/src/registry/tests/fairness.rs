@@ -59,7 +59,11 @@ fn a_freed_slot_wakes_the_oldest_waiter_and_a_loser_keeps_its_place() {
 
     let slot = hold(&registry, "ns", "", "charge").expect("a free slot");
     drop(slot);
-    assert_eq!(woken(&mut waiters[0]), Poll::Ready(()), "first in, first woken");
+    assert_eq!(
+        woken(&mut waiters[0]),
+        Poll::Ready(()),
+        "first in, first woken"
+    );
     assert_eq!(woken(&mut waiters[1]), Poll::Pending);
     assert_eq!(woken(&mut waiters[2]), Poll::Pending);
 
@@ -74,7 +78,11 @@ fn a_freed_slot_wakes_the_oldest_waiter_and_a_loser_keeps_its_place() {
     // Leaving after a wake without selecting passes the wake on, in order.
     let first = waiters.remove(0);
     drop(first);
-    assert_eq!(woken(&mut waiters[0]), Poll::Ready(()), "the second inherits it");
+    assert_eq!(
+        woken(&mut waiters[0]),
+        Poll::Ready(()),
+        "the second inherits it"
+    );
     assert_eq!(woken(&mut waiters[1]), Poll::Pending);
     assert_eq!(registry.inner.wakeups.lock().queued(), 1);
 }
