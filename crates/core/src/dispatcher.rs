@@ -350,6 +350,7 @@ impl Dispatcher {
             &caller.principal,
             request.input.len(),
         )?;
+        let _in_use = self.inner.registry.namespace_in_use(&request.namespace);
         let cancel = CancellationToken::new();
         let _activity = self.claim_activity_id(&request, &cancel)?;
         let started = Instant::now();

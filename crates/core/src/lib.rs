@@ -62,7 +62,8 @@ pub use outcome::{
 };
 pub use registration::{CallerIdentity, NamespaceGrant, Registration};
 pub use registry::{
-    DEFAULT_EVENT_CAPACITY, Departure, DepartureObserver, DispatchReservation, PoolCensus,
+    DEFAULT_EVENT_CAPACITY, DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_NAMESPACE_IDLE_EXPIRY, Departure,
+    DepartureObserver, DispatchReservation, NamespaceInUse, NamespaceSeries, PoolCensus,
     PoolWaiter, RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
 pub use worker::{Worker, WorkerSnapshot};

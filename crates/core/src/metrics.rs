@@ -75,7 +75,7 @@ pub const UNSERVED_LABELS: [&str; 8] = [
 ];
 
 /// Every `reason` label of [`ADMISSION_REFUSALS_TOTAL`].
-pub const ADMISSION_LABELS: [&str; 14] = [
+pub const ADMISSION_LABELS: [&str; 15] = [
     "empty_field",
     "empty_entry",
     "too_long",
@@ -90,6 +90,7 @@ pub const ADMISSION_LABELS: [&str; 14] = [
     "unknown_worker",
     "store_error",
     "shutting_down",
+    "namespace_limit",
 ];
 
 /// Registers every label-complete series core records, at zero, with the installed `metrics`
@@ -174,7 +175,8 @@ fn every_variant_is_listed(
         | A::PlacementViolated { .. }
         | A::UnknownWorker
         | A::Store(_)
-        | A::ShuttingDown => {}
+        | A::ShuttingDown
+        | A::NamespaceLimit { .. } => {}
     }
 }
 
@@ -243,6 +245,7 @@ mod tests {
             },
             AdmissionError::UnknownWorker,
             AdmissionError::ShuttingDown,
+            AdmissionError::NamespaceLimit { limit: 1 },
             AdmissionError::Store(StoreError(String::new())),
         ];
         for error in &errors {

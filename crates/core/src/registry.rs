@@ -8,6 +8,7 @@
 mod census;
 mod departure;
 mod explain;
+mod namespaces;
 mod reservation;
 mod rotation;
 pub(crate) mod state;
@@ -30,6 +31,8 @@ pub use census::{PoolCensus, UnservedReason};
 pub use departure::Departure;
 pub(crate) use departure::departure as departure_pair;
 pub use explain::WorkerExplanation;
+use namespaces::NamespaceLedger;
+pub use namespaces::{DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_NAMESPACE_IDLE_EXPIRY, NamespaceSeries};
 pub use reservation::DispatchReservation;
 pub use token::RegistrationToken;
 pub use wakeups::PoolWaiter;
@@ -62,6 +65,7 @@ pub(crate) struct Inner {
     state: Mutex<state::State>,
     arrivals: Arc<Notify>,
     wakeups: WakeupTable,
+    pub(crate) namespaces: Mutex<NamespaceLedger>,
     events: broadcast::Sender<WorkerEvent>,
     pub(crate) store: Arc<dyn NamespaceStore>,
     pub(crate) policy: NamespacePolicy,
@@ -93,9 +97,26 @@ pub struct RegistryBuilder {
     audit_window: std::time::Duration,
     opening_probation: bool,
     max_concurrency_limit: u32,
+    max_namespaces: usize,
+    namespace_idle_expiry: std::time::Duration,
 }
 
 impl RegistryBuilder {
+    /// The most namespaces with live state (workers or dispatches) at once (default
+    /// [`DEFAULT_MAX_NAMESPACES_LIVE`]; at least 1). A registration into a new namespace past
+    /// it is refused with [`crate::AdmissionError::NamespaceLimit`].
+    pub fn max_namespaces(mut self, limit: usize) -> Self {
+        self.max_namespaces = limit.max(1);
+        self
+    }
+
+    /// How long a namespace with no worker and no dispatch keeps its per-namespace series and
+    /// minted store record (default [`DEFAULT_NAMESPACE_IDLE_EXPIRY`]).
+    pub fn namespace_idle_expiry(mut self, expiry: std::time::Duration) -> Self {
+        self.namespace_idle_expiry = expiry;
+        self
+    }
+
     /// Admit new workers on [`DispatchExclusion::OpeningProbation`] (default: false). A
     /// liveness prober that lifts probation must be running when this is on.
     pub fn opening_probation(mut self, on: bool) -> Self {
@@ -144,6 +165,10 @@ impl RegistryBuilder {
                 state: Mutex::new(state::State::default()),
                 arrivals: Arc::new(Notify::new()),
                 wakeups: WakeupTable::default(),
+                namespaces: Mutex::new(NamespaceLedger::new(
+                    self.max_namespaces,
+                    self.namespace_idle_expiry,
+                )),
                 events,
                 store: self.store,
                 policy: self.policy,
@@ -172,6 +197,12 @@ impl Inner {
     pub(crate) fn wake_pools(&self, worker: &Worker, how: Wake) {
         self.wakeups.lock().wake_pools(worker, how);
         self.wake();
+    }
+
+    pub(crate) fn ledger(&self) -> MutexGuard<'_, NamespaceLedger> {
+        self.namespaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn emit(&self, event: WorkerEvent) {
@@ -293,14 +324,8 @@ impl Inner {
         let removed = self.lock().remove(worker, Instant::now());
         let Some(entry) = removed else { return false };
         let w = &entry.worker;
-        for namespace in w.namespaces() {
-            metrics::gauge!(
-                "switchyard_workers_connected",
-                "transport" => w.transport().as_str().to_owned(),
-                "namespace" => namespace.clone()
-            )
-            .decrement(1.0);
-        }
+        self.ledger()
+            .left(w.namespaces(), w.transport(), Instant::now());
         tracing::info!(worker = %worker, transport = %w.transport(), reason = reason.as_str(),
             in_flight = entry.in_flight, "worker deregistered");
         metrics::counter!(crate::metrics::WORKER_DEPARTURES_TOTAL, "reason" => reason.as_str())
@@ -331,6 +356,8 @@ impl Registry {
             audit_window: std::time::Duration::from_secs(60),
             opening_probation: false,
             max_concurrency_limit: crate::DEFAULT_MAX_CONCURRENCY_LIMIT,
+            max_namespaces: DEFAULT_MAX_NAMESPACES_LIVE,
+            namespace_idle_expiry: DEFAULT_NAMESPACE_IDLE_EXPIRY,
         }
     }
 
@@ -622,6 +649,26 @@ impl Registry {
             .push(observer);
     }
 
+    /// `switchyard_workers_connected{namespace, transport}` as of `now`: every namespace with
+    /// workers or dispatches, and idle ones (at 0) until `namespace_idle_expiry` passes.
+    pub fn namespace_series(&self, now: Instant) -> Vec<NamespaceSeries> {
+        self.inner.ledger().series(now)
+    }
+
+    /// Namespaces the registry holds state for (live, or idle and not yet forgotten).
+    pub fn namespaces_listed(&self) -> usize {
+        self.inner.ledger().len()
+    }
+
+    /// Counts a dispatch running in `namespace` until the guard drops, so the namespace is
+    /// not forgotten under it; a namespace the registry does not list is not added.
+    pub fn namespace_in_use(&self, namespace: &str) -> NamespaceInUse {
+        let counted = self.inner.ledger().dispatch_started(namespace);
+        NamespaceInUse {
+            inner: counted.then(|| (Arc::clone(&self.inner), namespace.to_owned())),
+        }
+    }
+
     /// The admission audit shared by every transport.
     pub fn admission_audit(&self) -> &AdmissionAudit {
         &self.inner.audit
@@ -636,5 +683,26 @@ fn snapshot(state: &state::State, entry: &workers::WorkerEntry) -> WorkerSnapsho
         eligibility: state.standing(entry),
         connected_at: entry.connected_at,
         unresponsive: entry.unresponsive,
+    }
+}
+
+/// A dispatch running in a namespace, counted until dropped (see
+/// [`Registry::namespace_in_use`]).
+#[must_use = "the namespace counts as in use only while the guard lives"]
+pub struct NamespaceInUse {
+    inner: Option<(Arc<Inner>, String)>,
+}
+
+impl Drop for NamespaceInUse {
+    fn drop(&mut self) {
+        if let Some((inner, namespace)) = self.inner.take() {
+            inner.ledger().dispatch_ended(&namespace, Instant::now());
+        }
+    }
+}
+
+impl std::fmt::Debug for NamespaceInUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceInUse").finish_non_exhaustive()
     }
 }

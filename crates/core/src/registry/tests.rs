@@ -4,6 +4,7 @@ mod announce;
 mod arrival;
 mod capacity;
 mod census;
+mod churn;
 mod departure;
 mod explain;
 mod fairness;
