@@ -106,6 +106,7 @@ pub fn admission_status(error: &AdmissionError) -> Status {
         RefusalKind::NotFound => Code::NotFound,
         RefusalKind::Placement => Code::FailedPrecondition,
         RefusalKind::Unavailable => Code::Unavailable,
+        RefusalKind::Exhausted => Code::ResourceExhausted,
         // A family added to core after this transport: say so rather than guess.
         _ => Code::Unknown,
     };
