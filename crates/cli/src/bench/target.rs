@@ -14,7 +14,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
-use super::args::{BenchArgs, Congestion};
+use super::args::{BenchArgs, Congestion, Scenario};
 use super::{NAMESPACE, system};
 use crate::cmd::Failure;
 use crate::cmd::worker::read_ca;
@@ -97,6 +97,14 @@ impl Target {
         config.dispatch.max_in_flight_per_stream = usize::try_from(args.outstanding)
             .unwrap_or(usize::MAX)
             .max(config.dispatch.max_in_flight_per_stream);
+        if args.scenario == Scenario::TenantFairness {
+            // Tenant A parks more than the default quota allows, on purpose.
+            let parked = usize::try_from(args.parked).unwrap_or(usize::MAX);
+            config.dispatch.max_parked_per_namespace =
+                config.dispatch.max_parked_per_namespace.max(parked);
+            config.dispatch.max_parked_per_principal =
+                config.dispatch.max_parked_per_principal.max(parked);
+        }
         config.quic.congestion = match args.congestion {
             Congestion::Cubic => CongestionName::Cubic,
             Congestion::Bbr => CongestionName::Bbr,
