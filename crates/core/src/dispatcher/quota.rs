@@ -348,4 +348,28 @@ mod tests {
             "nothing is left once every dispatch left"
         );
     }
+
+    #[test]
+    fn a_principals_held_bytes_are_counted_across_its_namespaces() {
+        let book = Arc::new(QuotaBook::default());
+        let config = DispatchConfig {
+            max_held_input_bytes_per_principal: 100,
+            ..DispatchConfig::default()
+        };
+        let _a = book.hold(&config, "a", "p", 60).expect("within quota");
+        let refused = book
+            .hold(&config, "b", "p", 41)
+            .expect_err("past p's quota");
+        assert!(
+            refused
+                .to_string()
+                .contains("`dispatch.max_held_input_bytes_per_principal` (100)"),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("principal \"p\""), "{refused}");
+        // Control: another principal in the same namespace is not held to p's quota.
+        let _q = book
+            .hold(&config, "b", "q", 41)
+            .expect("q has its own quota");
+    }
 }
