@@ -210,15 +210,33 @@ impl Inner {
         let _ = self.events.send(event);
     }
 
-    /// Frees one slot of `worker` (no-op once the worker has left). Wakes the first parked
-    /// selection of each of the worker's pools when the freed slot made the worker selectable
-    /// again: a worker that already had a free slot could not have been what a parked
-    /// selection was waiting for, and waking every parked dispatch on every completion would
-    /// be a herd on the busiest path.
+    /// Frees one slot of `worker` (no-op once the worker has left) and wakes, per pool of the
+    /// worker, the first selection parked there: one freed slot, one waiter. Registry-wide
+    /// [`WorkerArrival`] subscribers are woken only when the slot made the worker selectable
+    /// again (a worker that already had a free slot is not what a selection that just missed
+    /// waits for), so the busiest path wakes nobody while no selection is parked.
     pub(crate) fn release(&self, worker: WorkerId, slot: Slot) {
-        let reopened = self.lock().release(worker, slot);
-        if let Some(worker) = reopened {
-            self.wake_pools(&worker, Wake::One);
+        let woken = {
+            let mut state = self.lock();
+            let Some(reopened) = state.release(worker, slot) else {
+                return;
+            };
+            // Read under the registry lock: a selection that missed queued itself before its
+            // (locked) selection, so a release after that miss sees it queued.
+            let parked = self.wakeups.any_queued();
+            (reopened || parked)
+                .then(|| {
+                    state
+                        .workers
+                        .get(worker)
+                        .map(|e| (e.worker.clone(), reopened))
+                })
+                .flatten()
+        };
+        match woken {
+            Some((worker, true)) => self.wake_pools(&worker, Wake::One),
+            Some((worker, false)) => self.wakeups.lock().wake_pools(&worker, Wake::One),
+            None => {}
         }
     }
 

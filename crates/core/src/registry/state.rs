@@ -106,16 +106,15 @@ impl State {
         Some((worker, slot))
     }
 
-    /// Frees one slot claimed on the worker `id` at `slot`; returns the worker when that made
-    /// it selectable again. A slot whose worker has left frees nothing.
-    pub(crate) fn release(&mut self, id: WorkerId, slot: Slot) -> Option<Worker> {
+    /// Frees one slot claimed on the worker `id` at `slot`; returns whether that made the
+    /// worker selectable again, `None` when the slot's worker has left (nothing freed).
+    pub(crate) fn release(&mut self, id: WorkerId, slot: Slot) -> Option<bool> {
         let entry = self.workers.at_mut(slot)?;
         if entry.id != id {
             return None;
         }
         entry.in_flight = entry.in_flight.saturating_sub(1);
-        let worker = entry.worker.clone();
-        self.refresh(slot).then_some(worker)
+        Some(self.refresh(slot))
     }
 
     /// The eligible, connected workers of the key in turn; the cursor moves past the first.

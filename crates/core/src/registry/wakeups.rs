@@ -12,7 +12,7 @@
 //! passes the wake on to the next waiter, so a wake is never lost with it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
@@ -55,6 +55,8 @@ pub(crate) enum Wake {
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
     next_seq: u64,
+    /// Waiters queued over every pool.
+    len: usize,
     queues: HashMap<PoolKey, BTreeMap<u64, Waiter>>,
     /// Wake-ups handed out since start (tests count them).
     woken: u64,
@@ -62,15 +64,21 @@ pub(crate) struct Wakeups {
 
 impl Wakeups {
     fn enqueue(&mut self, key: &PoolKey, seq: u64, node: Option<String>, signal: Arc<Signal>) {
-        self.queues
+        let replaced = self
+            .queues
             .entry(key.clone())
             .or_default()
             .insert(seq, Waiter { node, signal });
+        if replaced.is_none() {
+            self.len += 1;
+        }
     }
 
     fn dequeue(&mut self, key: &PoolKey, seq: u64) {
         if let Some(queue) = self.queues.get_mut(key) {
-            queue.remove(&seq);
+            if queue.remove(&seq).is_some() {
+                self.len = self.len.saturating_sub(1);
+            }
             if queue.is_empty() {
                 self.queues.remove(key);
                 shrink_after_drain(&mut self.queues);
@@ -104,6 +112,7 @@ impl Wakeups {
         };
         for seq in chosen {
             if let Some(waiter) = queue.remove(&seq) {
+                self.len = self.len.saturating_sub(1);
                 waiter.signal.woken.store(true, Ordering::Release);
                 waiter.signal.notify.notify_one();
                 self.woken += 1;
@@ -135,7 +144,7 @@ impl Wakeups {
     /// Waiters currently queued, over every pool.
     #[cfg(test)]
     pub(crate) fn queued(&self) -> usize {
-        self.queues.values().map(BTreeMap::len).sum()
+        self.len
     }
 
     /// Wake-ups handed out since start.
@@ -154,11 +163,55 @@ pub(crate) fn shrink_after_drain<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K
 
 /// The shared queue table; cheap to clone.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct WakeupTable(Arc<Mutex<Wakeups>>);
+pub(crate) struct WakeupTable(Arc<Table>);
+
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    wakeups: Mutex<Wakeups>,
+    /// How many waiters are queued, over every pool, readable without the lock.
+    queued: AtomicUsize,
+}
 
 impl WakeupTable {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Wakeups> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn lock(&self) -> TableGuard<'_> {
+        TableGuard {
+            guard: self
+                .0
+                .wakeups
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            queued: &self.0.queued,
+        }
+    }
+
+    /// Whether any selection is queued anywhere (so a release has someone to wake).
+    pub(crate) fn any_queued(&self) -> bool {
+        self.0.queued.load(Ordering::SeqCst) > 0
+    }
+}
+
+/// The locked table; keeps [`Table::queued`] in step with the queues when it is let go.
+pub(crate) struct TableGuard<'a> {
+    guard: MutexGuard<'a, Wakeups>,
+    queued: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for TableGuard<'_> {
+    type Target = Wakeups;
+    fn deref(&self) -> &Wakeups {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for TableGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Wakeups {
+        &mut self.guard
+    }
+}
+
+impl Drop for TableGuard<'_> {
+    fn drop(&mut self) {
+        self.queued.store(self.guard.len, Ordering::SeqCst);
     }
 }
 

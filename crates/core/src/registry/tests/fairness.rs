@@ -101,3 +101,28 @@ fn an_arrival_wakes_every_waiter_of_its_pools_only() {
     assert_eq!(woken(&mut pinned_elsewhere), Poll::Pending, "wrong node");
     assert_eq!(woken(&mut other_activity), Poll::Pending, "another pool");
 }
+
+#[test]
+fn each_freed_slot_wakes_its_own_waiter_even_when_the_worker_was_already_selectable() {
+    let registry = Registry::default();
+    let mut two = registration(&["ns"], "", "", &["charge"]);
+    two.max_concurrency = Some(2);
+    let _worker = admit(&registry, two);
+    let first = hold(&registry, "ns", "", "charge").expect("slot 1");
+    let second = hold(&registry, "ns", "", "charge").expect("slot 2");
+    let mut waiters: Vec<_> = (0..3)
+        .map(|_| registry.pool_waiter("ns", "", "charge", None))
+        .collect();
+    waiters.iter_mut().for_each(crate::PoolWaiter::arm);
+
+    drop(first); // reopens the worker
+    drop(second); // the worker was selectable already; still a slot for a parked waiter
+    assert_eq!(woken(&mut waiters[0]), Poll::Ready(()));
+    assert_eq!(
+        woken(&mut waiters[1]),
+        Poll::Ready(()),
+        "the second slot's waiter"
+    );
+    // Control: two slots, two wakes; the third waiter waits.
+    assert_eq!(woken(&mut waiters[2]), Poll::Pending);
+}
