@@ -84,7 +84,7 @@ struct Inner {
     /// `(namespace, activity id)` of dispatches in flight, with their cancel handles.
     activities: Mutex<HashMap<(String, String), CancellationToken>>,
     unserved: Arc<UnservedBook>,
-    quotas: Arc<QuotaBook>,
+    quotas: QuotaBook,
     /// Throttles the reclaim WARN (one a minute, with what it kept quiet).
     reclaim_log: Mutex<LogThrottle>,
     shutting_down: AtomicBool,
@@ -300,7 +300,7 @@ impl Dispatcher {
             next_task: AtomicU64::new(1),
             activities: Mutex::new(HashMap::new()),
             unserved: Arc::new(UnservedBook::default()),
-            quotas: Arc::new(QuotaBook::default()),
+            quotas: QuotaBook::default(),
             reclaim_log: Mutex::new(LogThrottle::default()),
             shutting_down: AtomicBool::new(false),
             stop_parked: CancellationToken::new(),
@@ -399,7 +399,7 @@ impl Dispatcher {
         &self,
         request: &ActivityRequest,
         cancel: &CancellationToken,
-        held: &HeldInput,
+        held: &HeldInput<'_>,
     ) -> Result<ActivityOutcome, DispatchError> {
         let timeout = request.timeout.min(self.inner.config.max_timeout);
         let deadline = Instant::now() + timeout;

@@ -680,10 +680,10 @@ impl Registry {
 
     /// Counts a dispatch running in `namespace` until the guard drops, so the namespace is
     /// not forgotten under it; a namespace the registry does not list is not added.
-    pub fn namespace_in_use(&self, namespace: &str) -> NamespaceInUse {
+    pub fn namespace_in_use<'a>(&'a self, namespace: &'a str) -> NamespaceInUse<'a> {
         let counted = self.inner.ledger().dispatch_started(namespace);
         NamespaceInUse {
-            inner: counted.then(|| (Arc::clone(&self.inner), namespace.to_owned())),
+            inner: counted.then_some((&*self.inner, namespace)),
         }
     }
 
@@ -707,19 +707,19 @@ fn snapshot(state: &state::State, entry: &workers::WorkerEntry) -> WorkerSnapsho
 /// A dispatch running in a namespace, counted until dropped (see
 /// [`Registry::namespace_in_use`]).
 #[must_use = "the namespace counts as in use only while the guard lives"]
-pub struct NamespaceInUse {
-    inner: Option<(Arc<Inner>, String)>,
+pub struct NamespaceInUse<'a> {
+    inner: Option<(&'a Inner, &'a str)>,
 }
 
-impl Drop for NamespaceInUse {
+impl Drop for NamespaceInUse<'_> {
     fn drop(&mut self) {
         if let Some((inner, namespace)) = self.inner.take() {
-            inner.ledger().dispatch_ended(&namespace, Instant::now());
+            inner.ledger().dispatch_ended(namespace, Instant::now());
         }
     }
 }
 
-impl std::fmt::Debug for NamespaceInUse {
+impl std::fmt::Debug for NamespaceInUse<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NamespaceInUse").finish_non_exhaustive()
     }

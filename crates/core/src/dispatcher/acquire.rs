@@ -45,7 +45,7 @@ impl Dispatcher {
         request: &ActivityRequest,
         deadline: Instant,
         cancel: &CancellationToken,
-        held: &HeldInput,
+        held: &HeldInput<'_>,
         refusable: bool,
     ) -> Result<(Worker, DispatchReservation), Missed> {
         let registry = &self.inner.registry;
@@ -54,7 +54,7 @@ impl Dispatcher {
         let mut ticket: Option<ParkTicket> = None;
         let mut classified_at: Option<Instant> = None;
         let mut waiter: Option<PoolWaiter> = None;
-        let mut _parked: Option<ParkedPlace> = None;
+        let mut _parked: Option<ParkedPlace<'_>> = None;
         loop {
             // Until the dispatch has a place in its pool's queue, a registry-wide subscription
             // covers the gap between a miss and the queueing.

@@ -8,7 +8,7 @@
 //! parked dispatches leaves nothing behind.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -63,13 +63,13 @@ impl QuotaBook {
 
     /// Takes `bytes` of input for a dispatch of `principal` in `namespace`, or refuses naming
     /// the byte quota it would pass.
-    pub(crate) fn hold(
-        self: &Arc<Self>,
+    pub(crate) fn hold<'a>(
+        &'a self,
         config: &DispatchConfig,
-        namespace: &str,
-        principal: &str,
+        namespace: &'a str,
+        principal: &'a str,
         bytes: usize,
-    ) -> Result<HeldInput, DispatchError> {
+    ) -> Result<HeldInput<'a>, DispatchError> {
         {
             let mut books = self.lock();
             let ns = books.namespaces.get(namespace).copied().unwrap_or_default();
@@ -99,38 +99,34 @@ impl QuotaBook {
                 namespaces,
                 principals,
             } = &mut *books;
-            for usage in [
-                namespaces.entry(namespace.to_owned()).or_default(),
-                principals.entry(principal.to_owned()).or_default(),
-            ] {
+            for (map, key) in [(namespaces, namespace), (principals, principal)] {
+                // Looked up before inserting: the common case allocates no key.
+                let usage = match map.get_mut(key) {
+                    Some(usage) => usage,
+                    None => map.entry(key.to_owned()).or_default(),
+                };
                 usage.dispatches += 1;
                 usage.bytes += bytes;
             }
         }
         Ok(HeldInput {
-            book: Arc::clone(self),
-            namespace: namespace.to_owned(),
-            principal: principal.to_owned(),
+            book: self,
+            namespace,
+            principal,
             bytes,
         })
     }
 
     /// Counts one more parked dispatch for `held`, or refuses naming the parked quota it would
     /// pass.
-    pub(crate) fn park(
-        self: &Arc<Self>,
+    pub(crate) fn park<'a>(
+        &'a self,
         config: &DispatchConfig,
-        held: &HeldInput,
-    ) -> Result<ParkedPlace, DispatchError> {
+        held: &HeldInput<'a>,
+    ) -> Result<ParkedPlace<'a>, DispatchError> {
         let mut books = self.lock();
-        let ns = books
-            .namespaces
-            .get(&held.namespace)
-            .map_or(0, |u| u.parked);
-        let pr = books
-            .principals
-            .get(&held.principal)
-            .map_or(0, |u| u.parked);
+        let ns = books.namespaces.get(held.namespace).map_or(0, |u| u.parked);
+        let pr = books.principals.get(held.principal).map_or(0, |u| u.parked);
         let refusal = if ns >= config.max_parked_per_namespace {
             Some((
                 MAX_PARKED_PER_NAMESPACE,
@@ -148,25 +144,25 @@ impl QuotaBook {
         };
         if let Some((limit, value, scope)) = refusal {
             drop(books);
-            return Err(self.refuse(limit, value, scope, &held.namespace, &held.principal));
+            return Err(self.refuse(limit, value, scope, held.namespace, held.principal));
         }
         count_parked(&mut books, held);
         Ok(ParkedPlace {
-            book: Arc::clone(self),
-            namespace: held.namespace.clone(),
-            principal: held.principal.clone(),
+            book: self,
+            namespace: held.namespace,
+            principal: held.principal,
         })
     }
 
     /// Counts a parked dispatch that may not be refused (one already delivered once, parked
     /// again after losing its worker).
-    pub(crate) fn park_unrefused(self: &Arc<Self>, held: &HeldInput) -> ParkedPlace {
+    pub(crate) fn park_unrefused<'a>(&'a self, held: &HeldInput<'a>) -> ParkedPlace<'a> {
         let mut books = self.lock();
         count_parked(&mut books, held);
         ParkedPlace {
-            book: Arc::clone(self),
-            namespace: held.namespace.clone(),
-            principal: held.principal.clone(),
+            book: self,
+            namespace: held.namespace,
+            principal: held.principal,
         }
     }
 
@@ -235,42 +231,42 @@ impl QuotaBook {
     }
 }
 
-fn count_parked(books: &mut Books, held: &HeldInput) {
-    if let Some(usage) = books.namespaces.get_mut(&held.namespace) {
+fn count_parked(books: &mut Books, held: &HeldInput<'_>) {
+    if let Some(usage) = books.namespaces.get_mut(held.namespace) {
         usage.parked += 1;
     }
-    if let Some(usage) = books.principals.get_mut(&held.principal) {
+    if let Some(usage) = books.principals.get_mut(held.principal) {
         usage.parked += 1;
     }
 }
 
 /// A dispatch's input bytes, counted against its namespace and principal until dropped.
 #[derive(Debug)]
-pub(crate) struct HeldInput {
-    book: Arc<QuotaBook>,
-    namespace: String,
-    principal: String,
+pub(crate) struct HeldInput<'a> {
+    book: &'a QuotaBook,
+    namespace: &'a str,
+    principal: &'a str,
     bytes: usize,
 }
 
-impl Drop for HeldInput {
+impl Drop for HeldInput<'_> {
     fn drop(&mut self) {
         self.book
-            .release(&self.namespace, &self.principal, self.bytes);
+            .release(self.namespace, self.principal, self.bytes);
     }
 }
 
 /// One parked dispatch, counted until dropped.
 #[derive(Debug)]
-pub(crate) struct ParkedPlace {
-    book: Arc<QuotaBook>,
-    namespace: String,
-    principal: String,
+pub(crate) struct ParkedPlace<'a> {
+    book: &'a QuotaBook,
+    namespace: &'a str,
+    principal: &'a str,
 }
 
-impl Drop for ParkedPlace {
+impl Drop for ParkedPlace<'_> {
     fn drop(&mut self) {
-        self.book.unpark(&self.namespace, &self.principal);
+        self.book.unpark(self.namespace, self.principal);
     }
 }
 
@@ -305,6 +301,8 @@ impl LogThrottle {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
