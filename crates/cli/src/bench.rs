@@ -7,11 +7,15 @@
 //! one JSON object on stdout. Everything is bounded: N and K are capped, every wait has a
 //! deadline, and each dispatch carries a timeout.
 //!
+//! `--scenario tenant-fairness` measures what parked work in one tenant's pool costs another
+//! tenant's dispatch rate (see `bench/fairness.rs`).
+//!
 //! `--idle-workers K` instead connects K idle workers (alternating gRPC and QUIC) and reports
 //! the memory each costs and how long all K took to register and become eligible.
 
 mod args;
 mod drive;
+mod fairness;
 mod idle;
 mod report;
 mod system;
@@ -24,7 +28,7 @@ use crate::cmd::Failure;
 
 pub(crate) use args::BenchArgs;
 
-use args::Via;
+use args::{Scenario, Via};
 use report::LoadReport;
 use target::Target;
 
@@ -45,6 +49,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Failure> {
     });
     let target = Target::start(&args).await?;
     let result = match (args.idle_workers, args.workers_only) {
+        _ if args.scenario == Scenario::TenantFairness => fairness::run(&args, &target).await,
         (Some(count), _) => idle::run(&args, &target, count).await,
         (None, Some(seconds)) => serve_workers(&args, &target, seconds).await,
         (None, None) => load(&args, &target).await,

@@ -11,6 +11,8 @@ mod validate;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 pub use audit::AdmissionAudit;
 pub use capacity::DEFAULT_MAX_CONCURRENCY_LIMIT;
 pub use error::{AdmissionError, RefusalKind};
@@ -160,6 +162,7 @@ impl Registry {
                 namespace: namespace.clone(),
             });
         }
+        self.check_room(&registration)?;
         let unknown = self.check_namespaces(&registration).await?;
         let capacity = if delivery.registration_carries_capacity() {
             let stated = registration
@@ -170,7 +173,19 @@ impl Registry {
             None
         };
         self.mint(unknown, &registration).await?;
-        self.insert(caller, registration, delivery, capacity)
+        let (token, forgotten) = self.insert(caller, registration, delivery, capacity)?;
+        for name in forgotten {
+            if let Err(error) = self.inner.store.forget(&name).await {
+                tracing::warn!(namespace = %name, %error, "namespace store could not forget an idle namespace");
+            }
+        }
+        Ok(token)
+    }
+
+    /// Refuses, before anything is minted, a registration whose new namespaces cannot fit
+    /// under `registry.max_namespaces` even after the idle ones are forgotten.
+    fn check_room(&self, registration: &Registration) -> Result<(), AdmissionError> {
+        self.inner.ledger().fits(&registration.namespaces)
     }
 
     /// Steps three and four for the namespaces the store knows: refuses unknown ones under
@@ -219,7 +234,7 @@ impl Registry {
         registration: Registration,
         delivery: Arc<dyn WorkerDelivery>,
         capacity: Option<NonZeroU32>,
-    ) -> Result<RegistrationToken, AdmissionError> {
+    ) -> Result<(RegistrationToken, Vec<String>), AdmissionError> {
         let Registration {
             namespaces,
             task_queue,
@@ -230,7 +245,7 @@ impl Registry {
         } = registration;
         let task_queue = normalise_task_queue(&task_queue).to_owned();
         let (sender, departure) = crate::registry::departure_pair();
-        let worker = {
+        let (worker, forgotten) = {
             let mut state = self.inner.lock();
             // Checked under the lock the shutdown broadcast takes, so no worker is admitted
             // after the broadcast listed who to tell.
@@ -238,6 +253,14 @@ impl Registry {
                 return Err(AdmissionError::ShuttingDown);
             }
             quota::check_worker_quota(&state, caller)?;
+            // Under the registry lock, so two registrations cannot both take the last room.
+            let forgotten = {
+                let mut ledger = self.inner.ledger();
+                let mut forgotten = ledger.expire(Instant::now());
+                forgotten.extend(ledger.make_room(&namespaces)?);
+                ledger.joined(&namespaces, &delivery.transport());
+                forgotten
+            };
             let id = state.mint_id();
             let worker = Worker::new(
                 id,
@@ -255,24 +278,13 @@ impl Registry {
                     .insert(id, DispatchExclusion::OpeningProbation);
             }
             state.insert(worker.clone(), capacity, sender);
-            worker
+            (worker, forgotten)
         };
-        for namespace in worker.namespaces() {
-            metrics::gauge!(
-                "switchyard_workers_connected",
-                "transport" => worker.transport().as_str().to_owned(),
-                "namespace" => namespace.clone()
-            )
-            .increment(1.0);
-        }
         tracing::info!(worker = %worker.id(), transport = %worker.transport(),
             namespaces = ?worker.namespaces(), task_queue = worker.task_queue(),
             capacity = capacity.map(NonZeroU32::get), "worker admitted");
-        Ok(RegistrationToken::new(
-            Arc::clone(&self.inner),
-            worker.id(),
-            departure,
-        ))
+        let token = RegistrationToken::new(Arc::clone(&self.inner), worker.id(), departure);
+        Ok((token, forgotten))
     }
 }
 

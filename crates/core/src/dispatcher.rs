@@ -15,6 +15,8 @@
 mod acquire;
 mod budget;
 mod config;
+pub(crate) mod quota;
+mod reclaim;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -22,7 +24,7 @@ mod unserved;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Notify, oneshot};
@@ -30,7 +32,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use config::{DEFAULT_MAX_INPUT_BYTES, DispatchConfig};
+pub use config::{
+    DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DispatchConfig,
+};
 pub use unserved::{UnservedAddress, UnservedQueue};
 
 use crate::address::{WorkerId, normalise_task_queue};
@@ -41,7 +45,9 @@ use crate::outcome::{
 };
 use crate::registration::CallerIdentity;
 use crate::registry::Registry;
+use acquire::Missed;
 use budget::LossBudget;
+use quota::{HeldInput, LogThrottle, QuotaBook};
 use table::{PendingTask, Signal, TaskTable};
 use unserved::UnservedBook;
 
@@ -69,6 +75,8 @@ pub struct Dispatcher {
 }
 
 struct Inner {
+    /// This dispatcher, for the reclaim timers it starts (they must not keep it alive).
+    weak_self: Weak<Inner>,
     registry: Registry,
     config: DispatchConfig,
     tasks: Mutex<TaskTable>,
@@ -76,6 +84,9 @@ struct Inner {
     /// Dispatches in flight that carry an activity id, with their cancel handles.
     activities: Mutex<HashMap<ActivityIdKey, CancellationToken>>,
     unserved: Arc<UnservedBook>,
+    quotas: QuotaBook,
+    /// Throttles the reclaim WARN (one a minute, with what it kept quiet).
+    reclaim_log: Mutex<LogThrottle>,
     shutting_down: AtomicBool,
     /// Fired when shutdown starts: parked dispatches end at once.
     stop_parked: CancellationToken,
@@ -127,10 +138,11 @@ impl Inner {
     /// task went out on. The slot stays held until the worker acknowledges, answers or leaves.
     /// False when the wait had already ended (the worker answered or left first).
     fn abandon(&self, task: TaskId, reason: CancelReason) -> bool {
-        let delivery = self.lock_tasks().detach(task);
+        let delivery = self.lock_tasks().detach(task, Instant::now());
         let Some(delivery) = delivery else {
             return false;
         };
+        self.schedule_reclaim(task);
         match delivery.deliver(WorkerMessage::Cancel {
             task_id: task,
             reason,
@@ -218,7 +230,9 @@ struct ActivityGuard<'a> {
 impl Drop for ActivityGuard<'_> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            self.inner.lock_activities().remove(&key);
+            let mut activities = self.inner.lock_activities();
+            activities.remove(&key);
+            crate::registry::shrink_after_drain(&mut activities);
         }
     }
 }
@@ -226,13 +240,16 @@ impl Drop for ActivityGuard<'_> {
 impl Dispatcher {
     /// A dispatcher over `registry`; it re-dispatches the tasks of every worker that leaves.
     pub fn new(registry: Registry, config: DispatchConfig) -> Self {
-        let inner = Arc::new(Inner {
+        let inner = Arc::new_cyclic(|weak_self| Inner {
+            weak_self: weak_self.clone(),
             registry: registry.clone(),
             config,
             tasks: Mutex::new(TaskTable::default()),
             next_task: AtomicU64::new(1),
             activities: Mutex::new(HashMap::new()),
             unserved: Arc::new(UnservedBook::default()),
+            quotas: QuotaBook::default(),
+            reclaim_log: Mutex::new(LogThrottle::default()),
             shutting_down: AtomicBool::new(false),
             stop_parked: CancellationToken::new(),
             stop_all: CancellationToken::new(),
@@ -260,9 +277,10 @@ impl Dispatcher {
     /// Runs one activity on a worker of its pool and returns its one outcome.
     ///
     /// Refused up front (no outcome) when a required name is empty or any name is longer than
-    /// [`MAX_NAME_BYTES`], the caller is not granted the namespace, or the caller already has
-    /// a dispatch with this activity id in flight in the namespace (another principal's ids
-    /// are not seen).
+    /// [`MAX_NAME_BYTES`], the caller is not granted the namespace, its input would pass a
+    /// held-bytes quota, or the caller already has a dispatch with this activity id in flight
+    /// in the namespace (another principal's ids are not seen); refused when it would park
+    /// past a parked quota ([`DispatchError::QuotaExceeded`]).
     pub async fn dispatch(
         &self,
         caller: &CallerIdentity,
@@ -275,6 +293,13 @@ impl Dispatcher {
                 namespace: request.namespace.clone(),
             });
         }
+        let held = self.inner.quotas.hold(
+            &self.inner.config,
+            &request.namespace,
+            &caller.principal,
+            request.input.len(),
+        )?;
+        let _in_use = self.inner.registry.namespace_in_use(&request.namespace);
         let cancel = CancellationToken::new();
         let _activity = self.claim_activity_id(caller, &request, &cancel)?;
         let started = Instant::now();
@@ -283,7 +308,7 @@ impl Dispatcher {
         let outcome = if self.inner.shutting_down.load(Ordering::Acquire) {
             ActivityOutcome::ShuttingDown
         } else {
-            self.run(&request, &cancel).instrument(span).await?
+            self.run(&request, &cancel, &held).instrument(span).await?
         };
         metrics::counter!("switchyard_dispatches_total", "outcome" => outcome.label()).increment(1);
         metrics::histogram!("switchyard_dispatch_latency_seconds")
@@ -328,6 +353,7 @@ impl Dispatcher {
         &self,
         request: &ActivityRequest,
         cancel: &CancellationToken,
+        held: &HeldInput<'_>,
     ) -> Result<ActivityOutcome, DispatchError> {
         let timeout = request.timeout.min(self.inner.config.max_timeout);
         let deadline = Instant::now() + timeout;
@@ -337,9 +363,15 @@ impl Dispatcher {
         let mut deliveries: u32 = 0;
         let mut failed_deliveries: u32 = 0;
         loop {
-            let (worker, reservation) = match self.acquire(request, deadline, cancel).await {
+            // Only a dispatch no worker has taken yet may be refused for parking.
+            let refusable = deliveries == 0;
+            let (worker, reservation) = match self
+                .acquire(request, deadline, cancel, held, refusable)
+                .await
+            {
                 Ok(hit) => hit,
-                Err(outcome) => return Ok(outcome),
+                Err(Missed::Outcome(outcome)) => return Ok(outcome),
+                Err(Missed::Refused(error)) => return Err(error),
             };
             let task = TaskId::from_raw(self.inner.next_task.fetch_add(1, Ordering::Relaxed));
             let (signal, mut wait) = oneshot::channel();
@@ -349,6 +381,7 @@ impl Dispatcher {
                     delivery: Arc::clone(worker.delivery()),
                     reservation,
                     signal: Some(signal),
+                    detached_at: None,
                 },
             );
             drop(replaced);
@@ -468,9 +501,10 @@ impl Dispatcher {
     /// sent a cancel per task; the slots stay held until it acknowledges, answers or leaves.
     /// Returns how many dispatches were cancelled (used when a drain passes its deadline).
     pub fn cancel_held_by(&self, worker: WorkerId, reason: CancelReason) -> usize {
-        let detached = self.inner.lock_tasks().detach_all(worker);
+        let detached = self.inner.lock_tasks().detach_all(worker, Instant::now());
         let count = detached.len();
         for (task, delivery, signal) in detached {
+            self.inner.schedule_reclaim(task);
             let _ = signal.send(Signal::Cancelled);
             if let Err(error) = delivery.deliver(WorkerMessage::Cancel {
                 task_id: task,

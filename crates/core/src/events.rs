@@ -16,6 +16,9 @@ pub enum DisconnectReason {
     Timeout,
     /// It finished a drain, or was drained on a transport without a drain channel.
     Drained,
+    /// It left `dispatch.max_unresponsive_tasks` ended tasks neither answered nor
+    /// acknowledged within `dispatch.cancel_ack_timeout`, and was drained and removed.
+    Unresponsive,
 }
 
 impl DisconnectReason {
@@ -25,6 +28,7 @@ impl DisconnectReason {
             Self::Disconnect => "disconnect",
             Self::Timeout => "timeout",
             Self::Drained => "drained",
+            Self::Unresponsive => "unresponsive",
         }
     }
 }

@@ -44,17 +44,18 @@ pub use delivery::{
     ActivityTask, CancelReason, DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage,
 };
 pub use dispatcher::{
-    DEFAULT_MAX_INPUT_BYTES, DispatchConfig, Dispatcher, RefusedCounts, UnservedAddress,
-    UnservedQueue,
+    DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DispatchConfig,
+    Dispatcher, RefusedCounts, UnservedAddress, UnservedQueue,
 };
 pub use eligibility::{DispatchExclusion, Eligibility};
 pub use events::{DisconnectReason, WorkerEvent};
 pub use handle::{Core, CoreConfig};
 pub use liveness::{Liveness, LivenessConfig, LivenessTracker, TickActions};
 pub use metrics::{
-    ADMISSION_LABELS, ADMISSION_REFUSALS_TOTAL, DISPATCH_LATENCY_SECONDS, DISPATCHES_TOTAL,
-    OUTCOME_LABELS, REFUSED_RESULT_LABELS, RESULTS_AFTER_CANCEL_TOTAL, RESULTS_REFUSED_TOTAL,
-    UNSERVED_EPISODES_TOTAL, UNSERVED_LABELS, register_metrics,
+    ADMISSION_LABELS, ADMISSION_REFUSALS_TOTAL, DEPARTURE_LABELS, DISPATCH_LATENCY_SECONDS,
+    DISPATCH_REFUSALS_TOTAL, DISPATCHES_TOTAL, OUTCOME_LABELS, QUOTA_LABELS, REFUSED_RESULT_LABELS,
+    RESULTS_AFTER_CANCEL_TOTAL, RESULTS_REFUSED_TOTAL, TASKS_RECLAIMED_TOTAL,
+    UNSERVED_EPISODES_TOTAL, UNSERVED_LABELS, WORKER_DEPARTURES_TOTAL, register_metrics,
 };
 pub use namespace::{
     InMemoryNamespaceStore, NamespacePolicy, NamespaceRecord, NamespaceStore, Placement, StoreError,
@@ -64,8 +65,9 @@ pub use outcome::{
 };
 pub use registration::{CallerIdentity, NamespaceGrant, Registration};
 pub use registry::{
-    DEFAULT_EVENT_CAPACITY, Departure, DepartureObserver, DispatchReservation, PoolCensus,
-    RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
+    DEFAULT_EVENT_CAPACITY, DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_NAMESPACE_IDLE_EXPIRY, Departure,
+    DepartureObserver, DispatchReservation, NamespaceInUse, NamespaceSeries, PoolCensus,
+    PoolWaiter, RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
 pub use role::{Role, Roles};
 pub use throttle::{DEFAULT_THROTTLE_INTERVAL, Throttle};

@@ -7,6 +7,8 @@
 //! transport appear with their first worker.
 
 use crate::admission::AdmissionError;
+use crate::dispatcher::quota;
+use crate::events::DisconnectReason;
 use crate::outcome::{ActivityOutcome, CompletionRefused};
 use crate::registry::UnservedReason;
 
@@ -24,6 +26,27 @@ pub const RESULTS_AFTER_CANCEL_TOTAL: &str = "switchyard_results_after_cancel_to
 pub const UNSERVED_EPISODES_TOTAL: &str = "switchyard_unserved_episodes_total";
 /// `switchyard_admission_refusals_total{reason}`: registrations refused by the gate, by rule.
 pub const ADMISSION_REFUSALS_TOTAL: &str = "switchyard_admission_refusals_total";
+
+/// `switchyard_dispatch_refusals_total{limit}`: dispatches refused by a quota, by the quota's
+/// configuration key.
+pub const DISPATCH_REFUSALS_TOTAL: &str = "switchyard_dispatch_refusals_total";
+
+/// `switchyard_worker_departures_total{reason}`: workers that left the registry, by reason.
+pub const WORKER_DEPARTURES_TOTAL: &str = "switchyard_worker_departures_total";
+/// `switchyard_tasks_reclaimed_total`: slots taken back from workers that neither answered
+/// nor acknowledged an ended task within `dispatch.cancel_ack_timeout`.
+pub const TASKS_RECLAIMED_TOTAL: &str = "switchyard_tasks_reclaimed_total";
+
+/// Every `reason` label of [`WORKER_DEPARTURES_TOTAL`].
+pub const DEPARTURE_LABELS: [&str; 4] = ["disconnect", "timeout", "drained", "unresponsive"];
+
+/// Every `limit` label of [`DISPATCH_REFUSALS_TOTAL`].
+pub const QUOTA_LABELS: [&str; 4] = [
+    quota::MAX_PARKED_PER_NAMESPACE,
+    quota::MAX_PARKED_PER_PRINCIPAL,
+    quota::MAX_HELD_BYTES_PER_NAMESPACE,
+    quota::MAX_HELD_BYTES_PER_PRINCIPAL,
+];
 
 /// Every `outcome` label of [`DISPATCHES_TOTAL`].
 pub const OUTCOME_LABELS: [&str; 7] = [
@@ -52,7 +75,7 @@ pub const UNSERVED_LABELS: [&str; 8] = [
 ];
 
 /// Every `reason` label of [`ADMISSION_REFUSALS_TOTAL`].
-pub const ADMISSION_LABELS: [&str; 16] = [
+pub const ADMISSION_LABELS: [&str; 17] = [
     "empty_field",
     "empty_entry",
     "too_long",
@@ -69,6 +92,7 @@ pub const ADMISSION_LABELS: [&str; 16] = [
     "unknown_worker",
     "store_error",
     "shutting_down",
+    "namespace_limit",
 ];
 
 /// Registers every label-complete series core records, at zero, with the installed `metrics`
@@ -81,6 +105,13 @@ pub fn register_metrics() {
         metrics::counter!(RESULTS_REFUSED_TOTAL, "reason" => reason).increment(0);
     }
     metrics::counter!(RESULTS_AFTER_CANCEL_TOTAL).increment(0);
+    for reason in DEPARTURE_LABELS {
+        metrics::counter!(WORKER_DEPARTURES_TOTAL, "reason" => reason).increment(0);
+    }
+    metrics::counter!(TASKS_RECLAIMED_TOTAL).increment(0);
+    for limit in QUOTA_LABELS {
+        metrics::counter!(DISPATCH_REFUSALS_TOTAL, "limit" => limit).increment(0);
+    }
     for reason in UNSERVED_LABELS {
         metrics::counter!(UNSERVED_EPISODES_TOTAL, "reason" => reason).increment(0);
     }
@@ -99,7 +130,12 @@ fn every_variant_is_listed(
     refused: &CompletionRefused,
     unserved: UnservedReason,
     admission: &AdmissionError,
+    departure: DisconnectReason,
 ) {
+    use DisconnectReason as D;
+    match departure {
+        D::Disconnect | D::Timeout | D::Drained | D::Unresponsive => {}
+    }
     use ActivityOutcome as O;
     match outcome {
         O::Completed(_)
@@ -143,7 +179,8 @@ fn every_variant_is_listed(
         | A::PlacementViolated { .. }
         | A::UnknownWorker
         | A::Store(_)
-        | A::ShuttingDown => {}
+        | A::ShuttingDown
+        | A::NamespaceLimit { .. } => {}
     }
 }
 
@@ -189,6 +226,15 @@ mod tests {
         ];
         let labels: Vec<&str> = unserved.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels, UNSERVED_LABELS);
+
+        let departures = [
+            DisconnectReason::Disconnect,
+            DisconnectReason::Timeout,
+            DisconnectReason::Drained,
+            DisconnectReason::Unresponsive,
+        ];
+        let labels: Vec<&str> = departures.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels, DEPARTURE_LABELS);
     }
 
     #[test]
@@ -203,6 +249,7 @@ mod tests {
             },
             AdmissionError::UnknownWorker,
             AdmissionError::ShuttingDown,
+            AdmissionError::NamespaceLimit { limit: 1 },
             AdmissionError::Store(StoreError(String::new())),
         ];
         for error in &errors {

@@ -55,12 +55,23 @@ pub trait NamespaceStore: Send + Sync + 'static {
         &self,
         record: NamespaceRecord,
     ) -> Result<NamespaceRecord, StoreError>;
+
+    /// The registry forgot `name`: it had no worker and no dispatch for
+    /// `registry.namespace_idle_expiry`, or made room for a new namespace. A store may drop a
+    /// record it minted on first registration; configured records must stay. The default
+    /// keeps everything (a durable store is bounded by its own means).
+    async fn forget(&self, name: &str) -> Result<(), StoreError> {
+        let _ = name;
+        Ok(())
+    }
 }
 
 /// A [`NamespaceStore`] held in memory (the default, and the reference for other stores).
 #[derive(Debug, Default)]
 pub struct InMemoryNamespaceStore {
     records: Mutex<HashMap<String, NamespaceRecord>>,
+    /// Records given at construction: never forgotten.
+    configured: std::collections::HashSet<String>,
     creations: std::sync::atomic::AtomicU64,
 }
 
@@ -72,7 +83,9 @@ impl InMemoryNamespaceStore {
 
     /// A store pre-loaded with `records` (configured namespaces).
     pub fn with_records(records: impl IntoIterator<Item = NamespaceRecord>) -> Self {
-        let store = Self::default();
+        let mut store = Self::default();
+        let records: Vec<NamespaceRecord> = records.into_iter().collect();
+        store.configured = records.iter().map(|r| r.name.clone()).collect();
         if let Ok(mut map) = store.records.lock() {
             map.extend(records.into_iter().map(|r| (r.name.clone(), r)));
         }
@@ -108,5 +121,28 @@ impl NamespaceStore for InMemoryNamespaceStore {
             record
         });
         Ok(stored.clone())
+    }
+
+    async fn forget(&self, name: &str) -> Result<(), StoreError> {
+        if !self.configured.contains(name) {
+            let mut map = self.lock();
+            map.remove(name);
+            if map.capacity() > 64 && map.capacity() > map.len() * 4 {
+                map.shrink_to_fit();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl InMemoryNamespaceStore {
+    /// Records held now (configured and minted).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }

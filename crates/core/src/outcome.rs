@@ -120,6 +120,16 @@ pub enum DispatchError {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// A quota of the namespace or the principal is reached; `limit` is its configuration key.
+    #[error("`{limit}` ({value}) reached for {scope}")]
+    QuotaExceeded {
+        /// The configuration key of the quota (`dispatch.max_parked_per_namespace`, ...).
+        limit: &'static str,
+        /// The quota's configured value.
+        value: u64,
+        /// Whose quota: `namespace "x"` or `principal "p"`.
+        scope: String,
+    },
     /// A dispatch with the same activity id is in flight in the namespace.
     #[error("activity id {activity_id:?} is already in flight in namespace {namespace:?}")]
     DuplicateActivityId {

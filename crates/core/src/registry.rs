@@ -8,6 +8,7 @@
 mod census;
 mod departure;
 mod explain;
+mod namespaces;
 mod reservation;
 mod rotation;
 pub(crate) mod state;
@@ -16,6 +17,7 @@ pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
 mod token;
+mod wakeups;
 mod workers;
 
 use std::collections::HashMap;
@@ -29,8 +31,12 @@ pub use census::{PoolCensus, UnservedReason};
 pub use departure::Departure;
 pub(crate) use departure::departure as departure_pair;
 pub use explain::WorkerExplanation;
+use namespaces::NamespaceLedger;
+pub use namespaces::{DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_NAMESPACE_IDLE_EXPIRY, NamespaceSeries};
 pub use reservation::DispatchReservation;
 pub use token::RegistrationToken;
+pub use wakeups::PoolWaiter;
+pub(crate) use wakeups::shrink_after_drain;
 
 use crate::address::{WorkerId, normalise_task_queue};
 use crate::admission::AdmissionAudit;
@@ -40,6 +46,7 @@ use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::namespace::{InMemoryNamespaceStore, NamespacePolicy, NamespaceStore};
 use crate::worker::{Worker, WorkerSnapshot};
+use wakeups::{PoolKey, Wake, WakeupTable};
 use workers::Slot;
 
 /// Default size of the event broadcast channel; a receiver that lags further loses events.
@@ -57,6 +64,8 @@ pub struct Registry {
 pub(crate) struct Inner {
     state: Mutex<state::State>,
     arrivals: Arc<Notify>,
+    wakeups: WakeupTable,
+    pub(crate) namespaces: Mutex<NamespaceLedger>,
     events: broadcast::Sender<WorkerEvent>,
     pub(crate) store: Arc<dyn NamespaceStore>,
     pub(crate) policy: NamespacePolicy,
@@ -88,9 +97,26 @@ pub struct RegistryBuilder {
     audit_window: std::time::Duration,
     opening_probation: bool,
     max_concurrency_limit: u32,
+    max_namespaces: usize,
+    namespace_idle_expiry: std::time::Duration,
 }
 
 impl RegistryBuilder {
+    /// The most namespaces with live state (workers or dispatches) at once (default
+    /// [`DEFAULT_MAX_NAMESPACES_LIVE`]; at least 1). A registration into a new namespace past
+    /// it is refused with [`crate::AdmissionError::NamespaceLimit`].
+    pub fn max_namespaces(mut self, limit: usize) -> Self {
+        self.max_namespaces = limit.max(1);
+        self
+    }
+
+    /// How long a namespace with no worker and no dispatch keeps its per-namespace series and
+    /// minted store record (default [`DEFAULT_NAMESPACE_IDLE_EXPIRY`]).
+    pub fn namespace_idle_expiry(mut self, expiry: std::time::Duration) -> Self {
+        self.namespace_idle_expiry = expiry;
+        self
+    }
+
     /// Admit new workers on [`DispatchExclusion::OpeningProbation`] (default: false). A
     /// liveness prober that lifts probation must be running when this is on.
     pub fn opening_probation(mut self, on: bool) -> Self {
@@ -138,6 +164,11 @@ impl RegistryBuilder {
             inner: Arc::new(Inner {
                 state: Mutex::new(state::State::default()),
                 arrivals: Arc::new(Notify::new()),
+                wakeups: WakeupTable::default(),
+                namespaces: Mutex::new(NamespaceLedger::new(
+                    self.max_namespaces,
+                    self.namespace_idle_expiry,
+                )),
                 events,
                 store: self.store,
                 policy: self.policy,
@@ -161,19 +192,51 @@ impl Inner {
         self.arrivals.notify_waiters();
     }
 
+    /// Wakes the selections parked on the pools `worker` serves (and registry-wide
+    /// [`WorkerArrival`] subscribers); parked selections of other pools are not touched.
+    pub(crate) fn wake_pools(&self, worker: &Worker, how: Wake) {
+        self.wakeups.lock().wake_pools(worker, how);
+        self.wake();
+    }
+
+    pub(crate) fn ledger(&self) -> MutexGuard<'_, NamespaceLedger> {
+        self.namespaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub(crate) fn emit(&self, event: WorkerEvent) {
         // No receiver is not an error: events are for whoever listens.
         let _ = self.events.send(event);
     }
 
-    /// Frees one slot of `worker` (no-op once the worker has left). Wakes parked selections
-    /// when the freed slot made the worker selectable again: a worker that already had a free
-    /// slot could not have been what a parked selection was waiting for, and waking every
-    /// parked dispatch on every completion would be a herd on the busiest path.
+    /// Frees one slot of `worker` (no-op once the worker has left) and wakes, per pool of the
+    /// worker, the first selection parked there: one freed slot, one waiter. Registry-wide
+    /// [`WorkerArrival`] subscribers are woken only when the slot made the worker selectable
+    /// again (a worker that already had a free slot is not what a selection that just missed
+    /// waits for), so the busiest path wakes nobody while no selection is parked.
     pub(crate) fn release(&self, worker: WorkerId, slot: Slot) {
-        let reopened = self.lock().release(worker, slot);
-        if reopened {
-            self.wake();
+        let woken = {
+            let mut state = self.lock();
+            let Some(reopened) = state.release(worker, slot) else {
+                return;
+            };
+            // Read under the registry lock: a selection that missed queued itself before its
+            // (locked) selection, so a release after that miss sees it queued.
+            let parked = self.wakeups.any_queued();
+            (reopened || parked)
+                .then(|| {
+                    state
+                        .workers
+                        .get(worker)
+                        .map(|e| (e.worker.clone(), reopened))
+                })
+                .flatten()
+        };
+        match woken {
+            Some((worker, true)) => self.wake_pools(&worker, Wake::One),
+            Some((worker, false)) => self.wakeups.lock().wake_pools(&worker, Wake::One),
+            None => {}
         }
     }
 
@@ -261,7 +324,7 @@ impl Inner {
         if let Some(message) = deferred {
             self.tell(worker, announced.delivery().as_ref(), message);
         }
-        self.wake();
+        self.wake_pools(&announced, Wake::All);
         true
     }
 
@@ -279,16 +342,12 @@ impl Inner {
         let removed = self.lock().remove(worker, Instant::now());
         let Some(entry) = removed else { return false };
         let w = &entry.worker;
-        for namespace in w.namespaces() {
-            metrics::gauge!(
-                "switchyard_workers_connected",
-                "transport" => w.transport().as_str().to_owned(),
-                "namespace" => namespace.clone()
-            )
-            .decrement(1.0);
-        }
+        self.ledger()
+            .left(w.namespaces(), w.transport(), Instant::now());
         tracing::info!(worker = %worker, transport = %w.transport(), reason = reason.as_str(),
             in_flight = entry.in_flight, "worker deregistered");
+        metrics::counter!(crate::metrics::WORKER_DEPARTURES_TOTAL, "reason" => reason.as_str())
+            .increment(1);
         if let Some(departure) = &entry.departure {
             departure.depart(reason);
         }
@@ -315,6 +374,8 @@ impl Registry {
             audit_window: std::time::Duration::from_secs(60),
             opening_probation: false,
             max_concurrency_limit: crate::DEFAULT_MAX_CONCURRENCY_LIMIT,
+            max_namespaces: DEFAULT_MAX_NAMESPACES_LIVE,
+            namespace_idle_expiry: DEFAULT_NAMESPACE_IDLE_EXPIRY,
         }
     }
 
@@ -354,6 +415,23 @@ impl Registry {
             .listing(namespace, task_queue, activity_type, node)
     }
 
+    /// A place, in arrival order, in the queue of selections parked on `(namespace,
+    /// task_queue, activity_type)` (for workers on `node` when given); see [`PoolWaiter`].
+    pub fn pool_waiter(
+        &self,
+        namespace: &str,
+        task_queue: &str,
+        activity_type: &str,
+        node: Option<&str>,
+    ) -> PoolWaiter {
+        let key = PoolKey {
+            namespace: namespace.to_owned(),
+            task_queue: normalise_task_queue(task_queue).to_owned(),
+            activity_type: activity_type.to_owned(),
+        };
+        PoolWaiter::new(self.inner.wakeups.clone(), key, node.map(str::to_owned))
+    }
+
     /// A subscription that resolves on the next wake after this call (see [`WorkerArrival`]).
     pub fn worker_arrival(&self) -> WorkerArrival {
         WorkerArrival::new(Arc::clone(&self.inner.arrivals))
@@ -368,7 +446,7 @@ impl Registry {
         max_concurrency: u32,
     ) -> Result<(), crate::AdmissionError> {
         let capacity = self.check_announced_capacity(worker, max_concurrency)?;
-        let announced = {
+        let (announced, subject) = {
             let mut state = self.inner.lock();
             let entry = state
                 .workers
@@ -377,8 +455,9 @@ impl Registry {
             entry.capacity = Some(capacity);
             entry.pending_capacity = None;
             let announced = entry.announced;
+            let subject = entry.worker.clone();
             state.refresh_id(worker);
-            announced
+            (announced, subject)
         };
         tracing::debug!(worker = %worker, capacity = capacity.get(), "capacity announced");
         // A worker not yet announced gets its capacity event with its `Connected`.
@@ -388,7 +467,7 @@ impl Registry {
                 capacity: capacity.get(),
             });
         }
-        self.inner.wake();
+        self.inner.wake_pools(&subject, Wake::All);
         Ok(())
     }
 
@@ -425,6 +504,7 @@ impl Registry {
         newest_known: Option<WorkerId>,
     ) {
         let mut changed = Vec::new();
+        let mut touched_workers = Vec::new();
         let mut reopened = false;
         {
             let mut state = self.inner.lock();
@@ -456,10 +536,17 @@ impl Registry {
             for id in touched {
                 let before = previous.get(&id).copied();
                 let after = state.exclusions.get(&id).copied();
-                if before != after {
+                let standing_changed = before != after;
+                if standing_changed {
                     changed.push((id, before, after));
                 }
-                reopened |= state.refresh_id(id);
+                let reopened_now = state.refresh_id(id);
+                reopened |= reopened_now;
+                if standing_changed || reopened_now {
+                    if let Some(entry) = state.workers.get(id) {
+                        touched_workers.push(entry.worker.clone());
+                    }
+                }
             }
         }
         let wake = reopened || !changed.is_empty();
@@ -471,8 +558,22 @@ impl Registry {
         // The prober publishes every round: a round that changed nobody's standing wakes nobody.
         // A change does wake, even one that excludes, so parked dispatches re-read their reason.
         if wake {
+            let mut wakeups = self.inner.wakeups.lock();
+            for worker in &touched_workers {
+                wakeups.wake_pools(worker, Wake::All);
+            }
+            drop(wakeups);
             self.inner.wake();
         }
+    }
+
+    /// Counts one more reclaimed task against `worker` (it neither answered nor acknowledged
+    /// an ended task in time); returns its new count, `None` once it has left.
+    pub(crate) fn mark_unresponsive(&self, worker: WorkerId) -> Option<u32> {
+        let mut state = self.inner.lock();
+        let entry = state.workers.get_mut(worker)?;
+        entry.unresponsive = entry.unresponsive.saturating_add(1);
+        Some(entry.unresponsive)
     }
 
     /// The current liveness exclusions.
@@ -566,6 +667,26 @@ impl Registry {
             .push(observer);
     }
 
+    /// `switchyard_workers_connected{namespace, transport}` as of `now`: every namespace with
+    /// workers or dispatches, and idle ones (at 0) until `namespace_idle_expiry` passes.
+    pub fn namespace_series(&self, now: Instant) -> Vec<NamespaceSeries> {
+        self.inner.ledger().series(now)
+    }
+
+    /// Namespaces the registry holds state for (live, or idle and not yet forgotten).
+    pub fn namespaces_listed(&self) -> usize {
+        self.inner.ledger().len()
+    }
+
+    /// Counts a dispatch running in `namespace` until the guard drops, so the namespace is
+    /// not forgotten under it; a namespace the registry does not list is not added.
+    pub fn namespace_in_use<'a>(&'a self, namespace: &'a str) -> NamespaceInUse<'a> {
+        let counted = self.inner.ledger().dispatch_started(namespace);
+        NamespaceInUse {
+            inner: counted.then_some((&*self.inner, namespace)),
+        }
+    }
+
     /// The admission audit shared by every transport.
     pub fn admission_audit(&self) -> &AdmissionAudit {
         &self.inner.audit
@@ -579,5 +700,27 @@ fn snapshot(state: &state::State, entry: &workers::WorkerEntry) -> WorkerSnapsho
         in_flight: entry.in_flight,
         eligibility: state.standing(entry),
         connected_at: entry.connected_at,
+        unresponsive: entry.unresponsive,
+    }
+}
+
+/// A dispatch running in a namespace, counted until dropped (see
+/// [`Registry::namespace_in_use`]).
+#[must_use = "the namespace counts as in use only while the guard lives"]
+pub struct NamespaceInUse<'a> {
+    inner: Option<(&'a Inner, &'a str)>,
+}
+
+impl Drop for NamespaceInUse<'_> {
+    fn drop(&mut self) {
+        if let Some((inner, namespace)) = self.inner.take() {
+            inner.ledger().dispatch_ended(namespace, Instant::now());
+        }
+    }
+}
+
+impl std::fmt::Debug for NamespaceInUse<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceInUse").finish_non_exhaustive()
     }
 }

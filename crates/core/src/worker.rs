@@ -122,4 +122,6 @@ pub struct WorkerSnapshot {
     pub eligibility: Eligibility,
     /// When it registered.
     pub connected_at: SystemTime,
+    /// Ended tasks it neither answered nor acknowledged in time, whose slots were reclaimed.
+    pub unresponsive: u32,
 }

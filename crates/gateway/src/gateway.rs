@@ -119,7 +119,9 @@ impl GatewayBuilder {
                 NamespacePolicyName::Open => NamespacePolicy::Open,
                 NamespacePolicyName::Closed => NamespacePolicy::Closed,
             })
-            .max_concurrency_limit(config.registry.max_concurrency_limit);
+            .max_concurrency_limit(config.registry.max_concurrency_limit)
+            .max_namespaces(config.registry.max_namespaces)
+            .namespace_idle_expiry(config.registry.namespace_idle_expiry.get());
         let core = Core::start(registry, core_config(&config));
         let readiness = Readiness::default();
         let stop_accepting = CancellationToken::new();
@@ -208,6 +210,12 @@ pub(crate) fn core_config(config: &GatewayConfig) -> CoreConfig {
             max_timeout: config.dispatch.max_timeout.get(),
             max_input_bytes: crate::limits::max_input_bytes(config)
                 .unwrap_or(switchyard_core::DEFAULT_MAX_INPUT_BYTES),
+            max_parked_per_namespace: config.dispatch.max_parked_per_namespace,
+            max_parked_per_principal: config.dispatch.max_parked_per_principal,
+            max_held_input_bytes_per_namespace: config.dispatch.max_held_input_bytes_per_namespace,
+            max_held_input_bytes_per_principal: config.dispatch.max_held_input_bytes_per_principal,
+            cancel_ack_timeout: config.dispatch.cancel_ack_timeout.get(),
+            max_unresponsive_tasks: config.dispatch.max_unresponsive_tasks,
         },
         liveness: LivenessConfig {
             ping_interval: config.liveness.ping_interval.get(),

@@ -131,6 +131,7 @@ async fn workers(State(state): State<OpsState>) -> axum::Json<Value> {
                 "activity_types": w.activity_types(),
                 "capacity": s.capacity,
                 "in_flight": s.in_flight,
+                "unresponsive_tasks": s.unresponsive,
                 "eligibility": s.eligibility.to_string(),
                 "connected_since_unix_ms": crate::api::unix_ms(s.connected_at),
             })

@@ -12,6 +12,8 @@ use crate::cmd::Failure;
 const MAX_TASKS: u32 = 20_000_000;
 /// Most workers (load or idle) one run may connect.
 const MAX_WORKERS: u32 = 50_000;
+/// Most dispatches tenant A may park in `--scenario tenant-fairness`.
+const MAX_PARKED: u32 = 1_000_000;
 /// Largest payload, in bytes.
 const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
 /// Longest service time, in microseconds (10 s).
@@ -27,6 +29,18 @@ pub(crate) enum BenchTransport {
     Quic,
     /// Workers alternate gRPC and QUIC.
     Mixed,
+}
+
+/// What `switchyard bench` measures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Scenario {
+    /// The load run (or `--idle-workers`, `--workers-only`).
+    #[default]
+    Load,
+    /// Tenant B's sequential dispatch rate alone and while tenant A parks `--parked`
+    /// dispatches in its own namespace; reports both rates and their ratio.
+    TenantFairness,
 }
 
 /// How dispatches enter the gateway.
@@ -117,6 +131,12 @@ pub(crate) struct BenchArgs {
     /// QUIC congestion controller of the in-process gateway.
     #[arg(long, value_enum, default_value_t = Congestion::Cubic)]
     pub(crate) congestion: Congestion,
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = Scenario::Load)]
+    pub(crate) scenario: Scenario,
+    /// Dispatches tenant A parks in `--scenario tenant-fairness`.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) parked: u32,
 }
 
 impl BenchArgs {
@@ -133,6 +153,13 @@ impl BenchArgs {
         in_range("--capacity", self.capacity.into(), 1_000_000)?;
         in_range("--tasks", self.tasks.into(), MAX_TASKS.into())?;
         in_range("--outstanding", self.outstanding.into(), 1_000_000)?;
+        in_range("--parked", self.parked.into(), MAX_PARKED.into())?;
+        if self.scenario == Scenario::TenantFairness && self.connect.is_some() {
+            return Err(Failure::usage(
+                "--scenario tenant-fairness needs the in-process gateway; it cannot be used \
+                 with --connect",
+            ));
+        }
         if let Some(idle) = self.idle_workers {
             in_range("--idle-workers", idle.into(), MAX_WORKERS.into())?;
         }

@@ -26,6 +26,18 @@ fn parse_busy_ticks(stat: &str) -> Option<u64> {
     Some(total.saturating_sub(idle))
 }
 
+/// CPU clock ticks (user + system) this process has used so far; `None` without `/proc`.
+pub(crate) fn process_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces; the fields after its closing parenthesis
+    // start at field 3, so utime and stime (14 and 15) are the 12th and 13th of them.
+    let rest = stat.rsplit_once(')')?.1;
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
 /// Machine CPU microseconds per dispatch between two `busy_ticks` readings.
 pub(crate) fn cpu_us_per_dispatch(
     before: Option<u64>,

@@ -14,7 +14,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
-use super::args::{BenchArgs, Congestion};
+use super::args::{BenchArgs, Congestion, Scenario};
 use super::{NAMESPACE, system};
 use crate::cmd::Failure;
 use crate::cmd::worker::read_ca;
@@ -105,6 +105,14 @@ impl Target {
             args.outstanding.max(config.grpc.max_concurrent_streams);
         config.grpc.max_connections = usize::MAX;
         config.grpc.max_connections_per_address = usize::MAX;
+        if args.scenario == Scenario::TenantFairness {
+            // Tenant A parks more than the default quota allows, on purpose.
+            let parked = usize::try_from(args.parked).unwrap_or(usize::MAX);
+            config.dispatch.max_parked_per_namespace =
+                config.dispatch.max_parked_per_namespace.max(parked);
+            config.dispatch.max_parked_per_principal =
+                config.dispatch.max_parked_per_principal.max(parked);
+        }
         config.quic.congestion = match args.congestion {
             Congestion::Cubic => CongestionName::Cubic,
             Congestion::Bbr => CongestionName::Bbr,

@@ -114,6 +114,15 @@ pub enum AdmissionError {
     /// The namespace store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The registration names a new namespace while `registry.max_namespaces` namespaces
+    /// already have workers or dispatches.
+    #[error(
+        "`registry.max_namespaces` ({limit}) reached: every listed namespace has workers or dispatches"
+    )]
+    NamespaceLimit {
+        /// The configured limit.
+        limit: usize,
+    },
 }
 
 /// The family a refusal belongs to, for transports mapping refusals to wire status codes.
@@ -130,7 +139,8 @@ pub enum RefusalKind {
     Placement,
     /// The gateway could not decide (store failure).
     Unavailable,
-    /// A quota is reached; the same registration may succeed once the caller holds less.
+    /// A quota or a limit on what the gateway holds is reached; the same registration may
+    /// succeed once the caller (or the gateway) holds less.
     Exhausted,
 }
 
@@ -154,6 +164,7 @@ impl AdmissionError {
             Self::UnknownNamespace { .. } => RefusalKind::NotFound,
             Self::PlacementViolated { .. } => RefusalKind::Placement,
             Self::Store(_) | Self::ShuttingDown => RefusalKind::Unavailable,
+            Self::NamespaceLimit { .. } => RefusalKind::Exhausted,
         }
     }
 
@@ -176,6 +187,7 @@ impl AdmissionError {
             Self::UnknownWorker => "unknown_worker",
             Self::Store(_) => "store_error",
             Self::ShuttingDown => "shutting_down",
+            Self::NamespaceLimit { .. } => "namespace_limit",
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Finding a worker for a dispatch: select, or park on the arrival signal until one can take it.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -7,38 +8,60 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Dispatcher;
+use super::quota::{HeldInput, ParkedPlace};
 use super::unserved::{ParkTicket, UnservedAddress};
 use crate::address::normalise_task_queue;
-use crate::outcome::{ActivityOutcome, ActivityRequest};
-use crate::registry::{DispatchReservation, UnservedReason};
+use crate::outcome::{ActivityOutcome, ActivityRequest, DispatchError};
+use crate::registry::{DispatchReservation, PoolWaiter, UnservedReason};
 use crate::worker::Worker;
 
 /// How long a parked dispatch keeps its last classification before it takes a new census.
-/// Wakes can be frequent (every freed slot in the registry); a census per wake per parked
+/// Wakes can be frequent (every freed slot of the pool); a census per wake per parked
 /// dispatch would cost more than the selection it explains.
 const RECLASSIFY_AFTER: Duration = Duration::from_secs(1);
+
+/// Why [`Dispatcher::acquire`] found no worker.
+pub(super) enum Missed {
+    /// The wait ended (deadline, cancel, shutdown) with this outcome.
+    Outcome(ActivityOutcome),
+    /// Parking would pass a quota.
+    Refused(DispatchError),
+}
 
 impl Dispatcher {
     /// Selects and reserves a worker, parking until one can take the dispatch or the wait
     /// ends (deadline, cancel, shutdown).
     ///
-    /// The arrival subscription is taken before each selection, so a wake between a miss and
-    /// the wait is not lost; every miss waits for a wake, so a pool that reads as served while
-    /// selection finds nobody (a worker on probation, a slot being freed) parks instead of
-    /// spinning.
+    /// The dispatch waits in its pool's queue ([`crate::PoolWaiter`]), armed before each
+    /// selection, so a wake between a miss and the wait is not lost and a woken dispatch that
+    /// loses the race keeps its place at the front; every miss waits for a wake, so a pool
+    /// that reads as served while selection finds nobody (a worker on probation, a slot being
+    /// freed) parks instead of spinning.
+    ///
+    /// Parking counts against the parked quotas of the dispatch's namespace and principal;
+    /// when `refusable`, a dispatch that would pass one is refused instead of parked.
     pub(super) async fn acquire(
         &self,
         request: &ActivityRequest,
         deadline: Instant,
         cancel: &CancellationToken,
-    ) -> Result<(Worker, DispatchReservation), ActivityOutcome> {
+        held: &HeldInput<'_>,
+        refusable: bool,
+    ) -> Result<(Worker, DispatchReservation), Missed> {
         let registry = &self.inner.registry;
         let task_queue = normalise_task_queue(&request.task_queue);
         let node = request.node.as_deref().filter(|n| !n.is_empty());
         let mut ticket: Option<ParkTicket> = None;
         let mut classified_at: Option<Instant> = None;
+        let mut waiter: Option<PoolWaiter> = None;
+        let mut _parked: Option<ParkedPlace<'_>> = None;
         loop {
-            let arrival = registry.worker_arrival();
+            // Until the dispatch has a place in its pool's queue, a registry-wide subscription
+            // covers the gap between a miss and the queueing.
+            let gap = waiter.is_none().then(|| registry.worker_arrival());
+            if let Some(waiter) = &mut waiter {
+                waiter.arm();
+            }
             self.inner.selections.fetch_add(1, Ordering::Relaxed);
             if let Some(hit) = registry.select_and_reserve(
                 &request.namespace,
@@ -48,6 +71,30 @@ impl Dispatcher {
             ) {
                 return Ok(hit);
             }
+            if let Some(gap) = gap {
+                let quotas = &self.inner.quotas;
+                _parked = Some(if refusable {
+                    quotas
+                        .park(&self.inner.config, held)
+                        .map_err(Missed::Refused)?
+                } else {
+                    quotas.park_unrefused(held)
+                });
+                let mut fresh = registry.pool_waiter(
+                    &request.namespace,
+                    task_queue,
+                    &request.activity_type,
+                    node,
+                );
+                fresh.arm();
+                waiter = Some(fresh);
+                if fired(gap) {
+                    continue;
+                }
+            }
+            let Some(waiting) = &mut waiter else {
+                continue;
+            };
             let now = Instant::now();
             if classified_at.is_none_or(|at| now.saturating_duration_since(at) >= RECLASSIFY_AFTER)
             {
@@ -73,11 +120,13 @@ impl Dispatcher {
                 classified_at = Some(now);
             }
             tokio::select! {
-                () = arrival => {}
-                () = tokio::time::sleep_until(deadline) => return Err(self.unserved_now(request)),
-                () = cancel.cancelled() => return Err(ActivityOutcome::Cancelled),
+                () = waiting.woken() => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(Missed::Outcome(self.unserved_now(request)));
+                }
+                () = cancel.cancelled() => return Err(Missed::Outcome(ActivityOutcome::Cancelled)),
                 () = self.inner.stop_parked.cancelled() => {
-                    return Err(ActivityOutcome::ShuttingDown);
+                    return Err(Missed::Outcome(ActivityOutcome::ShuttingDown));
                 }
             }
         }
@@ -99,4 +148,12 @@ impl Dispatcher {
             .unwrap_or_else(|| reason.as_str().to_owned());
         ActivityOutcome::Unserved { reason, detail }
     }
+}
+
+/// Whether a wake already fired for `arrival`, without waiting.
+fn fired(mut arrival: crate::WorkerArrival) -> bool {
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(&mut arrival)
+        .poll(&mut context)
+        .is_ready()
 }

@@ -3,13 +3,16 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::address::WorkerId;
 use crate::delivery::{TaskId, TransportName, WorkerDelivery};
 use crate::outcome::{CompletionRefused, TaskResult};
 
-use crate::registry::DispatchReservation;
+use crate::registry::{DispatchReservation, shrink_after_drain};
 
 /// What ends a task's wait.
 #[derive(Debug)]
@@ -30,6 +33,8 @@ pub(crate) struct PendingTask {
     /// Taken when the dispatch ends early (cancel, deadline, shutdown, caller gone); the task
     /// then only waits for the worker to let go of its slot.
     pub(crate) signal: Option<oneshot::Sender<Signal>>,
+    /// When the dispatch ended early; from then the worker has `cancel_ack_timeout` to let go.
+    pub(crate) detached_at: Option<Instant>,
 }
 
 /// What a removal hands back; dropped outside the table lock (dropping frees the slot).
@@ -70,8 +75,10 @@ impl TaskTable {
             tasks.remove(&task);
             if tasks.is_empty() {
                 self.by_worker.remove(&pending.reservation.worker());
+                shrink_after_drain(&mut self.by_worker);
             }
         }
+        shrink_after_drain(&mut self.pending);
         Some(pending)
     }
 
@@ -116,10 +123,22 @@ impl TaskTable {
     /// Ends the caller's wait without a result; the entry stays (holding the slot) until the
     /// worker acknowledges, answers or leaves. Returns the delivery to send the cancel on, or
     /// `None` if the wait had already ended.
-    pub(crate) fn detach(&mut self, task: TaskId) -> Option<Arc<dyn WorkerDelivery>> {
+    pub(crate) fn detach(&mut self, task: TaskId, now: Instant) -> Option<Arc<dyn WorkerDelivery>> {
         let pending = self.pending.get_mut(&task)?;
         pending.signal.take()?;
+        pending.detached_at = Some(now);
         Some(Arc::clone(&pending.delivery))
+    }
+
+    /// Takes out `task` if its dispatch ended at least `timeout` before `now` and its worker
+    /// has neither answered nor acknowledged since (dropping the entry frees the slot).
+    pub(crate) fn reclaim(&mut self, task: TaskId, now: Instant, timeout: Duration) -> Removed {
+        let overdue = self
+            .pending
+            .get(&task)
+            .and_then(|pending| pending.detached_at)
+            .is_some_and(|at| now.saturating_duration_since(at) >= timeout);
+        if overdue { self.remove(task) } else { None }
     }
 
     /// Ends the wait of every dispatch `worker` holds, as [`TaskTable::detach`] does for one;
@@ -127,6 +146,7 @@ impl TaskTable {
     pub(crate) fn detach_all(
         &mut self,
         worker: WorkerId,
+        now: Instant,
     ) -> Vec<(TaskId, Arc<dyn WorkerDelivery>, oneshot::Sender<Signal>)> {
         let Some(tasks) = self.by_worker.get(&worker) else {
             return Vec::new();
@@ -135,6 +155,7 @@ impl TaskTable {
         for task in tasks {
             if let Some(pending) = self.pending.get_mut(task) {
                 if let Some(signal) = pending.signal.take() {
+                    pending.detached_at = Some(now);
                     detached.push((*task, Arc::clone(&pending.delivery), signal));
                 }
             }

@@ -5,9 +5,12 @@ mod fixture;
 
 mod cancel;
 mod delivery;
+mod fairness;
 mod in_flight;
 mod outcomes;
 mod parking;
+mod quota;
+mod reclaim;
 mod redelivery;
 mod requests;
 mod results;

@@ -41,6 +41,9 @@ pub struct PoolCensus {
     /// How long ago the last compatible worker left, while none is registered; `None` if one
     /// is registered or none ever was (within the registry's memory).
     pub last_compatible_departure: Option<Duration>,
+    /// Compatible workers with at least one reclaimed task (an ended task they neither
+    /// answered nor acknowledged in time); also counted by their standing above.
+    pub unresponsive: usize,
 }
 
 /// Why a dispatch finds no worker: the classification of a census with nobody eligible.
@@ -196,6 +199,9 @@ impl Registry {
                     continue;
                 }
                 census.compatible += 1;
+                if entry.unresponsive > 0 {
+                    census.unresponsive += 1;
+                }
                 match state.standing(entry) {
                     Eligibility::Eligible => census.eligible += 1,
                     Eligibility::AtCapacity { .. } => census.at_capacity += 1,

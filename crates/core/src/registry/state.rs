@@ -106,17 +106,15 @@ impl State {
         Some((worker, slot))
     }
 
-    /// Frees one slot claimed on the worker `id` at `slot`; returns true when that made the
-    /// worker selectable again. A slot whose worker has left frees nothing.
-    pub(crate) fn release(&mut self, id: WorkerId, slot: Slot) -> bool {
-        let Some(entry) = self.workers.at_mut(slot) else {
-            return false;
-        };
+    /// Frees one slot claimed on the worker `id` at `slot`; returns whether that made the
+    /// worker selectable again, `None` when the slot's worker has left (nothing freed).
+    pub(crate) fn release(&mut self, id: WorkerId, slot: Slot) -> Option<bool> {
+        let entry = self.workers.at_mut(slot)?;
         if entry.id != id {
-            return false;
+            return None;
         }
         entry.in_flight = entry.in_flight.saturating_sub(1);
-        self.refresh(slot)
+        Some(self.refresh(slot))
     }
 
     /// The eligible, connected workers of the key in turn; the cursor moves past the first.

@@ -32,6 +32,8 @@ pub(crate) struct WorkerEntry {
     /// [`crate::Registry::set_pending_capacity`]).
     pub(crate) pending_capacity: Option<NonZeroU32>,
     pub(crate) in_flight: u32,
+    /// Ended tasks it neither answered nor acknowledged in time (their slots were reclaimed).
+    pub(crate) unresponsive: u32,
     pub(crate) draining: bool,
     pub(crate) connected_at: SystemTime,
     /// Whether the worker currently sits in its rotations' eligible sets.
@@ -55,6 +57,7 @@ impl WorkerEntry {
             capacity,
             pending_capacity: None,
             in_flight: 0,
+            unresponsive: 0,
             draining: false,
             connected_at: SystemTime::now(),
             selectable: false,

@@ -52,6 +52,7 @@ pub(crate) fn census(census: &PoolCensus) -> pb::PoolCensus {
         eligible: count(census.eligible),
         last_compatible_departure_ms: census.last_compatible_departure.map(millis),
         awaiting_streams: count(census.awaiting_streams),
+        unresponsive: count(census.unresponsive),
     }
 }
 
@@ -97,6 +98,7 @@ pub(crate) fn worker_info(snapshot: &WorkerSnapshot) -> pb::WorkerInfo {
         in_flight: snapshot.in_flight,
         eligibility: eligibility(&snapshot.eligibility).into(),
         connected_since_unix_ms: unix_ms(snapshot.connected_at),
+        unresponsive_tasks: snapshot.unresponsive,
         ..worker_facts(&snapshot.worker)
     }
 }

@@ -63,7 +63,9 @@ pub(crate) fn refusal(error: &DispatchError) -> Status {
         DispatchError::Invalid { .. } => Code::InvalidArgument,
         DispatchError::NamespaceNotGranted { .. } => Code::PermissionDenied,
         DispatchError::DuplicateActivityId { .. } => Code::AlreadyExists,
-        DispatchError::InputTooLarge { .. } => Code::ResourceExhausted,
+        DispatchError::InputTooLarge { .. } | DispatchError::QuotaExceeded { .. } => {
+            Code::ResourceExhausted
+        }
         _ => Code::FailedPrecondition,
     };
     Status::new(code, error.to_string())

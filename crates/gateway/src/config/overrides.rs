@@ -2,7 +2,10 @@
 //! a library setting defaults to the library's value, but for the overrides listed here, each
 //! with its reason.
 
-use switchyard_core::{DEFAULT_MAX_CONCURRENCY_LIMIT, DispatchConfig, LivenessConfig};
+use switchyard_core::{
+    DEFAULT_MAX_CONCURRENCY_LIMIT, DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_NAMESPACE_IDLE_EXPIRY,
+    DispatchConfig, LivenessConfig,
+};
 use switchyard_transport_grpc::GrpcServerConfig;
 use switchyard_transport_quic::QuicServerConfig;
 
@@ -19,6 +22,8 @@ struct Libraries {
     liveness: LivenessConfig,
     api: ApiConfig,
     max_concurrency_limit: u32,
+    max_namespaces: usize,
+    namespace_idle_expiry: std::time::Duration,
 }
 
 impl Libraries {
@@ -30,6 +35,8 @@ impl Libraries {
             liveness: LivenessConfig::default(),
             api: ApiConfig::default(),
             max_concurrency_limit: DEFAULT_MAX_CONCURRENCY_LIMIT,
+            max_namespaces: DEFAULT_MAX_NAMESPACES_LIVE,
+            namespace_idle_expiry: DEFAULT_NAMESPACE_IDLE_EXPIRY,
         }
     }
 
@@ -43,6 +50,8 @@ impl Libraries {
             liveness: core.liveness,
             api: crate::gateway::api_settings(config),
             max_concurrency_limit: config.registry.max_concurrency_limit,
+            max_namespaces: config.registry.max_namespaces,
+            namespace_idle_expiry: config.registry.namespace_idle_expiry.get(),
         }
     }
 }

@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 use switchyard_core::{
-    DEFAULT_MAX_CONCURRENCY_LIMIT, DEFAULT_MAX_WORKERS_PER_PRINCIPAL, DispatchConfig,
-    LivenessConfig, Role,
+    DEFAULT_MAX_CONCURRENCY_LIMIT, DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_MAX_WORKERS_PER_PRINCIPAL,
+    DEFAULT_NAMESPACE_IDLE_EXPIRY, DispatchConfig, LivenessConfig, Role,
 };
 use switchyard_transport_grpc::GrpcServerConfig;
 use switchyard_transport_quic::{CongestionControl, QuicServerConfig, RetryPolicy};
@@ -414,12 +414,19 @@ pub struct RegistrySection {
     /// Largest capacity (`max_concurrency`) one worker may state, at registration or in a
     /// later announcement, whatever its transport.
     pub max_concurrency_limit: u32,
+    /// Most namespaces with workers or dispatches at once; a registration into a new one past
+    /// it is refused.
+    pub max_namespaces: usize,
+    /// How long a namespace with no worker and no dispatch keeps its series and minted record.
+    pub namespace_idle_expiry: ConfigDuration,
 }
 
 impl Default for RegistrySection {
     fn default() -> Self {
         Self {
             max_concurrency_limit: DEFAULT_MAX_CONCURRENCY_LIMIT,
+            max_namespaces: DEFAULT_MAX_NAMESPACES_LIVE,
+            namespace_idle_expiry: ConfigDuration(DEFAULT_NAMESPACE_IDLE_EXPIRY),
         }
     }
 }
@@ -444,6 +451,18 @@ pub struct DispatchSection {
     /// How long a `DispatchStream` may stay at `max_stream_outstanding` without the producer
     /// taking a reply before it is ended as a slow consumer.
     pub slow_consumer_timeout: ConfigDuration,
+    /// Dispatches of one namespace waiting for a worker at once; one more is refused.
+    pub max_parked_per_namespace: usize,
+    /// Dispatches of one principal waiting for a worker at once; one more is refused.
+    pub max_parked_per_principal: usize,
+    /// Bytes of input held by one namespace's parked and in-flight dispatches.
+    pub max_held_input_bytes_per_namespace: usize,
+    /// Bytes of input held by one principal's parked and in-flight dispatches.
+    pub max_held_input_bytes_per_principal: usize,
+    /// Time a worker has to answer or acknowledge an ended task before its slot is reclaimed.
+    pub cancel_ack_timeout: ConfigDuration,
+    /// Reclaimed tasks after which a worker is drained and deregistered as unresponsive.
+    pub max_unresponsive_tasks: u32,
 }
 
 impl Default for DispatchSection {
@@ -458,6 +477,12 @@ impl Default for DispatchSection {
             max_in_flight_per_stream: api.max_in_flight_per_stream,
             max_stream_outstanding: api.max_stream_outstanding,
             slow_consumer_timeout: ConfigDuration(api.slow_consumer_timeout),
+            max_parked_per_namespace: core.max_parked_per_namespace,
+            max_parked_per_principal: core.max_parked_per_principal,
+            max_held_input_bytes_per_namespace: core.max_held_input_bytes_per_namespace,
+            max_held_input_bytes_per_principal: core.max_held_input_bytes_per_principal,
+            cancel_ack_timeout: ConfigDuration(core.cancel_ack_timeout),
+            max_unresponsive_tasks: core.max_unresponsive_tasks,
         }
     }
 }

@@ -267,6 +267,36 @@ fn zero_and_contradictory_limits_are_refused() {
             "grpc.max_workers_per_connection",
         ),
         (
+            "SWITCHYARD_DISPATCH_MAX_PARKED_PER_NAMESPACE",
+            "0",
+            "dispatch.max_parked_per_namespace",
+        ),
+        (
+            "SWITCHYARD_DISPATCH_MAX_HELD_INPUT_BYTES_PER_PRINCIPAL",
+            "0",
+            "dispatch.max_held_input_bytes_per_principal",
+        ),
+        (
+            "SWITCHYARD_DISPATCH_CANCEL_ACK_TIMEOUT",
+            "0s",
+            "dispatch.cancel_ack_timeout",
+        ),
+        (
+            "SWITCHYARD_DISPATCH_MAX_UNRESPONSIVE_TASKS",
+            "0",
+            "dispatch.max_unresponsive_tasks",
+        ),
+        (
+            "SWITCHYARD_REGISTRY_MAX_NAMESPACES",
+            "0",
+            "registry.max_namespaces",
+        ),
+        (
+            "SWITCHYARD_REGISTRY_NAMESPACE_IDLE_EXPIRY",
+            "0s",
+            "registry.namespace_idle_expiry",
+        ),
+        (
             "SWITCHYARD_DISPATCH_DEFAULT_TIMEOUT",
             "2h",
             "dispatch.default_timeout",

@@ -33,6 +33,14 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
         ("dispatch.default_timeout", config.dispatch.default_timeout),
         ("dispatch.max_timeout", config.dispatch.max_timeout),
         ("dispatch.loss_window", config.dispatch.loss_window),
+        (
+            "dispatch.cancel_ack_timeout",
+            config.dispatch.cancel_ack_timeout,
+        ),
+        (
+            "registry.namespace_idle_expiry",
+            config.registry.namespace_idle_expiry,
+        ),
         ("liveness.ping_interval", config.liveness.ping_interval),
         ("liveness.ping_timeout", config.liveness.ping_timeout),
         (
@@ -77,6 +85,27 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             "dispatch.max_stream_outstanding",
             config.dispatch.max_stream_outstanding,
         ),
+        (
+            "dispatch.max_parked_per_namespace",
+            config.dispatch.max_parked_per_namespace,
+        ),
+        (
+            "dispatch.max_parked_per_principal",
+            config.dispatch.max_parked_per_principal,
+        ),
+        (
+            "dispatch.max_held_input_bytes_per_namespace",
+            config.dispatch.max_held_input_bytes_per_namespace,
+        ),
+        (
+            "dispatch.max_held_input_bytes_per_principal",
+            config.dispatch.max_held_input_bytes_per_principal,
+        ),
+        (
+            "dispatch.max_unresponsive_tasks",
+            config.dispatch.max_unresponsive_tasks as usize,
+        ),
+        ("registry.max_namespaces", config.registry.max_namespaces),
         (
             "liveness.probation_pings",
             config.liveness.probation_pings as usize,

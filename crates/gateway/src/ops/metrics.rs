@@ -1,9 +1,12 @@
 //! `/metrics`: core's counters and histograms through the Prometheus exporter, plus gauges
 //! computed from core at scrape time.
 //!
-//! The per-pool and per-reason gauges are written at each scrape from the registry and the
-//! dispatcher rather than kept as recorder gauges, so a pool that disappears stops being
-//! reported instead of lingering at its last value.
+//! The per-pool, per-reason and per-namespace gauges are written at each scrape from the
+//! registry and the dispatcher rather than kept as recorder gauges, so a pool that disappears
+//! stops being reported instead of lingering at its last value, and a namespace whose workers
+//! all left reads 0 until `registry.namespace_idle_expiry` passes, then is no longer named
+//! (the recorder never drops a series; worker churn across fresh namespaces would grow it
+//! without bound).
 
 use std::fmt::Write;
 use std::sync::OnceLock;
@@ -57,6 +60,25 @@ pub(crate) fn render(core: &Core) -> String {
 }
 
 fn scrape_gauges(core: &Core, out: &mut String) {
+    header(
+        out,
+        "switchyard_workers_connected",
+        "Workers serving the namespace, by transport.",
+    );
+    for series in core
+        .registry()
+        .namespace_series(tokio::time::Instant::now())
+    {
+        sample(
+            out,
+            "switchyard_workers_connected",
+            &[
+                ("transport", series.transport.as_str()),
+                ("namespace", series.namespace.as_str()),
+            ],
+            series.workers as f64,
+        );
+    }
     let by_reason = parked_by_reason(core);
     header(
         out,
@@ -138,6 +160,72 @@ fn escape(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use switchyard_core::{
+        CallerIdentity, CoreConfig, DeliveryError, Registration, Registry, TransportName,
+        WorkerDelivery, WorkerMessage,
+    };
+
+    struct Leg;
+
+    impl WorkerDelivery for Leg {
+        fn transport(&self) -> TransportName {
+            TransportName::from_static("churn")
+        }
+        fn is_connected(&self) -> bool {
+            true
+        }
+        fn registration_carries_capacity(&self) -> bool {
+            true
+        }
+        fn deliver(&self, _: WorkerMessage) -> Result<(), DeliveryError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn namespaces_whose_workers_left_are_no_longer_named_after_the_idle_expiry() {
+        let registry = Registry::builder().namespace_idle_expiry(Duration::from_secs(600));
+        let core = Core::start(registry, CoreConfig::default());
+        let caller = CallerIdentity::trusted("churn");
+        for i in 0..64 {
+            let registration = Registration {
+                namespaces: [format!("churn-{i}")].into(),
+                activity_types: ["work".to_owned()].into(),
+                max_concurrency: Some(1),
+                ..Registration::default()
+            };
+            let token = core
+                .registry()
+                .admit(&caller, registration, Arc::new(Leg))
+                .await
+                .expect("admitted");
+            drop(token);
+        }
+        assert!(core.registry().is_empty(), "every worker left");
+        let named = |text: &str| {
+            (0..64)
+                .filter(|i| text.contains(&format!("\"churn-{i}\"")))
+                .count()
+        };
+
+        // Control: before the expiry each namespace is still named, at 0.
+        tokio::time::advance(Duration::from_secs(599)).await;
+        let before = render(&core);
+        assert_eq!(named(&before), 64, "{before}");
+        assert!(
+            before.contains(
+                "switchyard_workers_connected{transport=\"churn\",namespace=\"churn-0\"} 0"
+            )
+        );
+
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let after = render(&core);
+        assert_eq!(named(&after), 0, "{after}");
+    }
 
     #[test]
     fn label_values_are_escaped() {

@@ -70,6 +70,7 @@ async fn a_task_tracked_twice_holds_one_slot() {
         delivery: Arc::clone(&worker.leg) as Arc<dyn WorkerDelivery>,
         reservation,
         signal: None,
+        detached_at: None,
     };
     assert!(table.insert(task, pending(reserve())).is_none());
     assert_eq!(s.in_flight(&worker), 1);
