@@ -45,9 +45,10 @@ use crate::outcome::{
 };
 use crate::registration::CallerIdentity;
 use crate::registry::Registry;
+use crate::throttle::KeyedThrottle;
 use acquire::Missed;
 use budget::LossBudget;
-use quota::{HeldInput, LogThrottle, QuotaBook};
+use quota::{HeldInput, LOG_WINDOW, QuotaBook};
 use table::{PendingTask, Signal, TaskTable};
 use unserved::UnservedBook;
 
@@ -86,7 +87,7 @@ struct Inner {
     unserved: Arc<UnservedBook>,
     quotas: QuotaBook,
     /// Throttles the reclaim WARN (one a minute, with what it kept quiet).
-    reclaim_log: Mutex<LogThrottle>,
+    reclaim_log: Mutex<KeyedThrottle>,
     shutting_down: AtomicBool,
     /// Fired when shutdown starts: parked dispatches end at once.
     stop_parked: CancellationToken,
@@ -249,7 +250,7 @@ impl Dispatcher {
             activities: Mutex::new(HashMap::new()),
             unserved: Arc::new(UnservedBook::default()),
             quotas: QuotaBook::default(),
-            reclaim_log: Mutex::new(LogThrottle::default()),
+            reclaim_log: Mutex::new(KeyedThrottle::new(LOG_WINDOW)),
             shutting_down: AtomicBool::new(false),
             stop_parked: CancellationToken::new(),
             stop_all: CancellationToken::new(),

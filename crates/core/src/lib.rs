@@ -70,5 +70,5 @@ pub use registry::{
     PoolWaiter, RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
 pub use role::{Role, Roles};
-pub use throttle::{DEFAULT_THROTTLE_INTERVAL, Throttle};
+pub use throttle::{DEFAULT_THROTTLE_INTERVAL, KeyedThrottle, Throttle};
 pub use worker::{Worker, WorkerSnapshot};

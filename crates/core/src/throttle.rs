@@ -1,6 +1,7 @@
 //! [`Throttle`]: at most one log line per interval for a warning that can repeat at a peer's
 //! pace, with the count of the lines it held back.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Lets one occurrence of a repeated event through per `interval` and counts the rest.
@@ -42,7 +43,7 @@ impl Default for Throttle {
 
 impl Throttle {
     /// A throttle letting one occurrence through per `interval`.
-    pub fn new(interval: Duration) -> Self {
+    pub const fn new(interval: Duration) -> Self {
         Self {
             interval,
             last: None,
@@ -73,9 +74,47 @@ impl Throttle {
     }
 }
 
+/// One [`Throttle`] per key (a limit's configuration key, say), so one limit's flood does not
+/// hold back another's line.
+#[derive(Clone, Debug, Default)]
+pub struct KeyedThrottle {
+    interval: Option<Duration>,
+    throttles: HashMap<&'static str, Throttle>,
+}
+
+impl KeyedThrottle {
+    /// Throttles letting one occurrence per key through per `interval`.
+    pub fn new(interval: Duration) -> Self {
+        Self {
+            interval: Some(interval),
+            throttles: HashMap::new(),
+        }
+    }
+
+    /// [`Throttle::allow`] for `key`'s throttle (created at its first occurrence).
+    pub fn allow(&mut self, key: &'static str, now: Instant) -> Option<u64> {
+        let interval = self.interval.unwrap_or(DEFAULT_THROTTLE_INTERVAL);
+        self.throttles
+            .entry(key)
+            .or_insert_with(|| Throttle::new(interval))
+            .allow(now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_key_has_its_own_line() {
+        let mut log = KeyedThrottle::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert_eq!(log.allow("a", t0), Some(0));
+        assert_eq!(log.allow("a", t0 + Duration::from_secs(1)), None);
+        // Control: another key is not held back by the first.
+        assert_eq!(log.allow("b", t0 + Duration::from_secs(1)), Some(0));
+        assert_eq!(log.allow("a", t0 + Duration::from_secs(10)), Some(1));
+    }
 
     #[test]
     fn one_occurrence_per_interval_passes_and_reports_what_was_held_back() {

@@ -13,7 +13,6 @@ mod outcome;
 mod oversized;
 mod service;
 mod stream;
-mod throttle;
 
 pub(crate) use caller::identify;
 pub(crate) use convert::unix_ms;

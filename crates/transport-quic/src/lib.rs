@@ -74,7 +74,6 @@ mod metrics;
 mod outbox;
 mod protocol;
 mod server;
-mod throttle;
 mod tls;
 
 pub use crate::metrics::{

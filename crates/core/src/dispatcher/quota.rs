@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::DispatchConfig;
 use crate::outcome::DispatchError;
 use crate::registry::shrink_after_drain;
+use crate::throttle::KeyedThrottle;
 
 /// `switchyard_dispatch_refusals_total{limit}` label and configuration key of each quota.
 pub(crate) const MAX_PARKED_PER_NAMESPACE: &str = "dispatch.max_parked_per_namespace";
@@ -27,7 +28,7 @@ pub(crate) const MAX_HELD_BYTES_PER_NAMESPACE: &str = "dispatch.max_held_input_b
 pub(crate) const MAX_HELD_BYTES_PER_PRINCIPAL: &str = "dispatch.max_held_input_bytes_per_principal";
 
 /// How long one quota's refusal stays quiet in the logs after it was logged.
-const LOG_WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const LOG_WINDOW: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Usage {
@@ -43,10 +44,19 @@ struct Books {
 }
 
 /// The quota figures of every namespace and principal with a dispatch running.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct QuotaBook {
     books: Mutex<Books>,
-    log: Mutex<LogThrottle>,
+    log: Mutex<KeyedThrottle>,
+}
+
+impl Default for QuotaBook {
+    fn default() -> Self {
+        Self {
+            books: Mutex::default(),
+            log: Mutex::new(KeyedThrottle::new(LOG_WINDOW)),
+        }
+    }
 }
 
 /// Which of a dispatch's two scopes a figure belongs to.
@@ -183,7 +193,7 @@ impl QuotaBook {
             .log
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .admit(limit, Instant::now());
+            .allow(limit, Instant::now().into_std());
         if let Some(suppressed) = suppressed {
             tracing::warn!(limit, value, %scope, suppressed,
                 "dispatch refused: quota reached (repeats of this limit are logged once a minute)");
@@ -270,52 +280,11 @@ impl Drop for ParkedPlace<'_> {
     }
 }
 
-/// One WARN per limit per window; repeats inside the window are counted and reported with the
-/// next WARN.
-#[derive(Debug, Default)]
-pub(crate) struct LogThrottle {
-    last: HashMap<&'static str, (Instant, u64)>,
-}
-
-impl LogThrottle {
-    /// `Some(suppressed since the last WARN)` when a WARN for `key` may go out at `now`.
-    pub(crate) fn admit(&mut self, key: &'static str, now: Instant) -> Option<u64> {
-        match self.last.get_mut(key) {
-            Some((at, suppressed)) if now.saturating_duration_since(*at) < LOG_WINDOW => {
-                *suppressed += 1;
-                None
-            }
-            Some((at, suppressed)) => {
-                let quiet = *suppressed;
-                *at = now;
-                *suppressed = 0;
-                Some(quiet)
-            }
-            None => {
-                self.last.insert(key, (now, 0));
-                Some(0)
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use super::*;
-
-    #[test]
-    fn a_throttled_limit_logs_once_a_window_with_the_count_it_kept_quiet() {
-        let t0 = Instant::now();
-        let mut log = LogThrottle::default();
-        assert_eq!(log.admit("a", t0), Some(0));
-        assert_eq!(log.admit("a", t0 + Duration::from_secs(1)), None);
-        assert_eq!(log.admit("a", t0 + Duration::from_secs(2)), None);
-        // Control: another limit is not held back by the first.
-        assert_eq!(log.admit("b", t0 + Duration::from_secs(2)), Some(0));
-        assert_eq!(log.admit("a", t0 + LOG_WINDOW), Some(2));
-    }
 
     #[test]
     fn held_bytes_are_refused_past_the_quota_and_given_back_on_drop() {

@@ -51,7 +51,7 @@ impl Inner {
             .reclaim_log
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .admit("dispatch.cancel_ack_timeout", now)
+            .allow("dispatch.cancel_ack_timeout", now.into_std())
             .is_some()
         {
             tracing::warn!(worker = %worker, task = %task, unresponsive = count,

@@ -31,12 +31,12 @@ use tonic::{Code, Status, Streaming};
 use tracing::Instrument;
 
 use super::outcome;
-use super::throttle::LogThrottle;
 
 type Reply = Result<pb::DispatchStreamReply, Status>;
 
 /// One WARN per 10 s for slow consumers, whatever the number of streams ended.
-static SLOW_CONSUMER_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
+static SLOW_CONSUMER_LOG: std::sync::Mutex<switchyard_core::Throttle> =
+    std::sync::Mutex::new(switchyard_core::Throttle::new(Duration::from_secs(10)));
 
 /// Replies of one `DispatchStream`, as tonic sends them.
 pub(crate) type ReplyStream = Pin<Box<dyn Stream<Item = Reply> + Send + 'static>>;
@@ -158,7 +158,11 @@ impl Driver {
         metrics::counter!("switchyard_limit_refusals_total",
             "limit" => "dispatch.slow_consumer_timeout")
         .increment(1);
-        if let Some(suppressed) = SLOW_CONSUMER_LOG.allow(Instant::now()) {
+        let allowed = SLOW_CONSUMER_LOG
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .allow(Instant::now().into_std());
+        if let Some(suppressed) = allowed {
             tracing::warn!(principal = %self.caller.principal, suppressed,
                 "DispatchStream ended as a slow consumer: no reply taken for \
                  dispatch.slow_consumer_timeout ({:?}) with dispatch.max_stream_outstanding \

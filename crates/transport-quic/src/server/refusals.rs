@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::intake::{Limit, Refusal};
 use crate::metrics;
 use crate::protocol::ErrorCode;
-use crate::throttle::Throttle;
+use switchyard_core::Throttle;
 
 /// At most one refusal line per limit in this long.
 pub(crate) const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -62,7 +62,7 @@ impl Refusals {
             .throttles
             .lock()
             .unwrap_or_else(PoisonError::into_inner)[refusal.limit as usize]
-            .allow(now);
+            .allow(now.into_std());
         if let Some(suppressed) = allowed {
             tracing::warn!(
                 %remote,
@@ -83,7 +83,7 @@ impl Refusals {
             .registrations
             .lock()
             .unwrap_or_else(PoisonError::into_inner)[end.index()]
-        .allow(now);
+        .allow(now.into_std());
         let Some(suppressed) = allowed else {
             return;
         };
