@@ -217,12 +217,12 @@ fn inconsistent_principals_and_namespaces_name_the_entry() {
             "principals[1].token",
         ),
         (
-            r#"[{ name = "a", token = "t", namespaces = ["x"], roles = [] }]"#,
+            r#"[{ name = "a", token = "token-of-principal-a", namespaces = ["x"], roles = [] }]"#,
             "SWITCHYARD_PRINCIPALS",
             "principals[0].roles",
         ),
         (
-            r#"[{ name = "a", token = "t", namespaces = ["x"], max_workers = 0 }]"#,
+            r#"[{ name = "a", token = "token-of-principal-a", namespaces = ["x"], max_workers = 0 }]"#,
             "SWITCHYARD_PRINCIPALS",
             "principals[0].max_workers",
         ),
@@ -394,7 +394,7 @@ fn required_client_certificates_need_tls_on_the_grpc_listener() {
 
 #[test]
 fn roles_parse_by_name_and_an_unknown_role_is_refused() {
-    let principals = r#"[{ name = "a", token = "t", namespaces = ["x"], roles = ["worker", "operator"], max_workers = 5 }]"#;
+    let principals = r#"[{ name = "a", token = "token-of-principal-a", namespaces = ["x"], roles = ["worker", "operator"], max_workers = 5 }]"#;
     let config = GatewayConfig::load(None, env(&[("SWITCHYARD_PRINCIPALS", principals)]), &[])
         .expect("valid roles");
     assert_eq!(
@@ -403,6 +403,6 @@ fn roles_parse_by_name_and_an_unknown_role_is_refused() {
     );
     assert_eq!(config.principals[0].max_workers, 5);
     // Control: a role the gateway does not know is not silently dropped.
-    let unknown = r#"[{ name = "a", token = "t", namespaces = ["x"], roles = ["root"] }]"#;
+    let unknown = r#"[{ name = "a", token = "token-of-principal-a", namespaces = ["x"], roles = ["root"] }]"#;
     assert!(GatewayConfig::load(None, env(&[("SWITCHYARD_PRINCIPALS", unknown)]), &[]).is_err());
 }
