@@ -72,6 +72,7 @@ mod fault;
 pub mod frame;
 mod outbox;
 mod protocol;
+mod redundancy;
 mod server;
 mod tls;
 
@@ -87,6 +88,7 @@ pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,
     PROTOCOL_VERSION,
 };
+pub use redundancy::{Redundancy, RedundancyStats};
 pub use server::{QuicServer, QuicServerBuilder, ServerError, TRANSPORT};
 pub use tls::{ClientTls, ServerTls, TlsError};
 #[cfg(feature = "self-signed")]
