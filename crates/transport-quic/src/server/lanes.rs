@@ -441,6 +441,70 @@ mod tests {
     }
 
     #[test]
+    fn a_result_copied_by_datagram_ends_its_task_once_whichever_copy_comes_first() {
+        let sinks = [Recorder::new(8)];
+        let (mut table, ids) = table_with(&sinks);
+        let lane = ids[0];
+        // Datagram first: it ends the task; the lane copy that follows is a duplicate.
+        table.assign(t(1), frame("task1")).unwrap();
+        assert_eq!(table.task_seq(lane), 1);
+        let first = table.finish_copy(lane, 1, t(1)).expect("the copy ends the task");
+        assert!(!first.duplicate);
+        assert_eq!(table.busy(), 0, "the slot is free at once");
+        let echo = table.finish(lane, t(1), Ending::Result).unwrap();
+        assert!(echo.duplicate, "the lane copy is recognised");
+        // Lane copy first: the datagram that follows changes nothing.
+        table.assign(t(2), frame("task2")).unwrap();
+        assert!(!table.finish(lane, t(2), Ending::Result).unwrap().duplicate);
+        assert_eq!(table.finish_copy(lane, 2, t(2)), None, "a late copy is dropped");
+        // Control: without its copy, a second lane result for the same task is still refused.
+        assert!(table.finish(lane, t(2), Ending::Result).is_err());
+    }
+
+    #[test]
+    fn a_copy_for_another_task_or_number_is_dropped() {
+        let sinks = [Recorder::new(8)];
+        let (mut table, ids) = table_with(&sinks);
+        let lane = ids[0];
+        table.assign(t(1), frame("task1")).unwrap();
+        assert_eq!(table.finish_copy(lane, 1, t(9)), None, "not the task held");
+        assert_eq!(table.finish_copy(lane, 2, t(1)), None, "not its number");
+        assert_eq!(table.finish_copy(LaneId::new(7), 1, t(1)), None, "no such lane");
+        assert_eq!(table.busy(), 1);
+        assert!(table.finish_copy(lane, 1, t(1)).is_some());
+    }
+
+    #[test]
+    fn the_echoes_a_lane_owes_are_bounded_and_survive_its_retirement() {
+        let sinks = [Recorder::new(usize::MAX)];
+        let (mut table, ids) = table_with(&sinks);
+        let lane = ids[0];
+        for n in 1..=MAX_ECHOES as u64 {
+            assert_eq!(table.assign(t(n), frame("task")).unwrap(), lane);
+            assert!(table.finish_copy(lane, n, t(n)).is_some());
+        }
+        let next = MAX_ECHOES as u64 + 1;
+        assert_eq!(table.assign(t(next), frame("task")).unwrap(), lane);
+        assert_eq!(
+            table.finish_copy(lane, next, t(next)),
+            None,
+            "a lane owing {MAX_ECHOES} lane copies takes no more datagrams"
+        );
+        // Its lane copies arrive; the first one frees room again.
+        assert!(table.finish(lane, t(1), Ending::Result).unwrap().duplicate);
+        assert!(table.finish_copy(lane, next, t(next)).is_some());
+        // Shrinking retires the (now idle) lane; its lane copies are still recognised.
+        table.set_target(0);
+        assert!(!table.contains(lane));
+        assert!(table.finish(lane, t(2), Ending::Result).unwrap().duplicate);
+        table.forget(lane);
+        assert!(
+            table.finish(lane, t(3), Ending::Result).is_err(),
+            "once its reader ended, nothing is owed"
+        );
+    }
+
+    #[test]
     fn each_task_gets_its_own_lane_and_the_lane_is_reused_after_the_result() {
         let sinks = [Recorder::new(8), Recorder::new(8)];
         let (mut table, _) = table_with(&sinks);
