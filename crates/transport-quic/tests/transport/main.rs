@@ -8,6 +8,7 @@ mod conformance;
 mod delivery;
 mod isolation;
 mod oversized;
+mod redundancy;
 mod registration;
 mod spec;
 mod support;
