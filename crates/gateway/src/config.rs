@@ -21,7 +21,7 @@ pub use error::ConfigError;
 pub use sections::{
     CongestionName, DispatchSection, GatewayConfig, GrpcSection, LivenessSection, LogFormat,
     LogSection, NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection,
-    PrincipalSection, QuicSection, RegistrySection, ShutdownSection, TlsSection,
+    PrincipalSection, QuicSection, RedundancyName, RegistrySection, ShutdownSection, TlsSection,
 };
 
 /// Prefix of every configuration environment variable.

@@ -59,6 +59,7 @@ impl QuicTransport {
             registration_timeout: section.registration_timeout.get(),
             max_unregistered_connections: section.max_unregistered_connections,
             socket_buffer: section.socket_buffer,
+            redundancy: section.redundancy.library(),
         }
     }
 }

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{DEFAULT_MAX_CONCURRENCY_LIMIT, DispatchConfig, LivenessConfig};
 use switchyard_transport_grpc::GrpcServerConfig;
-use switchyard_transport_quic::{CongestionControl, QuicServerConfig};
+use switchyard_transport_quic::{CongestionControl, QuicServerConfig, Redundancy};
 
 use super::duration::ConfigDuration;
 use crate::api::ApiConfig;
@@ -128,6 +128,8 @@ pub struct QuicSection {
     /// Receive and send buffer asked of the kernel for the UDP socket, in bytes (capped by
     /// `net.core.rmem_max` / `wmem_max`); every worker's packets share this one socket.
     pub socket_buffer: usize,
+    /// Redundancy for small frames, for workers that ask for it: `off` or `datagram`.
+    pub redundancy: RedundancyName,
 }
 
 impl Default for QuicSection {
@@ -150,6 +152,7 @@ impl Default for QuicSection {
             registration_timeout: ConfigDuration(library.registration_timeout),
             max_unregistered_connections: library.max_unregistered_connections,
             socket_buffer: library.socket_buffer,
+            redundancy: RedundancyName::from_library(library.redundancy),
         }
     }
 }
@@ -176,6 +179,36 @@ impl CongestionName {
             CongestionControl::Bbr => Self::Bbr,
             CongestionControl::NewReno => Self::Newreno,
             _ => Self::Cubic,
+        }
+    }
+}
+
+/// QUIC redundancy for small frames.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedundancyName {
+    /// Lanes only.
+    #[default]
+    Off,
+    /// A task or result that fits one QUIC datagram is also sent as one.
+    Datagram,
+}
+
+impl RedundancyName {
+    /// The key's value for the library's setting (one the gateway has no name for reads as
+    /// `off`; the defaults test catches a library default changing to one).
+    fn from_library(redundancy: Redundancy) -> Self {
+        match redundancy {
+            Redundancy::Datagram => Self::Datagram,
+            _ => Self::Off,
+        }
+    }
+
+    /// The library's setting for the key's value.
+    pub fn library(self) -> Redundancy {
+        match self {
+            Self::Off => Redundancy::Off,
+            Self::Datagram => Redundancy::Datagram,
         }
     }
 }
