@@ -53,6 +53,27 @@ pub(crate) enum Congestion {
     Newreno,
 }
 
+/// QUIC redundancy for small frames (`quic.redundancy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RedundancyArg {
+    /// Lanes only.
+    #[default]
+    Off,
+    /// Small tasks and results also travel as QUIC datagrams.
+    Datagram,
+}
+
+impl RedundancyArg {
+    /// The QUIC library's setting.
+    pub(crate) fn library(self) -> switchyard_transport_quic::Redundancy {
+        match self {
+            Self::Off => switchyard_transport_quic::Redundancy::Off,
+            Self::Datagram => switchyard_transport_quic::Redundancy::Datagram,
+        }
+    }
+}
+
 /// `switchyard bench`.
 #[derive(Args, Debug, Clone, Serialize)]
 pub(crate) struct BenchArgs {
@@ -117,6 +138,10 @@ pub(crate) struct BenchArgs {
     /// QUIC congestion controller of the in-process gateway.
     #[arg(long, value_enum, default_value_t = Congestion::Cubic)]
     pub(crate) congestion: Congestion,
+    /// QUIC redundancy for small frames: what QUIC workers ask for, and the in-process
+    /// gateway's `quic.redundancy` (a gateway at --connect decides with its own).
+    #[arg(long, value_enum, default_value_t = RedundancyArg::Off)]
+    pub(crate) redundancy: RedundancyArg,
 }
 
 impl BenchArgs {
