@@ -253,3 +253,27 @@ async fn copies_are_sent_only_when_both_ends_ask_and_every_task_runs_once() {
         assert!(runs.values().all(|&n| n == 1));
     }
 }
+
+#[tokio::test]
+async fn a_datagram_that_does_not_decode_closes_with_malformed_frame() {
+    let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
+    let (raw, _) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
+    // A copy with no result is malformed too; first, control: a well-formed copy for a task
+    // the lane does not hold is only dropped.
+    raw.conn
+        .send_datagram(copy(1, 1, output(99, "stale")))
+        .unwrap();
+    eventually("the stale copy is dropped", || {
+        gateway.server.redundancy_stats().copies_dropped == 1
+    })
+    .await;
+    assert!(raw.conn.close_reason().is_none());
+    // Field 1 with wire type 7 does not exist.
+    raw.conn
+        .send_datagram(Bytes::from_static(&[0x0f, 0x01]))
+        .unwrap();
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, switchyard_transport_quic::ErrorCode::MalformedFrame);
+    assert!(reason.starts_with("datagram:"), "{reason}");
+    eventually("the worker is gone", || gateway.census("echo").pool_workers == 0).await;
+}
