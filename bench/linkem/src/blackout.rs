@@ -46,7 +46,9 @@ pub enum BlackoutError {
     #[error("blackout duration 0: a blackout must last some time")]
     ZeroDuration,
     /// Blackouts that repeat before they end leave the link dark for good.
-    #[error("blackout every {every:?} is not longer than its duration {duration:?}: the link would never come back")]
+    #[error(
+        "blackout every {every:?} is not longer than its duration {duration:?}: the link would never come back"
+    )]
     NeverLight {
         /// The period.
         every: Duration,

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use switchyard_linkem::{
-    Blackout, DEFAULT_HOLD_LIMIT, DEFAULT_MTU, InterfaceAddr, LinkConfig, Loss, Profile, Rate, SideSpec,
-    TopologySpec, UnitError, parse_duration,
+    Blackout, DEFAULT_HOLD_LIMIT, DEFAULT_MTU, InterfaceAddr, LinkConfig, Loss, Profile, Rate,
+    SideSpec, TopologySpec, UnitError, parse_duration,
 };
 
 const ABOUT: &str = "Packet-level link emulator: joins two network namespaces through two TUN \
@@ -350,7 +350,12 @@ mod tests {
         );
         assert_eq!(blip.delay, Profile::CellularBad.config().delay);
         // Control: no flag, no blackout; a length without a start is refused.
-        assert_eq!(run_args(&["--profile", "cellular-bad"]).link_config().blackout, None);
+        assert_eq!(
+            run_args(&["--profile", "cellular-bad"])
+                .link_config()
+                .blackout,
+            None
+        );
         let alone = Cli::try_parse_from(["linkem", "--blackout-for", "3s"]);
         assert!(alone.is_err());
     }

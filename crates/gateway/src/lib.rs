@@ -39,8 +39,7 @@ pub use config::{
     ENV_PREFIX, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,
     NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection, Override,
     PrincipalSection, QuicSection, RedundancyName, RegistrySection, ShutdownSection, TlsSection,
-    env_var_for,
-    keys as config_keys,
+    env_var_for, keys as config_keys,
 };
 pub use gateway::{Gateway, GatewayBuilder, StartError};
 pub use grpc_server::GrpcTransport;

@@ -9,12 +9,11 @@ use prost::Message;
 use quinn::{Connection, RecvStream, SendStream};
 use switchyard_core::TaskResult;
 use switchyard_proto::v1::{
-    Failure, QuicCancel, QuicCancelAck, QuicDatagramDown, QuicDatagramUp, QuicLaneDown,
-    QuicLaneUp, QuicPing, QuicPong, QuicResult, QuicTask, quic_lane_down, quic_lane_up,
-    quic_result,
+    Failure, QuicCancel, QuicCancelAck, QuicDatagramDown, QuicDatagramUp, QuicLaneDown, QuicLaneUp,
+    QuicPing, QuicPong, QuicResult, QuicTask, quic_lane_down, quic_lane_up, quic_result,
 };
-use tokio::sync::mpsc;
 use switchyard_worker::{RunningTask, TaskReply, TaskRunner};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 

@@ -23,8 +23,7 @@ pub(crate) fn spawn(delivery: Arc<QuicDelivery>, core: Core, worker: WorkerId) {
     tokio::spawn(
         async move {
             while let Ok(payload) = delivery.connection().read_datagram().await {
-                if let Err(Fault::Close { code, reason }) =
-                    take(payload, &delivery, &core, worker)
+                if let Err(Fault::Close { code, reason }) = take(payload, &delivery, &core, worker)
                 {
                     tracing::warn!(%code, %reason, "closing worker connection");
                     delivery.close(code, &reason);

@@ -308,7 +308,12 @@ impl<S: LaneSink> LaneTable<S> {
     /// lane copy would, when the lane holds that task, and remembers that the lane copy is
     /// still due. `None` (nothing changed) for a stale copy, one for a task the lane does not
     /// hold, or while the lane owes [`MAX_ECHOES`] lane copies.
-    pub(crate) fn finish_copy(&mut self, lane_id: LaneId, seq: u64, task: TaskId) -> Option<Finished> {
+    pub(crate) fn finish_copy(
+        &mut self,
+        lane_id: LaneId,
+        seq: u64,
+        task: TaskId,
+    ) -> Option<Finished> {
         let lane = self.lanes.get(&lane_id)?;
         if lane.task != Some(task) || lane.seq != seq || lane.echoes.len() >= MAX_ECHOES {
             return None;
@@ -316,7 +321,11 @@ impl<S: LaneSink> LaneTable<S> {
         let finished = self.finish(lane_id, task, Ending::Result).ok()?;
         match self.lanes.get_mut(&lane_id) {
             Some(lane) => lane.echoes.push_back(task),
-            None => self.retired_echoes.entry(lane_id).or_default().push_back(task),
+            None => self
+                .retired_echoes
+                .entry(lane_id)
+                .or_default()
+                .push_back(task),
         }
         Some(finished)
     }
@@ -448,7 +457,9 @@ mod tests {
         // Datagram first: it ends the task; the lane copy that follows is a duplicate.
         table.assign(t(1), frame("task1")).unwrap();
         assert_eq!(table.task_seq(lane), 1);
-        let first = table.finish_copy(lane, 1, t(1)).expect("the copy ends the task");
+        let first = table
+            .finish_copy(lane, 1, t(1))
+            .expect("the copy ends the task");
         assert!(!first.duplicate);
         assert_eq!(table.busy(), 0, "the slot is free at once");
         let echo = table.finish(lane, t(1), Ending::Result).unwrap();
@@ -456,7 +467,11 @@ mod tests {
         // Lane copy first: the datagram that follows changes nothing.
         table.assign(t(2), frame("task2")).unwrap();
         assert!(!table.finish(lane, t(2), Ending::Result).unwrap().duplicate);
-        assert_eq!(table.finish_copy(lane, 2, t(2)), None, "a late copy is dropped");
+        assert_eq!(
+            table.finish_copy(lane, 2, t(2)),
+            None,
+            "a late copy is dropped"
+        );
         // Control: without its copy, a second lane result for the same task is still refused.
         assert!(table.finish(lane, t(2), Ending::Result).is_err());
     }
@@ -469,7 +484,11 @@ mod tests {
         table.assign(t(1), frame("task1")).unwrap();
         assert_eq!(table.finish_copy(lane, 1, t(9)), None, "not the task held");
         assert_eq!(table.finish_copy(lane, 2, t(1)), None, "not its number");
-        assert_eq!(table.finish_copy(LaneId::new(7), 1, t(1)), None, "no such lane");
+        assert_eq!(
+            table.finish_copy(LaneId::new(7), 1, t(1)),
+            None,
+            "no such lane"
+        );
         assert_eq!(table.busy(), 1);
         assert!(table.finish_copy(lane, 1, t(1)).is_some());
     }

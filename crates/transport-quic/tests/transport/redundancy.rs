@@ -73,15 +73,16 @@ async fn a_result_sent_only_by_datagram_completes_its_task_and_its_lane_copy_is_
     let (mut raw, enabled) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
     assert_eq!(enabled, i32::from(QuicRedundancy::Datagram));
     let core = gateway.core.clone();
-    let first = tokio::spawn(async move {
-        dispatch_on(core, "echo", b"one").await
-    });
+    let first = tokio::spawn(async move { dispatch_on(core, "echo", b"one").await });
     let (lane, task) = raw.next_task().await;
     // The datagram alone: the lane copy is held back.
     raw.conn
         .send_datagram(copy(lane.index, 1, output(task.task_id, "by datagram")))
         .unwrap();
-    let outcome = tokio::time::timeout(PATIENCE, first).await.unwrap().unwrap();
+    let outcome = tokio::time::timeout(PATIENCE, first)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         outcome,
         ActivityOutcome::Completed(Bytes::from_static(b"by datagram"))
@@ -96,13 +97,14 @@ async fn a_result_sent_only_by_datagram_completes_its_task_and_its_lane_copy_is_
     .await;
     // The next task on the same lane: lane copy first, then its datagram, which is dropped.
     let core = gateway.core.clone();
-    let second = tokio::spawn(async move {
-        dispatch_on(core, "echo", b"two").await
-    });
+    let second = tokio::spawn(async move { dispatch_on(core, "echo", b"two").await });
     let (lane2, task2) = raw.next_task().await;
     assert_eq!(lane2.index, lane.index, "one slot, one lane");
     lane2
-        .send(quic_lane_up::Frame::Result(output(task2.task_id, "lane first")))
+        .send(quic_lane_up::Frame::Result(output(
+            task2.task_id,
+            "lane first",
+        )))
         .await;
     let outcome = tokio::time::timeout(PATIENCE, second)
         .await
@@ -136,9 +138,7 @@ async fn without_negotiated_redundancy_a_datagram_result_waits_for_its_lane_copy
     let (mut raw, enabled) = raw_worker(&gateway, QuicRedundancy::Off).await;
     assert_eq!(enabled, i32::from(QuicRedundancy::Off));
     let core = gateway.core.clone();
-    let mut dispatch = tokio::spawn(async move {
-        dispatch_on(core, "echo", b"one").await
-    });
+    let mut dispatch = tokio::spawn(async move { dispatch_on(core, "echo", b"one").await });
     let (lane, task) = raw.next_task().await;
     raw.conn
         .send_datagram(copy(lane.index, 1, output(task.task_id, "by datagram")))
@@ -182,11 +182,7 @@ async fn run_sdk(
     let worker = gateway
         .worker()
         .activity("count", move |ctx: ActivityContext, input: Bytes| {
-            *seen
-                .lock()
-                .unwrap()
-                .entry(ctx.task_id().get())
-                .or_default() += 1;
+            *seen.lock().unwrap().entry(ctx.task_id().get()).or_default() += 1;
             async move { Ok::<_, ActivityError>(input) }
         })
         .max_concurrency(4)
@@ -227,7 +223,10 @@ async fn copies_are_sent_only_when_both_ends_ask_and_every_task_runs_once() {
         "every result was copied"
     );
     assert_eq!(runs.len(), N);
-    assert!(runs.values().all(|&n| n == 1), "each task ran once: {runs:?}");
+    assert!(
+        runs.values().all(|&n| n == 1),
+        "each task ran once: {runs:?}"
+    );
     // Every task copy is either used (it came first) or dropped, and the lane copy of every
     // task a datagram started is recognised; the same at the gateway for results.
     eventually("every copy is accounted for", || {
@@ -275,5 +274,8 @@ async fn a_datagram_that_does_not_decode_closes_with_malformed_frame() {
     let (code, reason) = raw.closed().await;
     assert_eq!(code, switchyard_transport_quic::ErrorCode::MalformedFrame);
     assert!(reason.starts_with("datagram:"), "{reason}");
-    eventually("the worker is gone", || gateway.census("echo").pool_workers == 0).await;
+    eventually("the worker is gone", || {
+        gateway.census("echo").pool_workers == 0
+    })
+    .await;
 }

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use prost::Message;
 use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicCancelReason, QuicCapabilities, QuicControlDown,
-    QuicControlUp, QuicDatagramDown, QuicDatagramUp, QuicDrain, QuicDrainReason,
-    QuicDrainRequest, QuicLaneDown, QuicLaneUp, QuicPing, QuicPong, QuicRedundancy, QuicRegister,
-    QuicRegistered, QuicResult, QuicTask, quic_control_down, quic_control_up, quic_lane_down,
-    quic_lane_up, quic_result,
+    QuicControlUp, QuicDatagramDown, QuicDatagramUp, QuicDrain, QuicDrainReason, QuicDrainRequest,
+    QuicLaneDown, QuicLaneUp, QuicPing, QuicPong, QuicRedundancy, QuicRegister, QuicRegistered,
+    QuicResult, QuicTask, quic_control_down, quic_control_up, quic_lane_down, quic_lane_up,
+    quic_result,
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{
@@ -74,7 +74,10 @@ fn check<M: Message + Default + PartialEq + std::fmt::Debug>(bytes: &[u8], expec
 /// Checks one datagram example both ways: a datagram has no length prefix, its payload is
 /// the message.
 fn check_datagram<M: Message + Default + PartialEq + std::fmt::Debug>(bytes: &[u8], expected: M) {
-    assert_eq!(decode::<M>(bytes::Bytes::copy_from_slice(bytes)).unwrap(), expected);
+    assert_eq!(
+        decode::<M>(bytes::Bytes::copy_from_slice(bytes)).unwrap(),
+        expected
+    );
     assert_eq!(expected.encode_to_vec(), bytes);
 }
 
