@@ -11,6 +11,8 @@
 //! - [`QuicServer`]: the gateway side, admitting every worker through core's one gate.
 //! - [`QuicWorker`]: the worker SDK (builder, handlers, reconnection, drain).
 //! - [`frame`]: the frame codec, public for tools and other implementations.
+//! - [`Redundancy`]: optional QUIC datagram copies of small tasks and results, so one lost
+//!   packet costs no retransmission round trip (negotiated at registration).
 //!
 //! # Examples
 //!

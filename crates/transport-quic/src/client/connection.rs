@@ -54,12 +54,13 @@ impl QuicConnection {
             .connect_with(client, settings.addr, &settings.server_name)?
             .await?;
         let (mut control_send, control_recv) = conn.open_bi().await?;
-        // Only what this connection can carry is asked for.
-        let asked = Redundancy::negotiate(
-            settings.redundancy,
-            settings.redundancy,
-            conn.max_datagram_size().is_some(),
-        );
+        // Only what this connection can carry is asked for: datagrams need the gateway's
+        // transport parameters to accept them.
+        let asked = if conn.max_datagram_size().is_some() {
+            settings.redundancy
+        } else {
+            Redundancy::Off
+        };
         let register = QuicControlUp {
             frame: Some(quic_control_up::Frame::Register(QuicRegister {
                 protocol_version: PROTOCOL_VERSION,
