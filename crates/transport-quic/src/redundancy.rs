@@ -16,7 +16,9 @@
 //!
 //! Both rules are plain data, bounded by the number of lanes, with no time window.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use prost::Message;
@@ -34,6 +36,11 @@ pub(crate) const DATAGRAM_SEND_BUFFER: usize = 64 * 1024;
 /// carries its results until it catches up), so a lane whose stream is stuck cannot make
 /// the list grow.
 pub(crate) const MAX_ECHOES: usize = 16;
+
+/// Time between a frame's lane copy and its datagram copy. quinn packs the frames queued at
+/// one moment into one packet, and a packet lost takes every copy in it: spaced by a timer
+/// tick, the two copies leave in different packets, so one loss cannot take both.
+pub(crate) const COPY_SPACING: Duration = Duration::from_millis(1);
 
 /// Whether small task and result frames also travel as QUIC datagrams
 /// (`quic.redundancy`, negotiated at registration).
@@ -132,19 +139,32 @@ impl RedundancyCounters {
         self.lane_copies_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Sends `message` as one datagram on `conn` when it fits the datagram size the path
-    /// allows now; larger messages (and a connection without datagrams) go by lane alone.
-    pub(crate) fn send_copy<M: Message>(&self, conn: &quinn::Connection, message: &M) {
+    /// Sends `message` as one datagram on `conn`, [`COPY_SPACING`] after its lane copy, when
+    /// it fits the datagram size the path allows now; larger messages (and a connection
+    /// without datagrams) go by lane alone.
+    pub(crate) fn send_copy<M: Message>(self: &Arc<Self>, conn: &quinn::Connection, message: &M) {
         let len = message.encoded_len();
         if conn.max_datagram_size().is_none_or(|max| len > max) {
             return;
         }
         let payload = Bytes::from(message.encode_to_vec());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.send_now(conn, payload);
+            return;
+        };
+        let (counters, conn) = (Arc::clone(self), conn.clone());
+        runtime.spawn(async move {
+            tokio::time::sleep(COPY_SPACING).await;
+            counters.send_now(&conn, payload);
+        });
+    }
+
+    fn send_now(&self, conn: &quinn::Connection, payload: Bytes) {
+        let len = payload.len() as u64;
         // A refused copy (connection closing, datagrams turned off) leaves the lane copy.
         if conn.send_datagram(payload).is_ok() {
             self.copies_sent.fetch_add(1, Ordering::Relaxed);
-            self.copy_bytes_sent
-                .fetch_add(len as u64, Ordering::Relaxed);
+            self.copy_bytes_sent.fetch_add(len, Ordering::Relaxed);
         }
     }
 }
