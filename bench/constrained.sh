@@ -140,7 +140,10 @@ start_gateway() { # CONGESTION REDUNDANCY
         --ops-listen 127.0.0.1:7702 --data-dir "$data" --log-filter error \
         >"$work/gateway.log" 2>&1 &
     gateway_pid=$!
-    wait_for "the gateway" ip netns exec "$NS_GW" bash -c "exec 3<>/dev/tcp/$GW_ADDR/7700"
+    if ! wait_for "the gateway" ip netns exec "$NS_GW" bash -c "exec 3<>/dev/tcp/$GW_ADDR/7700"; then
+        tail -n 5 "$work/gateway.log" >&2
+        return 1
+    fi
     wait_for "the CA" test -s "$data/tls/ca.pem"
 }
 
@@ -153,7 +156,14 @@ run_one() { # PROFILE TRANSPORT CONGESTION REDUNDANCY
     local profile=$1 transport=$2 cc=$3 redundancy=$4 tasks bytes
     tasks=$(tasks_for "$profile")
     start_link "$profile"
-    start_gateway "$cc" "$redundancy"
+    if ! start_gateway "$cc" "$redundancy"; then
+        echo "| $profile | $transport/$cc/$redundancy | failed: the gateway did not start | | | | | | |"
+        stop "$gateway_pid"
+        gateway_pid=""
+        stop "$linkem_pid"
+        linkem_pid=""
+        return 0
+    fi
     # shellcheck disable=SC2046
     ip netns exec "$NS_WK" "$switchyard" bench $(bench_args) --transport "$transport" \
         --redundancy "$redundancy" \
