@@ -192,6 +192,10 @@ r = json.load(open(path))
 try:
     w = json.load(open(workers_path))
     dup = str(w.get("duplicate_executions", ""))
+    copies = w.get("datagram_copies")
+    if copies and copies[0]:
+        print(f"{profile} {transport}/{cc}/{redundancy}: worker datagram copies "
+              f"sent/used/dropped/lane-dropped = {copies}", file=sys.stderr)
 except (OSError, ValueError):
     dup = "?"
 label = transport if transport == "grpc" else f"quic/{cc}/{redundancy}"

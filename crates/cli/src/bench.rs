@@ -107,6 +107,7 @@ async fn serve_workers(args: &BenchArgs, target: &Target, seconds: u64) -> Resul
         peak_in_flight_per_worker: fleet.peaks(),
         served_per_worker: fleet.served(),
         executions: fleet.executions(),
+        datagram_copies: fleet.copies(),
     };
     fleet.stop().await;
     serde_json::to_string(&report).map_err(|error| Failure::runtime(error.to_string()))

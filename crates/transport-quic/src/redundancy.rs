@@ -40,7 +40,7 @@ pub(crate) const MAX_ECHOES: usize = 16;
 /// Time between a frame's lane copy and its datagram copy. quinn packs the frames queued at
 /// one moment into one packet, and a packet lost takes every copy in it: spaced by a timer
 /// tick, the two copies leave in different packets, so one loss cannot take both.
-pub(crate) const COPY_SPACING: Duration = Duration::from_millis(1);
+pub(crate) const COPY_SPACING: Duration = Duration::from_millis(5);
 
 /// Whether small task and result frames also travel as QUIC datagrams
 /// (`quic.redundancy`, negotiated at registration).

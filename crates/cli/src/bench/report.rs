@@ -132,4 +132,7 @@ pub(crate) struct WorkersReport<'a> {
     /// Handler runs, and runs of a task that had already run, counted inside the handlers.
     #[serde(flatten)]
     pub(crate) executions: ExecutionCounts,
+    /// The QUIC workers' datagram copies: sent (results), used (tasks that arrived first by
+    /// datagram), dropped (task copies second or unroutable), lane copies dropped.
+    pub(crate) datagram_copies: [u64; 4],
 }

@@ -247,6 +247,25 @@ impl Fleet {
         self.executions.counts()
     }
 
+    /// The QUIC workers' datagram copies, summed: `[sent, used, dropped, lane copies dropped]`.
+    pub(crate) fn copies(&self) -> [u64; 4] {
+        let mut sum = [0; 4];
+        for worker in &self.workers {
+            if let StopHandle::Quic(handle) = &worker.stop {
+                let stats = handle.redundancy_stats();
+                for (total, value) in sum.iter_mut().zip([
+                    stats.copies_sent,
+                    stats.copies_used,
+                    stats.copies_dropped,
+                    stats.lane_copies_dropped,
+                ]) {
+                    *total += value;
+                }
+            }
+        }
+        sum
+    }
+
     /// The most tasks each worker held at once.
     pub(crate) fn peaks(&self) -> Vec<u32> {
         self.counters
