@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # Constrained-link figures: the gateway (and the producer) in one network namespace, the workers
-# in another, joined by `linkem` for each link profile. Reports p50/p99 dispatch latency and
-# throughput for gRPC workers and for QUIC workers with the gateway's QUIC congestion controller
-# set to Cubic and to BBR.
+# in another, joined by `linkem` for each link profile. Reports p50/p99 dispatch latency,
+# throughput, duplicate executions (counted inside the workers' handlers) and the bytes on the
+# wire per dispatch, for gRPC workers and for QUIC workers with the gateway's QUIC congestion
+# controller set to Cubic and to BBR, with QUIC redundancy off and/or `datagram`.
+#
+# Each run gets a fresh link (linkem) and gateway, so the wire bytes are the run's own and a
+# blackout schedule starts at the same point of every run.
 #
 # Needs root and /dev/net/tun. Uses only private addresses inside two namespaces it creates
 # (linkem creates and deletes them); everything it started is stopped on exit.
 #
 # Usage: bench/constrained.sh [PROFILE...]   (default: lan wan lossy cellular-bad)
-# Environment: TASKS_lan, TASKS_wan, TASKS_lossy, TASKS_cellular_bad (dispatches per run),
-# OUTSTANDING (default 64), WORKERS (default 4), CAPACITY (default 64), PAYLOAD (default 64),
-# NO_BUILD=1 to use the existing release binaries.
+# Profiles: lan wan lossy cellular-bad, and blip (cellular-bad plus a 3 s blackout, both ways,
+# every 20 s from 10 s after the link is up).
+# Environment: TASKS_lan, TASKS_wan, TASKS_lossy, TASKS_cellular_bad, TASKS_blip (dispatches per
+# run), OUTSTANDING (default 64), WORKERS (default 4), CAPACITY (default 64), PAYLOAD (default
+# 64), CCS (QUIC congestion controllers, default "cubic bbr"), REDUNDANCY (QUIC redundancy
+# settings, default "off"; "off datagram" runs both), RUNS (default 1), NO_BUILD=1 to use the
+# existing release binaries.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -26,6 +34,9 @@ OUTSTANDING=${OUTSTANDING:-64}
 WORKERS=${WORKERS:-4}
 CAPACITY=${CAPACITY:-64}
 PAYLOAD=${PAYLOAD:-64}
+CCS=${CCS:-cubic bbr}
+REDUNDANCY=${REDUNDANCY:-off}
+RUNS=${RUNS:-1}
 # Each run is also bounded by the bench's own deadlines and by `timeout` below.
 RUN_TIMEOUT=240
 
@@ -74,6 +85,7 @@ tasks_for() {
         lan) default=20000 ;;
         wan) default=5000 ;;
         lossy) default=2000 ;;
+        blip) default=6000 ;;
         *) default=500 ;;
     esac
     echo "${!var:-$default}"
@@ -90,17 +102,48 @@ wait_for() { # DESCRIPTION COMMAND...: retries for up to 30 s
     return 1
 }
 
-start_gateway() { # CONGESTION
+linkem_args() { # PROFILE
+    case "$1" in
+        blip) echo --profile cellular-bad --blackout-at 10s --blackout-for 3s --blackout-every 20s ;;
+        *) echo --profile "$1" ;;
+    esac
+}
+
+start_link() { # PROFILE
+    # shellcheck disable=SC2046
+    "$linkem" $(linkem_args "$1") --ns-a "$NS_GW" --ns-b "$NS_WK" --duration 1800s \
+        >"$work/linkem.jsonl" 2>"$work/linkem.log" &
+    linkem_pid=$!
+    wait_for "linkem" grep -q '"ready"' "$work/linkem.jsonl"
+}
+
+link_bytes() { # the bytes both ways the stopped link delivered over its run
+    python3 - "$work/linkem.jsonl" <<'PY'
+import json, sys
+stopped = [json.loads(l) for l in open(sys.argv[1]) if '"stopped"' in l]
+if stopped:
+    s = stopped[-1]
+    print(s["a_to_b"]["delivered_bytes"] + s["b_to_a"]["delivered_bytes"])
+else:
+    print(0)
+PY
+}
+
+start_gateway() { # CONGESTION REDUNDANCY
     local data="$work/gw"
     mkdir -p "$data"
     ip netns exec "$NS_GW" env \
         SWITCHYARD_QUIC_CONGESTION="$1" \
+        SWITCHYARD_QUIC_REDUNDANCY="$2" \
         SWITCHYARD_PRINCIPALS="[{ name = \"bench\", token = \"$TOKEN\", namespaces = [\"bench\"] }]" \
         "$switchyard" serve --grpc-listen "$GW_ADDR:7700" --quic-listen "$GW_ADDR:7701" \
         --ops-listen 127.0.0.1:7702 --data-dir "$data" --log-filter error \
         >"$work/gateway.log" 2>&1 &
     gateway_pid=$!
-    wait_for "the gateway" ip netns exec "$NS_GW" bash -c "exec 3<>/dev/tcp/$GW_ADDR/7700"
+    if ! wait_for "the gateway" ip netns exec "$NS_GW" bash -c "exec 3<>/dev/tcp/$GW_ADDR/7700"; then
+        tail -n 5 "$work/gateway.log" >&2
+        return 1
+    fi
     wait_for "the CA" test -s "$data/tls/ca.pem"
 }
 
@@ -109,14 +152,24 @@ bench_args() {
         --workers "$WORKERS" --capacity "$CAPACITY"
 }
 
-run_one() { # PROFILE TRANSPORT CONGESTION
-    local profile=$1 transport=$2 cc=$3 tasks
+run_one() { # PROFILE TRANSPORT CONGESTION REDUNDANCY
+    local profile=$1 transport=$2 cc=$3 redundancy=$4 tasks bytes
     tasks=$(tasks_for "$profile")
+    start_link "$profile"
+    if ! start_gateway "$cc" "$redundancy"; then
+        echo "| $profile | $transport/$cc/$redundancy | failed: the gateway did not start | | | | | | |"
+        stop "$gateway_pid"
+        gateway_pid=""
+        stop "$linkem_pid"
+        linkem_pid=""
+        return 0
+    fi
     # shellcheck disable=SC2046
     ip netns exec "$NS_WK" "$switchyard" bench $(bench_args) --transport "$transport" \
+        --redundancy "$redundancy" \
         --workers-only "$RUN_TIMEOUT" >"$work/workers.json" 2>"$work/workers.log" &
     workers_pid=$!
-    local out="$work/result-$profile-$transport-$cc.json"
+    local out="$work/result-$profile-$transport-$cc-$redundancy.json"
     # shellcheck disable=SC2046
     if ! timeout "$RUN_TIMEOUT" ip netns exec "$NS_GW" "$switchyard" bench $(bench_args) \
         --external-workers --transport "$transport" --tasks "$tasks" \
@@ -126,36 +179,47 @@ run_one() { # PROFILE TRANSPORT CONGESTION
     fi
     stop "$workers_pid"
     workers_pid=""
-    python3 - "$profile" "$transport" "$cc" "$out" <<'PY'
+    stop "$gateway_pid"
+    gateway_pid=""
+    stop "$linkem_pid"
+    linkem_pid=""
+    bytes=$(link_bytes)
+    python3 - "$profile" "$transport" "$cc" "$redundancy" "$out" "$work/workers.json" \
+        "$bytes" <<'PY'
 import json, sys
-profile, transport, cc, path = sys.argv[1:]
+profile, transport, cc, redundancy, path, workers_path, wire = sys.argv[1:]
 r = json.load(open(path))
-label = transport if transport == "grpc" else f"quic/{cc}"
+try:
+    w = json.load(open(workers_path))
+    dup = str(w.get("duplicate_executions", ""))
+    copies = w.get("datagram_copies")
+    if copies and copies[0]:
+        print(f"{profile} {transport}/{cc}/{redundancy}: worker datagram copies "
+              f"sent/used/dropped/lane-dropped = {copies}", file=sys.stderr)
+except (OSError, ValueError):
+    dup = "?"
+label = transport if transport == "grpc" else f"quic/{cc}/{redundancy}"
 if not r:
-    print(f"| {profile} | {label} | failed | | | | |")
+    print(f"| {profile} | {label} | failed | | | | | {dup} | |")
 else:
     done = r["outcomes"].get("completed", 0)
     total = sum(r["outcomes"].values())
+    per = int(wire) / total if total else 0
     print(f"| {profile} | {label} | {r['tasks_per_sec']:.0f} | {r['p50_us']/1000:.1f} | "
-          f"{r['p99_us']/1000:.1f} | {r['max_us']/1000:.1f} | {done}/{total} |")
+          f"{r['p99_us']/1000:.1f} | {r['max_us']/1000:.1f} | {done}/{total} | {dup} | {per:.0f} |")
 PY
 }
 
-echo "| profile | workers over | dispatches/s | p50 ms | p99 ms | max ms | completed |"
-echo "| --- | --- | --- | --- | --- | --- | --- |"
+echo "| profile | workers over | dispatches/s | p50 ms | p99 ms | max ms | completed | duplicate executions | wire bytes/dispatch |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for profile in "${profiles[@]}"; do
-    "$linkem" --profile "$profile" --ns-a "$NS_GW" --ns-b "$NS_WK" --duration 1800s \
-        >"$work/linkem.jsonl" 2>"$work/linkem.log" &
-    linkem_pid=$!
-    wait_for "linkem" grep -q '"ready"' "$work/linkem.jsonl"
-    for cc in cubic bbr; do
-        start_gateway "$cc"
-        # TCP is unaffected by the gateway's QUIC controller: run gRPC once, under cubic.
-        if [ "$cc" = cubic ]; then run_one "$profile" grpc "$cc"; fi
-        run_one "$profile" quic "$cc"
-        stop "$gateway_pid"
-        gateway_pid=""
+    for _ in $(seq 1 "$RUNS"); do
+        # TCP is unaffected by the gateway's QUIC settings: run gRPC once per round.
+        run_one "$profile" grpc cubic off
+        for cc in $CCS; do
+            for redundancy in $REDUNDANCY; do
+                run_one "$profile" quic "$cc" "$redundancy"
+            done
+        done
     done
-    stop "$linkem_pid"
-    linkem_pid=""
 done

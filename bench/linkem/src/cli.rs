@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use switchyard_linkem::{
-    DEFAULT_HOLD_LIMIT, DEFAULT_MTU, InterfaceAddr, LinkConfig, Loss, Profile, Rate, SideSpec,
-    TopologySpec, UnitError, parse_duration,
+    Blackout, DEFAULT_HOLD_LIMIT, DEFAULT_MTU, InterfaceAddr, LinkConfig, Loss, Profile, Rate,
+    SideSpec, TopologySpec, UnitError, parse_duration,
 };
 
 const ABOUT: &str = "Packet-level link emulator: joins two network namespaces through two TUN \
@@ -39,6 +39,7 @@ All profiles: no jitter, burst = MTU (1500 bytes), hold limit 16384 packets.
 Examples:
   linkem --profile lossy
   linkem --profile wan --loss 1% --jitter 5ms --seed 7 --duration 120s
+  linkem --profile cellular-bad --blackout-at 20s --blackout-for 3s --blackout-every 20s
   linkem cleanup            # after a run killed with SIGKILL";
 
 /// `linkem`.
@@ -107,6 +108,15 @@ pub(crate) struct RunArgs {
     /// Most packets one direction holds at once (queue plus in flight); a memory bound.
     #[arg(long, value_name = "PACKETS", default_value_t = DEFAULT_HOLD_LIMIT)]
     pub(crate) hold_limit: usize,
+    /// Start of the first blackout after the link is ready, e.g. 20s (with --blackout-for).
+    #[arg(long, value_parser = parse_duration, requires = "blackout_for")]
+    pub(crate) blackout_at: Option<Duration>,
+    /// Length of each blackout, e.g. 3s: everything is dropped, both ways (needs --blackout-at).
+    #[arg(long, value_parser = parse_duration, requires = "blackout_at")]
+    pub(crate) blackout_for: Option<Duration>,
+    /// Repeat the blackout this long after each start, e.g. 20s (default: once).
+    #[arg(long, value_parser = parse_duration, requires = "blackout_for")]
+    pub(crate) blackout_every: Option<Duration>,
     /// Seed of the random loss and jitter; the same seed and traffic give the same drops.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
@@ -177,6 +187,13 @@ impl RunArgs {
         }
         config.hold_limit = self.hold_limit;
         config.reorder = self.reorder;
+        if let (Some(at), Some(duration)) = (self.blackout_at, self.blackout_for) {
+            config.blackout = Some(Blackout {
+                at,
+                duration,
+                every: self.blackout_every,
+            });
+        }
         config
     }
 
@@ -308,6 +325,39 @@ mod tests {
         assert_eq!(config.rate, lossy.rate);
         let unlimited = run_args(&["--profile", "wan", "--rate", "unlimited"]).link_config();
         assert_eq!(unlimited.rate, None);
+    }
+
+    #[test]
+    fn blackout_flags_schedule_a_blackout_and_need_each_other() {
+        let blip = run_args(&[
+            "--profile",
+            "cellular-bad",
+            "--blackout-at",
+            "20s",
+            "--blackout-for",
+            "3s",
+            "--blackout-every",
+            "20s",
+        ])
+        .link_config();
+        assert_eq!(
+            blip.blackout,
+            Some(Blackout {
+                at: Duration::from_secs(20),
+                duration: Duration::from_secs(3),
+                every: Some(Duration::from_secs(20)),
+            })
+        );
+        assert_eq!(blip.delay, Profile::CellularBad.config().delay);
+        // Control: no flag, no blackout; a length without a start is refused.
+        assert_eq!(
+            run_args(&["--profile", "cellular-bad"])
+                .link_config()
+                .blackout,
+            None
+        );
+        let alone = Cli::try_parse_from(["linkem", "--blackout-for", "3s"]);
+        assert!(alone.is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::blackout::{Blackout, BlackoutError};
 use crate::units::{Loss, Rate};
 
 /// Largest IP packet the emulator carries by default: the TUN devices' MTU.
@@ -44,6 +45,8 @@ pub struct LinkConfig {
     pub hold_limit: usize,
     /// Whether jitter may deliver packets out of order.
     pub reorder: bool,
+    /// Scheduled blackouts, if any.
+    pub blackout: Option<Blackout>,
 }
 
 impl LinkConfig {
@@ -58,6 +61,7 @@ impl LinkConfig {
             queue_limit: 1000,
             hold_limit: DEFAULT_HOLD_LIMIT,
             reorder: false,
+            blackout: None,
         }
     }
 
@@ -74,6 +78,9 @@ impl LinkConfig {
         }
         if self.burst == 0 {
             return Err(ConfigError::ZeroBurst);
+        }
+        if let Some(blackout) = &self.blackout {
+            blackout.validate()?;
         }
         Ok(())
     }
@@ -109,6 +116,9 @@ pub enum ConfigError {
     /// A zero-byte bucket could never release a packet.
     #[error("burst 0: the token bucket must hold at least one packet")]
     ZeroBurst,
+    /// The blackout schedule is unusable.
+    #[error(transparent)]
+    Blackout(#[from] BlackoutError),
     /// A packet larger than the bucket could never leave the queue.
     #[error("burst {burst} bytes is below the MTU {mtu}: full-size packets could never leave")]
     BurstBelowMtu {

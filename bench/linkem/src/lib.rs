@@ -2,7 +2,7 @@
 //!
 //! It joins two network namespaces through two TUN devices and forwards the IP packets
 //! between them through a [`EmulatedLink`] per direction, which applies one-way delay, jitter, random
-//! loss and a rate-limited, drop-tail bottleneck queue. Acting on packets, it treats TCP and
+//! loss, a rate-limited, drop-tail bottleneck queue and scheduled blackouts. Acting on packets, it treats TCP and
 //! UDP alike.
 //!
 //! The emulation itself ([`EmulatedLink`]) is plain data driven by the current time; the rest is
@@ -10,6 +10,7 @@
 //! that the tests and scripts run inside the namespaces.
 #![forbid(unsafe_code)]
 
+mod blackout;
 mod config;
 mod forward;
 mod link;
@@ -18,6 +19,7 @@ mod profile;
 mod topology;
 mod units;
 
+pub use blackout::{Blackout, BlackoutError};
 pub use config::{ConfigError, DEFAULT_HOLD_LIMIT, DEFAULT_MTU, LinkConfig};
 pub use forward::{DirectionReport, ForwardError, forward};
 pub use link::{EmulatedLink, LinkStats, Verdict};

@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use crate::blackout::Blackout;
 use crate::config::{ConfigError, LinkConfig};
 use token_bucket::TokenBucket;
 use wire::Wire;
@@ -52,6 +53,10 @@ pub struct EmulatedLink {
     queue: VecDeque<Queued>,
     bucket: Option<TokenBucket>,
     wire: Wire,
+    blackout: Option<Blackout>,
+    /// Time zero of the blackout schedule: set by [`EmulatedLink::starting_at`], else the first
+    /// instant the link sees.
+    origin: Option<Instant>,
     stats: LinkStats,
 }
 
@@ -68,6 +73,8 @@ pub enum Verdict {
     HoldLimit,
     /// Dropped because it is larger than the token bucket and could never leave.
     Oversize,
+    /// Dropped because the link is in a scheduled blackout.
+    Blackout,
 }
 
 /// Counters of one direction.
@@ -85,6 +92,8 @@ pub struct LinkStats {
     pub hold_limit: u64,
     /// Packets dropped as larger than the token bucket.
     pub oversize: u64,
+    /// Packets dropped by a blackout: arriving while dark, or due for delivery while dark.
+    pub blackout: u64,
     /// Packets handed out by [`EmulatedLink::poll_ready`].
     pub delivered: u64,
     /// Bytes handed out by [`EmulatedLink::poll_ready`].
@@ -114,15 +123,36 @@ impl EmulatedLink {
             queue: VecDeque::new(),
             bucket: config.rate.map(|rate| TokenBucket::new(rate, config.burst)),
             wire: Wire::new(config.delay, config.jitter, config.reorder),
+            blackout: config.blackout,
+            origin: None,
             stats: LinkStats::default(),
         })
+    }
+
+    /// Starts the blackout schedule's clock at `origin` (give both directions the same one).
+    pub fn starting_at(mut self, origin: Instant) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+
+    /// True when a scheduled blackout covers `at`.
+    pub fn is_dark(&mut self, at: Instant) -> bool {
+        let Some(blackout) = self.blackout else {
+            return false;
+        };
+        let origin = *self.origin.get_or_insert(at);
+        blackout.is_dark(at.saturating_duration_since(origin))
     }
 
     /// Offers a packet that arrived at `now`; the verdict is also counted in [`Self::stats`].
     pub fn offer(&mut self, packet: Bytes, now: Instant) -> Verdict {
         self.advance(now);
         self.stats.offered += 1;
-        let verdict = self.judge(&packet);
+        let verdict = if self.is_dark(now) {
+            Verdict::Blackout
+        } else {
+            self.judge(&packet)
+        };
         match verdict {
             Verdict::Accepted => {
                 self.stats.accepted += 1;
@@ -137,17 +167,26 @@ impl EmulatedLink {
             Verdict::QueueFull => self.stats.queue_full += 1,
             Verdict::HoldLimit => self.stats.hold_limit += 1,
             Verdict::Oversize => self.stats.oversize += 1,
+            Verdict::Blackout => self.stats.blackout += 1,
         }
         verdict
     }
 
-    /// The next packet due for delivery at or before `now`, in delivery order.
+    /// The next packet due for delivery at or before `now`, in delivery order. Packets due
+    /// while the link is dark are dropped instead.
     pub fn poll_ready(&mut self, now: Instant) -> Option<Bytes> {
         self.advance(now);
-        let packet = self.wire.pop_due(now)?;
-        self.stats.delivered += 1;
-        self.stats.delivered_bytes += packet.len() as u64;
-        Some(packet)
+        loop {
+            let due = self.wire.next_due()?;
+            let packet = self.wire.pop_due(now)?;
+            if self.is_dark(due) {
+                self.stats.blackout += 1;
+                continue;
+            }
+            self.stats.delivered += 1;
+            self.stats.delivered_bytes += packet.len() as u64;
+            return Some(packet);
+        }
     }
 
     /// When [`Self::poll_ready`] next has something to do: a packet leaves the queue or
@@ -282,6 +321,56 @@ mod tests {
             );
             assert_eq!(drain(&mut link).len() as u64, N - link.stats().lost);
         }
+    }
+
+    #[test]
+    fn a_blackout_drops_what_arrives_and_what_is_due_while_dark_and_nothing_else() {
+        use crate::blackout::Blackout;
+        let blackout = Blackout {
+            at: 100 * MS,
+            duration: 50 * MS,
+            every: Some(200 * MS),
+        };
+        let t0 = Instant::now();
+        let mut link = EmulatedLink::new(
+            config(|c| {
+                c.delay = 10 * MS;
+                c.blackout = Some(blackout);
+            }),
+            1,
+            0,
+        )
+        .unwrap()
+        .starting_at(t0);
+        // One packet every millisecond for 400 ms, delivered 10 ms later.
+        let mut delivered = Vec::new();
+        for i in 0..400u32 {
+            let now = t0 + MS * i;
+            while let Some(p) = link.poll_ready(now) {
+                delivered.push((now, seq_of(&p)));
+            }
+            let verdict = link.offer(packet(i, 64), now);
+            let dark = (100..150).contains(&i) || (300..350).contains(&i);
+            assert_eq!(verdict == Verdict::Blackout, dark, "packet {i} at {i} ms");
+        }
+        delivered.extend(drain(&mut link).into_iter().map(|(at, p)| (at, seq_of(&p))));
+        // Packets sent in 90..100 ms were due in 100..110 ms, inside the blackout: lost too.
+        let lost: Vec<u32> = (0..400)
+            .filter(|i| !delivered.iter().any(|(_, seq)| seq == i))
+            .collect();
+        let expected: Vec<u32> = (90..150).chain(290..350).collect();
+        assert_eq!(lost, expected);
+        assert_eq!(link.stats().blackout, expected.len() as u64);
+        assert!(
+            delivered.iter().all(|(at, _)| !blackout.is_dark(*at - t0)),
+            "nothing is delivered while dark"
+        );
+        // Control: the same traffic without a blackout loses nothing.
+        let mut clear = EmulatedLink::new(config(|c| c.delay = 10 * MS), 1, 0).unwrap();
+        for i in 0..400u32 {
+            assert_eq!(clear.offer(packet(i, 64), t0 + MS * i), Verdict::Accepted);
+        }
+        assert_eq!(drain(&mut clear).len(), 400);
     }
 
     #[test]

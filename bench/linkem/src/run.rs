@@ -42,6 +42,9 @@ pub(crate) fn emulate(args: &RunArgs) -> Outcome {
             });
         }
         let topology = Topology::create(spec)?;
+        // The blackout schedule counts from the moment traffic can flow, the same for both ways.
+        let origin = std::time::Instant::now();
+        let (a_to_b, b_to_a) = (a_to_b.starting_at(origin), b_to_a.starting_at(origin));
         let spec = topology.spec();
         emit(&json!({
             "event": "ready",

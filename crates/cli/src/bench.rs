@@ -15,6 +15,7 @@
 
 mod args;
 mod drive;
+mod executions;
 mod fairness;
 mod idle;
 mod report;
@@ -85,9 +86,11 @@ async fn load(args: &BenchArgs, target: &Target) -> Result<String, Failure> {
     let cpu_after = system::busy_ticks();
     let peaks = fleet.peaks();
     let served = fleet.served();
+    let executions = fleet.executions();
     fleet.stop().await;
     let run = run?;
     let mut report = LoadReport::new(args, elapsed, &run.latency, run.outcomes, peaks, served);
+    report.executions = executions;
     report.cpu_us_per_dispatch =
         system::cpu_us_per_dispatch(cpu_before, cpu_after, u64::from(args.tasks));
     report.gateway_peak_rss_bytes = target.peak_rss_bytes();
@@ -108,6 +111,8 @@ async fn serve_workers(args: &BenchArgs, target: &Target, seconds: u64) -> Resul
         parameters: args,
         peak_in_flight_per_worker: fleet.peaks(),
         served_per_worker: fleet.served(),
+        executions: fleet.executions(),
+        datagram_copies: fleet.copies(),
     };
     fleet.stop().await;
     serde_json::to_string(&report).map_err(|error| Failure::runtime(error.to_string()))

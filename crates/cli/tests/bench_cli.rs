@@ -37,22 +37,30 @@ const TASKS: u64 = 60;
 
 /// A tiny load run; checks every field and that each dispatch completed within capacity.
 fn load_run(transport: &str, via: &str) {
-    let report = bench(&[
+    load_run_with(transport, via, &[]);
+}
+
+/// [`load_run`] with `extra` flags.
+fn load_run_with(transport: &str, via: &str, extra: &[&str]) {
+    let (workers, capacity, tasks) = (WORKERS.to_string(), CAPACITY.to_string(), TASKS.to_string());
+    let mut args = vec![
         "--transport",
         transport,
         "--via",
         via,
         "--workers",
-        &WORKERS.to_string(),
+        &workers,
         "--capacity",
-        &CAPACITY.to_string(),
+        &capacity,
         "--tasks",
-        &TASKS.to_string(),
+        &tasks,
         "--outstanding",
         "16",
         "--payload",
         "32",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let report = bench(&args);
     assert_eq!(report["mode"], "load");
     assert_eq!(report["parameters"]["transport"], transport);
     assert_eq!(report["parameters"]["via"], via);
@@ -96,6 +104,8 @@ fn load_run(transport: &str, via: &str) {
         .filter_map(Value::as_u64)
         .sum();
     assert_eq!(served, TASKS, "the workers ran each dispatch once");
+    assert_eq!(report["executions"], TASKS, "counted inside the handlers");
+    assert_eq!(report["duplicate_executions"], 0);
     assert!(
         report["gateway_peak_rss_bytes"]
             .as_u64()
@@ -118,6 +128,11 @@ fn quic_via_stream_completes_every_dispatch() {
 #[test]
 fn mixed_via_stream_completes_every_dispatch() {
     load_run("mixed", "stream");
+}
+
+#[test]
+fn quic_with_datagram_redundancy_completes_every_dispatch_once() {
+    load_run_with("quic", "stream", &["--redundancy", "datagram"]);
 }
 
 #[test]

@@ -21,8 +21,8 @@ pub use error::ConfigError;
 pub use sections::{
     CongestionName, DispatchSection, GatewayConfig, GrpcSection, LivenessSection, LogFormat,
     LogSection, NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection,
-    PrincipalSection, QuicSection, ReflectionName, RegistrySection, RetryName, RoleName,
-    ShutdownSection, TlsSection,
+    PrincipalSection, QuicSection, RedundancyName, ReflectionName, RegistrySection, RetryName,
+    RoleName, ShutdownSection, TlsSection,
 };
 
 /// Prefix of every configuration environment variable.

@@ -38,8 +38,8 @@ pub use config::{
     CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionName, DispatchSection, DurationSyntax,
     ENV_PREFIX, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,
     NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection, Override,
-    PrincipalSection, QuicSection, ReflectionName, RegistrySection, RetryName, RoleName,
-    ShutdownSection, TlsSection, env_var_for, keys as config_keys,
+    PrincipalSection, QuicSection, RedundancyName, ReflectionName, RegistrySection, RetryName,
+    RoleName, ShutdownSection, TlsSection, env_var_for, keys as config_keys,
 };
 pub use gateway::{Gateway, GatewayBuilder, StartError};
 pub use grpc_server::GrpcTransport;

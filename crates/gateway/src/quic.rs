@@ -62,6 +62,7 @@ impl QuicTransport {
             max_unvalidated_handshakes: section.max_unvalidated_handshakes,
             max_connections_per_address: section.max_connections_per_address,
             socket_buffer: section.socket_buffer,
+            redundancy: section.redundancy.library(),
         }
     }
 }

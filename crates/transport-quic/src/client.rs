@@ -14,6 +14,7 @@ mod connection;
 mod lane;
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::{ConnectionError, Endpoint};
@@ -28,6 +29,7 @@ pub use switchyard_worker::{WorkerError, WorkerOptions};
 
 use crate::config::{ConfigError, ConnectionConfig};
 use crate::protocol::ErrorCode;
+use crate::redundancy::{Redundancy, RedundancyCounters, RedundancyStats};
 use crate::tls::ClientTls;
 use connection::QuicConnection;
 
@@ -120,6 +122,10 @@ pub(crate) struct DialConfig {
     server_name: String,
     tls: ClientTls,
     connection: ConnectionConfig,
+    /// What the worker asks the gateway for.
+    redundancy: Redundancy,
+    /// Datagram copies over every connection of this worker.
+    copies: Arc<RedundancyCounters>,
 }
 
 /// The QUIC worker link: one lane per slot on each connection.
@@ -147,7 +153,7 @@ impl Link for QuicLink {
         connection: QuicConnection,
         context: ConnectionContext<'_>,
     ) -> ConnectionEnd<QuicLinkError> {
-        match connection.serve(context).await {
+        match connection.serve(context, &self.settings.copies).await {
             QuicLinkError::Refused {
                 code: ErrorCode::Drained,
                 ..
@@ -172,6 +178,7 @@ pub struct QuicWorkerBuilder {
     tls: Option<ClientTls>,
     connection: ConnectionConfig,
     bind: Option<SocketAddr>,
+    redundancy: Redundancy,
 }
 
 impl std::fmt::Debug for QuicWorkerBuilder {
@@ -205,6 +212,13 @@ impl QuicWorkerBuilder {
         self
     }
 
+    /// Asks the gateway to also send small tasks as QUIC datagrams, and sends small results
+    /// that way too, when the gateway agrees at registration (default [`Redundancy::Off`]).
+    pub fn redundancy(mut self, redundancy: Redundancy) -> Self {
+        self.redundancy = redundancy;
+        self
+    }
+
     /// Validates, opens the local socket, connects, registers and announces capacity.
     pub async fn connect(self) -> Result<QuicWorker, WorkerError> {
         self.options.validate()?;
@@ -214,24 +228,31 @@ impl QuicWorkerBuilder {
         })?;
         let link_error = |error: QuicLinkError| WorkerError::link(QuicLink::TRANSPORT, error);
         self.connection
-            .transport(1)
+            .transport(1, self.redundancy)
             .map_err(|error| link_error(error.into()))?;
         let bind = self.bind.unwrap_or(match self.addr {
             SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
         });
         let endpoint = Endpoint::client(bind).map_err(|error| link_error(error.into()))?;
+        let copies = Arc::new(RedundancyCounters::default());
         let link = QuicLink {
             settings: DialConfig {
                 addr: self.addr,
                 server_name: self.server_name,
                 tls,
                 connection: self.connection,
+                redundancy: self.redundancy,
+                copies: Arc::clone(&copies),
             },
             endpoint: endpoint.clone(),
         };
         let worker = Worker::connect(link, self.options).await?;
-        Ok(QuicWorker { worker, endpoint })
+        Ok(QuicWorker {
+            worker,
+            endpoint,
+            copies,
+        })
     }
 }
 
@@ -265,6 +286,7 @@ impl QuicWorkerBuilder {
 pub struct QuicWorker {
     worker: Worker<QuicLink>,
     endpoint: Endpoint,
+    copies: Arc<RedundancyCounters>,
 }
 
 impl QuicWorker {
@@ -281,6 +303,7 @@ impl QuicWorker {
                 ..ConnectionConfig::default()
             },
             bind: None,
+            redundancy: Redundancy::Off,
         }
     }
 
@@ -289,6 +312,7 @@ impl QuicWorker {
         QuicWorkerHandle {
             worker: self.worker.handle(),
             endpoint: self.endpoint.clone(),
+            copies: Arc::clone(&self.copies),
         }
     }
 
@@ -325,6 +349,7 @@ impl QuicWorker {
 pub struct QuicWorkerHandle {
     worker: switchyard_worker::WorkerHandle,
     endpoint: Endpoint,
+    copies: Arc<RedundancyCounters>,
 }
 
 impl QuicWorkerHandle {
@@ -364,6 +389,11 @@ impl QuicWorkerHandle {
     /// The local UDP address in use.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.endpoint.local_addr()
+    }
+
+    /// Datagram copies of small frames sent and received so far, over every connection.
+    pub fn redundancy_stats(&self) -> RedundancyStats {
+        self.copies.snapshot()
     }
 }
 

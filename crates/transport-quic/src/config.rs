@@ -11,6 +11,7 @@ use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
 use quinn::{IdleTimeout, TransportConfig, VarInt};
 
 use crate::protocol::{DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME};
+use crate::redundancy::{DATAGRAM_RECEIVE_BUFFER, DATAGRAM_SEND_BUFFER, Redundancy};
 
 /// The congestion controller a connection uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,15 +88,25 @@ pub enum ConfigError {
 
 impl ConnectionConfig {
     /// The quinn transport config for one side; `bidi_streams` is how many bidirectional
-    /// streams the peer may open at first (uni streams and datagrams are never used).
-    pub(crate) fn transport(&self, bidi_streams: u32) -> Result<TransportConfig, ConfigError> {
+    /// streams the peer may open at first. Uni streams are never used; datagrams only with
+    /// [`Redundancy::Datagram`].
+    pub(crate) fn transport(
+        &self,
+        bidi_streams: u32,
+        redundancy: Redundancy,
+    ) -> Result<TransportConfig, ConfigError> {
         let idle = IdleTimeout::try_from(self.max_idle_timeout)
             .map_err(|_| ConfigError::IdleTimeoutTooLarge(self.max_idle_timeout))?;
         let mut transport = TransportConfig::default();
         transport
             .max_concurrent_bidi_streams(VarInt::from_u32(bidi_streams))
             .max_concurrent_uni_streams(VarInt::from_u32(0))
-            .datagram_receive_buffer_size(None)
+            .datagram_receive_buffer_size(
+                redundancy
+                    .wants_datagrams()
+                    .then_some(DATAGRAM_RECEIVE_BUFFER),
+            )
+            .datagram_send_buffer_size(DATAGRAM_SEND_BUFFER)
             .max_idle_timeout(Some(idle))
             .keep_alive_interval(self.keep_alive_interval)
             .initial_rtt(self.initial_rtt)
@@ -201,6 +212,9 @@ pub struct QuicServerConfig {
     /// kernel's default). Every worker's
     /// packets arrive on this one socket, so the kernel's default drops bursts.
     pub socket_buffer: usize,
+    /// Whether small task and result frames also travel as QUIC datagrams, for workers that
+    /// ask for it at registration (default [`Redundancy::Off`]).
+    pub redundancy: Redundancy,
 }
 
 impl QuicServerConfig {
@@ -226,7 +240,7 @@ impl QuicServerConfig {
                 max: MAX_SOCKET_BUFFER,
             });
         }
-        self.connection.transport(1).map(drop)
+        self.connection.transport(1, self.redundancy).map(drop)
     }
 }
 
@@ -251,6 +265,7 @@ impl Default for QuicServerConfig {
             max_unvalidated_handshakes: 256,
             max_connections_per_address: 256,
             socket_buffer: 4 * 1024 * 1024,
+            redundancy: Redundancy::Off,
         }
     }
 }
@@ -270,7 +285,8 @@ mod tests {
                 congestion,
                 ..ConnectionConfig::default()
             };
-            assert!(link.transport(1).is_ok());
+            assert!(link.transport(1, Redundancy::Off).is_ok());
+            assert!(link.transport(1, Redundancy::Datagram).is_ok());
         }
     }
 
@@ -326,7 +342,7 @@ mod tests {
             max_idle_timeout: Duration::MAX,
             ..ConnectionConfig::default()
         };
-        let error = link.transport(1).unwrap_err();
+        let error = link.transport(1, Redundancy::Off).unwrap_err();
         assert!(error.to_string().contains("max_idle_timeout"), "{error}");
     }
 }

@@ -115,6 +115,7 @@ mod tests {
             activity_types: vec!["x".into()],
             identity: "w".into(),
             auth_token: "t".into(),
+            redundancy: 0,
         };
         let registration = registration(register.clone()).unwrap();
         assert_eq!(registration.max_concurrency, None);

@@ -11,6 +11,8 @@
 //! - [`QuicServer`]: the gateway side, admitting every worker through core's one gate.
 //! - [`QuicWorker`]: the worker SDK (builder, handlers, reconnection, drain).
 //! - [`frame`]: the frame codec, public for tools and other implementations.
+//! - [`Redundancy`]: optional QUIC datagram copies of small tasks and results, so one lost
+//!   packet costs no retransmission round trip (negotiated at registration).
 //!
 //! # Examples
 //!
@@ -73,6 +75,7 @@ pub mod frame;
 mod metrics;
 mod outbox;
 mod protocol;
+mod redundancy;
 mod server;
 mod tls;
 
@@ -91,6 +94,7 @@ pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,
     PROTOCOL_VERSION,
 };
+pub use redundancy::{Redundancy, RedundancyStats};
 pub use server::{QuicServer, QuicServerBuilder, ServerError, TRANSPORT};
 pub use tls::{ClientTls, ServerTls, TlsError};
 #[cfg(feature = "self-signed")]

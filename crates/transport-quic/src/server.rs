@@ -13,6 +13,7 @@
 //! connection's end deregisters the worker exactly once (its registration token).
 
 mod connection;
+mod datagram;
 mod delivery;
 mod intake;
 mod lane;
@@ -33,6 +34,7 @@ pub use delivery::TRANSPORT;
 
 use crate::config::{ConfigError, QuicServerConfig};
 use crate::protocol::ErrorCode;
+use crate::redundancy::{RedundancyCounters, RedundancyStats};
 use crate::tls::ServerTls;
 use delivery::QuicDelivery;
 use intake::{SharedIntake, Verdict};
@@ -66,6 +68,8 @@ pub(crate) struct ServerShared {
     pub(crate) auth: Arc<dyn Authenticate>,
     /// Refused connections, counted and logged (throttled).
     pub(crate) refusals: Refusals,
+    /// Datagram copies sent and received over every connection.
+    pub(crate) copies: Arc<RedundancyCounters>,
     /// Registered connections, for the flushed close at shutdown and the count.
     connections: Mutex<HashMap<WorkerId, Weak<QuicDelivery>>>,
 }
@@ -127,7 +131,7 @@ impl QuicServerBuilder {
         let config = self.config;
         config.check()?;
         // A worker may open exactly one stream: its control stream.
-        let transport = config.connection.transport(1)?;
+        let transport = config.connection.transport(1, config.redundancy)?;
         let mut quic = quinn::ServerConfig::with_crypto(self.tls.quic());
         quic.transport_config(Arc::new(transport))
             .migration(config.migration);
@@ -164,6 +168,7 @@ impl QuicServerBuilder {
             config,
             auth: self.auth,
             refusals: Refusals::default(),
+            copies: Arc::default(),
             connections: Mutex::new(HashMap::new()),
         });
         let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&shared), intake));
@@ -256,6 +261,11 @@ impl QuicServer {
     /// Workers registered through this listener right now.
     pub fn registered_workers(&self) -> usize {
         self.shared.connections().len()
+    }
+
+    /// Datagram copies of small frames sent and received so far (`quic.redundancy`).
+    pub fn redundancy_stats(&self) -> RedundancyStats {
+        self.shared.copies.snapshot()
     }
 
     /// Closes every connection with `SHUTTING_DOWN` and stops accepting. Drain the workers

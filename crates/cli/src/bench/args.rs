@@ -67,6 +67,27 @@ pub(crate) enum Congestion {
     Newreno,
 }
 
+/// QUIC redundancy for small frames (`quic.redundancy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RedundancyArg {
+    /// Lanes only.
+    #[default]
+    Off,
+    /// Small tasks and results also travel as QUIC datagrams.
+    Datagram,
+}
+
+impl RedundancyArg {
+    /// The QUIC library's setting.
+    pub(crate) fn library(self) -> switchyard_transport_quic::Redundancy {
+        match self {
+            Self::Off => switchyard_transport_quic::Redundancy::Off,
+            Self::Datagram => switchyard_transport_quic::Redundancy::Datagram,
+        }
+    }
+}
+
 /// `switchyard bench`.
 #[derive(Args, Debug, Clone, Serialize)]
 pub(crate) struct BenchArgs {
@@ -137,6 +158,10 @@ pub(crate) struct BenchArgs {
     /// Dispatches tenant A parks in `--scenario tenant-fairness`.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) parked: u32,
+    /// QUIC redundancy for small frames: what QUIC workers ask for, and the in-process
+    /// gateway's `quic.redundancy` (a gateway at --connect decides with its own).
+    #[arg(long, value_enum, default_value_t = RedundancyArg::Off)]
+    pub(crate) redundancy: RedundancyArg,
 }
 
 impl BenchArgs {

@@ -65,6 +65,8 @@ pub(crate) async fn run(args: &BenchArgs, target: &Target, count: u32) -> Result
         activity: IDLE_ACTIVITY,
         capacity: 1,
         service_time: Duration::ZERO,
+        redundancy: switchyard_transport_quic::Redundancy::Off,
+        executions: std::sync::Arc::default(),
     };
     let retries = Retries::default();
     let started = Instant::now();

@@ -7,6 +7,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::args::BenchArgs;
+use super::executions::ExecutionCounts;
 
 /// The result of a load run.
 #[derive(Debug, Serialize)]
@@ -33,6 +34,9 @@ pub(crate) struct LoadReport<'a> {
     pub(crate) peak_in_flight_per_worker: Vec<u32>,
     /// Tasks each worker ran.
     pub(crate) served_per_worker: Vec<u64>,
+    /// Handler runs, and runs of a task that had already run, counted inside the handlers.
+    #[serde(flatten)]
+    pub(crate) executions: ExecutionCounts,
     /// Dispatches by outcome label (`completed`, `failed`, ..., `refused`).
     pub(crate) outcomes: BTreeMap<&'static str, u64>,
     /// Peak resident memory of the gateway's process, in bytes (null when unknown).
@@ -69,6 +73,7 @@ impl<'a> LoadReport<'a> {
             max_us: latency.max(),
             peak_in_flight_per_worker,
             served_per_worker,
+            executions: ExecutionCounts::default(),
             outcomes,
             gateway_peak_rss_bytes: None,
             rss_includes_bench: false,
@@ -124,4 +129,10 @@ pub(crate) struct WorkersReport<'a> {
     pub(crate) peak_in_flight_per_worker: Vec<u32>,
     /// Tasks each worker ran.
     pub(crate) served_per_worker: Vec<u64>,
+    /// Handler runs, and runs of a task that had already run, counted inside the handlers.
+    #[serde(flatten)]
+    pub(crate) executions: ExecutionCounts,
+    /// The QUIC workers' datagram copies: sent (results), used (tasks that arrived first by
+    /// datagram), dropped (task copies second or unroutable), lane copies dropped.
+    pub(crate) datagram_copies: [u64; 4],
 }

@@ -14,7 +14,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
-use super::args::{BenchArgs, Congestion, Scenario};
+use super::args::{BenchArgs, Congestion, RedundancyArg, Scenario};
 use super::{NAMESPACE, system};
 use crate::cmd::Failure;
 use crate::cmd::worker::read_ca;
@@ -117,6 +117,10 @@ impl Target {
             Congestion::Cubic => CongestionName::Cubic,
             Congestion::Bbr => CongestionName::Bbr,
             Congestion::Newreno => CongestionName::Newreno,
+        };
+        config.quic.redundancy = match args.redundancy {
+            RedundancyArg::Off => switchyard_gateway::RedundancyName::Off,
+            RedundancyArg::Datagram => switchyard_gateway::RedundancyName::Datagram,
         };
         let gateway = Gateway::builder(config)
             .start()

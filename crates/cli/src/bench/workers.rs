@@ -8,11 +8,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use rustls_pki_types::pem::PemObject;
 use switchyard_transport_grpc::{ActivityContext as GrpcContext, GrpcWorker};
-use switchyard_transport_quic::{ActivityContext as QuicContext, ClientTls, QuicWorker};
+use switchyard_transport_quic::{
+    ActivityContext as QuicContext, ClientTls, QuicWorker, Redundancy,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{BenchArgs, BenchTransport};
+use super::executions::{ExecutionCounts, Executions};
 use super::target::Target;
 use super::{ACTIVITY, NAMESPACE};
 use crate::cmd::Failure;
@@ -107,6 +110,10 @@ pub(crate) struct Profile<'a> {
     pub(crate) capacity: u32,
     /// How long each task takes.
     pub(crate) service_time: Duration,
+    /// QUIC workers ask the gateway for this redundancy.
+    pub(crate) redundancy: Redundancy,
+    /// Where the handlers record the tasks they run.
+    pub(crate) executions: Arc<Executions>,
 }
 
 /// Connects and starts one worker.
@@ -117,6 +124,7 @@ pub(crate) async fn start(
     counters: Arc<Counters>,
 ) -> Result<Running, Failure> {
     let service_time = profile.service_time;
+    let executions = Arc::clone(&profile.executions);
     let namespaces = [NAMESPACE.to_owned()];
     match wire {
         Wire::Grpc => {
@@ -124,7 +132,8 @@ pub(crate) async fn start(
                 .namespaces(namespaces)
                 .max_concurrency(profile.capacity)
                 .tls(target.client_tls())
-                .activity(profile.activity, move |_: GrpcContext, input: Bytes| {
+                .activity(profile.activity, move |ctx: GrpcContext, input: Bytes| {
+                    executions.record(ctx.task_id().get());
                     let counters = Arc::clone(&counters);
                     async move { Ok(serve(counters, service_time, input).await) }
                 });
@@ -154,7 +163,9 @@ pub(crate) async fn start(
                 .namespaces(namespaces)
                 .max_concurrency(profile.capacity)
                 .tls(tls)
-                .activity(profile.activity, move |_: QuicContext, input: Bytes| {
+                .redundancy(profile.redundancy)
+                .activity(profile.activity, move |ctx: QuicContext, input: Bytes| {
+                    executions.record(ctx.task_id().get());
                     let counters = Arc::clone(&counters);
                     async move { Ok(serve(counters, service_time, input).await) }
                 });
@@ -187,6 +198,7 @@ pub(crate) async fn stop_all(workers: Vec<Running>) {
 pub(crate) struct Fleet {
     workers: Vec<Running>,
     counters: Vec<Arc<Counters>>,
+    executions: Arc<Executions>,
 }
 
 impl Fleet {
@@ -196,10 +208,13 @@ impl Fleet {
             activity: ACTIVITY,
             capacity: args.capacity,
             service_time: Duration::from_micros(args.service_time_us),
+            redundancy: args.redundancy.library(),
+            executions: Arc::default(),
         };
         let mut fleet = Self {
             workers: Vec::new(),
             counters: Vec::new(),
+            executions: Arc::clone(&profile.executions),
         };
         for index in 0..args.workers {
             let counters = Arc::new(Counters::default());
@@ -223,7 +238,32 @@ impl Fleet {
         Self {
             workers: Vec::new(),
             counters: Vec::new(),
+            executions: Arc::default(),
         }
+    }
+
+    /// What the fleet's handlers ran, duplicates included.
+    pub(crate) fn executions(&self) -> ExecutionCounts {
+        self.executions.counts()
+    }
+
+    /// The QUIC workers' datagram copies, summed: `[sent, used, dropped, lane copies dropped]`.
+    pub(crate) fn copies(&self) -> [u64; 4] {
+        let mut sum = [0; 4];
+        for worker in &self.workers {
+            if let StopHandle::Quic(handle) = &worker.stop {
+                let stats = handle.redundancy_stats();
+                for (total, value) in sum.iter_mut().zip([
+                    stats.copies_sent,
+                    stats.copies_used,
+                    stats.copies_dropped,
+                    stats.lane_copies_dropped,
+                ]) {
+                    *total += value;
+                }
+            }
+        }
+        sum
     }
 
     /// The most tasks each worker held at once.

@@ -18,7 +18,7 @@ use switchyard_core::{
     DEFAULT_NAMESPACE_IDLE_EXPIRY, DispatchConfig, LivenessConfig, Role,
 };
 use switchyard_transport_grpc::GrpcServerConfig;
-use switchyard_transport_quic::{CongestionControl, QuicServerConfig, RetryPolicy};
+use switchyard_transport_quic::{CongestionControl, QuicServerConfig, Redundancy, RetryPolicy};
 
 use super::duration::ConfigDuration;
 use crate::api::ApiConfig;
@@ -175,6 +175,8 @@ pub struct QuicSection {
     /// Receive and send buffer asked of the kernel for the UDP socket, in bytes (capped by
     /// `net.core.rmem_max` / `wmem_max`); every worker's packets share this one socket.
     pub socket_buffer: usize,
+    /// Redundancy for small frames, for workers that ask for it: `off` or `datagram`.
+    pub redundancy: RedundancyName,
 }
 
 impl Default for QuicSection {
@@ -200,6 +202,7 @@ impl Default for QuicSection {
             max_unvalidated_handshakes: library.max_unvalidated_handshakes,
             max_connections_per_address: library.max_connections_per_address,
             socket_buffer: library.socket_buffer,
+            redundancy: RedundancyName::from_library(library.redundancy),
         }
     }
 }
@@ -260,6 +263,36 @@ impl RetryName {
             Self::UnderLoad => RetryPolicy::UnderLoad,
             Self::Always => RetryPolicy::Always,
             Self::Off => RetryPolicy::Off,
+        }
+    }
+}
+
+/// QUIC redundancy for small frames.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedundancyName {
+    /// Lanes only.
+    #[default]
+    Off,
+    /// A task or result that fits one QUIC datagram is also sent as one.
+    Datagram,
+}
+
+impl RedundancyName {
+    /// The key's value for the library's setting (one the gateway has no name for reads as
+    /// `off`; the defaults test catches a library default changing to one).
+    fn from_library(redundancy: Redundancy) -> Self {
+        match redundancy {
+            Redundancy::Datagram => Self::Datagram,
+            _ => Self::Off,
+        }
+    }
+
+    /// The library's setting for the key's value.
+    pub fn library(self) -> Redundancy {
+        match self {
+            Self::Off => Redundancy::Off,
+            Self::Datagram => Redundancy::Datagram,
         }
     }
 }

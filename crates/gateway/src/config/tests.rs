@@ -403,6 +403,7 @@ fn roles_parse_by_name_and_an_unknown_role_is_refused() {
     );
     assert_eq!(config.principals[0].max_workers, 5);
     // Control: a role the gateway does not know is not silently dropped.
-    let unknown = r#"[{ name = "a", token = "token-of-principal-a", namespaces = ["x"], roles = ["root"] }]"#;
+    let unknown =
+        r#"[{ name = "a", token = "token-of-principal-a", namespaces = ["x"], roles = ["root"] }]"#;
     assert!(GatewayConfig::load(None, env(&[("SWITCHYARD_PRINCIPALS", unknown)]), &[]).is_err());
 }

@@ -13,12 +13,13 @@ use switchyard_worker::{ConnectionContext, Registered, WorkerOptions};
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::lane::{self, LaneContext};
+use super::lane::{self, LaneContext, LaneCopyRouter};
 use super::{DialConfig, QuicLinkError};
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
 use crate::outbox::Outbox;
 use crate::protocol::{DEFAULT_MAX_CONTROL_FRAME, ErrorCode, PROTOCOL_VERSION};
+use crate::redundancy::{Redundancy, RedundancyCounters};
 
 const CONTROL: &str = "control stream";
 
@@ -31,6 +32,8 @@ pub(crate) struct QuicConnection {
     /// The gateway's `max_lane_frame_bytes`.
     lane_limit: u32,
     worker: WorkerId,
+    /// What the gateway enabled.
+    redundancy: Redundancy,
     /// Stops the lane tasks when the connection is dropped, even mid-serve.
     stop_lanes: DropGuard,
 }
@@ -44,11 +47,20 @@ impl QuicConnection {
     ) -> Result<(Self, Registered), QuicLinkError> {
         let mut client = quinn::ClientConfig::new(settings.tls.quic());
         // One stream credit for lane 0 until capacity is announced.
-        client.transport_config(Arc::new(settings.connection.transport(1)?));
+        client.transport_config(Arc::new(
+            settings.connection.transport(1, settings.redundancy)?,
+        ));
         let conn = endpoint
             .connect_with(client, settings.addr, &settings.server_name)?
             .await?;
         let (mut control_send, control_recv) = conn.open_bi().await?;
+        // Only what this connection can carry is asked for: datagrams need the gateway's
+        // transport parameters to accept them.
+        let asked = if conn.max_datagram_size().is_some() {
+            settings.redundancy
+        } else {
+            Redundancy::Off
+        };
         let register = QuicControlUp {
             frame: Some(quic_control_up::Frame::Register(QuicRegister {
                 protocol_version: PROTOCOL_VERSION,
@@ -58,6 +70,7 @@ impl QuicConnection {
                 activity_types: options.activities.keys().cloned().collect(),
                 identity: options.identity.clone(),
                 auth_token: options.token.clone().unwrap_or_default(),
+                redundancy: asked.wire().into(),
             })),
         };
         write(&mut control_send, &register, DEFAULT_MAX_CONTROL_FRAME)
@@ -82,8 +95,11 @@ impl QuicConnection {
             max_control_frame_bytes,
             max_lane_frame_bytes,
             task_queue,
+            redundancy,
             ..
         } = registered;
+        // The gateway's answer cannot turn on what was not asked for.
+        let redundancy = Redundancy::negotiate(Redundancy::from_wire(redundancy), asked, true);
         let worker = WorkerId::from_raw(worker_id);
         let connection = Self {
             conn,
@@ -95,9 +111,10 @@ impl QuicConnection {
                 crate::protocol::DEFAULT_MAX_LANE_FRAME,
             ),
             worker,
+            redundancy,
             stop_lanes: CancellationToken::new().drop_guard(),
         };
-        tracing::info!(worker = %worker, gateway = %settings.addr, "registered");
+        tracing::info!(worker = %worker, gateway = %settings.addr, ?redundancy, "registered");
         let registered = Registered {
             worker_id: worker,
             task_queue,
@@ -106,8 +123,21 @@ impl QuicConnection {
     }
 
     /// Serves the connection until it ends, and says why it ended.
-    pub(crate) async fn serve(mut self, context: ConnectionContext<'_>) -> QuicLinkError {
+    pub(crate) async fn serve(
+        mut self,
+        context: ConnectionContext<'_>,
+        counters: &Arc<RedundancyCounters>,
+    ) -> QuicLinkError {
         let closer = self.conn.clone();
+        let copies = self.redundancy.wants_datagrams().then(|| {
+            let copies = Arc::new(LaneCopyRouter::new(Arc::clone(counters)));
+            lane::spawn_copy_reader(
+                self.conn.clone(),
+                Arc::clone(&copies),
+                self.stop_lanes.token().clone(),
+            );
+            copies
+        });
         let lanes = Arc::new(LaneContext {
             outbox: Outbox::spawn(Arc::new(move |fault| {
                 if let Fault::Close { code, reason } = fault {
@@ -118,6 +148,7 @@ impl QuicConnection {
             worker: self.worker,
             runner: context.runner.clone(),
             frame_limit: self.lane_limit,
+            copies,
         });
         let mut capacity = context.handle.capacity();
         let drain = context.handle.drain_requested().clone();

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::ServerShared;
+use super::datagram;
 use super::delivery::{FLUSH_PATIENCE, QuicDelivery};
 use super::intake::Pass;
 use super::lane::OpenedLane;
@@ -23,6 +24,7 @@ use crate::convert;
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
 use crate::protocol::ErrorCode;
+use crate::redundancy::Redundancy;
 
 const CONTROL: &str = "control stream";
 
@@ -141,12 +143,20 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
         }
     };
     let caller = authenticate(conn, server, &register)?;
+    let redundancy = Redundancy::negotiate(
+        server.config.redundancy,
+        Redundancy::from_wire(register.redundancy),
+        conn.max_datagram_size().is_some(),
+    );
     let registration =
         convert::registration(register).map_err(|(code, reason)| Fault::close(code, reason))?;
     let namespaces: Vec<String> = registration.namespaces.iter().cloned().collect();
     let task_queue = switchyard_core::normalise_task_queue(&registration.task_queue).to_owned();
 
-    let (delivery, control_rx) = QuicDelivery::new(conn.clone(), limits.lane);
+    let copies = redundancy
+        .wants_datagrams()
+        .then(|| Arc::clone(&server.copies));
+    let (delivery, control_rx) = QuicDelivery::new(conn.clone(), limits.lane, copies);
     let delivery = Arc::new(delivery);
     let leg: Arc<dyn WorkerDelivery> = delivery.clone();
     let token = server
@@ -162,6 +172,9 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
         server.core.clone(),
         worker,
     );
+    if delivery.copies().is_some() {
+        datagram::spawn(Arc::clone(&delivery), server.core.clone(), worker);
+    }
     let registered = QuicControlDown {
         frame: Some(quic_control_down::Frame::Registered(QuicRegistered {
             worker_id: worker.get(),
@@ -171,12 +184,13 @@ async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, 
             max_control_frame_bytes: limits.control,
             max_lane_frame_bytes: limits.lane,
             task_queue,
+            redundancy: redundancy.wire().into(),
         })),
     };
     write_control(&mut control_send, &registered, limits.control).await?;
     // Core pings and drains the worker only from here, after `registered` is written.
     token.announce();
-    tracing::info!(worker = %worker, "quic worker registered; capacity unannounced");
+    tracing::info!(worker = %worker, ?redundancy, "quic worker registered; capacity unannounced");
     Ok(Admitted {
         token,
         namespaces,

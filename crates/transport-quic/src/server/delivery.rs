@@ -9,8 +9,8 @@ use bytes::Bytes;
 use quinn::Connection;
 use switchyard_core::{DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage};
 use switchyard_proto::v1::{
-    QuicCancel, QuicControlDown, QuicDrain, QuicDrainReason, QuicLaneDown, QuicPing,
-    quic_control_down, quic_lane_down,
+    QuicCancel, QuicControlDown, QuicDatagramDown, QuicDrain, QuicDrainReason, QuicLaneDown,
+    QuicPing, quic_control_down, quic_lane_down,
 };
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -22,6 +22,7 @@ use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameError, encode_frame};
 use crate::outbox::{Item, Outbox, StreamOut};
 use crate::protocol::ErrorCode;
+use crate::redundancy::RedundancyCounters;
 
 /// Frames a blocked lane may hold back before it refuses more (pings then go elsewhere).
 pub(crate) const LANE_QUEUE: usize = 8;
@@ -44,6 +45,8 @@ pub(crate) struct QuicDelivery {
     control: mpsc::Sender<QuicControlDown>,
     connected: AtomicBool,
     lane_frame_limit: u32,
+    /// The listener's counters when datagram redundancy is in force on this connection.
+    copies: Option<Arc<RedundancyCounters>>,
     /// Fired once when a drain finds (or leaves) no task held.
     pub(crate) drained: Notify,
     /// Set by an operator's (or the worker's own) drain, which is final.
@@ -55,9 +58,11 @@ pub(crate) struct QuicDelivery {
 }
 
 impl QuicDelivery {
+    /// A delivery over `conn`; with `copies`, small tasks are also sent as datagrams.
     pub(crate) fn new(
         conn: Connection,
         lane_frame_limit: u32,
+        copies: Option<Arc<RedundancyCounters>>,
     ) -> (Self, mpsc::Receiver<QuicControlDown>) {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
         let closer = conn.clone();
@@ -74,6 +79,7 @@ impl QuicDelivery {
             control,
             connected: AtomicBool::new(true),
             lane_frame_limit,
+            copies,
             drained: Notify::new(),
             final_drain: AtomicBool::new(false),
             changed: Notify::new(),
@@ -103,7 +109,13 @@ impl QuicDelivery {
         self.lane_frame_limit
     }
 
-    /// Ends a lane's task and wakes the drain when it was the last one.
+    /// The listener's counters, when datagram redundancy is in force on this connection.
+    pub(crate) fn copies(&self) -> Option<&Arc<RedundancyCounters>> {
+        self.copies.as_ref()
+    }
+
+    /// Ends a lane's task and wakes the drain when it was the last one. The lane copy of a
+    /// result a datagram already brought comes back as a [`Finished::duplicate`].
     pub(crate) fn finish(
         &self,
         lane: LaneId,
@@ -111,11 +123,28 @@ impl QuicDelivery {
         ending: Ending,
     ) -> Result<Finished, FinishError> {
         let finished = self.lanes().finish(lane, task, ending)?;
+        if finished.duplicate {
+            if let Some(copies) = &self.copies {
+                copies.lane_copy_dropped();
+            }
+            return Ok(finished);
+        }
+        self.ended(finished);
+        Ok(finished)
+    }
+
+    /// Ends a lane's task from a datagram copy of its result; `None` when the copy is stale.
+    pub(crate) fn finish_copy(&self, lane: LaneId, seq: u64, task: TaskId) -> Option<Finished> {
+        let finished = self.lanes().finish_copy(lane, seq, task)?;
+        self.ended(finished);
+        Some(finished)
+    }
+
+    fn ended(&self, finished: Finished) {
         self.changed.notify_waiters();
         if finished.drain_complete {
             self.drained.notify_one();
         }
-        Ok(finished)
     }
 
     /// Closes the connection with `code` and a reason phrase naming the problem.
@@ -242,8 +271,23 @@ impl WorkerDelivery for QuicDelivery {
         // Encoding happens on the caller's thread, outside the table lock.
         match message {
             WorkerMessage::Task(task) => {
-                let frame = self.lane_frame(quic_lane_down::Frame::Task(convert::task(&task)))?;
-                self.lanes().assign(task.task_id, frame).map(drop)
+                let wire = convert::task(&task);
+                let copy = self.copies.is_some().then(|| wire.clone());
+                let frame = self.lane_frame(quic_lane_down::Frame::Task(wire))?;
+                let (lane, seq) = {
+                    let mut lanes = self.lanes();
+                    let lane = lanes.assign(task.task_id, frame)?;
+                    (lane, lanes.task_seq(lane))
+                };
+                if let (Some(copies), Some(task)) = (&self.copies, copy) {
+                    let copy = QuicDatagramDown {
+                        lane: lane.index(),
+                        seq,
+                        task: Some(task),
+                    };
+                    copies.send_copy(&self.conn, &copy);
+                }
+                Ok(())
             }
             WorkerMessage::Ping { seq } => {
                 let frame = self.lane_frame(quic_lane_down::Frame::Ping(QuicPing { seq }))?;

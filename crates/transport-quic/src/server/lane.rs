@@ -37,7 +37,10 @@ impl OpenedLane {
         let span = tracing::debug_span!("lane", worker = %worker, lane = %self.id);
         tokio::spawn(
             async move {
-                match read(self, &delivery, &core, worker).await {
+                let id = self.id;
+                let read = read(self, &delivery, &core, worker).await;
+                delivery.lanes().forget(id);
+                match read {
                     Ok(()) | Err(Fault::Gone) => tracing::trace!("lane ended"),
                     Err(Fault::Close { code, reason }) => {
                         tracing::warn!(%code, %reason, "closing worker connection");
@@ -94,9 +97,13 @@ fn answer(
             };
             // The lane is free before core frees the slot, so the dispatch that the freed slot
             // lets in always finds an idle lane.
-            delivery
+            let finished = delivery
                 .finish(id, task, Ending::Result)
                 .map_err(|error| refused("result", &error))?;
+            if finished.duplicate {
+                // A datagram brought this result first; core has had it.
+                return Ok(());
+            }
             if let Err(refusal) = core.complete(worker, task, outcome) {
                 tracing::debug!(task = %task, %refusal, "result not taken");
             }

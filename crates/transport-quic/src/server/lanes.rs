@@ -6,11 +6,18 @@
 //! task to an idle lane, finds the lane of a task to cancel, rotates pings over every lane,
 //! and retires lanes when the worker shrinks its capacity (idle lanes at once, busy ones as
 //! they finish). It does no I/O: each lane is reached through a [`LaneSink`].
+//!
+//! With datagram redundancy, a result may arrive twice: first as a datagram copy
+//! ([`LaneTable::finish_copy`]), then on its lane. The table remembers, per lane, the results
+//! taken from a datagram whose lane copy is still due, and [`LaneTable::finish`] recognises
+//! that copy as a duplicate, even after the lane was retired.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use switchyard_core::{DeliveryError, TaskId};
+
+use crate::redundancy::MAX_ECHOES;
 
 /// Where a lane's outgoing frames are queued; must never wait.
 pub(crate) trait LaneSink {
@@ -26,6 +33,11 @@ pub(crate) struct LaneId(u64);
 impl LaneId {
     pub(crate) fn new(stream_index: u64) -> Self {
         Self(stream_index)
+    }
+
+    /// The index of the lane's stream, as datagram copies name it.
+    pub(crate) fn index(self) -> u64 {
+        self.0
     }
 }
 
@@ -51,6 +63,9 @@ pub(crate) struct Finished {
     pub(crate) retired: bool,
     /// A drain is under way and this was the last task held.
     pub(crate) drain_complete: bool,
+    /// The frame was the lane copy of a result a datagram already brought: nothing changed,
+    /// and core must not hear of it again.
+    pub(crate) duplicate: bool,
 }
 
 /// Why an ending frame does not match what its lane holds.
@@ -78,6 +93,10 @@ struct Lane<S> {
     sink: S,
     task: Option<TaskId>,
     cancelled: bool,
+    /// Tasks assigned on this lane so far: the number of the last one.
+    seq: u64,
+    /// Results taken from a datagram whose lane copy has not been read yet, oldest first.
+    echoes: VecDeque<TaskId>,
 }
 
 /// The lane bookkeeping of one connection.
@@ -87,6 +106,8 @@ pub(crate) struct LaneTable<S> {
     order: Vec<LaneId>,
     idle: Vec<LaneId>,
     by_task: HashMap<TaskId, LaneId>,
+    /// The echoes of retired lanes, until their lane copies are read or the reader ends.
+    retired_echoes: HashMap<LaneId, VecDeque<TaskId>>,
     target: usize,
     ping_cursor: usize,
     draining: bool,
@@ -101,6 +122,7 @@ impl<S: LaneSink> LaneTable<S> {
             order: Vec::new(),
             idle: Vec::new(),
             by_task: HashMap::new(),
+            retired_echoes: HashMap::new(),
             target: target as usize,
             ping_cursor: 0,
             draining: false,
@@ -133,6 +155,8 @@ impl<S: LaneSink> LaneTable<S> {
                 sink,
                 task: None,
                 cancelled: false,
+                seq: 0,
+                echoes: VecDeque::new(),
             },
         );
         self.order.push(id);
@@ -180,8 +204,14 @@ impl<S: LaneSink> LaneTable<S> {
         }
         lane.task = Some(task);
         lane.cancelled = false;
+        lane.seq += 1;
         self.by_task.insert(task, lane_id);
         Ok(lane_id)
+    }
+
+    /// The number of the last task assigned on `lane` (1 for its first), 0 for none.
+    pub(crate) fn task_seq(&self, lane: LaneId) -> u64 {
+        self.lanes.get(&lane).map_or(0, |lane| lane.seq)
     }
 
     /// Queues `frame` (a ping) on the next lane in rotation that has room.
@@ -232,6 +262,12 @@ impl<S: LaneSink> LaneTable<S> {
         task: TaskId,
         ending: Ending,
     ) -> Result<Finished, FinishError> {
+        if ending == Ending::Result && self.take_echo(lane_id, task) {
+            return Ok(Finished {
+                duplicate: true,
+                ..Finished::default()
+            });
+        }
         // A cancel_ack is judged by the task first: one the gateway never cancelled is a
         // protocol violation wherever it came from (so a wrong lane does not hide it).
         if ending == Ending::CancelAck {
@@ -264,7 +300,59 @@ impl<S: LaneSink> LaneTable<S> {
         Ok(Finished {
             retired,
             drain_complete: self.draining && self.by_task.is_empty(),
+            duplicate: false,
         })
+    }
+
+    /// A datagram copy of the result of task number `seq` on `lane`: ends the task as its
+    /// lane copy would, when the lane holds that task, and remembers that the lane copy is
+    /// still due. `None` (nothing changed) for a stale copy, one for a task the lane does not
+    /// hold, or while the lane owes [`MAX_ECHOES`] lane copies.
+    pub(crate) fn finish_copy(
+        &mut self,
+        lane_id: LaneId,
+        seq: u64,
+        task: TaskId,
+    ) -> Option<Finished> {
+        let lane = self.lanes.get(&lane_id)?;
+        if lane.task != Some(task) || lane.seq != seq || lane.echoes.len() >= MAX_ECHOES {
+            return None;
+        }
+        let finished = self.finish(lane_id, task, Ending::Result).ok()?;
+        match self.lanes.get_mut(&lane_id) {
+            Some(lane) => lane.echoes.push_back(task),
+            None => self
+                .retired_echoes
+                .entry(lane_id)
+                .or_default()
+                .push_back(task),
+        }
+        Some(finished)
+    }
+
+    /// True (and forgotten) when `task` is the oldest result of `lane` taken from a datagram
+    /// whose lane copy was still due.
+    fn take_echo(&mut self, lane_id: LaneId, task: TaskId) -> bool {
+        let echoes = match self.lanes.get_mut(&lane_id) {
+            Some(lane) => &mut lane.echoes,
+            None => match self.retired_echoes.get_mut(&lane_id) {
+                Some(echoes) => echoes,
+                None => return false,
+            },
+        };
+        if echoes.front() != Some(&task) {
+            return false;
+        }
+        echoes.pop_front();
+        if echoes.is_empty() {
+            self.retired_echoes.remove(&lane_id);
+        }
+        true
+    }
+
+    /// The reader of `lane` ended: its lane copies will never come.
+    pub(crate) fn forget(&mut self, lane: LaneId) {
+        self.retired_echoes.remove(&lane);
     }
 
     /// Starts a drain; true when no task is held, so it is already complete.
@@ -288,11 +376,16 @@ impl<S: LaneSink> LaneTable<S> {
         self.order.clear();
         self.idle.clear();
         self.by_task.clear();
+        self.retired_echoes.clear();
         self.lanes.drain().map(|(_, lane)| lane.sink).collect()
     }
 
     fn retire(&mut self, lane: LaneId) {
-        self.lanes.remove(&lane);
+        if let Some(retired) = self.lanes.remove(&lane) {
+            if !retired.echoes.is_empty() {
+                self.retired_echoes.insert(lane, retired.echoes);
+            }
+        }
         self.order.retain(|id| *id != lane);
         self.idle.retain(|id| *id != lane);
         if self.ping_cursor >= self.order.len() {
@@ -354,6 +447,80 @@ mod tests {
             table.add(*id, sink.clone());
         }
         (table, ids)
+    }
+
+    #[test]
+    fn a_result_copied_by_datagram_ends_its_task_once_whichever_copy_comes_first() {
+        let sinks = [Recorder::new(8)];
+        let (mut table, ids) = table_with(&sinks);
+        let lane = ids[0];
+        // Datagram first: it ends the task; the lane copy that follows is a duplicate.
+        table.assign(t(1), frame("task1")).unwrap();
+        assert_eq!(table.task_seq(lane), 1);
+        let first = table
+            .finish_copy(lane, 1, t(1))
+            .expect("the copy ends the task");
+        assert!(!first.duplicate);
+        assert_eq!(table.busy(), 0, "the slot is free at once");
+        let echo = table.finish(lane, t(1), Ending::Result).unwrap();
+        assert!(echo.duplicate, "the lane copy is recognised");
+        // Lane copy first: the datagram that follows changes nothing.
+        table.assign(t(2), frame("task2")).unwrap();
+        assert!(!table.finish(lane, t(2), Ending::Result).unwrap().duplicate);
+        assert_eq!(
+            table.finish_copy(lane, 2, t(2)),
+            None,
+            "a late copy is dropped"
+        );
+        // Control: without its copy, a second lane result for the same task is still refused.
+        assert!(table.finish(lane, t(2), Ending::Result).is_err());
+    }
+
+    #[test]
+    fn a_copy_for_another_task_or_number_is_dropped() {
+        let sinks = [Recorder::new(8)];
+        let (mut table, ids) = table_with(&sinks);
+        let lane = ids[0];
+        table.assign(t(1), frame("task1")).unwrap();
+        assert_eq!(table.finish_copy(lane, 1, t(9)), None, "not the task held");
+        assert_eq!(table.finish_copy(lane, 2, t(1)), None, "not its number");
+        assert_eq!(
+            table.finish_copy(LaneId::new(7), 1, t(1)),
+            None,
+            "no such lane"
+        );
+        assert_eq!(table.busy(), 1);
+        assert!(table.finish_copy(lane, 1, t(1)).is_some());
+    }
+
+    #[test]
+    fn the_echoes_a_lane_owes_are_bounded_and_survive_its_retirement() {
+        let sinks = [Recorder::new(usize::MAX)];
+        let (mut table, ids) = table_with(&sinks);
+        let lane = ids[0];
+        for n in 1..=MAX_ECHOES as u64 {
+            assert_eq!(table.assign(t(n), frame("task")).unwrap(), lane);
+            assert!(table.finish_copy(lane, n, t(n)).is_some());
+        }
+        let next = MAX_ECHOES as u64 + 1;
+        assert_eq!(table.assign(t(next), frame("task")).unwrap(), lane);
+        assert_eq!(
+            table.finish_copy(lane, next, t(next)),
+            None,
+            "a lane owing {MAX_ECHOES} lane copies takes no more datagrams"
+        );
+        // Its lane copies arrive; the first one frees room again.
+        assert!(table.finish(lane, t(1), Ending::Result).unwrap().duplicate);
+        assert!(table.finish_copy(lane, next, t(next)).is_some());
+        // Shrinking retires the (now idle) lane; its lane copies are still recognised.
+        table.set_target(0);
+        assert!(!table.contains(lane));
+        assert!(table.finish(lane, t(2), Ending::Result).unwrap().duplicate);
+        table.forget(lane);
+        assert!(
+            table.finish(lane, t(3), Ending::Result).is_err(),
+            "once its reader ended, nothing is owed"
+        );
     }
 
     #[test]

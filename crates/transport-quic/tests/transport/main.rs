@@ -11,6 +11,7 @@ mod initial_flood;
 mod isolation;
 mod observe;
 mod oversized;
+mod redundancy;
 mod registration;
 mod spec;
 mod support;

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use prost::Message;
 use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicCancelReason, QuicCapabilities, QuicControlDown,
-    QuicControlUp, QuicDrain, QuicDrainReason, QuicDrainRequest, QuicLaneDown, QuicLaneUp,
-    QuicPing, QuicPong, QuicRegister, QuicRegistered, QuicResult, QuicTask, quic_control_down,
-    quic_control_up, quic_lane_down, quic_lane_up, quic_result,
+    QuicControlUp, QuicDatagramDown, QuicDatagramUp, QuicDrain, QuicDrainReason, QuicDrainRequest,
+    QuicLaneDown, QuicLaneUp, QuicPing, QuicPong, QuicRedundancy, QuicRegister, QuicRegistered,
+    QuicResult, QuicTask, quic_control_down, quic_control_up, quic_lane_down, quic_lane_up,
+    quic_result,
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{
@@ -70,6 +71,16 @@ fn check<M: Message + Default + PartialEq + std::fmt::Debug>(bytes: &[u8], expec
     );
 }
 
+/// Checks one datagram example both ways: a datagram has no length prefix, its payload is
+/// the message.
+fn check_datagram<M: Message + Default + PartialEq + std::fmt::Debug>(bytes: &[u8], expected: M) {
+    assert_eq!(
+        decode::<M>(bytes::Bytes::copy_from_slice(bytes)).unwrap(),
+        expected
+    );
+    assert_eq!(expected.encode_to_vec(), bytes);
+}
+
 #[test]
 fn spec_examples_decode_to_what_they_describe_and_back() {
     let task = QuicTask {
@@ -95,7 +106,53 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     activity_types: vec!["charge".into()],
                     identity: "w1".into(),
                     auth_token: "s3cret".into(),
+                    redundancy: QuicRedundancy::Off.into(),
                 })),
+            ),
+            ("QuicControlUp", "register_redundancy") => check(
+                bytes,
+                control_up(quic_control_up::Frame::Register(QuicRegister {
+                    protocol_version: 1,
+                    namespaces: vec!["billing".into()],
+                    task_queue: String::new(),
+                    node: String::new(),
+                    activity_types: vec!["charge".into()],
+                    identity: "w1".into(),
+                    auth_token: "s3cret".into(),
+                    redundancy: QuicRedundancy::Datagram.into(),
+                })),
+            ),
+            ("QuicControlDown", "registered_redundancy") => check(
+                bytes,
+                control_down(quic_control_down::Frame::Registered(QuicRegistered {
+                    worker_id: 7,
+                    ping_interval_ms: 2000,
+                    ping_timeout_ms: 5000,
+                    max_concurrency_limit: 1024,
+                    max_control_frame_bytes: DEFAULT_MAX_CONTROL_FRAME,
+                    max_lane_frame_bytes: DEFAULT_MAX_LANE_FRAME,
+                    task_queue: "default".into(),
+                    redundancy: QuicRedundancy::Datagram.into(),
+                })),
+            ),
+            ("QuicDatagramDown", "task_copy") => check_datagram(
+                bytes,
+                QuicDatagramDown {
+                    lane: 3,
+                    seq: 2,
+                    task: Some(task.clone()),
+                },
+            ),
+            ("QuicDatagramUp", "result_copy") => check_datagram(
+                bytes,
+                QuicDatagramUp {
+                    lane: 3,
+                    seq: 2,
+                    result: Some(QuicResult {
+                        task_id: 42,
+                        outcome: Some(quic_result::Outcome::Output("ok".into())),
+                    }),
+                },
             ),
             ("QuicControlDown", "registered") => check(
                 bytes,
@@ -107,6 +164,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     max_control_frame_bytes: DEFAULT_MAX_CONTROL_FRAME,
                     max_lane_frame_bytes: DEFAULT_MAX_LANE_FRAME,
                     task_queue: "default".into(),
+                    redundancy: QuicRedundancy::Off.into(),
                 })),
             ),
             ("QuicControlUp", "capabilities") => check(
@@ -201,10 +259,14 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
             "ping",
             "pong",
             "register",
+            "register_redundancy",
             "registered",
+            "registered_redundancy",
+            "result_copy",
             "result_failure",
             "result_output",
-            "task"
+            "task",
+            "task_copy"
         ],
         "every frame kind has an example"
     );

@@ -205,6 +205,7 @@ pub(crate) fn register_frame(activities: &[&str]) -> QuicRegister {
         activity_types: activities.iter().map(|a| (*a).to_owned()).collect(),
         identity: "raw".to_owned(),
         auth_token: String::new(),
+        redundancy: 0,
     }
 }
 

@@ -1,0 +1,276 @@
+//! Datagram redundancy for small frames (`quic.redundancy`): negotiated at registration, each
+//! copy used once whichever arrives first, and a result delivered by datagram alone completes
+//! its task.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use prost::Message;
+use switchyard_auth::AllowAll;
+use switchyard_core::{ActivityOutcome, CallerIdentity, Core};
+use switchyard_proto::v1::{QuicDatagramUp, QuicRedundancy, QuicResult, quic_lane_up, quic_result};
+use switchyard_transport_quic::{
+    ActivityContext, ActivityError, QuicServerConfig, QuicWorkerHandle, Redundancy,
+};
+
+use crate::support::{Gateway, PATIENCE, Raw, eventually, register_frame, request};
+
+fn config(redundancy: Redundancy) -> QuicServerConfig {
+    QuicServerConfig {
+        redundancy,
+        ..QuicServerConfig::default()
+    }
+}
+
+fn output(task_id: u64, text: &'static str) -> QuicResult {
+    QuicResult {
+        task_id,
+        outcome: Some(quic_result::Outcome::Output(Bytes::from_static(
+            text.as_bytes(),
+        ))),
+    }
+}
+
+async fn dispatch_on(core: Core, activity: &str, input: &'static [u8]) -> ActivityOutcome {
+    core.dispatcher()
+        .dispatch(
+            &CallerIdentity::trusted("test"),
+            request(activity, input, PATIENCE),
+        )
+        .await
+        .unwrap()
+}
+
+fn copy(lane: u64, seq: u64, result: QuicResult) -> Bytes {
+    let up = QuicDatagramUp {
+        lane,
+        seq,
+        result: Some(result),
+    };
+    Bytes::from(up.encode_to_vec())
+}
+
+/// A raw worker registered for `echo` with one slot, asking for `asked`; returns what the
+/// gateway enabled.
+async fn raw_worker(gateway: &Gateway, asked: QuicRedundancy) -> (Raw, i32) {
+    let mut raw = Raw::connect(gateway).await;
+    let mut register = register_frame(&["echo"]);
+    register.redundancy = asked.into();
+    let registered = raw.register(register).await;
+    raw.announce(1).await;
+    eventually("the worker is eligible", || {
+        gateway.census("echo").eligible == 1
+    })
+    .await;
+    (raw, registered.redundancy)
+}
+
+#[tokio::test]
+async fn a_result_sent_only_by_datagram_completes_its_task_and_its_lane_copy_is_dropped() {
+    let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
+    let (mut raw, enabled) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
+    assert_eq!(enabled, i32::from(QuicRedundancy::Datagram));
+    let core = gateway.core.clone();
+    let first = tokio::spawn(async move { dispatch_on(core, "echo", b"one").await });
+    let (lane, task) = raw.next_task().await;
+    // The datagram alone: the lane copy is held back.
+    raw.conn
+        .send_datagram(copy(lane.index, 1, output(task.task_id, "by datagram")))
+        .unwrap();
+    let outcome = tokio::time::timeout(PATIENCE, first)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ActivityOutcome::Completed(Bytes::from_static(b"by datagram"))
+    );
+    assert_eq!(gateway.server.redundancy_stats().copies_used, 1);
+    // Now its lane copy, second: dropped, neither a close nor a refused result.
+    lane.send(quic_lane_up::Frame::Result(output(task.task_id, "by lane")))
+        .await;
+    eventually("the lane copy is recognised", || {
+        gateway.server.redundancy_stats().lane_copies_dropped == 1
+    })
+    .await;
+    // The next task on the same lane: lane copy first, then its datagram, which is dropped.
+    let core = gateway.core.clone();
+    let second = tokio::spawn(async move { dispatch_on(core, "echo", b"two").await });
+    let (lane2, task2) = raw.next_task().await;
+    assert_eq!(lane2.index, lane.index, "one slot, one lane");
+    lane2
+        .send(quic_lane_up::Frame::Result(output(
+            task2.task_id,
+            "lane first",
+        )))
+        .await;
+    let outcome = tokio::time::timeout(PATIENCE, second)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ActivityOutcome::Completed(Bytes::from_static(b"lane first"))
+    );
+    raw.conn
+        .send_datagram(copy(lane.index, 2, output(task2.task_id, "late copy")))
+        .unwrap();
+    eventually("the late copy is dropped", || {
+        gateway.server.redundancy_stats().copies_dropped == 1
+    })
+    .await;
+    let refused = gateway.core.dispatcher().refused();
+    assert_eq!(
+        (refused.unknown, refused.foreign, refused.late),
+        (0, 0, 0),
+        "core saw each result once"
+    );
+    assert_eq!(gateway.core.dispatcher().results_after_cancel(), 0);
+    assert!(raw.conn.close_reason().is_none(), "the connection lives on");
+}
+
+#[tokio::test]
+async fn without_negotiated_redundancy_a_datagram_result_waits_for_its_lane_copy() {
+    // The gateway allows datagrams in QUIC, but this worker did not ask for redundancy.
+    let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
+    let (mut raw, enabled) = raw_worker(&gateway, QuicRedundancy::Off).await;
+    assert_eq!(enabled, i32::from(QuicRedundancy::Off));
+    let core = gateway.core.clone();
+    let mut dispatch = tokio::spawn(async move { dispatch_on(core, "echo", b"one").await });
+    let (lane, task) = raw.next_task().await;
+    raw.conn
+        .send_datagram(copy(lane.index, 1, output(task.task_id, "by datagram")))
+        .unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut dispatch)
+            .await
+            .is_err(),
+        "the datagram is ignored"
+    );
+    lane.send(quic_lane_up::Frame::Result(output(task.task_id, "by lane")))
+        .await;
+    let outcome = tokio::time::timeout(PATIENCE, dispatch)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ActivityOutcome::Completed(Bytes::from_static(b"by lane"))
+    );
+    assert_eq!(gateway.server.redundancy_stats().copies_used, 0);
+
+    // A gateway configured off does not even accept datagrams in QUIC.
+    let off = Gateway::with(config(Redundancy::Off), AllowAll).await;
+    let (raw_off, enabled) = raw_worker(&off, QuicRedundancy::Datagram).await;
+    assert_eq!(enabled, i32::from(QuicRedundancy::Off));
+    assert!(raw_off.conn.max_datagram_size().is_none());
+}
+
+/// Runs `dispatches` tasks through an SDK worker asking for `worker_side` against a gateway
+/// configured `gateway_side`; returns the gateway, the worker's handle and the executions per
+/// task id.
+async fn run_sdk(
+    gateway_side: Redundancy,
+    worker_side: Redundancy,
+    dispatches: usize,
+) -> (Gateway, QuicWorkerHandle, HashMap<u64, usize>) {
+    let gateway = Gateway::with(config(gateway_side), AllowAll).await;
+    let runs: Arc<Mutex<HashMap<u64, usize>>> = Arc::default();
+    let seen = Arc::clone(&runs);
+    let worker = gateway
+        .worker()
+        .activity("count", move |ctx: ActivityContext, input: Bytes| {
+            *seen.lock().unwrap().entry(ctx.task_id().get()).or_default() += 1;
+            async move { Ok::<_, ActivityError>(input) }
+        })
+        .max_concurrency(4)
+        .redundancy(worker_side)
+        .connect()
+        .await
+        .unwrap();
+    let handle = worker.handle();
+    tokio::spawn(worker.run());
+    eventually("the worker is eligible", || {
+        gateway.census("count").eligible == 1
+    })
+    .await;
+    for _ in 0..dispatches {
+        assert!(matches!(
+            gateway.dispatch("count", b"x").await,
+            ActivityOutcome::Completed(_)
+        ));
+    }
+    let refused = gateway.core.dispatcher().refused();
+    assert_eq!((refused.unknown, refused.foreign, refused.late), (0, 0, 0));
+    let runs = runs.lock().unwrap().clone();
+    (gateway, handle, runs)
+}
+
+#[tokio::test]
+async fn copies_are_sent_only_when_both_ends_ask_and_every_task_runs_once() {
+    const N: usize = 20;
+    let (gateway, handle, runs) = run_sdk(Redundancy::Datagram, Redundancy::Datagram, N).await;
+    eventually("every task and every result was copied", || {
+        gateway.server.redundancy_stats().copies_sent == N as u64
+            && handle.redundancy_stats().copies_sent == N as u64
+    })
+    .await;
+    assert_eq!(runs.len(), N);
+    assert!(
+        runs.values().all(|&n| n == 1),
+        "each task ran once: {runs:?}"
+    );
+    // Every task copy is either used (it came first) or dropped, and the lane copy of every
+    // task a datagram started is recognised; the same at the gateway for results.
+    eventually("every copy is accounted for", || {
+        let worker = handle.redundancy_stats();
+        let gateway = gateway.server.redundancy_stats();
+        worker.copies_used + worker.copies_dropped == N as u64
+            && worker.lane_copies_dropped == worker.copies_used
+            && gateway.copies_used + gateway.copies_dropped == N as u64
+            && gateway.lane_copies_dropped == gateway.copies_used
+    })
+    .await;
+    // Controls: off on either side, no datagram at all.
+    for (gateway_side, worker_side) in [
+        (Redundancy::Off, Redundancy::Datagram),
+        (Redundancy::Datagram, Redundancy::Off),
+    ] {
+        let (gateway, handle, runs) = run_sdk(gateway_side, worker_side, 5).await;
+        let sent = (
+            gateway.server.redundancy_stats().copies_sent,
+            handle.redundancy_stats().copies_sent,
+        );
+        assert_eq!(sent, (0, 0), "{gateway_side:?}/{worker_side:?}");
+        assert!(runs.values().all(|&n| n == 1));
+    }
+}
+
+#[tokio::test]
+async fn a_datagram_that_does_not_decode_closes_with_malformed_frame() {
+    let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
+    let (raw, _) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
+    // A copy with no result is malformed too; first, control: a well-formed copy for a task
+    // the lane does not hold is only dropped.
+    raw.conn
+        .send_datagram(copy(1, 1, output(99, "stale")))
+        .unwrap();
+    eventually("the stale copy is dropped", || {
+        gateway.server.redundancy_stats().copies_dropped == 1
+    })
+    .await;
+    assert!(raw.conn.close_reason().is_none());
+    // Field 1 with wire type 7 does not exist.
+    raw.conn
+        .send_datagram(Bytes::from_static(&[0x0f, 0x01]))
+        .unwrap();
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, switchyard_transport_quic::ErrorCode::MalformedFrame);
+    assert!(reason.starts_with("datagram:"), "{reason}");
+    eventually("the worker is gone", || {
+        gateway.census("echo").pool_workers == 0
+    })
+    .await;
+}
