@@ -195,8 +195,17 @@ async fn cancel_fires_the_handler_token_and_frees_the_slot() {
     assert_eq!(gateway.core.dispatcher().refused().late, 0);
 }
 
-#[tokio::test]
-async fn drain_finishes_in_flight_work_then_closes() {
+/// Who asks for a drain in [`drain_waits_for_in_flight_work`].
+enum DrainBy {
+    /// An operator, through the gateway's registry.
+    Gateway,
+    /// The worker itself, through its handle.
+    Worker,
+}
+
+/// Starts a gated task, asks for a drain, and checks that the worker leaves `Drained` only
+/// after the task completed.
+async fn drain_waits_for_in_flight_work(by: DrainBy) {
     let gateway = Gateway::start().await;
     let mut events = gateway.core.registry().subscribe_events();
     let (started_tx, mut started) = mpsc::unbounded_channel();
@@ -211,13 +220,17 @@ async fn drain_finishes_in_flight_work_then_closes() {
         .connect()
         .await
         .unwrap();
+    let handle = worker.handle();
     let (id, run) = running(&gateway, worker).await;
 
     let outcome = dispatch(&gateway.core, request("ns", "gated", b"work"));
     within("the handler to start", started.recv())
         .await
         .unwrap();
-    assert!(gateway.core.registry().drain_worker(id));
+    match by {
+        DrainBy::Gateway => assert!(gateway.core.registry().drain_worker(id)),
+        DrainBy::Worker => handle.drain().unwrap(),
+    }
     assert!(
         !run.is_finished(),
         "the worker waits for its in-flight task"
@@ -228,10 +241,17 @@ async fn drain_finishes_in_flight_work_then_closes() {
         ActivityOutcome::Completed(Bytes::from_static(b"work"))
     );
     within("run to return", run).await.unwrap().unwrap();
+    // Only a drain by the gateway ends a worker `Drained` (a worker that just left is
+    // `Disconnect`), so this also proves the worker's request reached the gateway.
     assert_eq!(
         support::disconnected(&mut events, id).await,
         DisconnectReason::Drained
     );
+}
+
+#[tokio::test]
+async fn drain_finishes_in_flight_work_then_closes() {
+    drain_waits_for_in_flight_work(DrainBy::Gateway).await;
 }
 
 #[tokio::test]
@@ -493,43 +513,7 @@ async fn a_result_over_the_stated_frame_limit_fails_locally_and_the_worker_stays
 
 #[tokio::test]
 async fn the_worker_drains_itself_through_its_handle_after_its_in_flight_work() {
-    let gateway = Gateway::start().await;
-    let mut events = gateway.core.registry().subscribe_events();
-    let (started_tx, mut started) = mpsc::unbounded_channel();
-    let release = Arc::new(Semaphore::new(0));
-    let counters = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let worker = sdk(&gateway)
-        .activity(
-            "gated",
-            gated(started_tx, release.clone(), counters.0, counters.1),
-        )
-        .max_concurrency(2)
-        .connect()
-        .await
-        .unwrap();
-    let handle = worker.handle();
-    let (id, run) = running(&gateway, worker).await;
-    let outcome = dispatch(&gateway.core, request("ns", "gated", b"work"));
-    within("the handler to start", started.recv())
-        .await
-        .unwrap();
-
-    handle.drain().unwrap();
-    // The drain waits for the task in flight (the worker cannot leave while it runs).
-    assert!(
-        !run.is_finished(),
-        "the worker waits for its in-flight task"
-    );
-    release.add_permits(1);
-    assert_eq!(
-        outcome.await.unwrap(),
-        ActivityOutcome::Completed(Bytes::from_static(b"work"))
-    );
-    within("run to return", run).await.unwrap().unwrap();
-    assert_eq!(
-        support::disconnected(&mut events, id).await,
-        DisconnectReason::Drained
-    );
+    drain_waits_for_in_flight_work(DrainBy::Worker).await;
 }
 
 #[tokio::test]
