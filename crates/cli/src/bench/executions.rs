@@ -8,17 +8,41 @@ use std::sync::{Mutex, PoisonError};
 
 use serde::Serialize;
 
-/// Most task ids remembered; beyond it executions are still counted but no longer checked for
-/// duplicates (the report says how many went unchecked), so memory stays bounded.
-const MAX_TRACKED: usize = 2_000_000;
+/// Task ids remembered in the bitmap window: one bit each, so recording is one atomic `or` and
+/// costs the handlers (this runs inside every handler of the benchmark's own workers) next to
+/// nothing. Ids outside the window go to a bounded set; beyond its bound executions are still
+/// counted but no longer checked for duplicates (the report says how many went unchecked).
+const WINDOW: u64 = 1 << 22;
+
+/// How far below the first id seen the window starts (ids arrive slightly out of order).
+const WINDOW_MARGIN: u64 = 1 << 16;
+
+/// Most ids remembered outside the window.
+const MAX_OUTSIDE: usize = 1 << 20;
 
 /// The task ids the fleet's handlers ran.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Executions {
-    seen: Mutex<HashSet<u64>>,
+    /// The first id of the window; `u64::MAX` until the first record.
+    base: AtomicU64,
+    bits: Box<[AtomicU64]>,
+    outside: Mutex<HashSet<u64>>,
     executions: AtomicU64,
     duplicates: AtomicU64,
     untracked: AtomicU64,
+}
+
+impl Default for Executions {
+    fn default() -> Self {
+        Self {
+            base: AtomicU64::new(u64::MAX),
+            bits: (0..WINDOW / 64).map(|_| AtomicU64::new(0)).collect(),
+            outside: Mutex::default(),
+            executions: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            untracked: AtomicU64::new(0),
+        }
+    }
 }
 
 /// What the fleet's handlers ran.
@@ -36,14 +60,43 @@ impl Executions {
     /// A handler started running `task`.
     pub(crate) fn record(&self, task: u64) {
         self.executions.fetch_add(1, Ordering::Relaxed);
-        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        if seen.contains(&task) {
+        let first = task.saturating_sub(WINDOW_MARGIN);
+        let base =
+            match self
+                .base
+                .compare_exchange(u64::MAX, first, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => first,
+                Err(base) => base,
+            };
+        let seen_before = match task.checked_sub(base).filter(|offset| *offset < WINDOW) {
+            Some(offset) => {
+                let word = usize::try_from(offset / 64).unwrap_or(usize::MAX);
+                let bit = 1u64 << (offset % 64);
+                match self.bits.get(word) {
+                    Some(word) => word.fetch_or(bit, Ordering::Relaxed) & bit != 0,
+                    None => self.outside(task),
+                }
+            }
+            None => self.outside(task),
+        };
+        if seen_before {
             self.duplicates.fetch_add(1, Ordering::Relaxed);
-        } else if seen.len() < MAX_TRACKED {
+        }
+    }
+
+    /// Records `task` in the bounded set for ids outside the window; true if it was there.
+    fn outside(&self, task: u64) -> bool {
+        let mut seen = self.outside.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.contains(&task) {
+            return true;
+        }
+        if seen.len() < MAX_OUTSIDE {
             seen.insert(task);
         } else {
             self.untracked.fetch_add(1, Ordering::Relaxed);
         }
+        false
     }
 
     /// The counts so far.
@@ -76,5 +129,20 @@ mod tests {
                 untracked_executions: 0
             }
         );
+    }
+
+    #[test]
+    fn ids_outside_the_window_are_checked_too() {
+        let executions = Executions::default();
+        let first = 10 * WINDOW;
+        executions.record(first);
+        // Far above the window, and below its start: both go to the bounded set.
+        for task in [first + 2 * WINDOW, 1, first + 2 * WINDOW, 1] {
+            executions.record(task);
+        }
+        // Control: a new id in the window is not a duplicate.
+        executions.record(first + 1);
+        assert_eq!(executions.counts().duplicate_executions, 2);
+        assert_eq!(executions.counts().executions, 6);
     }
 }

@@ -74,7 +74,14 @@ impl Stream for Replies {
                 }
                 Poll::Ready(None) => outlet.replies = None,
                 Poll::Pending => {
-                    outlet.waker = Some(cx.waker().clone());
+                    // Cloning a waker costs two atomic operations; tonic polls with the same one.
+                    if !outlet
+                        .waker
+                        .as_ref()
+                        .is_some_and(|waker| waker.will_wake(cx.waker()))
+                    {
+                        outlet.waker = Some(cx.waker().clone());
+                    }
                     return Poll::Pending;
                 }
             }

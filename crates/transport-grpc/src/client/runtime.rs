@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use futures::StreamExt;
 use prost::Message;
 use switchyard_core::TaskResult;
 use switchyard_proto::v1::{
@@ -45,15 +46,24 @@ pub(crate) async fn serve(
         shutting_down: false,
     };
     let mut draining: Option<ConnectionEnd<GrpcLinkError>> = None;
-    let drain = context.handle.drain_requested().clone();
+    // Both waits are made once, outside the frame loop: the loop turns once per frame, and a
+    // fresh `cancelled()` or `changed()` each turn costs a lock and a waiter registration.
+    let drain_requested = context.handle.drain_requested().clone().cancelled_owned();
+    tokio::pin!(drain_requested);
     let mut drain_sent = false;
-    let mut capacity = context.handle.capacity();
+    let capacity = context.handle.capacity();
     // A resize made while disconnected (or before this stream) is announced first.
-    let mut announce = *capacity.borrow_and_update() != context.options.max_concurrency;
+    let current = *capacity.borrow();
+    let mut announce = (current != context.options.max_concurrency).then_some(current);
+    let resized = futures::stream::unfold(capacity, |mut capacity| async move {
+        capacity.changed().await.ok()?;
+        let max_concurrency = *capacity.borrow_and_update();
+        Some((max_concurrency, capacity))
+    })
+    .fuse();
+    tokio::pin!(resized);
     let end = loop {
-        if announce {
-            announce = false;
-            let max_concurrency = *capacity.borrow_and_update();
+        if let Some(max_concurrency) = announce.take() {
             tracing::debug!(
                 worker = ack.worker_id,
                 max_concurrency,
@@ -68,7 +78,7 @@ pub(crate) async fn serve(
             break None;
         }
         tokio::select! {
-            () = drain.cancelled(), if !drain_sent => {
+            () = &mut drain_requested, if !drain_sent => {
                 drain_sent = true;
                 tracing::info!(worker = ack.worker_id, "asking the gateway to drain this worker");
                 let request = worker_frame::Frame::DrainRequest(WorkerDrainRequest {});
@@ -76,11 +86,7 @@ pub(crate) async fn serve(
                     break Some(lost("outbound stream closed"));
                 }
             }
-            changed = capacity.changed() => {
-                if changed.is_ok() {
-                    announce = true;
-                }
-            }
+            Some(max_concurrency) = resized.next() => announce = Some(max_concurrency),
             frame = inbound.message() => match frame {
                 Ok(Some(frame)) => match frame.frame {
                     Some(Frame::Task(task)) => serving.start(task),
