@@ -7,10 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rustls_pki_types::pem::PemObject;
-use switchyard_transport_grpc::{ActivityContext as GrpcContext, GrpcWorker};
-use switchyard_transport_quic::{
-    ActivityContext as QuicContext, ClientTls, QuicWorker, Redundancy,
-};
+use switchyard_transport_grpc::{ActivityContext, GrpcWorker, WorkerOptions};
+use switchyard_transport_quic::{ClientTls, QuicWorker, Redundancy};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -125,22 +123,25 @@ pub(crate) async fn start(
 ) -> Result<Running, Failure> {
     let service_time = profile.service_time;
     let executions = Arc::clone(&profile.executions);
-    let namespaces = [NAMESPACE.to_owned()];
+    // One set of options for either transport: the same namespaces, capacity, token and
+    // handler (which counts its executions for the duplicate figure).
+    let mut options = WorkerOptions::default();
+    options.namespaces([NAMESPACE]);
+    options.max_concurrency = profile.capacity;
+    options.token.clone_from(&target.token);
+    options.activity(
+        profile.activity,
+        move |ctx: ActivityContext, input: Bytes| {
+            executions.record(ctx.task_id().get());
+            let counters = Arc::clone(&counters);
+            async move { Ok(serve(counters, service_time, input).await) }
+        },
+    );
     match wire {
         Wire::Grpc => {
-            let mut builder = GrpcWorker::builder(target.endpoint())
-                .namespaces(namespaces)
-                .max_concurrency(profile.capacity)
+            let worker = GrpcWorker::builder(target.endpoint())
+                .options(options)
                 .tls(target.client_tls())
-                .activity(profile.activity, move |ctx: GrpcContext, input: Bytes| {
-                    executions.record(ctx.task_id().get());
-                    let counters = Arc::clone(&counters);
-                    async move { Ok(serve(counters, service_time, input).await) }
-                });
-            if let Some(token) = &target.token {
-                builder = builder.token(token.clone());
-            }
-            let worker = builder
                 .connect()
                 .await
                 .map_err(|error| Failure::runtime(format!("gRPC worker: {error}")))?;
@@ -159,20 +160,10 @@ pub(crate) async fn start(
                     .map_err(|error| Failure::runtime(format!("CA: {error}")))?;
             }
             let tls = ClientTls::new(roots).map_err(|error| Failure::runtime(error.to_string()))?;
-            let mut builder = QuicWorker::builder(target.quic_addr, &target.server_name)
-                .namespaces(namespaces)
-                .max_concurrency(profile.capacity)
+            let worker = QuicWorker::builder(target.quic_addr, &target.server_name)
+                .options(options)
                 .tls(tls)
                 .redundancy(profile.redundancy)
-                .activity(profile.activity, move |ctx: QuicContext, input: Bytes| {
-                    executions.record(ctx.task_id().get());
-                    let counters = Arc::clone(&counters);
-                    async move { Ok(serve(counters, service_time, input).await) }
-                });
-            if let Some(token) = &target.token {
-                builder = builder.token(token.clone());
-            }
-            let worker = builder
                 .connect()
                 .await
                 .map_err(|error| Failure::runtime(format!("QUIC worker: {error}")))?;
