@@ -63,3 +63,18 @@ pub(crate) fn exit(result: Result<(), Failure>) -> ExitCode {
         }
     }
 }
+
+/// The configuration of a gateway started inside this process (`demo`, `bench`): every
+/// listener on an ephemeral loopback port, its TLS material in `data_dir`.
+pub(crate) fn in_process_config(data_dir: &std::path::Path) -> switchyard_gateway::GatewayConfig {
+    let mut config = switchyard_gateway::GatewayConfig::default();
+    for listen in [
+        &mut config.grpc.listen,
+        &mut config.quic.listen,
+        &mut config.ops.listen,
+    ] {
+        listen.set_port(0);
+    }
+    config.tls.data_dir = data_dir.display().to_string();
+    config
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use switchyard_core::Core;
-use switchyard_gateway::{ConfigDuration, CongestionName, Gateway, GatewayConfig};
+use switchyard_gateway::{ConfigDuration, CongestionName, Gateway};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -84,15 +84,7 @@ impl Target {
         }
         let data_dir =
             std::env::temp_dir().join(format!("switchyard-bench-{}", std::process::id()));
-        let mut config = GatewayConfig::default();
-        for listen in [
-            &mut config.grpc.listen,
-            &mut config.quic.listen,
-            &mut config.ops.listen,
-        ] {
-            listen.set_port(0);
-        }
-        config.tls.data_dir = data_dir.display().to_string();
+        let mut config = crate::cmd::in_process_config(&data_dir);
         config.shutdown.drain_timeout = ConfigDuration::secs(2);
         config.dispatch.max_in_flight_per_stream = usize::try_from(args.outstanding)
             .unwrap_or(usize::MAX)

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
-use switchyard_gateway::{ConfigDuration, Gateway, GatewayConfig, LogSection};
+use switchyard_gateway::{ConfigDuration, Gateway, LogSection};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::dispatch_outcome::Outcome;
 use switchyard_proto::v1::dispatch_stream_reply::Result as StreamResult;
@@ -68,15 +68,7 @@ pub(crate) async fn demo(args: DemoArgs) -> Result<(), Failure> {
 }
 
 async fn run(args: &DemoArgs, data_dir: &std::path::Path) -> Result<(), Failure> {
-    let mut config = GatewayConfig::default();
-    for listen in [
-        &mut config.grpc.listen,
-        &mut config.quic.listen,
-        &mut config.ops.listen,
-    ] {
-        listen.set_port(0);
-    }
-    config.tls.data_dir = data_dir.display().to_string();
+    let mut config = super::in_process_config(data_dir);
     config.liveness.ping_interval = ConfigDuration::millis(500);
     config.shutdown.drain_timeout = ConfigDuration::secs(5);
     let gateway = Gateway::builder(config)
