@@ -241,11 +241,19 @@ impl Registry {
             node,
             activity_types,
             identity,
+            reconnect_grace,
             ..
         } = registration;
         let task_queue = normalise_task_queue(&task_queue).to_owned();
         let (sender, departure) = crate::registry::departure_pair();
-        let (worker, forgotten) = {
+        // A session worker's leg is core's: a resume swaps the connection beneath it.
+        let session_leg = (!reconnect_grace.is_zero())
+            .then(|| Arc::new(crate::session::SessionLeg::new(Arc::clone(&delivery))));
+        let delivery: Arc<dyn WorkerDelivery> = match &session_leg {
+            Some(leg) => Arc::clone(leg) as Arc<dyn WorkerDelivery>,
+            None => delivery,
+        };
+        let (worker, forgotten, grant) = {
             let mut state = self.inner.lock();
             // Checked under the lock the shutdown broadcast takes, so no worker is admitted
             // after the broadcast listed who to tell.
@@ -277,13 +285,24 @@ impl Registry {
                     .exclusions
                     .insert(id, DispatchExclusion::OpeningProbation);
             }
-            state.insert(worker.clone(), capacity, sender);
-            (worker, forgotten)
+            let grant = session_leg.map(|leg| {
+                let grant = crate::session::SessionGrant {
+                    session_id: id,
+                    secret: crate::session::ResumeSecret::generate(),
+                    grace: reconnect_grace,
+                };
+                (grant, leg)
+            });
+            state.insert(worker.clone(), capacity, sender, grant.clone());
+            (worker, forgotten, grant.map(|(grant, _)| grant))
         };
         tracing::info!(worker = %worker.id(), transport = %worker.transport(),
             namespaces = ?worker.namespaces(), task_queue = worker.task_queue(),
             capacity = capacity.map(NonZeroU32::get), "worker admitted");
-        let token = RegistrationToken::new(Arc::clone(&self.inner), worker.id(), departure);
+        let mut token = RegistrationToken::new(Arc::clone(&self.inner), worker.id(), departure);
+        if let Some(grant) = grant {
+            token = token.with_session(grant, 0);
+        }
         Ok((token, forgotten))
     }
 }

@@ -62,10 +62,11 @@ pub struct RefusedCounts {
     pub unknown: u64,
     /// Results from a worker that did not hold the task.
     pub foreign: u64,
-    /// Results refused as late. Always 0 now: a result for a dispatch that already ended (its
-    /// worker was sent a cancel) stands in for the cancel acknowledgement, as `worker.proto`
-    /// allows, and is counted by [`Dispatcher::results_after_cancel`] instead. Kept so a
-    /// dashboard reading the `late` series sees 0, not a missing field.
+    /// Results for a dispatch that ended (deadline, cancel) while its worker's session was
+    /// suspended, sent after the worker resumed: the slot is freed, the producer already had
+    /// its outcome. (A result for a dispatch that ended while its worker was connected stands
+    /// in for the cancel acknowledgement instead, counted by
+    /// [`Dispatcher::results_after_cancel`].)
     pub late: u64,
 }
 
@@ -139,7 +140,7 @@ impl Inner {
     /// task went out on. The slot stays held until the worker acknowledges, answers or leaves.
     /// False when the wait had already ended (the worker answered or left first).
     fn abandon(&self, task: TaskId, reason: CancelReason) -> bool {
-        let delivery = self.lock_tasks().detach(task, Instant::now());
+        let delivery = self.lock_tasks().detach(task, Instant::now(), reason);
         let Some(delivery) = delivery else {
             return false;
         };
@@ -378,12 +379,7 @@ impl Dispatcher {
             let (signal, mut wait) = oneshot::channel();
             let replaced = self.inner.lock_tasks().insert(
                 task,
-                PendingTask {
-                    delivery: Arc::clone(worker.delivery()),
-                    reservation,
-                    signal: Some(signal),
-                    detached_at: None,
-                },
+                PendingTask::new(Arc::clone(worker.delivery()), reservation, Some(signal)),
             );
             drop(replaced);
             let guard = PendingGuard {
@@ -476,6 +472,13 @@ impl Dispatcher {
                     return Ok(ActivityOutcome::Failed { message, retryable });
                 }
                 Ok(Signal::Cancelled) => return Ok(ActivityOutcome::Cancelled),
+                Ok(Signal::Unreached) => {
+                    // Not a loss: the worker resumed without the task, which never ran.
+                    tracing::debug!(
+                        attempts = deliveries,
+                        "task never reached its resumed worker; dispatching again"
+                    );
+                }
                 Ok(Signal::WorkerLost(transport)) => {
                     if !budget.record(Instant::now()) {
                         tracing::warn!(%transport, attempts = deliveries,
@@ -502,7 +505,10 @@ impl Dispatcher {
     /// sent a cancel per task; the slots stay held until it acknowledges, answers or leaves.
     /// Returns how many dispatches were cancelled (used when a drain passes its deadline).
     pub fn cancel_held_by(&self, worker: WorkerId, reason: CancelReason) -> usize {
-        let detached = self.inner.lock_tasks().detach_all(worker, Instant::now());
+        let detached = self
+            .inner
+            .lock_tasks()
+            .detach_all(worker, Instant::now(), reason);
         let count = detached.len();
         for (task, delivery, signal) in detached {
             self.inner.schedule_reclaim(task);
@@ -524,7 +530,8 @@ impl Dispatcher {
 
     /// The single entry point for results: hands `result` to the dispatch waiting for `task`.
     ///
-    /// Refused (and counted) when the task is not pending or is held by another worker; a
+    /// Refused (and counted) when the task is not pending, is held by another worker, or its
+    /// dispatch ended while the worker's session was suspended (`late`; the slot is freed); a
     /// refusal never reaches any caller. A result for a task whose dispatch already ended
     /// (cancelled, timed out, its caller gone) is the worker answering instead of acknowledging
     /// the cancel: accepted the same way as a `cancel_ack` (the slot is freed), counted in
@@ -536,6 +543,14 @@ impl Dispatcher {
         result: TaskResult,
     ) -> Result<(), CompletionRefused> {
         let taken = self.inner.lock_tasks().take_for_result(worker, task);
+        let taken = taken.and_then(|pending| {
+            if pending.late {
+                // The dispatch ended while the worker's connection was gone; the slot is free.
+                drop(pending);
+                return Err(CompletionRefused::Late { task });
+            }
+            Ok(pending)
+        });
         let outcome = taken.map(|mut pending| {
             let signal = pending.signal.take();
             // Free the slot before the caller hears back, so its next dispatch finds it free.
@@ -559,6 +574,33 @@ impl Dispatcher {
         }
         self.inner.ended();
         outcome
+    }
+
+    /// Squares the tasks core holds for a resumed `worker` with what it reported (`running`
+    /// and `unacked`, see [`crate::ResumeRequest`]): returns the reported tasks it still holds,
+    /// and the cancels to send again for those whose dispatch ended meanwhile. Held tasks the
+    /// worker did not report never reached it: their dispatches select a worker again at once
+    /// (a new attempt, not a transport loss), or, when already ended, free their slots.
+    pub(crate) fn reconcile_resumed(
+        &self,
+        worker: WorkerId,
+        running: &[TaskId],
+        unacked: &[TaskId],
+    ) -> (Vec<TaskId>, Vec<(TaskId, CancelReason)>) {
+        let reported: std::collections::HashSet<TaskId> =
+            running.iter().chain(unacked).copied().collect();
+        let reconciled = self.inner.lock_tasks().reconcile(worker, &reported);
+        if !reconciled.unreached.is_empty() {
+            tracing::info!(worker = %worker, tasks = reconciled.unreached.len(),
+                "tasks never reached the resumed worker; dispatching them again");
+        }
+        for mut pending in reconciled.unreached {
+            if let Some(signal) = pending.signal.take() {
+                let _ = signal.send(Signal::Unreached);
+            }
+        }
+        self.inner.ended();
+        (reconciled.held, reconciled.cancels)
     }
 
     /// Results that arrived for a dispatch that had already ended and were taken as the cancel

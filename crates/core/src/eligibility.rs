@@ -50,6 +50,9 @@ pub enum Eligibility {
     Draining,
     /// Its connection is gone and deregistration is under way.
     Disconnected,
+    /// Its connection is gone and its session waits for it to resume (it keeps its slots
+    /// and tasks until the reconnect grace ends).
+    Suspended,
 }
 
 impl Eligibility {
@@ -61,6 +64,7 @@ impl Eligibility {
     /// Derives a worker's standing from its facts, in a fixed precedence (the first that
     /// applies wins), so census counts partition the workers and explanations agree with them.
     pub(crate) fn derive(
+        suspended: bool,
         connected: bool,
         draining: bool,
         exclusion: Option<DispatchExclusion>,
@@ -68,6 +72,9 @@ impl Eligibility {
         pending: Option<NonZeroU32>,
         in_flight: u32,
     ) -> Self {
+        if suspended {
+            return Self::Suspended;
+        }
         if !connected {
             return Self::Disconnected;
         }
@@ -118,6 +125,7 @@ impl fmt::Display for Eligibility {
             Self::Unreachable => f.write_str("unreachable"),
             Self::Draining => f.write_str("draining"),
             Self::Disconnected => f.write_str("disconnected"),
+            Self::Suspended => f.write_str("suspended"),
         }
     }
 }
@@ -132,7 +140,7 @@ mod tests {
 
     #[test]
     fn an_announced_capacity_the_connection_cannot_carry_has_its_own_standing() {
-        let awaiting = Eligibility::derive(true, false, None, None, cap(3), 0);
+        let awaiting = Eligibility::derive(false, true, false, None, None, cap(3), 0);
         assert_eq!(awaiting, Eligibility::AwaitingStreams { announced: 3 });
         assert_eq!(
             awaiting.to_string(),
@@ -142,11 +150,11 @@ mod tests {
         // Control: without the announcement it is still unannounced, and once the capacity
         // is in force the announcement no longer matters.
         assert_eq!(
-            Eligibility::derive(true, false, None, None, None, 0),
+            Eligibility::derive(false, true, false, None, None, None, 0),
             Eligibility::CapacityUnannounced
         );
         assert_eq!(
-            Eligibility::derive(true, false, None, cap(3), cap(3), 0),
+            Eligibility::derive(false, true, false, None, cap(3), cap(3), 0),
             Eligibility::Eligible
         );
     }
@@ -156,35 +164,39 @@ mod tests {
         let probation = Some(DispatchExclusion::OpeningProbation);
         let lost = Some(DispatchExclusion::ReachabilityLost);
         assert_eq!(
-            Eligibility::derive(true, false, None, cap(2), None, 1),
+            Eligibility::derive(false, true, false, None, cap(2), None, 1),
             Eligibility::Eligible
         );
         assert_eq!(
-            Eligibility::derive(true, false, None, cap(2), None, 2),
+            Eligibility::derive(false, true, false, None, cap(2), None, 2),
             Eligibility::AtCapacity {
                 in_flight: 2,
                 capacity: 2
             }
         );
         assert_eq!(
-            Eligibility::derive(true, false, None, None, None, 0),
+            Eligibility::derive(false, true, false, None, None, None, 0),
             Eligibility::CapacityUnannounced
         );
         assert_eq!(
-            Eligibility::derive(true, false, probation, None, None, 0),
+            Eligibility::derive(false, true, false, probation, None, None, 0),
             Eligibility::OnProbation
         );
         assert_eq!(
-            Eligibility::derive(true, false, lost, cap(2), None, 2),
+            Eligibility::derive(false, true, false, lost, cap(2), None, 2),
             Eligibility::Unreachable
         );
         assert_eq!(
-            Eligibility::derive(true, true, lost, cap(2), None, 0),
+            Eligibility::derive(false, true, true, lost, cap(2), None, 0),
             Eligibility::Draining
         );
         assert_eq!(
-            Eligibility::derive(false, true, lost, cap(2), None, 0),
+            Eligibility::derive(false, false, true, lost, cap(2), None, 0),
             Eligibility::Disconnected
+        );
+        assert_eq!(
+            Eligibility::derive(true, false, true, lost, cap(2), None, 0),
+            Eligibility::Suspended
         );
     }
 }

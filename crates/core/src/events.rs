@@ -19,6 +19,13 @@ pub enum DisconnectReason {
     /// It left `dispatch.max_unresponsive_tasks` ended tasks neither answered nor
     /// acknowledged within `dispatch.cancel_ack_timeout`, and was drained and removed.
     Unresponsive,
+    /// Its connection ended, its session was suspended, and no connection resumed it within
+    /// the reconnect grace.
+    ReconnectGraceExpired,
+    /// Not a departure of the worker: this connection was replaced by a newer one that
+    /// resumed the session. Only a transport's [`crate::Departure`] of the old connection
+    /// sees it; no event or metric carries it.
+    Superseded,
 }
 
 impl DisconnectReason {
@@ -29,6 +36,8 @@ impl DisconnectReason {
             Self::Timeout => "timeout",
             Self::Drained => "drained",
             Self::Unresponsive => "unresponsive",
+            Self::ReconnectGraceExpired => "reconnect_grace_expired",
+            Self::Superseded => "superseded",
         }
     }
 }
@@ -73,6 +82,19 @@ pub enum WorkerEvent {
     },
     /// A worker excluded by an [`WorkerEvent::Excluded`] is eligible again.
     Recovered {
+        /// Its id.
+        worker: WorkerId,
+    },
+    /// A session worker's connection ended without a drain: it is suspended (not eligible,
+    /// keeping its slots and tasks) until a connection resumes it or the grace ends.
+    Suspended {
+        /// Its id.
+        worker: WorkerId,
+        /// How long it may take to resume.
+        grace: std::time::Duration,
+    },
+    /// A suspended (or still connected) session worker resumed on a new connection.
+    Resumed {
         /// Its id.
         worker: WorkerId,
     },

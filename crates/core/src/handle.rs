@@ -6,11 +6,13 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use crate::address::WorkerId;
-use crate::delivery::TaskId;
+use crate::delivery::{TaskId, WorkerDelivery, WorkerMessage};
 use crate::dispatcher::{DispatchConfig, Dispatcher};
 use crate::liveness::{Liveness, LivenessConfig};
 use crate::outcome::{CompletionRefused, TaskResult};
+use crate::registration::CallerIdentity;
 use crate::registry::{Registry, RegistryBuilder};
+use crate::session::{ResumeRefused, ResumeRequest, Resumed};
 
 /// Settings for [`Core::start`].
 #[derive(Clone, Debug, Default)]
@@ -79,6 +81,47 @@ impl Core {
     /// The liveness prober.
     pub fn liveness(&self) -> &Liveness {
         &self.liveness
+    }
+
+    /// Resumes the session `request` names on a new connection whose leg is `delivery`
+    /// (see [`crate::session`] for the rules). Like
+    /// [`Registry::admit_unannounced`](crate::Registry::admit_unannounced), the worker is not
+    /// dispatched to until the transport has its acknowledgement on the wire and calls
+    /// [`RegistrationToken::announce`](crate::RegistrationToken::announce); the cancels of
+    /// held tasks whose dispatch ended meanwhile follow the announcement. A refusal changes
+    /// nothing and is counted (`switchyard_resume_refused_total{reason}`).
+    pub async fn resume(
+        &self,
+        caller: &CallerIdentity,
+        request: ResumeRequest,
+        delivery: Arc<dyn WorkerDelivery>,
+    ) -> Result<Resumed, ResumeRefused> {
+        let inner = &self.registry.inner;
+        let reattached = match inner.reattach(caller, &request, delivery) {
+            Ok(reattached) => reattached,
+            Err(refusal) => {
+                inner.resume_refused(caller, &refusal);
+                return Err(refusal);
+            }
+        };
+        let worker = reattached.token.worker_id();
+        let (held, cancels) =
+            self.dispatcher
+                .reconcile_resumed(worker, &request.running, &request.unacked);
+        inner.queue_after_resume(
+            worker,
+            cancels
+                .into_iter()
+                .map(|(task_id, reason)| WorkerMessage::Cancel { task_id, reason })
+                .collect(),
+        );
+        Ok(Resumed {
+            token: reattached.token,
+            held,
+            grant: reattached.grant,
+            task_queue: reattached.task_queue,
+            capacity: reattached.capacity,
+        })
     }
 
     /// A worker's result for `task`; see [`Dispatcher::complete`].

@@ -24,6 +24,7 @@ mod outcome;
 mod registration;
 mod registry;
 mod role;
+mod session;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod throttle;
@@ -54,8 +55,9 @@ pub use liveness::{Liveness, LivenessConfig, LivenessTracker, TickActions};
 pub use metrics::{
     ADMISSION_LABELS, ADMISSION_REFUSALS_TOTAL, DEPARTURE_LABELS, DISPATCH_LATENCY_SECONDS,
     DISPATCH_REFUSALS_TOTAL, DISPATCHES_TOTAL, OUTCOME_LABELS, QUOTA_LABELS, REFUSED_RESULT_LABELS,
-    RESULTS_AFTER_CANCEL_TOTAL, RESULTS_REFUSED_TOTAL, TASKS_RECLAIMED_TOTAL,
-    UNSERVED_EPISODES_TOTAL, UNSERVED_LABELS, WORKER_DEPARTURES_TOTAL, register_metrics,
+    RESULTS_AFTER_CANCEL_TOTAL, RESULTS_REFUSED_TOTAL, RESUME_REFUSED_LABELS, RESUME_REFUSED_TOTAL,
+    SESSIONS_RESUMED_TOTAL, TASKS_RECLAIMED_TOTAL, UNSERVED_EPISODES_TOTAL, UNSERVED_LABELS,
+    WORKER_DEPARTURES_TOTAL, WORKERS_SUSPENDED, register_metrics,
 };
 pub use namespace::{
     InMemoryNamespaceStore, NamespacePolicy, NamespaceRecord, NamespaceStore, Placement, StoreError,
@@ -70,5 +72,9 @@ pub use registry::{
     PoolWaiter, RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
 };
 pub use role::{Role, Roles};
+pub use session::{
+    MAX_RESUME_TASKS, RESUME_SECRET_BYTES, ResumeRefused, ResumeRequest, ResumeSecret, Resumed,
+    SessionGrant,
+};
 pub use throttle::{DEFAULT_THROTTLE_INTERVAL, KeyedThrottle, Throttle};
 pub use worker::{Worker, WorkerSnapshot};

@@ -199,9 +199,12 @@ impl Liveness {
                 tokio::select! {
                     event = events.recv() => match event {
                         Ok(WorkerEvent::Connected { worker, .. }) => liveness.admit(worker),
-                        Ok(WorkerEvent::Disconnected { worker, .. }) => {
+                        // A suspended worker is not pinged (its grace decides); a resumed one
+                        // starts over, proving itself on its new connection.
+                        Ok(WorkerEvent::Disconnected { worker, .. } | WorkerEvent::Suspended { worker, .. }) => {
                             liveness.tracker().remove_worker(worker);
                         }
+                        Ok(WorkerEvent::Resumed { worker }) => liveness.admit(worker),
                         Ok(_) => {}
                         Err(RecvError::Lagged(_)) => liveness.reconcile(),
                         Err(RecvError::Closed) => break,

@@ -37,8 +37,33 @@ pub const WORKER_DEPARTURES_TOTAL: &str = "switchyard_worker_departures_total";
 /// nor acknowledged an ended task within `dispatch.cancel_ack_timeout`.
 pub const TASKS_RECLAIMED_TOTAL: &str = "switchyard_tasks_reclaimed_total";
 
+/// `switchyard_workers_suspended`: session workers whose connection is lost and whose
+/// session waits for a resume.
+pub const WORKERS_SUSPENDED: &str = "switchyard_workers_suspended";
+/// `switchyard_sessions_resumed_total`: sessions resumed on a new connection.
+pub const SESSIONS_RESUMED_TOTAL: &str = "switchyard_sessions_resumed_total";
+/// `switchyard_resume_refused_total{reason}`: resumes refused, by
+/// [`crate::ResumeRefused::label`].
+pub const RESUME_REFUSED_TOTAL: &str = "switchyard_resume_refused_total";
+
 /// Every `reason` label of [`WORKER_DEPARTURES_TOTAL`].
-pub const DEPARTURE_LABELS: [&str; 4] = ["disconnect", "timeout", "drained", "unresponsive"];
+pub const DEPARTURE_LABELS: [&str; 5] = [
+    "disconnect",
+    "timeout",
+    "drained",
+    "unresponsive",
+    "reconnect_grace_expired",
+];
+
+/// Every `reason` label of [`RESUME_REFUSED_TOTAL`].
+pub const RESUME_REFUSED_LABELS: [&str; 6] = [
+    "unknown_session",
+    "wrong_secret",
+    "wrong_principal",
+    "draining",
+    "shutting_down",
+    "too_many_tasks",
+];
 
 /// Every `limit` label of [`DISPATCH_REFUSALS_TOTAL`].
 pub const QUOTA_LABELS: [&str; 4] = [
@@ -109,6 +134,11 @@ pub fn register_metrics() {
         metrics::counter!(WORKER_DEPARTURES_TOTAL, "reason" => reason).increment(0);
     }
     metrics::counter!(TASKS_RECLAIMED_TOTAL).increment(0);
+    metrics::gauge!(WORKERS_SUSPENDED).increment(0.0);
+    metrics::counter!(SESSIONS_RESUMED_TOTAL).increment(0);
+    for reason in RESUME_REFUSED_LABELS {
+        metrics::counter!(RESUME_REFUSED_TOTAL, "reason" => reason).increment(0);
+    }
     for limit in QUOTA_LABELS {
         metrics::counter!(DISPATCH_REFUSALS_TOTAL, "limit" => limit).increment(0);
     }
@@ -134,7 +164,9 @@ fn every_variant_is_listed(
 ) {
     use DisconnectReason as D;
     match departure {
-        D::Disconnect | D::Timeout | D::Drained | D::Unresponsive => {}
+        D::Disconnect | D::Timeout | D::Drained | D::Unresponsive | D::ReconnectGraceExpired => {}
+        // Not a departure: never counted.
+        D::Superseded => {}
     }
     use ActivityOutcome as O;
     match outcome {
@@ -232,9 +264,34 @@ mod tests {
             DisconnectReason::Timeout,
             DisconnectReason::Drained,
             DisconnectReason::Unresponsive,
+            DisconnectReason::ReconnectGraceExpired,
         ];
         let labels: Vec<&str> = departures.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels, DEPARTURE_LABELS);
+
+        let session = crate::WorkerId::from_raw(1);
+        let refusals = [
+            crate::ResumeRefused::UnknownSession {
+                session_id: session,
+            },
+            crate::ResumeRefused::WrongSecret {
+                session_id: session,
+            },
+            crate::ResumeRefused::WrongPrincipal {
+                session_id: session,
+            },
+            crate::ResumeRefused::Draining {
+                session_id: session,
+            },
+            crate::ResumeRefused::ShuttingDown,
+            crate::ResumeRefused::TooManyTasks {
+                field: "running",
+                count: 2,
+                limit: 1,
+            },
+        ];
+        let labels: Vec<&str> = refusals.iter().map(crate::ResumeRefused::label).collect();
+        assert_eq!(labels, RESUME_REFUSED_LABELS);
     }
 
     #[test]

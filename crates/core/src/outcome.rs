@@ -158,8 +158,10 @@ pub enum CompletionRefused {
         /// The worker that quoted it.
         worker: WorkerId,
     },
-    /// The dispatch already ended and its result could not be taken. [`crate::Dispatcher`]
-    /// no longer refuses this way: such a result stands in for the cancel acknowledgement.
+    /// The dispatch ended (deadline, cancel) while the worker's session was suspended; the
+    /// result arrived after it resumed. Its slot is freed; the producer already had its
+    /// outcome. (A result for a dispatch that ended while its worker was connected stands in
+    /// for the cancel acknowledgement instead.)
     #[error("task {task} already ended; result arrived late")]
     Late {
         /// The task quoted.

@@ -1,6 +1,7 @@
 //! What a worker asks for when it registers, and who is asking.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use crate::address::Node;
 use crate::role::{Role, Roles};
@@ -20,6 +21,10 @@ pub struct Registration {
     pub identity: String,
     /// How many tasks the worker runs at once; `None` when the transport announces it later.
     pub max_concurrency: Option<u32>,
+    /// How long the worker's session outlives a lost connection ([`crate::SessionGrant`]);
+    /// `ZERO` (the default) for no session: the worker leaves when its connection ends. A
+    /// transport sets its configured grace when the worker said it can resume.
+    pub reconnect_grace: Duration,
 }
 
 /// Which namespaces a caller may register workers into or dispatch into.

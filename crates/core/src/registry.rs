@@ -11,6 +11,7 @@ mod explain;
 mod namespaces;
 mod reservation;
 mod rotation;
+mod sessions;
 pub(crate) mod state;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -299,11 +300,30 @@ impl Inner {
                 return false;
             }
             entry.announced = true;
+            let resumed = entry.session.as_mut().and_then(|session| {
+                std::mem::take(&mut session.resuming)
+                    .then(|| std::mem::take(&mut session.after_resume))
+            });
             let announced = (entry.worker.clone(), entry.capacity, entry.deferred.take());
             state.refresh_id(worker);
-            announced
+            (announced, resumed)
         };
-        let (announced, capacity, deferred) = announced;
+        let ((announced, capacity, deferred), resumed) = announced;
+        if let Some(after_resume) = resumed {
+            // The same worker on a new connection: watchers already saw it connect.
+            tracing::debug!(worker = %worker, "resumed worker announced");
+            self.emit(WorkerEvent::Resumed { worker });
+            for message in after_resume {
+                if let Err(error) = announced.delivery().deliver(message) {
+                    tracing::debug!(worker = %worker, %error, "message after resume not delivered");
+                }
+            }
+            if let Some(message) = deferred {
+                self.tell(worker, announced.delivery().as_ref(), message);
+            }
+            self.wake_pools(&announced, Wake::All);
+            return true;
+        }
         tracing::debug!(worker = %worker, "worker announced");
         self.emit(WorkerEvent::Connected {
             worker,
@@ -333,14 +353,36 @@ impl Inner {
         self.lock()
             .workers
             .entries()
-            .filter(|entry| entry.announced)
+            .filter(|entry| entry.announced && !entry.is_suspended())
             .map(|entry| entry.id)
             .collect()
     }
 
     pub(crate) fn deregister(&self, worker: WorkerId, reason: DisconnectReason) -> bool {
-        let removed = self.lock().remove(worker, Instant::now());
+        let removed = {
+            let mut state = self.lock();
+            // A suspended worker is not pinged, so silence is no verdict on it; its grace decides.
+            let suspended = state
+                .workers
+                .get(worker)
+                .is_some_and(workers::WorkerEntry::is_suspended);
+            if suspended && reason == DisconnectReason::Timeout {
+                return false;
+            }
+            state.remove(worker, Instant::now())
+        };
         let Some(entry) = removed else { return false };
+        self.farewell(entry, reason);
+        true
+    }
+
+    /// Everything that follows a worker's removal from the state: the namespace ledger, the
+    /// log line and metrics, its transport's departure, the event and the observers.
+    fn farewell(&self, entry: workers::WorkerEntry, reason: DisconnectReason) {
+        let worker = entry.id;
+        if entry.is_suspended() {
+            metrics::gauge!(crate::metrics::WORKERS_SUSPENDED).decrement(1.0);
+        }
         let w = &entry.worker;
         self.ledger()
             .left(w.namespaces(), w.transport(), Instant::now());
@@ -360,7 +402,6 @@ impl Inner {
         for observer in observers {
             observer(worker, reason);
         }
-        true
     }
 }
 
@@ -701,6 +742,11 @@ fn snapshot(state: &state::State, entry: &workers::WorkerEntry) -> WorkerSnapsho
         eligibility: state.standing(entry),
         connected_at: entry.connected_at,
         unresponsive: entry.unresponsive,
+        suspended_for: entry
+            .session
+            .as_ref()
+            .and_then(|session| session.suspended_until)
+            .map(|until| until.saturating_duration_since(Instant::now())),
     }
 }
 

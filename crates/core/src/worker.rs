@@ -124,4 +124,6 @@ pub struct WorkerSnapshot {
     pub connected_at: SystemTime,
     /// Ended tasks it neither answered nor acknowledged in time, whose slots were reclaimed.
     pub unresponsive: u32,
+    /// While its session is suspended: how long it has left to resume.
+    pub suspended_for: Option<std::time::Duration>,
 }

@@ -22,6 +22,8 @@ pub(crate) fn registration(frame: RegisterWorker) -> Registration {
         activity_types: frame.activity_types.into_iter().collect(),
         identity: frame.identity,
         max_concurrency: frame.max_concurrency,
+        // No session until the gRPC protocol carries resume (issue 16).
+        reconnect_grace: std::time::Duration::ZERO,
     }
 }
 

@@ -42,6 +42,8 @@ pub(crate) fn registration(register: QuicRegister) -> Result<Registration, (Erro
         activity_types: register.activity_types.into_iter().collect(),
         identity: register.identity,
         max_concurrency: None,
+        // No session until the QUIC protocol carries resume (issue 16).
+        reconnect_grace: std::time::Duration::ZERO,
     })
 }
 

@@ -87,6 +87,7 @@ mod tests {
             activity_types: ["echo".to_owned()].into(),
             identity: "w".to_owned(),
             max_concurrency: Some(1),
+            reconnect_grace: std::time::Duration::ZERO,
         }
     }
 

@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::address::WorkerId;
-use crate::delivery::{TaskId, TransportName, WorkerDelivery};
+use crate::delivery::{CancelReason, TaskId, TransportName, WorkerDelivery};
 use crate::outcome::{CompletionRefused, TaskResult};
 
 use crate::registry::{DispatchReservation, shrink_after_drain};
@@ -23,6 +23,8 @@ pub(crate) enum Signal {
     WorkerLost(TransportName),
     /// An operator cancelled every task the worker holds (a drain past its deadline).
     Cancelled,
+    /// The worker resumed its session without ever having received the task: select again.
+    Unreached,
 }
 
 /// A task delivered to a worker and not yet finished.
@@ -35,6 +37,50 @@ pub(crate) struct PendingTask {
     pub(crate) signal: Option<oneshot::Sender<Signal>>,
     /// When the dispatch ended early; from then the worker has `cancel_ack_timeout` to let go.
     pub(crate) detached_at: Option<Instant>,
+    /// Why the dispatch ended early, for the cancel re-sent after a resume.
+    pub(crate) cancel_reason: Option<CancelReason>,
+    /// The dispatch ended while the worker's connection was gone (its session suspended): a
+    /// result it sends after resuming is refused as late.
+    pub(crate) late: bool,
+}
+
+impl PendingTask {
+    /// A task just delivered on `delivery`, holding `reservation`, its caller waiting on
+    /// `signal`.
+    pub(crate) fn new(
+        delivery: Arc<dyn WorkerDelivery>,
+        reservation: DispatchReservation,
+        signal: Option<oneshot::Sender<Signal>>,
+    ) -> Self {
+        Self {
+            delivery,
+            reservation,
+            signal,
+            detached_at: None,
+            cancel_reason: None,
+            late: false,
+        }
+    }
+
+    /// Ends the caller's wait at `now` for `reason`; returns the caller's signal.
+    fn detach(&mut self, now: Instant, reason: CancelReason) -> Option<oneshot::Sender<Signal>> {
+        let signal = self.signal.take()?;
+        self.detached_at = Some(now);
+        self.cancel_reason = Some(reason);
+        self.late = !self.delivery.is_connected();
+        Some(signal)
+    }
+}
+
+/// What a resumed worker's report comes to (see [`TaskTable::reconcile`]).
+#[derive(Default)]
+pub(crate) struct Reconciled {
+    /// Tasks the worker reported that core still holds for it.
+    pub(crate) held: Vec<TaskId>,
+    /// Held tasks whose dispatch already ended, with the cancel to send again.
+    pub(crate) cancels: Vec<(TaskId, CancelReason)>,
+    /// Tasks the worker never received, out of the table (dropping frees their slots).
+    pub(crate) unreached: Vec<PendingTask>,
 }
 
 /// What a removal hands back; dropped outside the table lock (dropping frees the slot).
@@ -123,10 +169,14 @@ impl TaskTable {
     /// Ends the caller's wait without a result; the entry stays (holding the slot) until the
     /// worker acknowledges, answers or leaves. Returns the delivery to send the cancel on, or
     /// `None` if the wait had already ended.
-    pub(crate) fn detach(&mut self, task: TaskId, now: Instant) -> Option<Arc<dyn WorkerDelivery>> {
+    pub(crate) fn detach(
+        &mut self,
+        task: TaskId,
+        now: Instant,
+        reason: CancelReason,
+    ) -> Option<Arc<dyn WorkerDelivery>> {
         let pending = self.pending.get_mut(&task)?;
-        pending.signal.take()?;
-        pending.detached_at = Some(now);
+        pending.detach(now, reason)?;
         Some(Arc::clone(&pending.delivery))
     }
 
@@ -147,6 +197,7 @@ impl TaskTable {
         &mut self,
         worker: WorkerId,
         now: Instant,
+        reason: CancelReason,
     ) -> Vec<(TaskId, Arc<dyn WorkerDelivery>, oneshot::Sender<Signal>)> {
         let Some(tasks) = self.by_worker.get(&worker) else {
             return Vec::new();
@@ -154,13 +205,42 @@ impl TaskTable {
         let mut detached = Vec::new();
         for task in tasks {
             if let Some(pending) = self.pending.get_mut(task) {
-                if let Some(signal) = pending.signal.take() {
-                    pending.detached_at = Some(now);
+                if let Some(signal) = pending.detach(now, reason) {
                     detached.push((*task, Arc::clone(&pending.delivery), signal));
                 }
             }
         }
         detached
+    }
+
+    /// Squares the tasks `worker` holds with what it reported on resuming (`reported`: the
+    /// tasks it still runs or holds an unacknowledged result for). Reported and held: kept
+    /// (a cancel to re-send if the dispatch ended meanwhile). Held but not reported: the task
+    /// never reached the worker, so it leaves the table. Reported but not held: not listed,
+    /// so the worker lets go of it.
+    pub(crate) fn reconcile(&mut self, worker: WorkerId, reported: &HashSet<TaskId>) -> Reconciled {
+        let mut reconciled = Reconciled::default();
+        let Some(tasks) = self.by_worker.get(&worker) else {
+            return reconciled;
+        };
+        let mut unreached = Vec::new();
+        for task in tasks {
+            if !reported.contains(task) {
+                unreached.push(*task);
+                continue;
+            }
+            reconciled.held.push(*task);
+            if let Some(reason) = self.pending.get(task).and_then(|p| p.cancel_reason) {
+                reconciled.cancels.push((*task, reason));
+            }
+        }
+        reconciled.held.sort_unstable();
+        unreached.sort_unstable();
+        reconciled.unreached = unreached
+            .into_iter()
+            .filter_map(|task| self.remove(task))
+            .collect();
+        reconciled
     }
 
     /// Removes every task of a departed worker; their callers are told the worker was lost.

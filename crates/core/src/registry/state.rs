@@ -69,6 +69,7 @@ impl State {
     /// announced stands as not connected: its transport has not told it it is registered.
     pub(crate) fn standing(&self, entry: &WorkerEntry) -> Eligibility {
         Eligibility::derive(
+            entry.is_suspended(),
             entry.announced && entry.delivery.is_connected(),
             entry.draining,
             self.exclusions.get(&entry.id).copied(),
@@ -150,10 +151,22 @@ impl State {
         worker: Worker,
         capacity: Option<NonZeroU32>,
         departure: DepartureSender,
+        session: Option<(
+            crate::session::SessionGrant,
+            std::sync::Arc<crate::session::SessionLeg>,
+        )>,
     ) {
         let id = worker.id();
         let mut entry = WorkerEntry::new(worker.clone(), capacity);
         entry.departure = Some(departure);
+        entry.session = session.map(|(grant, leg)| super::sessions::SessionState {
+            grant,
+            leg,
+            generation: 0,
+            suspended_until: None,
+            resuming: false,
+            after_resume: Vec::new(),
+        });
         let slot = self.workers.insert(entry);
         for namespace in worker.namespaces() {
             let queue = self

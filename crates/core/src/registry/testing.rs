@@ -116,6 +116,7 @@ pub(crate) fn registration(
         activity_types: activities.iter().map(|s| (*s).to_owned()).collect(),
         identity: "test-worker".to_owned(),
         max_concurrency: Some(CAPACITY),
+        reconnect_grace: std::time::Duration::ZERO,
     }
 }
 

@@ -6,6 +6,7 @@ use super::Inner;
 use super::departure::Departure;
 use crate::address::WorkerId;
 use crate::events::DisconnectReason;
+use crate::session::SessionGrant;
 
 /// Returned by the admission gate; the worker stays registered while it lives.
 ///
@@ -18,13 +19,16 @@ use crate::events::DisconnectReason;
 /// [`RegistrationToken::departed`] resolves when core lets the worker go, with the reason:
 /// the transport closes its connection then, with no map of its own.
 ///
-/// Dropping it deregisters the worker with [`DisconnectReason::Disconnect`];
-/// [`RegistrationToken::deregister`] names another reason. Either way the worker leaves once.
+/// Dropping it deregisters the worker with [`DisconnectReason::Disconnect`] (a session worker
+/// is suspended instead, see [`RegistrationToken::session`]); [`RegistrationToken::deregister`]
+/// names another reason. Either way the worker leaves once.
 #[must_use = "dropping the token deregisters the worker at once"]
 pub struct RegistrationToken {
     inner: Arc<Inner>,
     worker: WorkerId,
     departure: Departure,
+    /// The worker's session and the generation of the connection this token stands for.
+    session: Option<(SessionGrant, u64)>,
     done: bool,
 }
 
@@ -34,7 +38,32 @@ impl RegistrationToken {
             inner,
             worker,
             departure,
+            session: None,
             done: false,
+        }
+    }
+
+    /// The same token for generation `generation` of a worker with session `grant`.
+    pub(crate) fn with_session(mut self, grant: SessionGrant, generation: u64) -> Self {
+        self.session = Some((grant, generation));
+        self
+    }
+
+    /// The worker's session, for the transport's acknowledgement; `None` when it registered
+    /// without one (not resumable, or the transport's grace is zero).
+    pub fn session(&self) -> Option<&SessionGrant> {
+        self.session.as_ref().map(|(grant, _)| grant)
+    }
+
+    /// Ends this connection of the worker with `reason`: a session worker whose connection was
+    /// lost (`Disconnect`) is suspended, anything else leaves; a token a resume replaced does
+    /// nothing.
+    fn end(&self, reason: DisconnectReason) -> bool {
+        match &self.session {
+            Some((_, generation)) => self
+                .inner
+                .connection_ended(self.worker, *generation, reason),
+            None => self.inner.deregister(self.worker, reason),
         }
     }
 
@@ -62,18 +91,19 @@ impl RegistrationToken {
     }
 
     /// Deregisters now with `reason`; returns false if it had already left (for example,
-    /// timed out by the liveness prober).
+    /// timed out by the liveness prober). A session worker's `Disconnect` (its connection was
+    /// lost, no drain under way) suspends it instead, for its reconnect grace; a token that a
+    /// resume replaced does nothing.
     pub fn deregister(mut self, reason: DisconnectReason) -> bool {
         self.done = true;
-        self.inner.deregister(self.worker, reason)
+        self.end(reason)
     }
 }
 
 impl Drop for RegistrationToken {
     fn drop(&mut self) {
         if !self.done {
-            self.inner
-                .deregister(self.worker, DisconnectReason::Disconnect);
+            self.end(DisconnectReason::Disconnect);
         }
     }
 }

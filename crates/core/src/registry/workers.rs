@@ -43,8 +43,11 @@ pub(crate) struct WorkerEntry {
     pub(crate) announced: bool,
     /// A drain or shutdown asked before the announcement, delivered with it.
     pub(crate) deferred: Option<WorkerMessage>,
-    /// Told the reason when the worker leaves.
+    /// Told the reason when the worker leaves (or, for a session, when a resume replaces
+    /// this connection).
     pub(crate) departure: Option<DepartureSender>,
+    /// The worker's session, when it has one.
+    pub(crate) session: Option<super::sessions::SessionState>,
 }
 
 impl WorkerEntry {
@@ -64,6 +67,7 @@ impl WorkerEntry {
             announced: false,
             deferred: None,
             departure: None,
+            session: None,
         }
     }
 }

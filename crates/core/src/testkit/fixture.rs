@@ -69,6 +69,7 @@ pub(crate) fn registration(capacity: u32) -> Registration {
         activity_types: BTreeSet::from([ACTIVITY.to_owned()]),
         identity: "conformance-worker".to_owned(),
         max_concurrency: Some(capacity),
+        reconnect_grace: std::time::Duration::ZERO,
     }
 }
 

@@ -140,6 +140,8 @@ impl RegisterFrame {
             activity_types: self.activity_types.into_iter().collect(),
             identity: self.identity,
             max_concurrency: self.max_concurrency,
+            // This example protocol has no resume: a lost socket is a departed worker.
+            reconnect_grace: std::time::Duration::ZERO,
         };
         (registration, self.token)
     }

@@ -66,11 +66,12 @@ async fn a_task_tracked_twice_holds_one_slot() {
     };
     let mut table = TaskTable::default();
     let task = TaskId::from_raw(7);
-    let pending = |reservation| PendingTask {
-        delivery: Arc::clone(&worker.leg) as Arc<dyn WorkerDelivery>,
-        reservation,
-        signal: None,
-        detached_at: None,
+    let pending = |reservation| {
+        PendingTask::new(
+            Arc::clone(&worker.leg) as Arc<dyn WorkerDelivery>,
+            reservation,
+            None,
+        )
     };
     assert!(table.insert(task, pending(reserve())).is_none());
     assert_eq!(s.in_flight(&worker), 1);
