@@ -21,6 +21,8 @@ fn kind(event: &Event) -> String {
         Event::Recovered(_) => "recovered".to_owned(),
         Event::Capacity(c) => format!("capacity {}", c.capacity),
         Event::Missed(_) => "missed".to_owned(),
+        Event::Suspended(_) => "suspended".to_owned(),
+        Event::Resumed(_) => "resumed".to_owned(),
     }
 }
 

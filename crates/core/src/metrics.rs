@@ -88,7 +88,7 @@ pub const OUTCOME_LABELS: [&str; 7] = [
 pub const REFUSED_RESULT_LABELS: [&str; 3] = ["unknown", "foreign", "late"];
 
 /// Every `reason` label of [`UNSERVED_EPISODES_TOTAL`].
-pub const UNSERVED_LABELS: [&str; 8] = [
+pub const UNSERVED_LABELS: [&str; 9] = [
     "no_workers",
     "workers_incompatible",
     "all_at_capacity",
@@ -97,6 +97,7 @@ pub const UNSERVED_LABELS: [&str; 8] = [
     "workers_unreachable",
     "on_probation",
     "draining",
+    "workers_suspended",
 ];
 
 /// Every `reason` label of [`ADMISSION_REFUSALS_TOTAL`].
@@ -192,7 +193,8 @@ fn every_variant_is_listed(
         | U::AwaitingStreams
         | U::WorkersUnreachable
         | U::OnProbation
-        | U::Draining => {}
+        | U::Draining
+        | U::WorkersSuspended => {}
     }
     use AdmissionError as A;
     match admission {
@@ -255,6 +257,7 @@ mod tests {
             UnservedReason::WorkersUnreachable,
             UnservedReason::OnProbation,
             UnservedReason::Draining,
+            UnservedReason::WorkersSuspended,
         ];
         let labels: Vec<&str> = unserved.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels, UNSERVED_LABELS);

@@ -133,6 +133,7 @@ async fn workers(State(state): State<OpsState>) -> axum::Json<Value> {
                 "in_flight": s.in_flight,
                 "unresponsive_tasks": s.unresponsive,
                 "eligibility": s.eligibility.to_string(),
+                "suspended_for_ms": s.suspended_for.map(|left| left.as_millis() as u64),
                 "connected_since_unix_ms": crate::api::unix_ms(s.connected_at),
             })
         })

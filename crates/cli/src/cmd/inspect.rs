@@ -170,7 +170,14 @@ fn worker_row(worker: &pb::WorkerInfo) -> Vec<String> {
                 .capacity
                 .map_or_else(|| "?".to_owned(), |c| c.to_string())
         ),
-        eligibility_name(worker.eligibility),
+        match worker.suspended_for_ms {
+            Some(left) => format!(
+                "{} ({:.1}s left)",
+                eligibility_name(worker.eligibility),
+                left as f64 / 1000.0
+            ),
+            None => eligibility_name(worker.eligibility),
+        },
         worker.identity.clone(),
     ]
 }
@@ -410,6 +417,11 @@ pub(crate) async fn events(args: EventsArgs) -> Result<(), Failure> {
             Some(Event::Recovered(_)) => "recovered".to_owned(),
             Some(Event::Capacity(c)) => format!("announced capacity {}", c.capacity),
             Some(Event::Missed(m)) => format!("(missed {} events)", m.count),
+            Some(Event::Suspended(s)) => format!(
+                "suspended (connection lost; may resume within {} ms)",
+                s.grace_ms
+            ),
+            Some(Event::Resumed(_)) => "resumed its session".to_owned(),
             None => continue,
         };
         println!("{} w{} {what}", event.at_unix_ms, event.worker_id);

@@ -44,6 +44,10 @@ pub struct PoolCensus {
     /// Compatible workers with at least one reclaimed task (an ended task they neither
     /// answered nor acknowledged in time); also counted by their standing above.
     pub unresponsive: usize,
+    /// Compatible workers whose connection was lost and whose session waits for a resume.
+    pub suspended: usize,
+    /// The longest time a suspended compatible worker has left to resume.
+    pub suspended_grace_left: Option<Duration>,
 }
 
 /// Why a dispatch finds no worker: the classification of a census with nobody eligible.
@@ -66,6 +70,9 @@ pub enum UnservedReason {
     OnProbation,
     /// Every compatible worker is draining.
     Draining,
+    /// Compatible workers lost their connection and their sessions wait for them to resume;
+    /// clears by itself when they resume or their grace ends.
+    WorkersSuspended,
 }
 
 impl UnservedReason {
@@ -80,12 +87,14 @@ impl UnservedReason {
             Self::WorkersUnreachable => "workers_unreachable",
             Self::OnProbation => "on_probation",
             Self::Draining => "draining",
+            Self::WorkersSuspended => "workers_suspended",
         }
     }
 
-    /// True when the condition clears by itself (probation), so parking is the ordinary cost.
+    /// True when the condition clears by itself (probation, a suspension that resumes or
+    /// expires within its grace), so parking is the ordinary cost.
     pub fn is_transient(self) -> bool {
-        matches!(self, Self::OnProbation)
+        matches!(self, Self::OnProbation | Self::WorkersSuspended)
     }
 }
 
@@ -111,6 +120,8 @@ impl PoolCensus {
             UnservedReason::AllAtCapacity
         } else if self.on_probation > 0 {
             UnservedReason::OnProbation
+        } else if self.suspended > 0 {
+            UnservedReason::WorkersSuspended
         } else if self.awaiting_streams > 0 {
             UnservedReason::AwaitingStreams
         } else if self.capacity_unannounced > 0 {
@@ -165,6 +176,12 @@ impl PoolCensus {
             UnservedReason::Draining => {
                 format!("{} compatible worker(s) are draining", self.draining)
             }
+            UnservedReason::WorkersSuspended => format!(
+                "{} compatible worker(s) lost their connection and may resume within {}s (their \
+                 tasks wait for them)",
+                self.suspended,
+                self.suspended_grace_left.unwrap_or_default().as_secs()
+            ),
         };
         Some(format!("{reason}: {text}{age}"))
     }
@@ -210,6 +227,15 @@ impl Registry {
                     Eligibility::OnProbation => census.on_probation += 1,
                     Eligibility::Unreachable => census.reachability_lost += 1,
                     Eligibility::Draining => census.draining += 1,
+                    Eligibility::Suspended => {
+                        census.suspended += 1;
+                        let left = entry
+                            .session
+                            .as_ref()
+                            .and_then(|session| session.suspended_until)
+                            .map(|until| until.saturating_duration_since(now));
+                        census.suspended_grace_left = census.suspended_grace_left.max(left);
+                    }
                     _ => census.disconnected += 1,
                 }
             }

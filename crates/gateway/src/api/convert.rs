@@ -33,6 +33,7 @@ pub(crate) fn unserved_reason(reason: UnservedReason) -> pb::UnservedReason {
         UnservedReason::OnProbation => pb::UnservedReason::OnProbation,
         UnservedReason::Draining => pb::UnservedReason::Draining,
         UnservedReason::AwaitingStreams => pb::UnservedReason::AwaitingStreams,
+        UnservedReason::WorkersSuspended => pb::UnservedReason::WorkersSuspended,
         _ => pb::UnservedReason::Unspecified,
     }
 }
@@ -53,6 +54,8 @@ pub(crate) fn census(census: &PoolCensus) -> pb::PoolCensus {
         last_compatible_departure_ms: census.last_compatible_departure.map(millis),
         awaiting_streams: count(census.awaiting_streams),
         unresponsive: count(census.unresponsive),
+        suspended: count(census.suspended),
+        suspended_grace_left_ms: census.suspended_grace_left.map(millis),
     }
 }
 
@@ -69,6 +72,7 @@ pub(crate) fn eligibility(eligibility: &Eligibility) -> pb::Eligibility {
         Eligibility::Draining => pb::Eligibility::Draining,
         Eligibility::Disconnected => pb::Eligibility::Disconnected,
         Eligibility::AwaitingStreams { .. } => pb::Eligibility::AwaitingStreams,
+        Eligibility::Suspended => pb::Eligibility::Suspended,
         _ => pb::Eligibility::Other,
     }
 }
@@ -99,6 +103,7 @@ pub(crate) fn worker_info(snapshot: &WorkerSnapshot) -> pb::WorkerInfo {
         eligibility: eligibility(&snapshot.eligibility).into(),
         connected_since_unix_ms: unix_ms(snapshot.connected_at),
         unresponsive_tasks: snapshot.unresponsive,
+        suspended_for_ms: snapshot.suspended_for.map(millis),
         ..worker_facts(&snapshot.worker)
     }
 }
@@ -170,6 +175,13 @@ pub(crate) fn event(event: &WorkerEvent) -> Option<pb::GatewayEvent> {
                 capacity: *capacity,
             }),
         ),
+        WorkerEvent::Suspended { worker, grace } => (
+            *worker,
+            Event::Suspended(pb::WorkerSuspendedEvent {
+                grace_ms: millis(*grace),
+            }),
+        ),
+        WorkerEvent::Resumed { worker } => (*worker, Event::Resumed(pb::WorkerResumedEvent {})),
         _ => return None,
     };
     Some(pb::GatewayEvent {
@@ -203,6 +215,7 @@ mod tests {
             UnservedReason::WorkersUnreachable,
             UnservedReason::OnProbation,
             UnservedReason::Draining,
+            UnservedReason::WorkersSuspended,
         ];
         let wire: Vec<pb::UnservedReason> = reasons.into_iter().map(unserved_reason).collect();
         assert!(!wire.contains(&pb::UnservedReason::Unspecified), "{wire:?}");
@@ -221,5 +234,33 @@ mod tests {
             eligibility(&Eligibility::CapacityUnannounced),
             pb::Eligibility::CapacityUnannounced
         );
+    }
+
+    #[test]
+    fn a_suspension_and_a_resume_reach_watchers_and_listings() {
+        let worker = switchyard_core::WorkerId::from_raw(7);
+        let suspended = event(&WorkerEvent::Suspended {
+            worker,
+            grace: std::time::Duration::from_millis(1500),
+        })
+        .expect("carried");
+        assert_eq!(suspended.worker_id, 7);
+        assert_eq!(
+            suspended.event,
+            Some(pb::gateway_event::Event::Suspended(
+                pb::WorkerSuspendedEvent { grace_ms: 1500 }
+            ))
+        );
+        let resumed = event(&WorkerEvent::Resumed { worker }).expect("carried");
+        assert_eq!(
+            resumed.event,
+            Some(pb::gateway_event::Event::Resumed(pb::WorkerResumedEvent {}))
+        );
+        assert_eq!(
+            eligibility(&Eligibility::Suspended),
+            pb::Eligibility::Suspended
+        );
+        // Control: an event this API does not carry is still dropped.
+        assert!(event(&WorkerEvent::ProbationPassed { worker }).is_none());
     }
 }

@@ -252,3 +252,42 @@ async fn the_departure_age_counts_from_the_last_compatible_worker_and_clears_on_
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(age(None), Some(Duration::from_secs(2)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_whose_worker_is_suspended_says_so_with_the_grace_left() {
+    let registry = Registry::default();
+    let mut with_session = registration(&["default"], "general", "", &["greet"]);
+    with_session.reconnect_grace = Duration::from_secs(15);
+    let worker = admit(&registry, with_session);
+    let id = worker.id();
+    assert!(worker.token.session().is_some(), "a grace gives a session");
+    // The connection is lost: the transport ends the registration as a disconnect.
+    drop(worker);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let census = registry.pool_census("default", "general", "greet", None);
+    assert_eq!(
+        (census.suspended, census.eligible, census.disconnected),
+        (1, 0, 0)
+    );
+    assert_eq!(census.suspended_grace_left, Some(Duration::from_secs(10)));
+    assert_eq!(census.classify(), Some(UnservedReason::WorkersSuspended));
+    assert!(UnservedReason::WorkersSuspended.is_transient());
+    let sentence = census.describe().unwrap();
+    assert!(
+        sentence.starts_with("workers_suspended: 1 compatible worker(s) lost their connection and may resume within 10s"),
+        "{sentence}"
+    );
+    let listed = registry.worker(id).unwrap();
+    assert_eq!(listed.eligibility, crate::Eligibility::Suspended);
+    assert_eq!(listed.suspended_for, Some(Duration::from_secs(10)));
+
+    // Control: the same loss without a session leaves the pool at once.
+    let plain = admit(
+        &registry,
+        registration(&["default"], "other", "", &["greet"]),
+    );
+    drop(plain);
+    let census = registry.pool_census("default", "other", "greet", None);
+    assert_eq!((census.pool_workers, census.suspended), (0, 0));
+    assert_eq!(census.classify(), Some(UnservedReason::NoWorkers));
+}
