@@ -623,8 +623,13 @@ impl Registry {
     }
 
     /// Removes a worker, with a reason; emits one [`WorkerEvent::Disconnected`]. Returns false
-    /// if it was not registered (deregistration is idempotent).
+    /// if it was not registered (deregistration is idempotent). A session worker found silent
+    /// (`Timeout`) is suspended instead, for its reconnect grace, and its transport told to
+    /// close the connection; a suspended one is not timed out again.
     pub fn deregister(&self, worker: WorkerId, reason: DisconnectReason) -> bool {
+        if reason == DisconnectReason::Timeout {
+            return self.inner.timed_out(worker);
+        }
         self.inner.deregister(worker, reason)
     }
 

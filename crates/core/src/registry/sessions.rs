@@ -53,8 +53,9 @@ enum Ending {
     /// The token is of an older generation (a resume replaced it), or the worker is already
     /// suspended: nothing to do.
     Stale,
-    /// The worker was suspended for `grace`.
-    Suspended(Duration),
+    /// The worker was suspended for `grace`; the connection's departure, when its transport
+    /// must close a connection that may still be open.
+    Suspended(Duration, Option<super::departure::DepartureSender>),
     /// The worker leaves.
     Deregister,
 }
@@ -69,8 +70,9 @@ pub(crate) struct Reattached {
 
 impl Inner {
     /// The connection of `generation` of `worker` ended with `reason`: a session worker whose
-    /// connection was lost (`Disconnect`, not draining, the gateway not closing) is suspended;
-    /// anything else leaves. Returns whether the worker was suspended or removed.
+    /// connection was lost (`Disconnect`) or fell silent (`Timeout`, from the liveness prober),
+    /// not draining, the gateway not closing, is suspended; anything else leaves. Returns
+    /// whether the worker was suspended or removed.
     pub(crate) fn connection_ended(
         self: &Arc<Self>,
         worker: WorkerId,
@@ -88,19 +90,18 @@ impl Inner {
                         None => Ending::Deregister,
                         Some(session) if session.generation != generation => Ending::Stale,
                         Some(session) if session.suspended_until.is_some() => Ending::Stale,
-                        Some(session)
-                            if reason != DisconnectReason::Disconnect || draining || closed =>
-                        {
-                            let _ = session;
-                            Ending::Deregister
-                        }
+                        Some(_) if !suspends(reason) || draining || closed => Ending::Deregister,
                         Some(session) => {
                             let grace = session.grant.grace;
                             session.suspended_until = Some(Instant::now() + grace);
                             session.resuming = false;
                             session.leg.detach();
+                            // A silent connection may still be open: its transport closes it.
+                            let close = (reason == DisconnectReason::Timeout)
+                                .then(|| entry.departure.take())
+                                .flatten();
                             state.refresh_id(worker);
-                            Ending::Suspended(grace)
+                            Ending::Suspended(grace, close)
                         }
                     }
                 }
@@ -109,14 +110,37 @@ impl Inner {
         match ending {
             Ending::Stale => false,
             Ending::Deregister => self.deregister(worker, reason),
-            Ending::Suspended(grace) => {
+            Ending::Suspended(grace, close) => {
                 tracing::info!(worker = %worker, grace_ms = grace.as_millis() as u64,
+                    reason = reason.as_str(),
                     "worker connection lost; session suspended until it resumes or the grace ends");
+                if let Some(departure) = close {
+                    departure.depart(reason);
+                }
                 metrics::gauge!(WORKERS_SUSPENDED).increment(1.0);
                 self.emit(WorkerEvent::Suspended { worker, grace });
                 self.expire_after(worker, generation, grace);
                 true
             }
+        }
+    }
+
+    /// The liveness prober found `worker` silent for its whole window: a session worker is
+    /// suspended (its connection closed by its transport), anything else leaves as `Timeout`.
+    pub(crate) fn timed_out(self: &Arc<Self>, worker: WorkerId) -> bool {
+        let generation = {
+            let state = self.lock();
+            state
+                .workers
+                .get(worker)
+                .and_then(|entry| entry.session.as_ref())
+                .map(|session| session.generation)
+        };
+        match generation {
+            Some(generation) => {
+                self.connection_ended(worker, generation, DisconnectReason::Timeout)
+            }
+            None => self.deregister(worker, DisconnectReason::Timeout),
         }
     }
 
@@ -267,4 +291,13 @@ impl Inner {
         metrics::counter!(RESUME_REFUSED_TOTAL, "reason" => refusal.label()).increment(1);
         tracing::info!(principal = %caller.principal, %refusal, "resume refused");
     }
+}
+
+/// True for the ends of a connection that suspend a session worker rather than remove it: the
+/// connection was lost, or fell silent.
+fn suspends(reason: DisconnectReason) -> bool {
+    matches!(
+        reason,
+        DisconnectReason::Disconnect | DisconnectReason::Timeout
+    )
 }

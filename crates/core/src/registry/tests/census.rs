@@ -291,3 +291,40 @@ async fn a_pool_whose_worker_is_suspended_says_so_with_the_grace_left() {
     assert_eq!((census.pool_workers, census.suspended), (0, 0));
     assert_eq!(census.classify(), Some(UnservedReason::NoWorkers));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_session_worker_is_suspended_and_its_connection_told_to_close() {
+    let registry = Registry::default();
+    let mut with_session = registration(&["default"], "general", "", &["greet"]);
+    with_session.reconnect_grace = Duration::from_secs(15);
+    let worker = admit(&registry, with_session);
+    let id = worker.id();
+    let departure = worker.token.departure();
+    // The liveness prober's verdict on a worker silent for its whole window.
+    assert!(registry.deregister(id, crate::DisconnectReason::Timeout));
+    assert!(registry.is_registered(id), "suspended, not removed");
+    assert_eq!(
+        registry.worker(id).unwrap().eligibility,
+        crate::Eligibility::Suspended
+    );
+    assert_eq!(
+        departure.reason(),
+        Some(crate::DisconnectReason::Timeout),
+        "the transport is told to close the silent connection"
+    );
+    // A second silence verdict changes nothing; the grace decides.
+    assert!(!registry.deregister(id, crate::DisconnectReason::Timeout));
+    // Let the grace timer start, then let the grace pass.
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_secs(15)).await;
+    tokio::task::yield_now().await;
+    assert!(!registry.is_registered(id), "the grace ended it");
+
+    // Control: a silent worker without a session leaves at once.
+    let plain = admit(
+        &registry,
+        registration(&["default"], "general", "", &["greet"]),
+    );
+    assert!(registry.deregister(plain.id(), crate::DisconnectReason::Timeout));
+    assert!(!registry.is_registered(plain.id()));
+}
