@@ -181,11 +181,15 @@ impl TaskTable {
     }
 
     /// Takes out `task` if its dispatch ended at least `timeout` before `now` and its worker
-    /// has neither answered nor acknowledged since (dropping the entry frees the slot).
+    /// has neither answered nor acknowledged since (dropping the entry frees the slot). A task
+    /// whose worker's connection is gone is not overdue: the worker cannot hear the cancel, and
+    /// a suspended session worker's clock starts again when it resumes
+    /// ([`TaskTable::reconcile`]).
     pub(crate) fn reclaim(&mut self, task: TaskId, now: Instant, timeout: Duration) -> Removed {
         let overdue = self
             .pending
             .get(&task)
+            .filter(|pending| pending.delivery.is_connected())
             .and_then(|pending| pending.detached_at)
             .is_some_and(|at| now.saturating_duration_since(at) >= timeout);
         if overdue { self.remove(task) } else { None }
@@ -213,12 +217,18 @@ impl TaskTable {
         detached
     }
 
-    /// Squares the tasks `worker` holds with what it reported on resuming (`reported`: the
-    /// tasks it still runs or holds an unacknowledged result for). Reported and held: kept
-    /// (a cancel to re-send if the dispatch ended meanwhile). Held but not reported: the task
-    /// never reached the worker, so it leaves the table. Reported but not held: not listed,
-    /// so the worker lets go of it.
-    pub(crate) fn reconcile(&mut self, worker: WorkerId, reported: &HashSet<TaskId>) -> Reconciled {
+    /// Squares the tasks `worker` holds with what it reported on resuming at `now`
+    /// (`reported`: the tasks it still runs or holds an unacknowledged result for). Reported
+    /// and held: kept (a cancel to re-send if the dispatch ended meanwhile, the worker's time
+    /// to acknowledge it counted from `now`). Held but not reported: the task never reached
+    /// the worker, so it leaves the table. Reported but not held: not listed, so the worker
+    /// lets go of it.
+    pub(crate) fn reconcile(
+        &mut self,
+        worker: WorkerId,
+        reported: &HashSet<TaskId>,
+        now: Instant,
+    ) -> Reconciled {
         let mut reconciled = Reconciled::default();
         let Some(tasks) = self.by_worker.get(&worker) else {
             return reconciled;
@@ -230,8 +240,11 @@ impl TaskTable {
                 continue;
             }
             reconciled.held.push(*task);
-            if let Some(reason) = self.pending.get(task).and_then(|p| p.cancel_reason) {
-                reconciled.cancels.push((*task, reason));
+            if let Some(pending) = self.pending.get_mut(task) {
+                if let Some(reason) = pending.cancel_reason {
+                    pending.detached_at = Some(now);
+                    reconciled.cancels.push((*task, reason));
+                }
             }
         }
         reconciled.held.sort_unstable();
