@@ -69,8 +69,8 @@ pub(crate) struct Reattached {
 
 impl Inner {
     /// The connection of `generation` of `worker` ended with `reason`: a session worker whose
-    /// connection was lost (`Disconnect`, not draining, the gateway not closing) is suspended;
-    /// anything else leaves. Returns whether the worker was suspended or removed.
+    /// connection was lost (`Disconnect`, not draining, the gateway not closing, its
+    /// acknowledgement sent) is suspended; anything else leaves. Returns whether the worker was suspended or removed.
     pub(crate) fn connection_ended(
         self: &Arc<Self>,
         worker: WorkerId,
@@ -84,10 +84,14 @@ impl Inner {
                 None => Ending::Deregister,
                 Some(entry) => {
                     let draining = entry.draining;
+                    let announced = entry.announced;
                     match entry.session.as_mut() {
                         None => Ending::Deregister,
                         Some(session) if session.generation != generation => Ending::Stale,
                         Some(session) if session.suspended_until.is_some() => Ending::Stale,
+                        // A first registration lost before its acknowledgement went out: the
+                        // worker never learnt its secret, so nobody could resume it.
+                        Some(session) if !announced && !session.resuming => Ending::Deregister,
                         Some(session)
                             if reason != DisconnectReason::Disconnect || draining || closed =>
                         {
