@@ -53,8 +53,8 @@ enum Ending {
     /// The token is of an older generation (a resume replaced it), or the worker is already
     /// suspended: nothing to do.
     Stale,
-    /// The worker was suspended for `grace`.
-    Suspended(Duration),
+    /// The worker was suspended for `grace`, until `until`.
+    Suspended { grace: Duration, until: Instant },
     /// The worker leaves.
     Deregister,
 }
@@ -100,11 +100,12 @@ impl Inner {
                         }
                         Some(session) => {
                             let grace = session.grant.grace;
-                            session.suspended_until = Some(Instant::now() + grace);
+                            let until = Instant::now() + grace;
+                            session.suspended_until = Some(until);
                             session.resuming = false;
                             session.leg.detach();
                             state.refresh_id(worker);
-                            Ending::Suspended(grace)
+                            Ending::Suspended { grace, until }
                         }
                     }
                 }
@@ -113,24 +114,25 @@ impl Inner {
         match ending {
             Ending::Stale => false,
             Ending::Deregister => self.deregister(worker, reason),
-            Ending::Suspended(grace) => {
+            Ending::Suspended { grace, until } => {
                 tracing::info!(worker = %worker, grace_ms = grace.as_millis() as u64,
                     "worker connection lost; session suspended until it resumes or the grace ends");
                 metrics::gauge!(WORKERS_SUSPENDED).increment(1.0);
                 self.emit(WorkerEvent::Suspended { worker, grace });
-                self.expire_after(worker, generation, grace);
+                self.expire_at(worker, generation, until);
                 true
             }
         }
     }
 
-    /// Starts the timer that ends the suspension of `generation` of `worker` after `grace`.
-    fn expire_after(self: &Arc<Self>, worker: WorkerId, generation: u64, grace: Duration) {
+    /// Starts the timer that ends the suspension of `generation` of `worker` at `until`: the
+    /// instant the worker's snapshot counts down to, however late the timer task first runs.
+    fn expire_at(self: &Arc<Self>, worker: WorkerId, generation: u64, until: Instant) {
         let weak: Weak<Self> = Arc::downgrade(self);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    tokio::time::sleep(grace).await;
+                    tokio::time::sleep_until(until).await;
                     if let Some(inner) = weak.upgrade() {
                         inner.grace_ended(worker, generation);
                     }
