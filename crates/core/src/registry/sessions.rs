@@ -249,22 +249,21 @@ impl Inner {
         Ok(reattached)
     }
 
-    /// Queues `messages` for the resumed `worker`, sent once its connection is announced.
+    /// Queues `messages` for the resumed `worker`, sent once its connection is announced. They
+    /// replace any queued by an earlier resume whose connection was lost before its
+    /// announcement: each resume re-derives every cancel still owed.
     pub(crate) fn queue_after_resume(
         &self,
         worker: WorkerId,
         messages: Vec<crate::delivery::WorkerMessage>,
     ) {
-        if messages.is_empty() {
-            return;
-        }
         let mut state = self.lock();
         if let Some(session) = state
             .workers
             .get_mut(worker)
             .and_then(|entry| entry.session.as_mut())
         {
-            session.after_resume.extend(messages);
+            session.after_resume = messages;
         }
     }
 
