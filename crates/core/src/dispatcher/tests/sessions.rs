@@ -361,3 +361,33 @@ async fn a_resume_over_a_live_connection_keeps_the_held_task() {
         .expect("accepted");
     assert_eq!(running.await.expect("joined"), completed("kept"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_resume_lost_before_its_announcement_leaves_one_cancel_for_the_next() {
+    let s = setup();
+    let (mut away, grant) = session_worker(&s, 1, GRACE).await;
+    let running = s.spawn(request("slow", Duration::from_secs(1)));
+    let task = away.task().await;
+    away.leave();
+    assert_eq!(running.await.expect("joined"), ActivityOutcome::TimedOut);
+
+    let held = resume(&s, &mut away, &grant, &[task.task_id], &[]).expect("resumed");
+    assert_eq!(held, vec![task.task_id]);
+    away.leave();
+    assert_eq!(
+        s.eligibility(&away),
+        Eligibility::Suspended,
+        "a resumed connection lost before its acknowledgement suspends again"
+    );
+    let held = resume(&s, &mut away, &grant, &[task.task_id], &[]).expect("resumed again");
+    assert_eq!(held, vec![task.task_id]);
+    announce(&away);
+    assert_eq!(
+        away.sent(),
+        vec![WorkerMessage::Cancel {
+            task_id: task.task_id,
+            reason: CancelReason::DeadlineExceeded
+        }],
+        "one cancel, not one per resume"
+    );
+}
