@@ -71,9 +71,7 @@ fn resume(
     };
     let inner = &s.registry.inner;
     let reattached = inner.reattach(&caller(), &request, Arc::clone(&leg) as _)?;
-    let (held, cancels) = s
-        .dispatcher
-        .reconcile_resumed(worker.id, running, unacked);
+    let (held, cancels) = s.dispatcher.reconcile_resumed(worker.id, running, unacked);
     inner.queue_after_resume(
         worker.id,
         cancels
@@ -107,7 +105,10 @@ async fn a_suspended_workers_dispatch_waits_and_its_result_after_resume_complete
     assert_eq!(s.in_flight(&away), 1, "the slot stays taken");
     tokio::time::sleep(GRACE - Duration::from_secs(1)).await;
     assert!(!running.is_finished(), "the dispatch keeps waiting");
-    assert!(other.sent().is_empty(), "and is not handed to another worker");
+    assert!(
+        other.sent().is_empty(),
+        "and is not handed to another worker"
+    );
 
     let held = resume(&s, &mut away, &grant, &[task.task_id], &[]).expect("resumed");
     assert_eq!(held, vec![task.task_id]);
@@ -115,12 +116,14 @@ async fn a_suspended_workers_dispatch_waits_and_its_result_after_resume_complete
     assert!(away.sent().is_empty(), "a held task is not sent again");
     assert_eq!(s.in_flight(&away), 1);
     assert_eq!(
-        s.dispatcher.complete(away.id, task.task_id, success("held")),
+        s.dispatcher
+            .complete(away.id, task.task_id, success("held")),
         Ok(())
     );
     assert_eq!(running.await.expect("joined"), completed("held"));
     assert_eq!(
-        s.dispatcher.complete(away.id, task.task_id, success("held")),
+        s.dispatcher
+            .complete(away.id, task.task_id, success("held")),
         Err(CompletionRefused::UnknownTask { task: task.task_id }),
         "applied once"
     );
@@ -164,7 +167,10 @@ async fn a_task_the_resumed_worker_never_got_goes_out_again_without_charging_the
     s.dispatcher
         .complete(away.id, again.task_id, success("lost in the break"))
         .expect("accepted");
-    assert_eq!(running.await.expect("joined"), completed("lost in the break"));
+    assert_eq!(
+        running.await.expect("joined"),
+        completed("lost in the break")
+    );
     assert_eq!(
         s.dispatcher
             .complete(away.id, first.task_id, success("lost in the break")),
@@ -199,7 +205,10 @@ async fn the_grace_running_out_moves_the_task_to_another_worker() {
     away.leave();
 
     tokio::time::sleep(GRACE - Duration::from_millis(1)).await;
-    assert!(other.sent().is_empty(), "control: nothing moves during the grace");
+    assert!(
+        other.sent().is_empty(),
+        "control: nothing moves during the grace"
+    );
     let again = other.task().await;
     assert_eq!((again.input.clone(), again.attempt), (first.input, 2));
     s.dispatcher
@@ -227,9 +236,17 @@ async fn a_deadline_passing_while_suspended_ends_timed_out_and_the_late_result_i
     away.leave();
 
     assert_eq!(running.await.expect("joined"), ActivityOutcome::TimedOut);
-    assert_eq!(s.in_flight(&away), 1, "the slot stays with the suspended worker");
+    assert_eq!(
+        s.in_flight(&away),
+        1,
+        "the slot stays with the suspended worker"
+    );
     let held = resume(&s, &mut away, &grant, &[task.task_id], &[]).expect("resumed");
-    assert_eq!(held, vec![task.task_id], "held, so the worker hears the cancel");
+    assert_eq!(
+        held,
+        vec![task.task_id],
+        "held, so the worker hears the cancel"
+    );
     assert!(away.sent().is_empty(), "nothing before the announcement");
     announce(&away);
     assert_eq!(
@@ -241,7 +258,8 @@ async fn a_deadline_passing_while_suspended_ends_timed_out_and_the_late_result_i
         "the cancel follows the announcement"
     );
     assert_eq!(
-        s.dispatcher.complete(away.id, task.task_id, success("slow")),
+        s.dispatcher
+            .complete(away.id, task.task_id, success("slow")),
         Err(CompletionRefused::Late { task: task.task_id })
     );
     assert_eq!(s.dispatcher.refused().late, 1);
@@ -323,7 +341,9 @@ async fn a_suspended_worker_is_not_charged_for_cancels_it_could_not_hear() {
     assert!(s.registry.is_registered(away.id), "still within its grace");
     assert_eq!(s.eligibility(&away), Eligibility::Suspended);
     assert_eq!(
-        s.registry.worker(away.id).map(|w| (w.unresponsive, w.in_flight)),
+        s.registry
+            .worker(away.id)
+            .map(|w| (w.unresponsive, w.in_flight)),
         Some((0, 1)),
         "not unresponsive: the cancel never reached it; the slot stays its"
     );
@@ -331,7 +351,10 @@ async fn a_suspended_worker_is_not_charged_for_cancels_it_could_not_hear() {
     let held = resume(&s, &mut away, &grant, &[task.task_id], &[]).expect("resumed");
     assert_eq!(held, vec![task.task_id]);
     announce(&away);
-    assert!(matches!(away.sent().as_slice(), [WorkerMessage::Cancel { .. }]));
+    assert!(matches!(
+        away.sent().as_slice(),
+        [WorkerMessage::Cancel { .. }]
+    ));
     // Control: once it has heard the cancel, the worker has the ack timeout to answer.
     tokio::time::sleep(Duration::from_secs(10) + Duration::from_millis(1)).await;
     assert!(
@@ -353,7 +376,10 @@ async fn a_resume_over_a_live_connection_keeps_the_held_task() {
     assert_eq!(held, vec![task.task_id]);
     assert_eq!(old_departure.reason(), Some(DisconnectReason::Superseded));
     drop(old_token);
-    assert!(!running.is_finished(), "the old connection closing loses nothing");
+    assert!(
+        !running.is_finished(),
+        "the old connection closing loses nothing"
+    );
     assert_eq!(s.in_flight(&worker), 1);
     announce(&worker);
     s.dispatcher

@@ -12,8 +12,8 @@ use crate::eligibility::Eligibility;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::liveness::{Liveness, LivenessConfig};
 use crate::registration::{CallerIdentity, Registration};
-use crate::registry::testing::{Admitted, TestLeg, admit, hold, pick, registration};
 use crate::registry::Registry;
+use crate::registry::testing::{Admitted, TestLeg, admit, hold, pick, registration};
 use crate::session::{MAX_RESUME_TASKS, ResumeRefused, ResumeRequest, SessionGrant};
 use crate::{RESUME_SECRET_BYTES, TaskId};
 
@@ -94,7 +94,10 @@ async fn a_lost_connection_suspends_a_session_worker_keeping_its_slots() {
     let worker = admit(&registry, resumable(GRACE));
     let id = worker.id();
     assert_eq!(
-        worker.token.session().map(|grant| (grant.session_id, grant.grace)),
+        worker
+            .token
+            .session()
+            .map(|grant| (grant.session_id, grant.grace)),
         Some((id, GRACE)),
         "the session id is the worker id"
     );
@@ -106,11 +109,18 @@ async fn a_lost_connection_suspends_a_session_worker_keeping_its_slots() {
     assert!(registry.is_registered(id), "suspended, not gone");
     assert_eq!(standing(&registry, id), Some(Eligibility::Suspended));
     assert_eq!(suspended_for(&registry, id), Some(GRACE));
-    assert_eq!(registry.worker(id).map(|w| w.in_flight), Some(1), "slot kept");
+    assert_eq!(
+        registry.worker(id).map(|w| w.in_flight),
+        Some(1),
+        "slot kept"
+    );
     assert_eq!(pick(&registry, "ns", "", "a", None), None, "not eligible");
     assert_eq!(
         events_so_far(&mut events),
-        vec![WorkerEvent::Suspended { worker: id, grace: GRACE }]
+        vec![WorkerEvent::Suspended {
+            worker: id,
+            grace: GRACE
+        }]
     );
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(
@@ -143,7 +153,10 @@ async fn the_grace_ending_without_a_resume_deregisters_as_reconnect_grace_expire
     events_so_far(&mut events);
 
     tokio::time::sleep(GRACE - Duration::from_millis(1)).await;
-    assert!(registry.is_registered(id), "control: still suspended just before the end");
+    assert!(
+        registry.is_registered(id),
+        "control: still suspended just before the end"
+    );
     tokio::time::sleep(Duration::from_millis(2)).await;
 
     assert!(!registry.is_registered(id));
@@ -174,14 +187,24 @@ async fn the_right_secret_resumes_the_same_worker_on_its_new_connection() {
         None,
         "not dispatched to before the transport announces it"
     );
-    assert!(events_so_far(&mut events).is_empty(), "nothing before the announcement");
+    assert!(
+        events_so_far(&mut events).is_empty(),
+        "nothing before the announcement"
+    );
 
     assert!(resumed.token.announce());
-    assert_eq!(events_so_far(&mut events), vec![WorkerEvent::Resumed { worker: id }]);
+    assert_eq!(
+        events_so_far(&mut events),
+        vec![WorkerEvent::Resumed { worker: id }]
+    );
     assert_eq!(standing(&registry, id), Some(Eligibility::Eligible));
     assert_eq!(pick(&registry, "ns", "", "a", None), Some(id));
     assert!(registry.drain_worker(id));
-    assert_eq!(resumed.rx.try_recv().ok(), Some(WorkerMessage::Drain), "new leg");
+    assert_eq!(
+        resumed.rx.try_recv().ok(),
+        Some(WorkerMessage::Drain),
+        "new leg"
+    );
     assert!(old_rx.try_recv().is_err(), "nothing on the old leg");
 
     // The first suspension's timer passes: it no longer concerns the resumed worker.
@@ -207,7 +230,11 @@ async fn refused_resumes_are_named_and_change_nothing() {
     let cases = [
         (tester(), wrong_secret, "wrong_secret"),
         (tester(), short_secret, "wrong_secret"),
-        (CallerIdentity::trusted("intruder"), request(&grant), "wrong_principal"),
+        (
+            CallerIdentity::trusted("intruder"),
+            request(&grant),
+            "wrong_principal",
+        ),
         (tester(), unknown, "unknown_session"),
         (tester(), too_many, "too_many_tasks"),
     ];
@@ -215,13 +242,25 @@ async fn refused_resumes_are_named_and_change_nothing() {
         let refusal = reattach(&registry, &caller, &request).expect_err(label);
         assert_eq!(refusal.label(), label);
         assert!(
-            refusal.to_string().starts_with(&format!("resume refused: {label}")),
+            refusal
+                .to_string()
+                .starts_with(&format!("resume refused: {label}")),
             "{refusal}"
         );
-        assert_eq!(standing(&registry, id), Some(Eligibility::Suspended), "{label}");
-        assert_eq!(suspended_for(&registry, id), Some(GRACE - Duration::from_secs(1)));
+        assert_eq!(
+            standing(&registry, id),
+            Some(Eligibility::Suspended),
+            "{label}"
+        );
+        assert_eq!(
+            suspended_for(&registry, id),
+            Some(GRACE - Duration::from_secs(1))
+        );
     }
-    assert!(events_so_far(&mut events).is_empty(), "a refusal emits nothing");
+    assert!(
+        events_so_far(&mut events).is_empty(),
+        "a refusal emits nothing"
+    );
 
     // Nothing was reset: the worker expires on its first grace.
     tokio::time::sleep(GRACE - Duration::from_secs(1) + Duration::from_millis(1)).await;
@@ -254,7 +293,10 @@ async fn a_draining_or_closing_registry_refuses_a_resume_and_keeps_the_old_conne
         })
     );
     assert_eq!(draining.token.departure().reason(), None, "not superseded");
-    assert_eq!(standing(&registry, draining.id()), Some(Eligibility::Draining));
+    assert_eq!(
+        standing(&registry, draining.id()),
+        Some(Eligibility::Draining)
+    );
 
     let open = admit(&registry, resumable(GRACE));
     let open_grant = open.token.session().cloned().expect("session");
@@ -281,7 +323,10 @@ async fn a_resume_while_connected_supersedes_the_old_connection_whose_token_then
     assert_eq!(old_departure.reason(), Some(DisconnectReason::Superseded));
     assert_eq!(resumed.token.departure().reason(), None);
     drop(old.token);
-    assert!(registry.is_registered(id), "the old token's drop does nothing");
+    assert!(
+        registry.is_registered(id),
+        "the old token's drop does nothing"
+    );
     assert_eq!(suspended_for(&registry, id), None, "and suspends nothing");
     assert!(resumed.token.announce());
     assert_eq!(
@@ -304,7 +349,10 @@ async fn a_drained_or_failed_connection_deregisters_without_a_suspension() {
     let drained_id = drained.id();
     assert!(registry.drain_worker(drained_id));
     drop(drained.token);
-    assert!(!registry.is_registered(drained_id), "a drained worker's lost connection");
+    assert!(
+        !registry.is_registered(drained_id),
+        "a drained worker's lost connection"
+    );
 
     let failed = admit(&registry, resumable(GRACE));
     let failed_id = failed.id();
@@ -313,7 +361,12 @@ async fn a_drained_or_failed_connection_deregisters_without_a_suspension() {
 
     let disconnections: Vec<WorkerEvent> = events_so_far(&mut events)
         .into_iter()
-        .filter(|event| !matches!(event, WorkerEvent::Connected { .. } | WorkerEvent::CapacityAnnounced { .. }))
+        .filter(|event| {
+            !matches!(
+                event,
+                WorkerEvent::Connected { .. } | WorkerEvent::CapacityAnnounced { .. }
+            )
+        })
         .collect();
     assert_eq!(
         disconnections,
@@ -374,7 +427,10 @@ async fn the_prober_leaves_a_suspended_worker_to_its_grace() {
             let seq = next_ping(worker).await;
             liveness.record_pong(worker.id(), seq);
         }
-        assert_eq!(standing(&registry, worker.id()), Some(Eligibility::Eligible));
+        assert_eq!(
+            standing(&registry, worker.id()),
+            Some(Eligibility::Eligible)
+        );
     }
     let mut events = registry.subscribe_events();
     let away_id = away.id();
@@ -432,7 +488,11 @@ fn the_leg_is_shared_so_a_resume_reaches_pending_holders() {
     let (leg, mut rx) = TestLeg::new();
     let reattached = registry
         .inner
-        .reattach(&tester(), &request(&grant), leg as Arc<dyn crate::WorkerDelivery>)
+        .reattach(
+            &tester(),
+            &request(&grant),
+            leg as Arc<dyn crate::WorkerDelivery>,
+        )
         .expect("resumed");
     held.delivery()
         .deliver(WorkerMessage::Ping { seq: 7 })
