@@ -49,7 +49,7 @@ const SHORT_EVERY: u64 = 20;
 const WALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 /// A task sent this close to a blackout is lost with the link.
 const ON_THE_WIRE: Duration = Duration::from_millis(30);
-const DEFAULT_SEEDS: [u64; 2] = [0x5e55_1035, 0x0b1a_c0];
+const DEFAULT_SEEDS: [u64; 2] = [0x5e55_1035, 0x000b_1ac0];
 
 /// One run's shape.
 #[derive(Clone, Copy, Debug)]
