@@ -500,3 +500,43 @@ fn the_leg_is_shared_so_a_resume_reaches_pending_holders() {
     assert_eq!(rx.try_recv().ok(), Some(WorkerMessage::Ping { seq: 7 }));
     drop(reattached);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_resume_over_a_silent_connection_counts_as_life_and_proves_the_worker_afresh() {
+    let registry = Registry::builder().opening_probation(true).build();
+    let liveness = Liveness::new(registry.clone(), LivenessConfig::default());
+    let prober = liveness.spawn();
+    let mut worker = admit_on_fresh_leg(&registry, resumable(GRACE));
+    let mut stays_silent = admit_on_fresh_leg(&registry, resumable(GRACE));
+    for admitted in [&mut worker, &mut stays_silent] {
+        for _ in 0..2 {
+            let seq = next_ping(admitted).await;
+            liveness.record_pong(admitted.id(), seq);
+        }
+    }
+    let id = worker.id();
+    let grant = worker.token.session().cloned().expect("session");
+
+    // Its connection goes half-open: pings unanswered until the worker gives up on it and
+    // resumes on a new one, just before the heartbeat window (30 s) runs out.
+    tokio::time::sleep(Duration::from_millis(29_500)).await;
+    assert_eq!(standing(&registry, id), Some(Eligibility::Unreachable));
+    let mut resumed = reattach(&registry, &tester(), &request(&grant)).expect("resumed");
+    assert!(resumed.token.announce());
+    for _ in 0..2 {
+        let seq = tokio::time::timeout(Duration::from_millis(100), next_ping(&mut resumed))
+            .await
+            .expect("probation pings go out on the new connection at once");
+        liveness.record_pong(id, seq);
+    }
+    assert_eq!(standing(&registry, id), Some(Eligibility::Eligible));
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(registry.is_registered(id), "the resume was a sign of life");
+    assert!(
+        !registry.is_registered(stays_silent.id()),
+        "control: the worker that stayed silent is timed out"
+    );
+    drop(worker.token);
+    prober.abort();
+}
