@@ -280,6 +280,11 @@ impl Registry {
                 caller.principal.clone(),
                 delivery,
             );
+            let worker = if session_leg.is_some() {
+                worker.with_session()
+            } else {
+                worker
+            };
             if self.inner.opening_probation {
                 state
                     .exclusions

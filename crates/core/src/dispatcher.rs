@@ -379,7 +379,12 @@ impl Dispatcher {
             let (signal, mut wait) = oneshot::channel();
             let replaced = self.inner.lock_tasks().insert(
                 task,
-                PendingTask::new(Arc::clone(worker.delivery()), reservation, Some(signal)),
+                PendingTask::new(
+                    Arc::clone(worker.delivery()),
+                    reservation,
+                    Some(signal),
+                    worker.has_session(),
+                ),
             );
             drop(replaced);
             let guard = PendingGuard {
@@ -589,7 +594,10 @@ impl Dispatcher {
     ) -> (Vec<TaskId>, Vec<(TaskId, CancelReason)>) {
         let reported: std::collections::HashSet<TaskId> =
             running.iter().chain(unacked).copied().collect();
-        let reconciled = self.inner.lock_tasks().reconcile(worker, &reported);
+        let reconciled = self
+            .inner
+            .lock_tasks()
+            .reconcile(worker, &reported, Instant::now());
         if !reconciled.unreached.is_empty() {
             tracing::info!(worker = %worker, tasks = reconciled.unreached.len(),
                 "tasks never reached the resumed worker; dispatching them again");
@@ -598,6 +606,11 @@ impl Dispatcher {
             if let Some(signal) = pending.signal.take() {
                 let _ = signal.send(Signal::Unreached);
             }
+        }
+        // The cancels go out with the announcement; from then the worker has
+        // `cancel_ack_timeout` to answer them, as if they had been sent the first time.
+        for (task, _) in &reconciled.cancels {
+            self.inner.schedule_reclaim(*task);
         }
         self.inner.ended();
         (reconciled.held, reconciled.cancels)

@@ -200,11 +200,16 @@ impl Liveness {
                     event = events.recv() => match event {
                         Ok(WorkerEvent::Connected { worker, .. }) => liveness.admit(worker),
                         // A suspended worker is not pinged (its grace decides); a resumed one
-                        // starts over, proving itself on its new connection.
+                        // starts over, proving itself on its new connection, also when it
+                        // resumed over one still open: that one's silence and unanswered pings
+                        // say nothing about the new one, and the resume itself is a sign of life.
                         Ok(WorkerEvent::Disconnected { worker, .. } | WorkerEvent::Suspended { worker, .. }) => {
                             liveness.tracker().remove_worker(worker);
                         }
-                        Ok(WorkerEvent::Resumed { worker }) => liveness.admit(worker),
+                        Ok(WorkerEvent::Resumed { worker }) => {
+                            liveness.tracker().remove_worker(worker);
+                            liveness.admit(worker);
+                        }
                         Ok(_) => {}
                         Err(RecvError::Lagged(_)) => liveness.reconcile(),
                         Err(RecvError::Closed) => break,

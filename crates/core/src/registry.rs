@@ -279,7 +279,18 @@ impl Inner {
         match delivered {
             Ok(()) => tracing::info!(worker = %worker, "drain requested"),
             Err(DeliveryError::Closed) => {
-                self.deregister(worker, DisconnectReason::Disconnect);
+                // A suspended session cannot hear the drain; draining it is letting it go.
+                let suspended = self
+                    .lock()
+                    .workers
+                    .get(worker)
+                    .is_some_and(workers::WorkerEntry::is_suspended);
+                let reason = if suspended {
+                    DisconnectReason::Drained
+                } else {
+                    DisconnectReason::Disconnect
+                };
+                self.deregister(worker, reason);
             }
             Err(error) => {
                 tracing::warn!(worker = %worker, %error, "drain request not delivered; worker stays fenced");
@@ -290,7 +301,7 @@ impl Inner {
     /// Announces an admitted worker: it becomes dispatchable, `Connected` (then the capacity
     /// it stated, if any) is emitted for it, and parked selections wake. False if it already
     /// was announced or has left.
-    pub(crate) fn announce(&self, worker: WorkerId) -> bool {
+    pub(crate) fn announce(&self, worker: WorkerId, generation: Option<u64>) -> bool {
         let announced = {
             let mut state = self.lock();
             let Some(entry) = state.workers.get_mut(worker) else {
@@ -299,25 +310,29 @@ impl Inner {
             if entry.announced {
                 return false;
             }
+            // A token of an older connection cannot announce a newer one.
+            let current = entry.session.as_ref().map(|session| session.generation);
+            if generation.is_some() && generation != current {
+                return false;
+            }
             entry.announced = true;
             let resumed = entry.session.as_mut().and_then(|session| {
-                std::mem::take(&mut session.resuming)
-                    .then(|| std::mem::take(&mut session.after_resume))
+                std::mem::take(&mut session.resuming).then(|| Arc::clone(&session.leg))
             });
+            // The resumed connection becomes current (what waited for its acknowledgement, owed
+            // cancels first, goes out in order) before its standing is derived again.
+            if let Some(leg) = &resumed {
+                leg.commit();
+            }
             let announced = (entry.worker.clone(), entry.capacity, entry.deferred.take());
             state.refresh_id(worker);
             (announced, resumed)
         };
         let ((announced, capacity, deferred), resumed) = announced;
-        if let Some(after_resume) = resumed {
+        if resumed.is_some() {
             // The same worker on a new connection: watchers already saw it connect.
             tracing::debug!(worker = %worker, "resumed worker announced");
             self.emit(WorkerEvent::Resumed { worker });
-            for message in after_resume {
-                if let Err(error) = announced.delivery().deliver(message) {
-                    tracing::debug!(worker = %worker, %error, "message after resume not delivered");
-                }
-            }
             if let Some(message) = deferred {
                 self.tell(worker, announced.delivery().as_ref(), message);
             }

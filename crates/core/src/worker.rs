@@ -23,6 +23,7 @@ struct WorkerInfo {
     principal: String,
     transport: TransportName,
     delivery: Arc<dyn WorkerDelivery>,
+    has_session: bool,
 }
 
 impl Worker {
@@ -48,7 +49,26 @@ impl Worker {
             principal,
             transport,
             delivery,
+            has_session: false,
         }))
+    }
+
+    /// The same worker, marked as registered with a session (see
+    /// [`Worker::has_session`]); only before it is shared.
+    pub(crate) fn with_session(self) -> Self {
+        match Arc::try_unwrap(self.0) {
+            Ok(mut info) => {
+                info.has_session = true;
+                Self(Arc::new(info))
+            }
+            Err(shared) => Self(shared),
+        }
+    }
+
+    /// True when it registered with a session: a lost connection suspends it rather than
+    /// removing it.
+    pub fn has_session(&self) -> bool {
+        self.0.has_session
     }
 
     /// Its id.

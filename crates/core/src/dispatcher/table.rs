@@ -37,6 +37,9 @@ pub(crate) struct PendingTask {
     pub(crate) signal: Option<oneshot::Sender<Signal>>,
     /// When the dispatch ended early; from then the worker has `cancel_ack_timeout` to let go.
     pub(crate) detached_at: Option<Instant>,
+    /// The worker has a session (a lost connection suspends it): only then can a result be
+    /// late.
+    pub(crate) session: bool,
     /// Why the dispatch ended early, for the cancel re-sent after a resume.
     pub(crate) cancel_reason: Option<CancelReason>,
     /// The dispatch ended while the worker's connection was gone (its session suspended): a
@@ -51,6 +54,7 @@ impl PendingTask {
         delivery: Arc<dyn WorkerDelivery>,
         reservation: DispatchReservation,
         signal: Option<oneshot::Sender<Signal>>,
+        session: bool,
     ) -> Self {
         Self {
             delivery,
@@ -58,6 +62,7 @@ impl PendingTask {
             signal,
             detached_at: None,
             cancel_reason: None,
+            session,
             late: false,
         }
     }
@@ -67,7 +72,7 @@ impl PendingTask {
         let signal = self.signal.take()?;
         self.detached_at = Some(now);
         self.cancel_reason = Some(reason);
-        self.late = !self.delivery.is_connected();
+        self.late = self.session && !self.delivery.is_connected();
         Some(signal)
     }
 }
@@ -181,11 +186,15 @@ impl TaskTable {
     }
 
     /// Takes out `task` if its dispatch ended at least `timeout` before `now` and its worker
-    /// has neither answered nor acknowledged since (dropping the entry frees the slot).
+    /// has neither answered nor acknowledged since (dropping the entry frees the slot). A task
+    /// whose worker's connection is gone is not overdue: the worker cannot hear the cancel, and
+    /// a suspended session worker's clock starts again when it resumes
+    /// ([`TaskTable::reconcile`]).
     pub(crate) fn reclaim(&mut self, task: TaskId, now: Instant, timeout: Duration) -> Removed {
         let overdue = self
             .pending
             .get(&task)
+            .filter(|pending| pending.delivery.is_connected())
             .and_then(|pending| pending.detached_at)
             .is_some_and(|at| now.saturating_duration_since(at) >= timeout);
         if overdue { self.remove(task) } else { None }
@@ -213,12 +222,18 @@ impl TaskTable {
         detached
     }
 
-    /// Squares the tasks `worker` holds with what it reported on resuming (`reported`: the
-    /// tasks it still runs or holds an unacknowledged result for). Reported and held: kept
-    /// (a cancel to re-send if the dispatch ended meanwhile). Held but not reported: the task
-    /// never reached the worker, so it leaves the table. Reported but not held: not listed,
-    /// so the worker lets go of it.
-    pub(crate) fn reconcile(&mut self, worker: WorkerId, reported: &HashSet<TaskId>) -> Reconciled {
+    /// Squares the tasks `worker` holds with what it reported on resuming at `now`
+    /// (`reported`: the tasks it still runs or holds an unacknowledged result for). Reported
+    /// and held: kept (a cancel to re-send if the dispatch ended meanwhile, the worker's time
+    /// to acknowledge it counted from `now`). Held but not reported: the task never reached
+    /// the worker, so it leaves the table. Reported but not held: not listed, so the worker
+    /// lets go of it.
+    pub(crate) fn reconcile(
+        &mut self,
+        worker: WorkerId,
+        reported: &HashSet<TaskId>,
+        now: Instant,
+    ) -> Reconciled {
         let mut reconciled = Reconciled::default();
         let Some(tasks) = self.by_worker.get(&worker) else {
             return reconciled;
@@ -230,8 +245,11 @@ impl TaskTable {
                 continue;
             }
             reconciled.held.push(*task);
-            if let Some(reason) = self.pending.get(task).and_then(|p| p.cancel_reason) {
-                reconciled.cancels.push((*task, reason));
+            if let Some(pending) = self.pending.get_mut(task) {
+                if let Some(reason) = pending.cancel_reason {
+                    pending.detached_at = Some(now);
+                    reconciled.cancels.push((*task, reason));
+                }
             }
         }
         reconciled.held.sort_unstable();

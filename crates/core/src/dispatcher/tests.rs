@@ -14,4 +14,5 @@ mod reclaim;
 mod redelivery;
 mod requests;
 mod results;
+mod sessions;
 mod shutdown;

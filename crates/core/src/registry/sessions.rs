@@ -34,9 +34,6 @@ pub(crate) struct SessionState {
     pub(crate) suspended_until: Option<Instant>,
     /// Set by a resume until the transport announces the new connection.
     pub(crate) resuming: bool,
-    /// Sent right after the resumed connection is announced (cancels of tasks whose dispatch
-    /// ended while the worker was away).
-    pub(crate) after_resume: Vec<crate::delivery::WorkerMessage>,
 }
 
 impl super::workers::WorkerEntry {
@@ -53,9 +50,13 @@ enum Ending {
     /// The token is of an older generation (a resume replaced it), or the worker is already
     /// suspended: nothing to do.
     Stale,
-    /// The worker was suspended for `grace`; the connection's departure, when its transport
-    /// must close a connection that may still be open.
-    Suspended(Duration, Option<super::departure::DepartureSender>),
+    /// The worker was suspended for `grace`, until `until`; the connection's departure, when
+    /// its transport must close a connection that may still be open.
+    Suspended {
+        grace: Duration,
+        until: Instant,
+        close: Option<super::departure::DepartureSender>,
+    },
     /// The worker leaves.
     Deregister,
 }
@@ -71,8 +72,8 @@ pub(crate) struct Reattached {
 impl Inner {
     /// The connection of `generation` of `worker` ended with `reason`: a session worker whose
     /// connection was lost (`Disconnect`) or fell silent (`Timeout`, from the liveness prober),
-    /// not draining, the gateway not closing, is suspended; anything else leaves. Returns
-    /// whether the worker was suspended or removed.
+    /// not draining, the gateway not closing, its acknowledgement sent, is suspended; anything
+    /// else leaves. Returns whether the worker was suspended or removed.
     pub(crate) fn connection_ended(
         self: &Arc<Self>,
         worker: WorkerId,
@@ -86,14 +87,19 @@ impl Inner {
                 None => Ending::Deregister,
                 Some(entry) => {
                     let draining = entry.draining;
+                    let announced = entry.announced;
                     match entry.session.as_mut() {
                         None => Ending::Deregister,
                         Some(session) if session.generation != generation => Ending::Stale,
                         Some(session) if session.suspended_until.is_some() => Ending::Stale,
+                        // A first registration lost before its acknowledgement went out: the
+                        // worker never learnt its secret, so nobody could resume it.
+                        Some(session) if !announced && !session.resuming => Ending::Deregister,
                         Some(_) if !suspends(reason) || draining || closed => Ending::Deregister,
                         Some(session) => {
                             let grace = session.grant.grace;
-                            session.suspended_until = Some(Instant::now() + grace);
+                            let until = Instant::now() + grace;
+                            session.suspended_until = Some(until);
                             session.resuming = false;
                             session.leg.detach();
                             // A silent connection may still be open: its transport closes it.
@@ -101,7 +107,11 @@ impl Inner {
                                 .then(|| entry.departure.take())
                                 .flatten();
                             state.refresh_id(worker);
-                            Ending::Suspended(grace, close)
+                            Ending::Suspended {
+                                grace,
+                                until,
+                                close,
+                            }
                         }
                     }
                 }
@@ -110,7 +120,11 @@ impl Inner {
         match ending {
             Ending::Stale => false,
             Ending::Deregister => self.deregister(worker, reason),
-            Ending::Suspended(grace, close) => {
+            Ending::Suspended {
+                grace,
+                until,
+                close,
+            } => {
                 tracing::info!(worker = %worker, grace_ms = grace.as_millis() as u64,
                     reason = reason.as_str(),
                     "worker connection lost; session suspended until it resumes or the grace ends");
@@ -119,7 +133,7 @@ impl Inner {
                 }
                 metrics::gauge!(WORKERS_SUSPENDED).increment(1.0);
                 self.emit(WorkerEvent::Suspended { worker, grace });
-                self.expire_after(worker, generation, grace);
+                self.expire_at(worker, generation, until);
                 true
             }
         }
@@ -144,13 +158,14 @@ impl Inner {
         }
     }
 
-    /// Starts the timer that ends the suspension of `generation` of `worker` after `grace`.
-    fn expire_after(self: &Arc<Self>, worker: WorkerId, generation: u64, grace: Duration) {
+    /// Starts the timer that ends the suspension of `generation` of `worker` at `until`: the
+    /// instant the worker's snapshot counts down to, however late the timer task first runs.
+    fn expire_at(self: &Arc<Self>, worker: WorkerId, generation: u64, until: Instant) {
         let weak: Weak<Self> = Arc::downgrade(self);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    tokio::time::sleep(grace).await;
+                    tokio::time::sleep_until(until).await;
                     if let Some(inner) = weak.upgrade() {
                         inner.grace_ended(worker, generation);
                     }
@@ -237,7 +252,7 @@ impl Inner {
             let generation = session.generation;
             let was_suspended = session.suspended_until.take().is_some();
             session.resuming = true;
-            session.leg.attach(delivery);
+            session.leg.stage(delivery);
             let grant = session.grant.clone();
             entry.announced = false;
             let superseded = entry.departure.replace(new_sender);
@@ -267,22 +282,24 @@ impl Inner {
         Ok(reattached)
     }
 
-    /// Queues `messages` for the resumed `worker`, sent once its connection is announced.
+    /// Queues `messages` for the resumed `worker`, sent first once its connection is
+    /// announced. They replace any queued by an earlier resume whose connection was lost before
+    /// its announcement: each resume re-derives every cancel still owed.
     pub(crate) fn queue_after_resume(
         &self,
         worker: WorkerId,
         messages: Vec<crate::delivery::WorkerMessage>,
     ) {
-        if messages.is_empty() {
-            return;
-        }
-        let mut state = self.lock();
-        if let Some(session) = state
-            .workers
-            .get_mut(worker)
-            .and_then(|entry| entry.session.as_mut())
-        {
-            session.after_resume.extend(messages);
+        let leg = {
+            let state = self.lock();
+            state
+                .workers
+                .get(worker)
+                .and_then(|entry| entry.session.as_ref())
+                .map(|session| Arc::clone(&session.leg))
+        };
+        if let Some(leg) = leg {
+            leg.stage_first(messages);
         }
     }
 

@@ -165,7 +165,6 @@ impl State {
             generation: 0,
             suspended_until: None,
             resuming: false,
-            after_resume: Vec::new(),
         });
         let slot = self.workers.insert(entry);
         for namespace in worker.namespaces() {

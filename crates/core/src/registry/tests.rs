@@ -10,3 +10,4 @@ mod explain;
 mod fairness;
 mod lifecycle;
 mod selection;
+mod sessions;

@@ -76,7 +76,10 @@ impl RegistrationToken {
     /// is emitted. Call it once the transport's acknowledgement is on its way to the worker.
     /// Returns false if it was already announced or has left.
     pub fn announce(&self) -> bool {
-        self.inner.announce(self.worker)
+        self.inner.announce(
+            self.worker,
+            self.session.as_ref().map(|(_, generation)| *generation),
+        )
     }
 
     /// Resolves when core lets the worker go (deregistration by anyone, liveness timeout,

@@ -71,6 +71,7 @@ async fn a_task_tracked_twice_holds_one_slot() {
             Arc::clone(&worker.leg) as Arc<dyn WorkerDelivery>,
             reservation,
             None,
+            false,
         )
     };
     assert!(table.insert(task, pending(reserve())).is_none());

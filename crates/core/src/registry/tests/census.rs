@@ -328,3 +328,28 @@ async fn a_silent_session_worker_is_suspended_and_its_connection_told_to_close()
     assert!(registry.deregister(plain.id(), crate::DisconnectReason::Timeout));
     assert!(!registry.is_registered(plain.id()));
 }
+
+#[tokio::test(start_paused = true)]
+async fn draining_a_suspended_worker_lets_it_go_as_drained() {
+    let registry = Registry::default();
+    let mut events = registry.subscribe_events();
+    let mut with_session = registration(&["default"], "general", "", &["greet"]);
+    with_session.reconnect_grace = Duration::from_secs(15);
+    let worker = admit(&registry, with_session);
+    let id = worker.id();
+    drop(worker);
+    assert!(registry.is_registered(id), "suspended");
+    assert!(registry.drain_worker(id));
+    assert!(
+        !registry.is_registered(id),
+        "a drain is final: the session ends"
+    );
+    let reasons: Vec<crate::DisconnectReason> = std::iter::from_fn(|| events.try_recv().ok())
+        .filter_map(|event| match event {
+            crate::WorkerEvent::Disconnected { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    // Control: the reason names the drain, not a lost connection.
+    assert_eq!(reasons, vec![crate::DisconnectReason::Drained]);
+}
