@@ -12,13 +12,15 @@
 # (linkem creates and deletes them); everything it started is stopped on exit.
 #
 # Usage: bench/constrained.sh [PROFILE...]   (default: lan wan lossy cellular-bad)
-# Profiles: lan wan lossy cellular-bad, and blip (cellular-bad plus a 3 s blackout, both ways,
-# every 20 s from 10 s after the link is up).
+# Profiles: lan wan lossy cellular-bad, blip (cellular-bad plus a 3 s blackout, both ways,
+# every 20 s from 10 s after the link is up), and outage (cellular-bad plus one 40 s blackout
+# from 10 s after the link is up: long enough for both ends to give the connection up).
 # Environment: TASKS_lan, TASKS_wan, TASKS_lossy, TASKS_cellular_bad, TASKS_blip (dispatches per
 # run), OUTSTANDING (default 64), WORKERS (default 4), CAPACITY (default 64), PAYLOAD (default
 # 64), CCS (QUIC congestion controllers, default "cubic bbr"), REDUNDANCY (QUIC redundancy
-# settings, default "off"; "off datagram" runs both), RUNS (default 1), NO_BUILD=1 to use the
-# existing release binaries.
+# settings, default "off"; "off datagram" runs both), GRACE (reconnect grace for both
+# transports, e.g. "0s" or "60s"; unset keeps the gateway's defaults), RUNS (default 1),
+# NO_BUILD=1 to use the existing release binaries.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -37,6 +39,7 @@ PAYLOAD=${PAYLOAD:-64}
 CCS=${CCS:-cubic bbr}
 REDUNDANCY=${REDUNDANCY:-off}
 RUNS=${RUNS:-1}
+export GRACE=${GRACE:-}
 # Each run is also bounded by the bench's own deadlines and by `timeout` below.
 RUN_TIMEOUT=240
 
@@ -86,6 +89,7 @@ tasks_for() {
         wan) default=5000 ;;
         lossy) default=2000 ;;
         blip) default=6000 ;;
+        outage) default=4000 ;;
         *) default=500 ;;
     esac
     echo "${!var:-$default}"
@@ -105,6 +109,7 @@ wait_for() { # DESCRIPTION COMMAND...: retries for up to 30 s
 linkem_args() { # PROFILE
     case "$1" in
         blip) echo --profile cellular-bad --blackout-at 10s --blackout-for 3s --blackout-every 20s ;;
+        outage) echo --profile cellular-bad --blackout-at 10s --blackout-for 40s ;;
         *) echo --profile "$1" ;;
     esac
 }
@@ -132,7 +137,11 @@ PY
 start_gateway() { # CONGESTION REDUNDANCY
     local data="$work/gw"
     mkdir -p "$data"
-    ip netns exec "$NS_GW" env \
+    local grace=()
+    if [ -n "$GRACE" ]; then
+        grace=(SWITCHYARD_GRPC_RECONNECT_GRACE="$GRACE" SWITCHYARD_QUIC_RECONNECT_GRACE="$GRACE")
+    fi
+    ip netns exec "$NS_GW" env "${grace[@]}" \
         SWITCHYARD_QUIC_CONGESTION="$1" \
         SWITCHYARD_QUIC_REDUNDANCY="$2" \
         SWITCHYARD_PRINCIPALS="[{ name = \"bench\", token = \"$TOKEN\", namespaces = [\"bench\"] }]" \
@@ -186,7 +195,7 @@ run_one() { # PROFILE TRANSPORT CONGESTION REDUNDANCY
     bytes=$(link_bytes)
     python3 - "$profile" "$transport" "$cc" "$redundancy" "$out" "$work/workers.json" \
         "$bytes" <<'PY'
-import json, sys
+import json, os, sys
 profile, transport, cc, redundancy, path, workers_path, wire = sys.argv[1:]
 r = json.load(open(path))
 try:
@@ -199,6 +208,9 @@ try:
 except (OSError, ValueError):
     dup = "?"
 label = transport if transport == "grpc" else f"quic/{cc}/{redundancy}"
+grace = os.environ.get("GRACE")
+if grace:
+    label += f" (grace {grace})"
 if not r:
     print(f"| {profile} | {label} | failed | | | | | {dup} | |")
 else:
