@@ -249,7 +249,7 @@ impl Dispatcher {
             next_task: AtomicU64::new(1),
             activities: Mutex::new(HashMap::new()),
             unserved: Arc::new(UnservedBook::default()),
-            quotas: QuotaBook::default(),
+            quotas: QuotaBook::new(registry.clone()),
             reclaim_log: Mutex::new(KeyedThrottle::new(LOG_WINDOW)),
             shutting_down: AtomicBool::new(false),
             stop_parked: CancellationToken::new(),
@@ -300,7 +300,6 @@ impl Dispatcher {
             &caller.principal,
             request.input.len(),
         )?;
-        let _in_use = self.inner.registry.namespace_in_use(&request.namespace);
         let cancel = CancellationToken::new();
         let _activity = self.claim_activity_id(caller, &request, &cancel)?;
         let started = Instant::now();
