@@ -217,27 +217,26 @@ impl Inner {
     /// again (a worker that already had a free slot is not what a selection that just missed
     /// waits for), so the busiest path wakes nobody while no selection is parked.
     pub(crate) fn release(&self, worker: WorkerId, slot: Slot) {
-        let woken = {
+        let (reopened, parked_on) = {
             let mut state = self.lock();
             let Some(reopened) = state.release(worker, slot) else {
                 return;
             };
             // Read under the registry lock: a selection that missed queued itself before its
-            // (locked) selection, so a release after that miss sees it queued.
-            let parked = self.wakeups.any_queued();
-            (reopened || parked)
-                .then(|| {
-                    state
-                        .workers
-                        .get(worker)
-                        .map(|e| (e.worker.clone(), reopened))
-                })
-                .flatten()
+            // (locked) selection, so a release after that miss sees it queued. With nothing
+            // queued anywhere the pools are not looked at (the busy path of an unparked load).
+            let parked_on = self
+                .wakeups
+                .any_queued()
+                .then(|| state.workers.get(worker).map(|e| e.worker.clone()))
+                .flatten();
+            (reopened, parked_on)
         };
-        match woken {
-            Some((worker, true)) => self.wake_pools(&worker, Wake::One),
-            Some((worker, false)) => self.wakeups.lock().wake_pools(&worker, Wake::One),
-            None => {}
+        if let Some(worker) = parked_on {
+            self.wakeups.lock().wake_pools(&worker, Wake::One);
+        }
+        if reopened {
+            self.wake();
         }
     }
 

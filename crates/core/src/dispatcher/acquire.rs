@@ -12,13 +12,21 @@ use super::quota::{HeldInput, ParkedPlace};
 use super::unserved::{ParkTicket, UnservedAddress};
 use crate::address::normalise_task_queue;
 use crate::outcome::{ActivityOutcome, ActivityRequest, DispatchError};
-use crate::registry::{DispatchReservation, PoolWaiter, UnservedReason};
+use crate::registry::{DispatchReservation, UnservedReason};
 use crate::worker::Worker;
 
 /// How long a parked dispatch keeps its last classification before it takes a new census.
 /// Wakes can be frequent (every freed slot of the pool); a census per wake per parked
 /// dispatch would cost more than the selection it explains.
 const RECLASSIFY_AFTER: Duration = Duration::from_secs(1);
+
+/// The pool address a dispatch selects from (task queue normalised, empty node as none).
+struct Pool<'a> {
+    namespace: &'a str,
+    task_queue: &'a str,
+    activity_type: &'a str,
+    node: Option<&'a str>,
+}
 
 /// Why [`Dispatcher::acquire`] found no worker.
 pub(super) enum Missed {
@@ -48,86 +56,111 @@ impl Dispatcher {
         held: &HeldInput<'_>,
         refusable: bool,
     ) -> Result<(Worker, DispatchReservation), Missed> {
+        let pool = Pool {
+            namespace: &request.namespace,
+            task_queue: normalise_task_queue(&request.task_queue),
+            activity_type: &request.activity_type,
+            node: request.node.as_deref().filter(|n| !n.is_empty()),
+        };
+        // Until the dispatch has a place in its pool's queue, a registry-wide subscription
+        // covers the gap between a miss and the queueing.
+        let gap = self.inner.registry.worker_arrival();
+        if let Some(hit) = self.select(&pool) {
+            return Ok(hit);
+        }
+        // Most dispatches find a worker at the first try: the parked wait's state lives on
+        // the heap, only for the dispatches that park, so every dispatch's future stays small.
+        Box::pin(self.park(request, &pool, deadline, cancel, held, refusable, gap)).await
+    }
+
+    /// One selection attempt, counted.
+    fn select(&self, pool: &Pool<'_>) -> Option<(Worker, DispatchReservation)> {
+        self.inner.selections.fetch_add(1, Ordering::Relaxed);
+        self.inner.registry.select_and_reserve(
+            pool.namespace,
+            pool.task_queue,
+            pool.activity_type,
+            pool.node,
+        )
+    }
+
+    /// After a first miss: takes a parked place (or refuses), queues in the pool's waiters and
+    /// selects once per wake until a worker takes the dispatch or the wait ends.
+    #[allow(clippy::too_many_arguments)]
+    async fn park(
+        &self,
+        request: &ActivityRequest,
+        pool: &Pool<'_>,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        held: &HeldInput<'_>,
+        refusable: bool,
+        gap: crate::WorkerArrival,
+    ) -> Result<(Worker, DispatchReservation), Missed> {
         let registry = &self.inner.registry;
-        let task_queue = normalise_task_queue(&request.task_queue);
-        let node = request.node.as_deref().filter(|n| !n.is_empty());
+        let quotas = &self.inner.quotas;
+        let _parked: ParkedPlace<'_> = if refusable {
+            quotas
+                .park(&self.inner.config, held)
+                .map_err(Missed::Refused)?
+        } else {
+            quotas.park_unrefused(held)
+        };
+        let mut waiting = registry.pool_waiter(
+            pool.namespace,
+            pool.task_queue,
+            pool.activity_type,
+            pool.node,
+        );
+        waiting.arm();
         let mut ticket: Option<ParkTicket> = None;
         let mut classified_at: Option<Instant> = None;
-        let mut waiter: Option<PoolWaiter> = None;
-        let mut _parked: Option<ParkedPlace<'_>> = None;
+        // A wake between the miss and the queueing: select again at once.
+        let mut wait = !fired(gap);
         loop {
-            // Until the dispatch has a place in its pool's queue, a registry-wide subscription
-            // covers the gap between a miss and the queueing.
-            let gap = waiter.is_none().then(|| registry.worker_arrival());
-            if let Some(waiter) = &mut waiter {
-                waiter.arm();
-            }
-            self.inner.selections.fetch_add(1, Ordering::Relaxed);
-            if let Some(hit) = registry.select_and_reserve(
-                &request.namespace,
-                task_queue,
-                &request.activity_type,
-                node,
-            ) {
-                return Ok(hit);
-            }
-            if let Some(gap) = gap {
-                let quotas = &self.inner.quotas;
-                _parked = Some(if refusable {
-                    quotas
-                        .park(&self.inner.config, held)
-                        .map_err(Missed::Refused)?
-                } else {
-                    quotas.park_unrefused(held)
-                });
-                let mut fresh = registry.pool_waiter(
-                    &request.namespace,
-                    task_queue,
-                    &request.activity_type,
-                    node,
-                );
-                fresh.arm();
-                waiter = Some(fresh);
-                if fired(gap) {
-                    continue;
+            if wait {
+                let now = Instant::now();
+                if classified_at
+                    .is_none_or(|at| now.saturating_duration_since(at) >= RECLASSIFY_AFTER)
+                {
+                    let census = registry.pool_census(
+                        pool.namespace,
+                        pool.task_queue,
+                        pool.activity_type,
+                        pool.node,
+                    );
+                    let reason = census.classify().unwrap_or(UnservedReason::OnProbation);
+                    match &ticket {
+                        Some(ticket) => ticket.reclassify(reason, &census),
+                        None => {
+                            let address = UnservedAddress {
+                                namespace: request.namespace.clone(),
+                                task_queue: pool.task_queue.to_owned(),
+                                activity_type: request.activity_type.clone(),
+                                node: pool.node.map(str::to_owned),
+                            };
+                            ticket = Some(self.inner.unserved.park(address, reason, &census));
+                        }
+                    }
+                    classified_at = Some(now);
                 }
-            }
-            let Some(waiting) = &mut waiter else {
-                continue;
-            };
-            let now = Instant::now();
-            if classified_at.is_none_or(|at| now.saturating_duration_since(at) >= RECLASSIFY_AFTER)
-            {
-                let census = registry.pool_census(
-                    &request.namespace,
-                    task_queue,
-                    &request.activity_type,
-                    node,
-                );
-                let reason = census.classify().unwrap_or(UnservedReason::OnProbation);
-                match &ticket {
-                    Some(ticket) => ticket.reclassify(reason, &census),
-                    None => {
-                        let address = UnservedAddress {
-                            namespace: request.namespace.clone(),
-                            task_queue: task_queue.to_owned(),
-                            activity_type: request.activity_type.clone(),
-                            node: node.map(str::to_owned),
-                        };
-                        ticket = Some(self.inner.unserved.park(address, reason, &census));
+                tokio::select! {
+                    () = waiting.woken() => {}
+                    () = tokio::time::sleep_until(deadline) => {
+                        return Err(Missed::Outcome(self.unserved_now(request)));
+                    }
+                    () = cancel.cancelled() => {
+                        return Err(Missed::Outcome(ActivityOutcome::Cancelled));
+                    }
+                    () = self.inner.stop_parked.cancelled() => {
+                        return Err(Missed::Outcome(ActivityOutcome::ShuttingDown));
                     }
                 }
-                classified_at = Some(now);
             }
-            tokio::select! {
-                () = waiting.woken() => {}
-                () = tokio::time::sleep_until(deadline) => {
-                    return Err(Missed::Outcome(self.unserved_now(request)));
-                }
-                () = cancel.cancelled() => return Err(Missed::Outcome(ActivityOutcome::Cancelled)),
-                () = self.inner.stop_parked.cancelled() => {
-                    return Err(Missed::Outcome(ActivityOutcome::ShuttingDown));
-                }
+            wait = true;
+            waiting.arm();
+            if let Some(hit) = self.select(pool) {
+                return Ok(hit);
             }
         }
     }

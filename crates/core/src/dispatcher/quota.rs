@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::DispatchConfig;
 use crate::outcome::DispatchError;
-use crate::registry::shrink_after_drain;
+use crate::registry::{Registry, shrink_after_drain};
 use crate::throttle::KeyedThrottle;
 
 /// `switchyard_dispatch_refusals_total{limit}` label and configuration key of each quota.
@@ -37,25 +37,36 @@ struct Usage {
     bytes: usize,
 }
 
+/// A namespace's figures, and whether the registry's namespace ledger counts it as in use.
+#[derive(Debug, Default)]
+struct NamespaceUsage {
+    usage: Usage,
+    /// The ledger counts one dispatch for the namespace while this entry lives; false while
+    /// the ledger does not list the namespace (each new dispatch asks again).
+    in_ledger: bool,
+}
+
 #[derive(Debug, Default)]
 struct Books {
-    namespaces: HashMap<String, Usage>,
+    namespaces: HashMap<String, NamespaceUsage>,
     principals: HashMap<String, Usage>,
 }
 
 /// The quota figures of every namespace and principal with a dispatch running.
-#[derive(Debug)]
+///
+/// It also tells the registry's namespace ledger that a namespace is in use while any dispatch
+/// runs in it (the rule of [`Registry::namespace_in_use`]), counted once per namespace rather
+/// than once per dispatch: the ledger's lock is taken when a namespace's first dispatch starts
+/// and when its last one ends, not on every dispatch.
 pub(crate) struct QuotaBook {
     books: Mutex<Books>,
     log: Mutex<KeyedThrottle>,
+    registry: Registry,
 }
 
-impl Default for QuotaBook {
-    fn default() -> Self {
-        Self {
-            books: Mutex::default(),
-            log: Mutex::new(KeyedThrottle::new(LOG_WINDOW)),
-        }
+impl std::fmt::Debug for QuotaBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuotaBook").finish_non_exhaustive()
     }
 }
 
@@ -67,6 +78,15 @@ enum Scope {
 }
 
 impl QuotaBook {
+    /// An empty book whose namespaces count as in use in `registry`'s namespace ledger.
+    pub(crate) fn new(registry: Registry) -> Self {
+        Self {
+            books: Mutex::default(),
+            log: Mutex::new(KeyedThrottle::new(LOG_WINDOW)),
+            registry,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Books> {
         self.books.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -82,9 +102,16 @@ impl QuotaBook {
     ) -> Result<HeldInput<'a>, DispatchError> {
         {
             let mut books = self.lock();
-            let ns = books.namespaces.get(namespace).copied().unwrap_or_default();
-            let pr = books.principals.get(principal).copied().unwrap_or_default();
-            let refusal = if ns.bytes.saturating_add(bytes)
+            let Books {
+                namespaces,
+                principals,
+            } = &mut *books;
+            // One lookup per map: the entries are read, checked and updated in place.
+            let ns = namespaces.get_mut(namespace);
+            let pr = principals.get_mut(principal);
+            let ns_bytes = ns.as_ref().map_or(0, |entry| entry.usage.bytes);
+            let pr_bytes = pr.as_ref().map_or(0, |usage| usage.bytes);
+            let refusal = if ns_bytes.saturating_add(bytes)
                 > config.max_held_input_bytes_per_namespace
             {
                 Some((
@@ -92,7 +119,7 @@ impl QuotaBook {
                     config.max_held_input_bytes_per_namespace,
                     Scope::Namespace,
                 ))
-            } else if pr.bytes.saturating_add(bytes) > config.max_held_input_bytes_per_principal {
+            } else if pr_bytes.saturating_add(bytes) > config.max_held_input_bytes_per_principal {
                 Some((
                     MAX_HELD_BYTES_PER_PRINCIPAL,
                     config.max_held_input_bytes_per_principal,
@@ -105,19 +132,22 @@ impl QuotaBook {
                 drop(books);
                 return Err(self.refuse(limit, value, scope, namespace, principal));
             }
-            let Books {
-                namespaces,
-                principals,
-            } = &mut *books;
-            for (map, key) in [(namespaces, namespace), (principals, principal)] {
-                // Looked up before inserting: the common case allocates no key.
-                let usage = match map.get_mut(key) {
-                    Some(usage) => usage,
-                    None => map.entry(key.to_owned()).or_default(),
-                };
-                usage.dispatches += 1;
-                usage.bytes += bytes;
+            let ns = match ns {
+                Some(entry) => entry,
+                None => namespaces.entry(namespace.to_owned()).or_default(),
+            };
+            ns.usage.dispatches += 1;
+            ns.usage.bytes += bytes;
+            if !ns.in_ledger {
+                // Lock order: quota book, then ledger; the ledger never calls back.
+                ns.in_ledger = self.registry.inner.ledger().dispatch_started(namespace);
             }
+            let pr = match pr {
+                Some(usage) => usage,
+                None => principals.entry(principal.to_owned()).or_default(),
+            };
+            pr.dispatches += 1;
+            pr.bytes += bytes;
         }
         Ok(HeldInput {
             book: self,
@@ -135,7 +165,10 @@ impl QuotaBook {
         held: &HeldInput<'a>,
     ) -> Result<ParkedPlace<'a>, DispatchError> {
         let mut books = self.lock();
-        let ns = books.namespaces.get(held.namespace).map_or(0, |u| u.parked);
+        let ns = books
+            .namespaces
+            .get(held.namespace)
+            .map_or(0, |entry| entry.usage.parked);
         let pr = books.principals.get(held.principal).map_or(0, |u| u.parked);
         let refusal = if ns >= config.max_parked_per_namespace {
             Some((
@@ -211,22 +244,35 @@ impl QuotaBook {
             namespaces,
             principals,
         } = &mut *books;
-        for (map, key) in [(namespaces, namespace), (principals, principal)] {
-            if let Some(usage) = map.get_mut(key) {
-                usage.dispatches = usage.dispatches.saturating_sub(1);
-                usage.bytes = usage.bytes.saturating_sub(bytes);
-                if usage.dispatches == 0 {
-                    map.remove(key);
-                    shrink_after_drain(map);
+        if let Some(entry) = namespaces.get_mut(namespace) {
+            let usage = &mut entry.usage;
+            usage.dispatches = usage.dispatches.saturating_sub(1);
+            usage.bytes = usage.bytes.saturating_sub(bytes);
+            if usage.dispatches == 0 {
+                if entry.in_ledger {
+                    self.registry
+                        .inner
+                        .ledger()
+                        .dispatch_ended(namespace, Instant::now());
                 }
+                namespaces.remove(namespace);
+                shrink_after_drain(namespaces);
+            }
+        }
+        if let Some(usage) = principals.get_mut(principal) {
+            usage.dispatches = usage.dispatches.saturating_sub(1);
+            usage.bytes = usage.bytes.saturating_sub(bytes);
+            if usage.dispatches == 0 {
+                principals.remove(principal);
+                shrink_after_drain(principals);
             }
         }
     }
 
     fn unpark(&self, namespace: &str, principal: &str) {
         let mut books = self.lock();
-        if let Some(usage) = books.namespaces.get_mut(namespace) {
-            usage.parked = usage.parked.saturating_sub(1);
+        if let Some(entry) = books.namespaces.get_mut(namespace) {
+            entry.usage.parked = entry.usage.parked.saturating_sub(1);
         }
         if let Some(usage) = books.principals.get_mut(principal) {
             usage.parked = usage.parked.saturating_sub(1);
@@ -242,8 +288,8 @@ impl QuotaBook {
 }
 
 fn count_parked(books: &mut Books, held: &HeldInput<'_>) {
-    if let Some(usage) = books.namespaces.get_mut(held.namespace) {
-        usage.parked += 1;
+    if let Some(entry) = books.namespaces.get_mut(held.namespace) {
+        entry.usage.parked += 1;
     }
     if let Some(usage) = books.principals.get_mut(held.principal) {
         usage.parked += 1;
@@ -288,7 +334,7 @@ mod tests {
 
     #[test]
     fn held_bytes_are_refused_past_the_quota_and_given_back_on_drop() {
-        let book = Arc::new(QuotaBook::default());
+        let book = Arc::new(QuotaBook::new(Registry::default()));
         let config = DispatchConfig {
             max_held_input_bytes_per_namespace: 100,
             ..DispatchConfig::default()
@@ -316,9 +362,71 @@ mod tests {
         );
     }
 
+    fn listed_then_idle(registry: &Registry, namespace: &str) {
+        let grpc = crate::delivery::TransportName::from_static("grpc");
+        let names = [namespace.to_owned()].into();
+        let mut ledger = registry.inner.ledger();
+        ledger.joined(&names, &grpc);
+        ledger.left(&names, &grpc, Instant::now());
+    }
+
+    /// Forgets what the ledger lets expire at `now`; returns how many it forgot.
+    fn expire(registry: &Registry, now: Instant) -> usize {
+        registry.inner.ledger().expire(now).len()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_namespace_stays_in_use_in_the_ledger_until_its_last_dispatch_leaves() {
+        let expiry = Duration::from_secs(60);
+        let registry = Registry::builder().namespace_idle_expiry(expiry).build();
+        listed_then_idle(&registry, "ns");
+        let book = QuotaBook::new(registry.clone());
+        let config = DispatchConfig::default();
+        let first = book.hold(&config, "ns", "p", 1).expect("within quota");
+        let second = book.hold(&config, "ns", "q", 1).expect("within quota");
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(expire(&registry, Instant::now()), 0, "two dispatches run");
+        drop(first);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(
+            expire(&registry, Instant::now()),
+            0,
+            "one dispatch still runs"
+        );
+        drop(second);
+        // Control: idle from the last dispatch's end, it expires one window later.
+        let ended = Instant::now();
+        assert_eq!(
+            expire(&registry, ended + expiry - Duration::from_secs(1)),
+            0
+        );
+        assert_eq!(expire(&registry, ended + expiry), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_namespace_listed_after_its_first_dispatch_is_counted_by_the_next() {
+        let expiry = Duration::from_secs(60);
+        let registry = Registry::builder().namespace_idle_expiry(expiry).build();
+        let book = QuotaBook::new(registry.clone());
+        let config = DispatchConfig::default();
+        let _early = book.hold(&config, "ns", "p", 1).expect("within quota");
+        assert_eq!(
+            registry.namespaces_listed(),
+            0,
+            "dispatches add no namespace"
+        );
+        listed_then_idle(&registry, "ns");
+        let later = Instant::now();
+        // Control: no dispatch counted yet, the listed namespace expires.
+        assert_eq!(expire(&registry, later + expiry), 1);
+        listed_then_idle(&registry, "ns");
+        let _next = book.hold(&config, "ns", "p", 1).expect("within quota");
+        assert_eq!(expire(&registry, later + expiry * 10), 0, "counted in use");
+    }
+
     #[test]
     fn a_principals_held_bytes_are_counted_across_its_namespaces() {
-        let book = Arc::new(QuotaBook::default());
+        let book = Arc::new(QuotaBook::new(Registry::default()));
         let config = DispatchConfig {
             max_held_input_bytes_per_principal: 100,
             ..DispatchConfig::default()
