@@ -369,3 +369,46 @@ async fn a_wrong_secret_is_refused_by_name_and_a_resume_supersedes_the_old_strea
         .worker(WorkerId::from_raw(ack.worker_id));
     assert!(worker.is_some_and(|w| w.suspended_for.is_none()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_are_acknowledged_in_batches_only_to_a_session_worker() {
+    let gateway = TestGateway::start(|_| {}).await;
+    let mut session = RawGrpcWorker::open(&gateway).await.expect("call opens");
+    session
+        .try_register(resumable(NAMESPACE))
+        .await
+        .expect("registered");
+    // Results for tasks the worker never held are refused, and still acknowledged.
+    for task in 1..=100 {
+        session.send(switchyard_tests::success(task, b"x")).await;
+    }
+    let mut batches = Vec::new();
+    while batches.iter().map(Vec::len).sum::<usize>() < 100 {
+        match tokio::time::timeout(Duration::from_secs(10), session.next_frame()).await {
+            Ok(Ok(Some(pb::gateway_frame::Frame::ResultsAck(ack)))) => batches.push(ack.task_ids),
+            Ok(Ok(Some(_))) => {}
+            other => panic!("expected results acknowledgements, got {other:?}"),
+        }
+    }
+    assert!(
+        batches.len() < 100,
+        "batched, not one frame per result: {batches:?}"
+    );
+    assert!(batches.iter().all(|batch| batch.len() <= 64));
+    let acked: Vec<u64> = batches.concat();
+    assert_eq!(acked, (1..=100).collect::<Vec<_>>());
+
+    // Control: a worker without a session gets no acknowledgement.
+    let mut plain = RawGrpcWorker::open(&gateway).await.expect("call opens");
+    let ack = plain
+        .try_register(raw_registration(NAMESPACE, ACTIVITY, 1))
+        .await
+        .expect("registered");
+    assert_eq!(ack.session_id, 0, "no session without resumable");
+    plain.send(switchyard_tests::success(1, b"x")).await;
+    let next = tokio::time::timeout(Duration::from_millis(500), plain.next_frame()).await;
+    assert!(
+        !matches!(next, Ok(Ok(Some(pb::gateway_frame::Frame::ResultsAck(_))))),
+        "{next:?}"
+    );
+}

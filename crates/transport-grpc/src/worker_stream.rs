@@ -405,3 +405,48 @@ pub fn fuzz_registered_frames(
         .into_iter()
         .find_map(|frame| stream.handle(worker, frame, &mut refused).err())
 }
+
+#[cfg(test)]
+mod tests {
+    use switchyard_proto::v1::{GatewayFrame, gateway_frame};
+
+    use super::*;
+
+    fn acked(frame: Option<GatewayFrame>) -> Option<Vec<u64>> {
+        match frame?.frame? {
+            gateway_frame::Frame::ResultsAck(ack) => Some(ack.task_ids),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn results_are_acknowledged_in_batches_and_kept_while_the_queue_is_full() {
+        let (frames, mut pushed) = mpsc::channel(1);
+        let delivery = GrpcDelivery::new(frames, 1024);
+        let mut acks = ResultsAcks::default();
+        assert!(
+            acks.processed(1),
+            "the first pending result starts the delay"
+        );
+        assert!(!acks.processed(2));
+        assert!(!acks.is_full());
+        for task in 3..=ACK_BATCH as u64 {
+            acks.processed(task);
+        }
+        assert!(acks.is_full(), "a full batch goes at once");
+        assert!(acks.flush(&delivery));
+        let first = acked(pushed.try_recv().ok());
+        assert_eq!(first, Some((1..=ACK_BATCH as u64).collect()), "one frame");
+        assert!(!acks.is_pending());
+        // The queue is full: the batch stays pending until there is room.
+        delivery
+            .deliver(switchyard_core::WorkerMessage::Ping { seq: 1 })
+            .unwrap_or_else(|error| panic!("{error}"));
+        acks.processed(65);
+        assert!(!acks.flush(&delivery));
+        assert!(acks.is_pending(), "control: nothing was lost");
+        let _ping = pushed.try_recv();
+        assert!(acks.flush(&delivery));
+        assert_eq!(acked(pushed.try_recv().ok()), Some(vec![65]));
+    }
+}
