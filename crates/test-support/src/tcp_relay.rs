@@ -208,3 +208,61 @@ async fn pump(
         () = live.cancelled() => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An upstream that echoes every byte back, on every connection.
+    async fn echo_upstream() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buffer = [0_u8; 64];
+                    while let Ok(n @ 1..) = socket.read(&mut buffer).await {
+                        if socket.write_all(&buffer[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Whether a round trip of one byte through `relay` works on a new connection.
+    async fn round_trip(relay: &TcpRelay) -> bool {
+        let Ok(mut socket) = TcpStream::connect(relay.addr()).await else {
+            return false;
+        };
+        let mut byte = [0_u8; 1];
+        socket.write_all(b"x").await.is_ok()
+            && matches!(
+                tokio::time::timeout(Duration::from_secs(5), socket.read(&mut byte)).await,
+                Ok(Ok(1))
+            )
+    }
+
+    #[tokio::test]
+    async fn a_blackout_ends_live_connections_refuses_new_ones_then_relays_again() {
+        let relay = TcpRelay::start(echo_upstream().await).await.unwrap();
+        let mut live = TcpStream::connect(relay.addr()).await.unwrap();
+        live.write_all(b"x").await.unwrap();
+        let mut byte = [0_u8; 1];
+        assert_eq!(live.read(&mut byte).await.unwrap(), 1, "control: it relays");
+        relay.blackout(Duration::from_millis(300));
+        let ended = tokio::time::timeout(Duration::from_secs(5), live.read(&mut byte)).await;
+        assert!(
+            matches!(ended, Ok(Ok(0) | Err(_))),
+            "the live connection ends"
+        );
+        assert!(!round_trip(&relay).await, "a new connection is refused");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            round_trip(&relay).await,
+            "after the blackout it relays again"
+        );
+    }
+}
