@@ -77,6 +77,7 @@ pub(crate) fn worker_config(section: &GrpcSection) -> GrpcServerConfig {
         max_concurrent_streams: section.max_concurrent_streams,
         max_connections: section.max_connections,
         max_connections_per_address: section.max_connections_per_address,
+        reconnect_grace: section.reconnect_grace.get(),
         ..GrpcServerConfig::default()
     }
 }

@@ -1,14 +1,17 @@
 //! A TCP relay on loopback between a worker and the gateway that can freeze (stop moving
 //! bytes, keep every socket open: a hung peer, no FIN, no RST), sever (close every socket and
-//! the listener: a crashed peer) or throttle the gateway-to-worker direction (a slow reader).
+//! the listener: a crashed peer), black out (close every socket and refuse new ones for a
+//! while: a link blip) or throttle the gateway-to-worker direction (a slow reader).
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Forwards every connection made to [`TcpRelay::addr`] on to the upstream address; dropping
@@ -18,6 +21,30 @@ pub struct TcpRelay {
     addr: SocketAddr,
     frozen: CancellationToken,
     severed: CancellationToken,
+    blackout: Arc<Blackout>,
+}
+
+/// The live connections' token (cancelled by a blackout) and when new ones are let through.
+#[derive(Debug)]
+struct Blackout {
+    live: Mutex<CancellationToken>,
+    until: Mutex<Option<Instant>>,
+}
+
+impl Blackout {
+    fn live(&self) -> CancellationToken {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn refusing(&self) -> bool {
+        self.until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|until| Instant::now() < until)
+    }
 }
 
 impl TcpRelay {
@@ -36,17 +63,22 @@ impl TcpRelay {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (frozen, severed) = (CancellationToken::new(), CancellationToken::new());
+        let blackout = Arc::new(Blackout {
+            live: Mutex::new(CancellationToken::new()),
+            until: Mutex::new(None),
+        });
         tokio::spawn(accept(
             listener,
             upstream,
             pause,
-            frozen.clone(),
-            severed.clone(),
+            (frozen.clone(), severed.clone()),
+            Arc::clone(&blackout),
         ));
         Ok(Self {
             addr,
             frozen,
             severed,
+            blackout,
         })
     }
 
@@ -66,6 +98,25 @@ impl TcpRelay {
         self.frozen.cancel();
     }
 
+    /// A link blip: closes every relayed socket now (both peers see the connection end) and
+    /// closes each new connection at once for `duration`; after it, relays again.
+    pub fn blackout(&self, duration: Duration) {
+        *self
+            .blackout
+            .until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + duration);
+        let old = std::mem::replace(
+            &mut *self
+                .blackout
+                .live
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            CancellationToken::new(),
+        );
+        old.cancel();
+    }
+
     /// Closes every relayed socket and the listener.
     pub fn sever(&self) {
         self.frozen.cancel();
@@ -83,8 +134,8 @@ async fn accept(
     listener: TcpListener,
     upstream: SocketAddr,
     pause: Option<Duration>,
-    frozen: CancellationToken,
-    severed: CancellationToken,
+    (frozen, severed): (CancellationToken, CancellationToken),
+    blackout: Arc<Blackout>,
 ) {
     loop {
         let accepted = tokio::select! {
@@ -92,7 +143,7 @@ async fn accept(
             () = severed.cancelled() => return,
         };
         let Ok((client, _)) = accepted else { return };
-        if frozen.is_cancelled() {
+        if frozen.is_cancelled() || blackout.refusing() {
             continue;
         }
         let Ok(server) = TcpStream::connect(upstream).await else {
@@ -102,19 +153,20 @@ async fn accept(
         let _ = server.set_nodelay(true);
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
+        let live = blackout.live();
         tokio::spawn(pump(
             client_read,
             server_write,
             None,
-            frozen.clone(),
-            severed.clone(),
+            (frozen.clone(), severed.clone()),
+            live.clone(),
         ));
         tokio::spawn(pump(
             server_read,
             client_write,
             pause,
-            frozen.clone(),
-            severed.clone(),
+            (frozen.clone(), severed.clone()),
+            live,
         ));
     }
 }
@@ -123,13 +175,15 @@ async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     pause: Option<Duration>,
-    frozen: CancellationToken,
-    severed: CancellationToken,
+    (frozen, severed): (CancellationToken, CancellationToken),
+    live: CancellationToken,
 ) {
     let mut buffer = vec![0_u8; if pause.is_some() { 4 * 1024 } else { 16 * 1024 }];
     loop {
         let read = tokio::select! {
             biased;
+            // A blackout: dropping both halves closes the socket.
+            () = live.cancelled() => return,
             () = frozen.cancelled() => break,
             read = from.read(&mut buffer) => read,
         };
@@ -148,6 +202,67 @@ async fn pump(
             }
         }
     }
-    // Silent, both halves held open, until severed.
-    severed.cancelled().await;
+    // Silent, both halves held open, until severed or blacked out.
+    tokio::select! {
+        () = severed.cancelled() => {}
+        () = live.cancelled() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An upstream that echoes every byte back, on every connection.
+    async fn echo_upstream() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buffer = [0_u8; 64];
+                    while let Ok(n @ 1..) = socket.read(&mut buffer).await {
+                        if socket.write_all(&buffer[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// Whether a round trip of one byte through `relay` works on a new connection.
+    async fn round_trip(relay: &TcpRelay) -> bool {
+        let Ok(mut socket) = TcpStream::connect(relay.addr()).await else {
+            return false;
+        };
+        let mut byte = [0_u8; 1];
+        socket.write_all(b"x").await.is_ok()
+            && matches!(
+                tokio::time::timeout(Duration::from_secs(5), socket.read(&mut byte)).await,
+                Ok(Ok(1))
+            )
+    }
+
+    #[tokio::test]
+    async fn a_blackout_ends_live_connections_refuses_new_ones_then_relays_again() {
+        let relay = TcpRelay::start(echo_upstream().await).await.unwrap();
+        let mut live = TcpStream::connect(relay.addr()).await.unwrap();
+        live.write_all(b"x").await.unwrap();
+        let mut byte = [0_u8; 1];
+        assert_eq!(live.read(&mut byte).await.unwrap(), 1, "control: it relays");
+        relay.blackout(Duration::from_millis(300));
+        let ended = tokio::time::timeout(Duration::from_secs(5), live.read(&mut byte)).await;
+        assert!(
+            matches!(ended, Ok(Ok(0) | Err(_))),
+            "the live connection ends"
+        );
+        assert!(!round_trip(&relay).await, "a new connection is refused");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            round_trip(&relay).await,
+            "after the blackout it relays again"
+        );
+    }
 }

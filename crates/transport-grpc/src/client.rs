@@ -3,9 +3,12 @@
 //! A [`GrpcWorker`] holds one registered stream at a time. The runtime
 //! ([`switchyard_worker`]) validates the options, runs at most `max_concurrency` handlers at
 //! once, and reconnects with jittered exponential backoff after the gateway shuts down or the
-//! stream is lost (registering again under a new worker id; the gateway re-dispatches what the
-//! old one held). This link answers pings, fires a handler's cancellation token on
-//! `CancelActivity`, and finishes in-flight work and closes on `DrainRequest`. Only a requested
+//! stream is lost. By default the worker registers `resumable`: after a lost stream it resumes
+//! its session within the gateway's grace (same worker id; running tasks keep running and
+//! results the gateway never acknowledged are sent again), else registers again under a new
+//! worker id and the gateway re-dispatches what the old one held. This link answers pings,
+//! fires a handler's cancellation token on `CancelActivity`, forgets acknowledged results on
+//! `ResultsAck`, and finishes in-flight work and closes on `DrainRequest`. Only a requested
 //! drain, or the worker's shutdown, ends [`GrpcWorker::run`].
 //!
 //! [`WorkerHandle::drain`] sends `WorkerDrainRequest` (the gateway answers with a requested
@@ -18,7 +21,7 @@ mod runtime;
 
 use std::time::Duration;
 
-use switchyard_core::WorkerId;
+use switchyard_core::{ResumeRequest, WorkerId};
 use switchyard_worker::{ConnectionContext, ConnectionEnd, Link, Registered, Worker};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{ClientTlsConfig, Endpoint};
@@ -98,8 +101,8 @@ impl GrpcWorker {
     }
 
     /// A token that stops [`GrpcWorker::run`] when cancelled: in-flight handlers are
-    /// dropped, the stream is closed (the gateway re-dispatches its tasks) and `run`
-    /// returns `Ok`.
+    /// dropped, the stream is closed (the gateway re-dispatches its tasks, after its reconnect
+    /// grace when the worker had a session) and `run` returns `Ok`.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.worker.handle().shutdown_token()
     }
@@ -192,8 +195,9 @@ impl Link for GrpcLink {
     async fn open(
         &self,
         options: &WorkerOptions,
+        resume: Option<&ResumeRequest>,
     ) -> Result<(link::Stream, Registered), GrpcLinkError> {
-        link::open(&self.endpoint, &self.settings, options).await
+        link::open(&self.endpoint, &self.settings, options, resume).await
     }
 
     async fn serve(

@@ -48,6 +48,9 @@ pub struct GrpcServerConfig {
     pub max_connections: usize,
     /// Connections the listener holds from one source IP address (default 256).
     pub max_connections_per_address: usize,
+    /// How long a resumable worker's session outlives its lost stream (default 5 s): a
+    /// `resume` within it keeps the worker's id, slots and tasks. `ZERO` grants no sessions.
+    pub reconnect_grace: Duration,
 }
 
 impl Default for GrpcServerConfig {
@@ -65,6 +68,7 @@ impl Default for GrpcServerConfig {
             max_concurrent_streams: 256,
             max_connections: 768,
             max_connections_per_address: 256,
+            reconnect_grace: Duration::from_secs(5),
         }
     }
 }

@@ -88,6 +88,18 @@ impl GrpcDelivery {
         self.lock().farewell
     }
 
+    /// Queues a `results_ack` for `tasks`, or hands them back when the queue is full or
+    /// closed.
+    pub(crate) fn push_results_ack(&self, tasks: Vec<u64>) -> Result<(), Vec<u64>> {
+        match self.frames.try_reserve() {
+            Ok(permit) if self.is_connected() => {
+                permit.send(wire::results_ack(tasks));
+                Ok(())
+            }
+            _ => Err(tasks),
+        }
+    }
+
     /// Resolves after a notice is queued or a task answered (or at once if that happened
     /// since the last call): the moment to check [`GrpcDelivery::farewell_due`] again.
     pub(crate) async fn changed(&self) {

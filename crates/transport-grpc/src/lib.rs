@@ -6,12 +6,16 @@
 //! [`Authenticate`](switchyard_auth::Authenticate), see [`authenticate_request`]), passes the first
 //! frame through core's admission gate, pushes tasks, pings, cancels and drain requests
 //! through a bounded per-worker queue, and hands results, pongs and cancel acknowledgements to
-//! core. The stream is the registration: it ending deregisters the worker once.
+//! core. The stream is the registration: it ending deregisters the worker once, unless the
+//! worker has a session (it registered `resumable` and [`GrpcServerConfig::reconnect_grace`] is
+//! above zero): then it is suspended until a `resume` on a new stream or the grace's end.
 //!
 //! The worker side is [`GrpcWorker`]: activity handlers are async functions of
 //! ([`ActivityContext`], input bytes) returning output bytes or an [`ActivityError`]; the
 //! runtime answers pings, bounds concurrency, honours cancels and drains, and reconnects
-//! after a lost stream or a gateway shutdown (only a requested drain is final).
+//! after a lost stream or a gateway shutdown (only a requested drain is final), resuming its
+//! session when it has one: running tasks keep running and unacknowledged results are sent
+//! again.
 //!
 //! # Examples
 //!

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use switchyard_core::{AdmissionError, DisconnectReason, RefusalKind, TaskId, WorkerId};
+use switchyard_core::{
+    AdmissionError, DisconnectReason, RefusalKind, ResumeRefused, TaskId, WorkerId,
+};
 use tonic::{Code, Status};
 
 use switchyard_auth::AuthError;
@@ -20,8 +22,8 @@ pub enum SessionError {
         /// The configured deadline.
         deadline: Duration,
     },
-    /// The first frame was not `register`.
-    #[error("the first frame must be register, got {got}")]
+    /// The first frame was neither `register` nor `resume`.
+    #[error("the first frame must be register or resume, got {got}")]
     NotRegisteredFirst {
         /// The frame that came first.
         got: &'static str,
@@ -62,6 +64,12 @@ pub enum SessionError {
     /// The gateway is shutting down; the worker should reconnect later.
     #[error("the gateway is shutting down; reconnect later")]
     ShuttingDown,
+    /// The session refused a `resume`; its message starts with `resume refused: <reason>`.
+    #[error(transparent)]
+    ResumeRefused(#[from] ResumeRefused),
+    /// A newer stream resumed this stream's session.
+    #[error("superseded by a resumed connection")]
+    Superseded,
     /// Core deregistered the worker while its stream was open.
     #[error("worker {worker} was deregistered: {}", reason.as_str())]
     Deregistered {
@@ -89,6 +97,8 @@ impl SessionError {
     pub fn status(&self) -> Status {
         match self {
             Self::Refused(error) => admission_status(error),
+            Self::ResumeRefused(refusal) => resume_status(refusal),
+            Self::Superseded => Status::aborted(self.to_string()),
             Self::Unauthenticated(_) => Status::unauthenticated(self.to_string()),
             Self::RegistrationDeadline { .. } => Status::deadline_exceeded(self.to_string()),
             Self::NotRegisteredFirst { .. }
@@ -119,6 +129,25 @@ pub fn admission_status(error: &AdmissionError) -> Status {
         _ => Code::Unknown,
     };
     Status::new(code, error.to_string())
+}
+
+/// The status for a refused resume: an unknown session NOT_FOUND, a wrong secret or principal
+/// PERMISSION_DENIED, a draining session FAILED_PRECONDITION, a gateway shutting down
+/// UNAVAILABLE, too many task ids INVALID_ARGUMENT. The message is core's sentence, which
+/// starts with `resume refused: <label>`.
+fn resume_status(refusal: &ResumeRefused) -> Status {
+    let code = match refusal {
+        ResumeRefused::UnknownSession { .. } => Code::NotFound,
+        ResumeRefused::WrongSecret { .. } | ResumeRefused::WrongPrincipal { .. } => {
+            Code::PermissionDenied
+        }
+        ResumeRefused::Draining { .. } => Code::FailedPrecondition,
+        ResumeRefused::ShuttingDown => Code::Unavailable,
+        ResumeRefused::TooManyTasks { .. } => Code::InvalidArgument,
+        // A refusal added to core after this transport: say so rather than guess.
+        _ => Code::Unknown,
+    };
+    Status::new(code, refusal.to_string())
 }
 
 #[cfg(test)]
@@ -170,11 +199,54 @@ mod tests {
         assert_eq!(status.code(), Code::InvalidArgument);
         assert_eq!(
             status.message(),
-            "the first frame must be register, got pong"
+            "the first frame must be register or resume, got pong"
         );
         let deadline = SessionError::RegistrationDeadline {
             deadline: Duration::from_millis(50),
         };
         assert_eq!(deadline.status().code(), Code::DeadlineExceeded);
+    }
+
+    #[test]
+    fn each_resume_refusal_has_its_code_and_names_its_reason() {
+        let session_id = WorkerId::from_raw(4);
+        let cases = [
+            (ResumeRefused::UnknownSession { session_id }, Code::NotFound),
+            (
+                ResumeRefused::WrongSecret { session_id },
+                Code::PermissionDenied,
+            ),
+            (
+                ResumeRefused::WrongPrincipal { session_id },
+                Code::PermissionDenied,
+            ),
+            (
+                ResumeRefused::Draining { session_id },
+                Code::FailedPrecondition,
+            ),
+            (ResumeRefused::ShuttingDown, Code::Unavailable),
+            (
+                ResumeRefused::TooManyTasks {
+                    field: "running",
+                    count: 2,
+                    limit: 1,
+                },
+                Code::InvalidArgument,
+            ),
+        ];
+        for (refusal, code) in cases {
+            let status = SessionError::from(refusal.clone()).status();
+            assert_eq!(status.code(), code, "{refusal}");
+            let prefix = format!("resume refused: {}", refusal.label());
+            assert!(
+                status.message().starts_with(&prefix),
+                "{}",
+                status.message()
+            );
+        }
+        // Control: the superseded stream is told apart from a refusal.
+        let superseded = SessionError::Superseded.status();
+        assert_eq!(superseded.code(), Code::Aborted);
+        assert_eq!(superseded.message(), "superseded by a resumed connection");
     }
 }

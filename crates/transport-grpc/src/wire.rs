@@ -3,18 +3,20 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use switchyard_core::{
-    ActivityTask, CancelReason, Node, Registration, TaskId, TaskResult, WorkerId, WorkerMessage,
+    ActivityTask, CancelReason, Node, Registration, ResumeRequest, SessionGrant, TaskId,
+    TaskResult, WorkerId, WorkerMessage,
 };
 use switchyard_proto::v1::{
     self, ActivityResult, CancelActivity, DrainRequest, Failure, GatewayFrame, LivenessPing,
-    RegisterAck, RegisterWorker, activity_result, cancel_activity, drain_request, gateway_frame,
-    worker_frame,
+    RegisterAck, RegisterWorker, ResultsAck, ResumeWorker, activity_result, cancel_activity,
+    drain_request, gateway_frame, worker_frame,
 };
 
 use crate::status::SessionError;
 
-/// The transport-neutral registration a `register` frame asks for.
-pub(crate) fn registration(frame: RegisterWorker) -> Registration {
+/// The transport-neutral registration a `register` frame asks for; a resumable worker gets a
+/// session of `reconnect_grace`.
+pub(crate) fn registration(frame: RegisterWorker, reconnect_grace: Duration) -> Registration {
     Registration {
         namespaces: frame.namespaces.into_iter().collect(),
         task_queue: frame.task_queue,
@@ -22,9 +24,38 @@ pub(crate) fn registration(frame: RegisterWorker) -> Registration {
         activity_types: frame.activity_types.into_iter().collect(),
         identity: frame.identity,
         max_concurrency: frame.max_concurrency,
-        // No session until the gRPC protocol carries resume (issue 16).
-        reconnect_grace: std::time::Duration::ZERO,
+        reconnect_grace: if frame.resumable {
+            reconnect_grace
+        } else {
+            Duration::ZERO
+        },
     }
+}
+
+/// The resume request a `resume` frame carries.
+pub(crate) fn resume_request(frame: ResumeWorker) -> ResumeRequest {
+    let ids = |raw: Vec<u64>| raw.into_iter().map(TaskId::from_raw).collect();
+    ResumeRequest {
+        session_id: WorkerId::from_raw(frame.session_id),
+        secret: frame.resume_secret.to_vec(),
+        running: ids(frame.running_task_ids),
+        unacked: ids(frame.unacked_task_ids),
+    }
+}
+
+/// What an acknowledgement says besides the registration: the session, and on a resume the
+/// tasks the gateway still holds.
+#[derive(Debug, Default)]
+pub(crate) struct AckSession<'a> {
+    pub(crate) grant: Option<&'a SessionGrant>,
+    pub(crate) held: Option<&'a [TaskId]>,
+}
+
+/// The frame acknowledging the results of `tasks`.
+pub(crate) fn results_ack(tasks: Vec<u64>) -> GatewayFrame {
+    frame(gateway_frame::Frame::ResultsAck(ResultsAck {
+        task_ids: tasks,
+    }))
 }
 
 /// The first frame of an accepted stream; `max_frame_bytes` is the stream's message size limit,
@@ -34,14 +65,28 @@ pub(crate) fn register_ack(
     task_queue: &str,
     ping_interval: Duration,
     max_frame_bytes: usize,
+    session: AckSession<'_>,
 ) -> GatewayFrame {
     let max_frame_bytes = u32::try_from(max_frame_bytes).unwrap_or(u32::MAX);
+    let grant = session.grant;
     frame(gateway_frame::Frame::RegisterAck(RegisterAck {
         worker_id: worker.get(),
         task_queue: task_queue.to_owned(),
         ping_interval_ms: u32::try_from(ping_interval.as_millis()).unwrap_or(u32::MAX),
         max_gateway_frame_bytes: max_frame_bytes,
         max_worker_frame_bytes: max_frame_bytes,
+        session_id: grant.map_or(0, |grant| grant.session_id.get()),
+        resume_secret: grant.map_or_else(Default::default, |grant| {
+            bytes::Bytes::copy_from_slice(grant.secret.as_bytes())
+        }),
+        reconnect_grace_ms: grant.map_or(0, |grant| {
+            u32::try_from(grant.grace.as_millis()).unwrap_or(u32::MAX)
+        }),
+        resumed: session.held.is_some(),
+        held_task_ids: session
+            .held
+            .map(|held| held.iter().map(|task| task.get()).collect())
+            .unwrap_or_default(),
     }))
 }
 
@@ -112,6 +157,7 @@ pub(crate) fn worker_frame_name(frame: Option<&worker_frame::Frame>) -> &'static
         Some(worker_frame::Frame::CancelAck(_)) => "cancel_ack",
         Some(worker_frame::Frame::DrainRequest(_)) => "drain_request",
         Some(worker_frame::Frame::Capacity(_)) => "capacity",
+        Some(worker_frame::Frame::Resume(_)) => "resume",
         None => "an empty frame",
     }
 }
@@ -175,15 +221,31 @@ mod tests {
             max_concurrency: None,
             ..RegisterWorker::default()
         };
-        let decoded = registration(frame.clone());
+        let decoded = registration(frame.clone(), Duration::ZERO);
         assert_eq!(decoded.namespaces.len(), 2);
         assert_eq!(decoded.node, None);
         assert_eq!(decoded.max_concurrency, None);
-        let zero = registration(RegisterWorker {
-            max_concurrency: Some(0),
-            ..frame
-        });
+        let zero = registration(
+            RegisterWorker {
+                max_concurrency: Some(0),
+                ..frame
+            },
+            Duration::ZERO,
+        );
         assert_eq!(zero.max_concurrency, Some(0));
+    }
+
+    #[test]
+    fn only_a_resumable_worker_gets_the_grace() {
+        let grace = Duration::from_secs(5);
+        let resumable = RegisterWorker {
+            resumable: true,
+            ..RegisterWorker::default()
+        };
+        assert_eq!(registration(resumable, grace).reconnect_grace, grace);
+        // Control: the same worker not resumable gets no session.
+        let plain = RegisterWorker::default();
+        assert_eq!(registration(plain, grace).reconnect_grace, Duration::ZERO);
     }
 
     #[test]
@@ -263,13 +325,20 @@ mod tests {
 
     #[test]
     fn acknowledgement_states_the_frame_limits() {
-        let Some(gateway_frame::Frame::RegisterAck(ack)) =
-            register_ack(WorkerId::from_raw(7), "q", Duration::from_secs(2), 4096).frame
+        let Some(gateway_frame::Frame::RegisterAck(ack)) = register_ack(
+            WorkerId::from_raw(7),
+            "q",
+            Duration::from_secs(2),
+            4096,
+            AckSession::default(),
+        )
+        .frame
         else {
             panic!("an acknowledgement");
         };
         assert_eq!(ack.max_gateway_frame_bytes, 4096);
         assert_eq!(ack.max_worker_frame_bytes, 4096);
         assert_eq!(ack.ping_interval_ms, 2000);
+        assert_eq!((ack.session_id, ack.resumed), (0, false), "no session");
     }
 }

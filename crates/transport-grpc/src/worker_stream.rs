@@ -1,26 +1,81 @@
 //! One worker stream on the server, from its first frame to its deregistration.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use switchyard_core::{
-    CallerIdentity, DisconnectReason, Registration, RegistrationToken, TaskId, WorkerDelivery,
-    WorkerId, normalise_task_queue,
+    CallerIdentity, DisconnectReason, Registration, RegistrationToken, ResumeRequest, TaskId,
+    WorkerDelivery, WorkerId, normalise_task_queue,
 };
 use switchyard_proto::v1::{WorkerFrame, worker_frame::Frame};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 use crate::delivery::{Farewell, GrpcDelivery};
 use crate::outbound::Control;
 use crate::service::ServiceState;
 use crate::status::SessionError;
-use crate::wire;
+use crate::wire::{self, AckSession};
 
 /// Drives one `Connect` call; see [`WorkerService`](crate::WorkerService) for the rules.
 pub(crate) struct WorkerStream {
     shared: Arc<ServiceState>,
     caller: CallerIdentity,
     control: mpsc::Sender<Control>,
+}
+
+/// The first frame of a stream.
+enum First {
+    /// A registration.
+    Register(Registration),
+    /// A claim to a session.
+    Resume(ResumeRequest),
+}
+
+/// Most results one `results_ack` acknowledges.
+const ACK_BATCH: usize = 64;
+
+/// Longest a processed result waits for its acknowledgement.
+const ACK_DELAY: Duration = Duration::from_millis(20);
+
+/// The results processed on a session worker's stream and not yet acknowledged: sent as one
+/// `results_ack` when [`ACK_BATCH`] are pending or [`ACK_DELAY`] after the first.
+#[derive(Default)]
+struct ResultsAcks {
+    pending: Vec<u64>,
+}
+
+impl ResultsAcks {
+    /// Notes a processed result; true when it is the first pending (the delay starts).
+    fn processed(&mut self, task: u64) -> bool {
+        self.pending.push(task);
+        self.pending.len() == 1
+    }
+
+    fn is_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    fn is_full(&self) -> bool {
+        self.pending.len() >= ACK_BATCH
+    }
+
+    /// Queues the pending acknowledgements as one frame; false when the queue had no room
+    /// (they stay pending).
+    fn flush(&mut self, delivery: &GrpcDelivery) -> bool {
+        if self.pending.is_empty() {
+            return true;
+        }
+        let batch = std::mem::replace(&mut self.pending, Vec::with_capacity(ACK_BATCH));
+        match delivery.push_results_ack(batch) {
+            Ok(()) => true,
+            Err(batch) => {
+                self.pending = batch;
+                false
+            }
+        }
+    }
 }
 
 /// How a registered stream's frame loop ended.
@@ -51,38 +106,81 @@ impl WorkerStream {
     }
 
     pub(crate) async fn run(self, mut inbound: Streaming<WorkerFrame>) {
-        let registration = match self.await_registration(&mut inbound).await {
-            Ok(registration) => registration,
+        let first = match self.await_first(&mut inbound).await {
+            Ok(first) => first,
             Err(Some(error)) => return self.close(error).await,
             Err(None) => return,
         };
         let core = &self.shared.core;
-        let task_queue = normalise_task_queue(&registration.task_queue).to_owned();
-        let queue = self.shared.config.queue_size(registration.max_concurrency);
+        let capacity = match &first {
+            First::Register(registration) => registration.max_concurrency,
+            // Sized like the session's first stream; a session that is not there is refused
+            // below, before anything is queued.
+            First::Resume(request) => core
+                .registry()
+                .worker(request.session_id)
+                .and_then(|worker| worker.capacity),
+        };
+        let queue = self.shared.config.queue_size(capacity);
         let (frames, pushed) = mpsc::channel(queue);
         let acknowledgement = frames.clone();
         let max_frame_bytes = self.shared.config.max_message_bytes;
         let delivery = Arc::new(GrpcDelivery::new(frames, max_frame_bytes));
         let leg: Arc<dyn WorkerDelivery> = delivery.clone();
-        tracing::Span::current().record(
-            "namespaces",
-            tracing::field::debug(&registration.namespaces),
-        );
-        let admitted = core
-            .registry()
-            .admit_unannounced(&self.caller, registration, leg)
-            .await;
-        let token = match admitted {
-            Ok(token) => token,
-            Err(error) => {
-                tracing::info!(%error, "registration refused");
-                return self.close(error.into()).await;
+        let ping_interval = core.liveness().config().ping_interval;
+        let (token, ack) = match first {
+            First::Register(registration) => {
+                let task_queue = normalise_task_queue(&registration.task_queue).to_owned();
+                tracing::Span::current().record(
+                    "namespaces",
+                    tracing::field::debug(&registration.namespaces),
+                );
+                let admitted = core
+                    .registry()
+                    .admit_unannounced(&self.caller, registration, leg)
+                    .await;
+                let token = match admitted {
+                    Ok(token) => token,
+                    Err(error) => {
+                        tracing::info!(%error, "registration refused");
+                        return self.close(error.into()).await;
+                    }
+                };
+                let session = AckSession {
+                    grant: token.session(),
+                    held: None,
+                };
+                let ack = wire::register_ack(
+                    token.worker_id(),
+                    &task_queue,
+                    ping_interval,
+                    max_frame_bytes,
+                    session,
+                );
+                (token, ack)
+            }
+            First::Resume(request) => {
+                let resumed = match core.resume(&self.caller, request, leg).await {
+                    Ok(resumed) => resumed,
+                    Err(refusal) => return self.close(refusal.into()).await,
+                };
+                tracing::info!(held = resumed.held.len(), "worker session resumed");
+                let session = AckSession {
+                    grant: Some(&resumed.grant),
+                    held: Some(&resumed.held),
+                };
+                let ack = wire::register_ack(
+                    resumed.token.worker_id(),
+                    &resumed.task_queue,
+                    ping_interval,
+                    max_frame_bytes,
+                    session,
+                );
+                (resumed.token, ack)
             }
         };
         let worker = token.worker_id();
         tracing::Span::current().record("worker", tracing::field::display(worker));
-        let ping_interval = core.liveness().config().ping_interval;
-        let ack = wire::register_ack(worker, &task_queue, ping_interval, max_frame_bytes);
         // Core sends nothing to an unannounced worker, so the acknowledgement is the first
         // frame of the queue, and announcing after it is queued keeps it first.
         let acknowledged = acknowledgement.send(ack).await.is_ok()
@@ -100,6 +198,7 @@ impl WorkerStream {
         };
         delivery.close();
         let farewell = delivery.farewell();
+        // A lost stream of a session worker suspends it (core decides); a drained one leaves.
         let reason = match (&end, farewell) {
             (End::WorkerClosed | End::Farewell(_), Some(_)) => DisconnectReason::Drained,
             _ => DisconnectReason::Disconnect,
@@ -129,11 +228,11 @@ impl WorkerStream {
         }
     }
 
-    /// Waits for the `register` frame. `Err(None)` means the call ended before it.
-    async fn await_registration(
+    /// Waits for the `register` or `resume` frame. `Err(None)` means the call ended before it.
+    async fn await_first(
         &self,
         inbound: &mut Streaming<WorkerFrame>,
-    ) -> Result<Registration, Option<SessionError>> {
+    ) -> Result<First, Option<SessionError>> {
         let deadline = self.shared.config.registration_deadline;
         let first = tokio::select! {
             first = inbound.message() => first,
@@ -145,7 +244,13 @@ impl WorkerStream {
         match first {
             Ok(Some(WorkerFrame {
                 frame: Some(Frame::Register(register)),
-            })) => Ok(wire::registration(register)),
+            })) => Ok(First::Register(wire::registration(
+                register,
+                self.shared.config.reconnect_grace,
+            ))),
+            Ok(Some(WorkerFrame {
+                frame: Some(Frame::Resume(resume)),
+            })) => Ok(First::Resume(wire::resume_request(resume))),
             Ok(Some(other)) => Err(Some(SessionError::NotRegisteredFirst {
                 got: wire::worker_frame_name(other.frame.as_ref()),
             })),
@@ -165,30 +270,63 @@ impl WorkerStream {
         delivery: &GrpcDelivery,
     ) -> End {
         let mut refused: u64 = 0;
+        // Only a session worker keeps results until acknowledged.
+        let mut acks = token.session().map(|_| ResultsAcks::default());
+        let ack_due = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(ack_due);
         let end = loop {
             if let Some(farewell) = delivery.farewell_due() {
                 break End::Farewell(farewell);
             }
+            let acks_pending = acks.as_ref().is_some_and(ResultsAcks::is_pending);
             tokio::select! {
                 frame = inbound.message() => match frame {
-                    Ok(Some(frame)) => match self.handle(worker, frame, &mut refused) {
-                        Ok(Some(answered)) => delivery.answered(answered.get()),
-                        Ok(None) => {}
-                        Err(error) => break End::Refused(error),
-                    },
+                    Ok(Some(frame)) => {
+                        let is_result = matches!(frame.frame, Some(Frame::Result(_)));
+                        match self.handle(worker, frame, &mut refused) {
+                            Ok(Some(answered)) => {
+                                delivery.answered(answered.get());
+                                if let (true, Some(acks)) = (is_result, acks.as_mut()) {
+                                    if acks.processed(answered.get()) {
+                                        ack_due.as_mut().reset(Instant::now() + ACK_DELAY);
+                                    }
+                                    if acks.is_full() {
+                                        acks.flush(delivery);
+                                    }
+                                }
+                            }
+                            Ok(None) => {}
+                            Err(error) => break End::Refused(error),
+                        }
+                    }
                     Ok(None) => break End::WorkerClosed,
                     Err(status) => match SessionError::from_inbound(&status) {
                         Some(error) => break End::Refused(error),
                         None => break End::Lost(status),
                     },
                 },
+                () = &mut ack_due, if acks_pending => {
+                    if let Some(acks) = acks.as_mut() {
+                        if !acks.flush(delivery) {
+                            // The queue is full: try again after another delay.
+                            ack_due.as_mut().reset(Instant::now() + ACK_DELAY);
+                        }
+                    }
+                }
                 reason = token.departed() => {
-                    break End::Refused(SessionError::Deregistered { worker, reason });
+                    break End::Refused(match reason {
+                        DisconnectReason::Superseded => SessionError::Superseded,
+                        reason => SessionError::Deregistered { worker, reason },
+                    });
                 }
                 () = self.control.closed() => break End::CallGone,
                 () = delivery.changed() => {}
             }
         };
+        if let Some(acks) = acks.as_mut() {
+            // Results processed just before a drain's end are acknowledged with it.
+            acks.flush(delivery);
+        }
         if refused > 0 {
             tracing::info!(refused, "results refused on this stream");
         }
@@ -234,7 +372,9 @@ impl WorkerStream {
                     .set_advertised_capacity(worker, update.max_concurrency)?;
                 tracing::debug!(max_concurrency = update.max_concurrency, "capacity changed");
             }
-            Some(Frame::Register(_)) => return Err(SessionError::DoubleRegistration { worker }),
+            Some(Frame::Register(_) | Frame::Resume(_)) => {
+                return Err(SessionError::DoubleRegistration { worker });
+            }
             // A frame kind from a newer protocol version: it still proves the worker alive.
             None => core.record_frame(worker),
         }
@@ -264,4 +404,49 @@ pub fn fuzz_registered_frames(
     frames
         .into_iter()
         .find_map(|frame| stream.handle(worker, frame, &mut refused).err())
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_proto::v1::{GatewayFrame, gateway_frame};
+
+    use super::*;
+
+    fn acked(frame: Option<GatewayFrame>) -> Option<Vec<u64>> {
+        match frame?.frame? {
+            gateway_frame::Frame::ResultsAck(ack) => Some(ack.task_ids),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn results_are_acknowledged_in_batches_and_kept_while_the_queue_is_full() {
+        let (frames, mut pushed) = mpsc::channel(1);
+        let delivery = GrpcDelivery::new(frames, 1024);
+        let mut acks = ResultsAcks::default();
+        assert!(
+            acks.processed(1),
+            "the first pending result starts the delay"
+        );
+        assert!(!acks.processed(2));
+        assert!(!acks.is_full());
+        for task in 3..=ACK_BATCH as u64 {
+            acks.processed(task);
+        }
+        assert!(acks.is_full(), "a full batch goes at once");
+        assert!(acks.flush(&delivery));
+        let first = acked(pushed.try_recv().ok());
+        assert_eq!(first, Some((1..=ACK_BATCH as u64).collect()), "one frame");
+        assert!(!acks.is_pending());
+        // The queue is full: the batch stays pending until there is room.
+        delivery
+            .deliver(switchyard_core::WorkerMessage::Ping { seq: 1 })
+            .unwrap_or_else(|error| panic!("{error}"));
+        acks.processed(65);
+        assert!(!acks.flush(&delivery));
+        assert!(acks.is_pending(), "control: nothing was lost");
+        let _ping = pushed.try_recv();
+        assert!(acks.flush(&delivery));
+        assert_eq!(acked(pushed.try_recv().ok()), Some(vec![65]));
+    }
 }

@@ -78,7 +78,8 @@ impl WorkerHandle {
     }
 
     /// Stops the worker without a drain: running handlers are dropped, the connection is
-    /// closed (the gateway dispatches their tasks again) and `run` returns `Ok`.
+    /// closed (the gateway dispatches their tasks again, after its reconnect grace when the
+    /// worker had a session) and `run` returns `Ok`.
     pub fn shutdown(&self) {
         self.0.stop.cancel();
     }

@@ -94,6 +94,8 @@ pub struct GrpcSection {
     /// Server reflection: `authenticated` (needs a principal's credential when principals
     /// are configured), `open` or `off`.
     pub reflection: ReflectionName,
+    /// How long a resumable worker's session outlives its lost stream; `0s` turns sessions off.
+    pub reconnect_grace: ConfigDuration,
 }
 
 impl Default for GrpcSection {
@@ -115,6 +117,7 @@ impl Default for GrpcSection {
             max_connections_per_address: library.max_connections_per_address,
             max_health_watchers: crate::grpc_server::DEFAULT_MAX_HEALTH_WATCHERS,
             reflection: ReflectionName::Authenticated,
+            reconnect_grace: ConfigDuration(library.reconnect_grace),
         }
     }
 }

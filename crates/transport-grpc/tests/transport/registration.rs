@@ -244,7 +244,7 @@ async fn a_frame_before_registration_closes_the_stream() {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(
         status.message(),
-        "the first frame must be register, got pong"
+        "the first frame must be register or resume, got pong"
     );
 
     let mut stream = open(&mut client, Some(TRUSTED_TOKEN)).await.unwrap();
@@ -255,7 +255,7 @@ async fn a_frame_before_registration_closes_the_stream() {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(
         status.message(),
-        "the first frame must be register, got an empty frame"
+        "the first frame must be register or resume, got an empty frame"
     );
     assert!(gateway.core.registry().is_empty());
 }
