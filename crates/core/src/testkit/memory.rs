@@ -310,3 +310,190 @@ impl TransportHarness for MemoryHarness {
         self.sessions
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::sync::broadcast;
+
+    use super::*;
+    use crate::events::{DisconnectReason, WorkerEvent};
+    use crate::outcome::{ActivityOutcome, ActivityRequest, TaskResult};
+    use crate::registry::Registry;
+    use crate::testkit::TaskCall;
+    use crate::testkit::conformance_config;
+
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    fn registration(grace: Duration) -> Registration {
+        Registration {
+            namespaces: ["mem".to_owned()].into(),
+            activity_types: ["hold".to_owned()].into(),
+            max_concurrency: Some(1),
+            reconnect_grace: grace,
+            ..Registration::default()
+        }
+    }
+
+    fn request() -> ActivityRequest {
+        ActivityRequest {
+            namespace: "mem".to_owned(),
+            task_queue: String::new(),
+            activity_type: "hold".to_owned(),
+            node: None,
+            input: Bytes::from_static(b"in"),
+            activity_id: None,
+            timeout: LIMIT,
+        }
+    }
+
+    /// Holds its task until `release`, then echoes it; counts its calls in `started`.
+    fn hold(release: CancellationToken, started: tokio::sync::mpsc::Sender<()>) -> Handler {
+        Handler::new(move |call: TaskCall| {
+            let (release, started) = (release.clone(), started.clone());
+            async move {
+                let _ = started.send(()).await;
+                release.cancelled().await;
+                TaskResult::Success(call.input)
+            }
+        })
+    }
+
+    /// The events about `worker` up to and including the first that `last` accepts.
+    async fn events_until(
+        events: &mut broadcast::Receiver<WorkerEvent>,
+        worker: WorkerId,
+        last: impl Fn(&WorkerEvent) -> bool,
+    ) -> Vec<WorkerEvent> {
+        let mut seen = Vec::new();
+        for _ in 0..64 {
+            let event = tokio::time::timeout(LIMIT, events.recv())
+                .await
+                .expect("an event within the limit")
+                .expect("the event stream is open");
+            if crate::testkit::fixture::event_worker(&event) == worker {
+                let done = last(&event);
+                seen.push(event);
+                if done {
+                    break;
+                }
+            }
+        }
+        seen
+    }
+
+    /// What [`break_holding_worker`] saw.
+    struct Broken {
+        /// The worker's events after the break.
+        seen: Vec<WorkerEvent>,
+        /// Its id before the break.
+        before: WorkerId,
+        outcome: ActivityOutcome,
+        worker: MemoryWorker,
+        events: broadcast::Receiver<WorkerEvent>,
+    }
+
+    /// Breaks the link of a worker holding a task, on a gateway with or without sessions.
+    async fn break_holding_worker(sessions: bool) -> Broken {
+        let core = Core::start(Registry::builder(), conformance_config());
+        let mut events = core.registry().subscribe_events();
+        let gateway = MemoryGateway::new(core.clone());
+        let gateway = if sessions {
+            gateway
+        } else {
+            gateway.without_sessions()
+        };
+        let release = CancellationToken::new();
+        let (started, mut starts) = tokio::sync::mpsc::channel(4);
+        let caller = CallerIdentity::trusted("mem-test");
+        let worker = gateway
+            .connect(
+                &caller,
+                registration(Duration::from_secs(5)),
+                hold(release.clone(), started),
+            )
+            .await
+            .expect("admitted");
+        let before = worker.id();
+        let _ = events_until(&mut events, before, |event| {
+            matches!(event, WorkerEvent::ProbationPassed { .. })
+        })
+        .await;
+        let dispatch = tokio::spawn({
+            let core = core.clone();
+            async move { core.dispatcher().dispatch(&caller, request()).await }
+        });
+        starts.recv().await.expect("the task reached the handler");
+        worker.break_link();
+        let seen = events_until(&mut events, before, |event| {
+            matches!(
+                event,
+                WorkerEvent::Resumed { .. } | WorkerEvent::Disconnected { .. }
+            )
+        })
+        .await;
+        release.cancel();
+        let outcome = if sessions {
+            tokio::time::timeout(LIMIT, dispatch)
+                .await
+                .expect("an outcome within the limit")
+                .expect("the dispatch task ran")
+                .expect("dispatched")
+        } else {
+            // Nobody else serves the pool: the task waits for the re-registered worker.
+            dispatch.abort();
+            ActivityOutcome::Cancelled
+        };
+        Broken {
+            seen,
+            before,
+            outcome,
+            worker,
+            events,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_broken_link_suspends_the_session_then_resumes_it_under_the_same_id() {
+        let broken = break_holding_worker(true).await;
+        assert!(
+            matches!(
+                broken.seen.as_slice(),
+                [WorkerEvent::Suspended { .. }, WorkerEvent::Resumed { .. }]
+            ),
+            "events after the break: {:?}",
+            broken.seen
+        );
+        assert_eq!(broken.worker.id(), broken.before, "same worker id");
+        assert_eq!(
+            broken.outcome,
+            ActivityOutcome::Completed(Bytes::from_static(b"in"))
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_sessions_a_broken_link_deregisters_and_the_worker_registers_afresh() {
+        let mut broken = break_holding_worker(false).await;
+        assert_eq!(
+            broken.seen,
+            [WorkerEvent::Disconnected {
+                worker: broken.before,
+                reason: DisconnectReason::Disconnect
+            }],
+            "control: no suspension without a session"
+        );
+        // Bounded by the limit on each event; only the fresh registration's events follow.
+        let fresh = loop {
+            let event = tokio::time::timeout(LIMIT, broken.events.recv())
+                .await
+                .expect("the worker registers again within the limit")
+                .expect("the event stream is open");
+            if let WorkerEvent::Connected { worker, .. } = event {
+                break worker;
+            }
+        };
+        assert_ne!(fresh, broken.before, "a fresh registration has a new id");
+    }
+}

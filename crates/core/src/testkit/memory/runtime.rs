@@ -361,3 +361,113 @@ impl Runtime {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::Core;
+    use crate::registration::{CallerIdentity, Registration};
+    use crate::registry::Registry;
+    use crate::session::ResumeSecret;
+    use crate::testkit::conformance_config;
+    use crate::testkit::memory::dial::Policy;
+
+    fn runtime(forgets_tasks_on_resume: bool) -> Runtime {
+        let core = Core::start(Registry::builder(), conformance_config());
+        let dialer = Dialer {
+            core,
+            caller: CallerIdentity::trusted("runtime-test"),
+            registration: Registration::default(),
+            policy: Policy {
+                announces_capacity: false,
+                ignores_departures: false,
+                grants_sessions: true,
+                forgets_tasks_on_resume,
+            },
+            stopped: CancellationToken::new(),
+        };
+        let shared = Shared {
+            worker: Mutex::new(WorkerId::from_raw(7)),
+            severed: Mutex::new(Arc::new(AtomicBool::new(false))),
+            breaks: Notify::new(),
+        };
+        Runtime::new(
+            2,
+            Handler::echo(),
+            CancellationToken::new(),
+            Arc::default(),
+            Arc::new(shared),
+            dialer,
+        )
+    }
+
+    fn grant() -> SessionGrant {
+        SessionGrant {
+            session_id: WorkerId::from_raw(7),
+            secret: ResumeSecret::from_slice(&[9; 32]).expect("32 bytes"),
+            grace: Duration::from_secs(5),
+        }
+    }
+
+    fn sorted(mut tasks: Vec<TaskId>) -> Vec<TaskId> {
+        tasks.sort_by_key(|task| task.get());
+        tasks
+    }
+
+    /// Two tasks running (1, 2) and two results unacknowledged (3, 4).
+    fn with_work(runtime: &mut Runtime) -> [CancellationToken; 2] {
+        let tokens = [CancellationToken::new(), CancellationToken::new()];
+        for (raw, token) in [1, 2].into_iter().zip(&tokens) {
+            runtime.cancels.insert(TaskId::from_raw(raw), token.clone());
+        }
+        for raw in [3, 4] {
+            let output = bytes::Bytes::from(format!("result {raw}"));
+            runtime
+                .unacked
+                .insert(TaskId::from_raw(raw), TaskResult::Success(output));
+        }
+        tokens
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_lists_running_and_unacked_tasks_and_keeps_only_what_is_held() {
+        let mut runtime = runtime(false);
+        let [one, two] = with_work(&mut runtime);
+        let request = runtime.resume_request(&grant());
+        assert_eq!(request.session_id, WorkerId::from_raw(7));
+        assert_eq!(request.secret, vec![9; 32]);
+        assert_eq!(sorted(request.running), [1, 2].map(TaskId::from_raw));
+        assert_eq!(sorted(request.unacked), [3, 4].map(TaskId::from_raw));
+
+        runtime.reconcile(&[TaskId::from_raw(1), TaskId::from_raw(3)]);
+        assert!(!one.is_cancelled(), "a held running task keeps running");
+        assert!(two.is_cancelled(), "a running task not held is cancelled");
+        assert_eq!(runtime.let_go, HashSet::from([TaskId::from_raw(2)]));
+        assert_eq!(runtime.resend, [TaskId::from_raw(3)], "only the held result is re-sent");
+        assert!(
+            !runtime.unacked.contains_key(&TaskId::from_raw(4)),
+            "a result not held is forgotten"
+        );
+        // Control: a task let go is listed in no later resume.
+        let again = runtime.resume_request(&grant());
+        assert_eq!(again.running, [TaskId::from_raw(1)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn abandoning_lets_go_of_everything_and_a_forgetful_runtime_lists_nothing() {
+        let mut runtime = runtime(true);
+        let tokens = with_work(&mut runtime);
+        // (The runtime that does not forget lists its tasks: the test above.)
+        let request = runtime.resume_request(&grant());
+        assert!(request.running.is_empty() && request.unacked.is_empty());
+
+        assert!(
+            runtime.let_go.is_empty() && !tokens.iter().any(CancellationToken::is_cancelled),
+            "control: nothing is let go before abandoning"
+        );
+        runtime.abandon();
+        assert!(tokens.iter().all(CancellationToken::is_cancelled));
+        assert_eq!(runtime.let_go.len(), 2);
+        assert!(runtime.unacked.is_empty() && runtime.resend.is_empty());
+    }
+}
