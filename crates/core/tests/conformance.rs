@@ -3,7 +3,9 @@
 //! check's fallback.
 #![cfg(feature = "testkit")]
 
-use switchyard_core::testkit::{self, Check, CheckFailure, ConformanceFailures, memory::MemoryHarness};
+use switchyard_core::testkit::{
+    self, Check, CheckFailure, ConformanceFailures, memory::MemoryHarness,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_transport_conforms() -> Result<(), ConformanceFailures> {

@@ -139,7 +139,11 @@ async fn resumes<H: TransportHarness>(
 }
 
 /// The task ran once, on the resumed worker, and its result was applied once.
-fn ran_once<H: TransportHarness>(fixture: &Fixture<'_, H>, kept: &Probe, rescuer: &Probe) -> Verdict {
+fn ran_once<H: TransportHarness>(
+    fixture: &Fixture<'_, H>,
+    kept: &Probe,
+    rescuer: &Probe,
+) -> Verdict {
     ensure!(
         kept.calls() == 1 && rescuer.calls() == 0,
         "the task held across the break ran {} times on the resumed worker and {} on the other",

@@ -200,12 +200,7 @@ impl Runtime {
             .filter(|task| !forgets && !self.let_go.contains(task))
             .copied()
             .collect();
-        let unacked = self
-            .unacked
-            .keys()
-            .filter(|_| !forgets)
-            .copied()
-            .collect();
+        let unacked = self.unacked.keys().filter(|_| !forgets).copied().collect();
         ResumeRequest {
             session_id: grant.session_id,
             secret: grant.secret.as_bytes().to_vec(),
@@ -242,7 +237,11 @@ impl Runtime {
     async fn serve(&mut self, link: &mut Link) -> LinkEnd {
         for task in std::mem::take(&mut self.resend) {
             if let Some(result) = self.unacked.get(&task).cloned()
-                && link.outbox.send(Frame::Result { task, result }).await.is_err()
+                && link
+                    .outbox
+                    .send(Frame::Result { task, result })
+                    .await
+                    .is_err()
             {
                 return LinkEnd::Closed;
             }
@@ -443,7 +442,11 @@ mod tests {
         assert!(!one.is_cancelled(), "a held running task keeps running");
         assert!(two.is_cancelled(), "a running task not held is cancelled");
         assert_eq!(runtime.let_go, HashSet::from([TaskId::from_raw(2)]));
-        assert_eq!(runtime.resend, [TaskId::from_raw(3)], "only the held result is re-sent");
+        assert_eq!(
+            runtime.resend,
+            [TaskId::from_raw(3)],
+            "only the held result is re-sent"
+        );
         assert!(
             !runtime.unacked.contains_key(&TaskId::from_raw(4)),
             "a result not held is forgotten"
