@@ -50,8 +50,9 @@ pub trait ConformanceWorker: Send + Sync + 'static {
     /// The id the gateway gave the worker at registration.
     fn worker_id(&self) -> WorkerId;
 
-    /// Closes the connection abruptly, with no goodbye frame, as a crashed process or a pulled
-    /// cable would. The gateway must notice through the transport and deregister the worker.
+    /// Ends the worker: its connection closes abruptly, with no goodbye frame, and its process
+    /// is gone, as after a crash. The gateway must notice through the transport and deregister
+    /// the worker (a worker with a session: suspend it until its grace ends).
     fn sever(&self);
 
     /// Freezes the worker: it stops reading from the connection and stops answering pings, but
@@ -74,8 +75,10 @@ pub trait ConformanceWorker: Send + Sync + 'static {
 /// The worker runtime behind [`TransportHarness::connect`] must behave like the transport's
 /// real SDK: answer pings by itself, run at most `max_concurrency` handlers at once, fire a
 /// task's [`TaskCall::cancelled`](super::TaskCall::cancelled) when a cancel arrives (and send a
-/// cancel acknowledgement or the result once the handler returns), and on a drain request
-/// finish the tasks it holds, take no more, then close.
+/// cancel acknowledgement or the result once the handler returns), on a drain request
+/// finish the tasks it holds, take no more, then close, and (for a transport that
+/// [`supports_resume`](TransportHarness::supports_resume)) resume its session by itself after
+/// a broken link.
 #[async_trait]
 pub trait TransportHarness: Send + Sync {
     /// The running gateway side (listeners, server tasks); dropping it stops them.
