@@ -2,8 +2,9 @@
 //!
 //! A transport crate implements [`TransportHarness`] (start its gateway side over a
 //! [`Core`](crate::Core),
-//! connect a worker with a [`WorkerSpec`]) and [`ConformanceWorker`] (the worker's id, [`sever`] and
-//! [`freeze`]), then calls [`run_conformance`]. Each [`Check`] builds a fresh core with the
+//! connect a worker with a [`WorkerSpec`], say whether it [`supports_resume`]) and
+//! [`ConformanceWorker`] (the worker's id, [`sever`], [`freeze`] and [`break_link`]), then calls
+//! [`run_conformance`]. Each [`Check`] builds a fresh core with the
 //! short liveness of [`conformance_config`], starts the gateway, connects workers whose
 //! handlers the kit observes on the worker side (calls, peak concurrency, cancels received),
 //! and asserts one part of the contract every transport shares:
@@ -19,6 +20,7 @@
 //! | [`Check::FrozenWorkerExcluded`] | answer pings in the runtime, so silence is noticed |
 //! | [`Check::SeveredWorkerRedispatched`] | notice a dead connection, so its task moves |
 //! | [`Check::ExactlyOneOutcome`] | route every result to its own caller, once |
+//! | [`Check::ResumeKeepsTasks`] | resume a broken link's session, or else let the worker go |
 //!
 //! Checks run in real time (transports use real sockets), wait on events rather than sleeping,
 //! and bound every wait; a failure is a sentence naming what the transport did wrong. A full run
@@ -29,6 +31,8 @@
 //!
 //! [`sever`]: ConformanceWorker::sever
 //! [`freeze`]: ConformanceWorker::freeze
+//! [`break_link`]: ConformanceWorker::break_link
+//! [`supports_resume`]: TransportHarness::supports_resume
 //!
 //! # Examples
 //!

@@ -26,6 +26,13 @@ enum Fault {
     CannotFreeze,
     /// The gateway keeps a link open after core let its worker go.
     IgnoresDepartures,
+    /// The harness claims resume support, but the gateway grants no session: a broken link
+    /// deregisters the worker and it registers again under a new id.
+    ReRegistersOnResume,
+    /// The worker resumes but reports none of its tasks, so what it ran is dispatched again.
+    ForgetsTasksOnResume,
+    /// The harness declares resume unsupported, but the gateway suspends the worker.
+    SuspendsUndeclared,
 }
 
 struct Faulty(Fault);
@@ -49,6 +56,10 @@ impl ConformanceWorker for FaultyWorker {
             self.inner.freeze();
         }
     }
+
+    fn break_link(&self) {
+        self.inner.break_link();
+    }
 }
 
 #[async_trait]
@@ -60,8 +71,14 @@ impl TransportHarness for Faulty {
         let gateway = MemoryHarness::new().start(core).await?;
         Ok(match self.0 {
             Fault::IgnoresDepartures => gateway.ignoring_departures(),
+            Fault::ReRegistersOnResume => gateway.without_sessions(),
+            Fault::ForgetsTasksOnResume => gateway.forgetting_tasks_on_resume(),
             _ => gateway,
         })
+    }
+
+    fn supports_resume(&self) -> bool {
+        !matches!(self.0, Fault::SuspendsUndeclared)
     }
 
     async fn connect(
@@ -88,7 +105,12 @@ impl TransportHarness for Faulty {
                 spec.registration.max_concurrency =
                     spec.registration.max_concurrency.map(|n| n + 1);
             }
-            Fault::VagueRefusals | Fault::CannotFreeze | Fault::IgnoresDepartures => {}
+            Fault::VagueRefusals
+            | Fault::CannotFreeze
+            | Fault::IgnoresDepartures
+            | Fault::ReRegistersOnResume
+            | Fault::ForgetsTasksOnResume
+            | Fault::SuspendsUndeclared => {}
         }
         let fault = self.0;
         match MemoryHarness::new().connect(gateway, spec).await {
@@ -162,6 +184,36 @@ async fn a_gateway_that_ignores_departures_fails_deregistered_worker_disconnecte
         Fault::IgnoresDepartures,
         Check::DeregisteredWorkerDisconnected,
         "was still open",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transport_that_re_registers_instead_of_resuming_fails_resume_keeps_tasks() {
+    fails(
+        Fault::ReRegistersOnResume,
+        Check::ResumeKeepsTasks,
+        "instead of being suspended",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_forgets_its_tasks_on_resume_fails_resume_keeps_tasks() {
+    fails(
+        Fault::ForgetsTasksOnResume,
+        Check::ResumeKeepsTasks,
+        "dispatched again",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transport_that_suspends_without_declaring_resume_fails_resume_keeps_tasks() {
+    fails(
+        Fault::SuspendsUndeclared,
+        Check::ResumeKeepsTasks,
+        "declares resume unsupported",
     )
     .await;
 }

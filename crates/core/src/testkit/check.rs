@@ -5,6 +5,7 @@ mod cancel;
 mod drain;
 mod exchange;
 mod loss;
+mod resume;
 
 use std::fmt;
 
@@ -38,11 +39,15 @@ pub enum Check {
     DeregisteredWorkerDisconnected,
     /// Many concurrent dispatches each get exactly one outcome, their own.
     ExactlyOneOutcome,
+    /// A worker whose link breaks mid-task resumes as itself and delivers that task's result,
+    /// which runs once; without sessions ([`TransportHarness::supports_resume`] false) it is
+    /// deregistered at once and the task moves to another worker.
+    ResumeKeepsTasks,
 }
 
 impl Check {
     /// Every check, in the order [`run_conformance`] runs them.
-    pub const ALL: [Check; 10] = [
+    pub const ALL: [Check; 11] = [
         Check::AdmissionRefusals,
         Check::RoundTrip,
         Check::CapacityUnderBurst,
@@ -53,6 +58,7 @@ impl Check {
         Check::SeveredWorkerRedispatched,
         Check::DeregisteredWorkerDisconnected,
         Check::ExactlyOneOutcome,
+        Check::ResumeKeepsTasks,
     ];
 
     /// A stable snake_case name.
@@ -68,6 +74,7 @@ impl Check {
             Self::SeveredWorkerRedispatched => "severed_worker_redispatched",
             Self::DeregisteredWorkerDisconnected => "deregistered_worker_disconnected",
             Self::ExactlyOneOutcome => "exactly_one_outcome",
+            Self::ResumeKeepsTasks => "resume_keeps_tasks",
         }
     }
 
@@ -87,6 +94,7 @@ impl Check {
                     loss::deregistered_worker_disconnected(fixture).await
                 }
                 Self::ExactlyOneOutcome => exchange::exactly_one_outcome(fixture).await,
+                Self::ResumeKeepsTasks => resume::resume_keeps_tasks(fixture).await,
             },
             Err(detail) => Err(detail),
         };

@@ -73,6 +73,31 @@ pub(crate) fn registration(capacity: u32) -> Registration {
     }
 }
 
+/// The reconnect grace a check asks for when it wants its worker to have a session.
+pub(crate) const SESSION_GRACE: Duration = Duration::from_secs(5);
+
+/// [`registration`] asking for a session of [`SESSION_GRACE`].
+pub(crate) fn session_registration(capacity: u32) -> Registration {
+    Registration {
+        reconnect_grace: SESSION_GRACE,
+        ..registration(capacity)
+    }
+}
+
+/// The worker an event is about.
+pub(crate) fn event_worker(event: &WorkerEvent) -> WorkerId {
+    match event {
+        WorkerEvent::Connected { worker, .. }
+        | WorkerEvent::Disconnected { worker, .. }
+        | WorkerEvent::Excluded { worker, .. }
+        | WorkerEvent::ProbationPassed { worker }
+        | WorkerEvent::Recovered { worker }
+        | WorkerEvent::Suspended { worker, .. }
+        | WorkerEvent::Resumed { worker }
+        | WorkerEvent::CapacityAnnounced { worker, .. } => *worker,
+    }
+}
+
 /// A dispatch request to the kit's pool.
 pub(crate) fn request(input: impl Into<Bytes>, timeout: Duration) -> ActivityRequest {
     ActivityRequest {
@@ -104,6 +129,11 @@ impl<'h, H: TransportHarness> Fixture<'h, H> {
 
     pub(crate) fn registry(&self) -> &Registry {
         self.core.registry()
+    }
+
+    /// Whether the transport under test keeps sessions across a broken link.
+    pub(crate) fn supports_resume(&self) -> bool {
+        self.harness.supports_resume()
     }
 
     /// Connects a worker as `caller` with `registration`, without waiting for eligibility.
@@ -145,8 +175,19 @@ impl<'h, H: TransportHarness> Fixture<'h, H> {
         probe: &Probe,
         handler: Handler,
     ) -> Result<H::Worker, String> {
+        self.registered_worker(registration(capacity), probe, handler)
+            .await
+    }
+
+    /// Like [`Fixture::worker_with`], registering `registration`.
+    pub(crate) async fn registered_worker(
+        &self,
+        registration: Registration,
+        probe: &Probe,
+        handler: Handler,
+    ) -> Result<H::Worker, String> {
         let worker = self
-            .try_connect(worker_caller(), registration(capacity), probe.wrap(handler))
+            .try_connect(worker_caller(), registration, probe.wrap(handler))
             .await
             .map_err(|error| format!("a valid worker was not admitted: {error}"))?;
         self.wait_eligible(worker.worker_id()).await?;
@@ -203,6 +244,18 @@ impl<'h, H: TransportHarness> Fixture<'h, H> {
                 Ok(Ok(event)) if wanted(&event) => return true,
                 Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
                 Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => return false,
+            }
+        }
+    }
+
+    /// The next event about `worker` (skipping events about others); `None` after [`STEP`].
+    pub(crate) async fn next_event_of(&mut self, worker: WorkerId) -> Option<WorkerEvent> {
+        let until = Instant::now() + STEP;
+        loop {
+            match tokio::time::timeout_at(until, self.events.recv()).await {
+                Ok(Ok(event)) if event_worker(&event) == worker => return Some(event),
+                Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
+                Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => return None,
             }
         }
     }

@@ -19,7 +19,8 @@ pub struct WorkerSpec {
     /// is always one of [`callers`](super::callers).
     pub caller: CallerIdentity,
     /// What the worker registers, passed to the transport as is (including invalid values the
-    /// gateway must refuse).
+    /// gateway must refuse). A non-zero `reconnect_grace` asks for a session: the worker
+    /// registers as resumable (see [`TransportHarness::supports_resume`]).
     pub registration: Registration,
     /// Runs every task the worker receives, whatever its activity type.
     pub handler: Handler,
@@ -49,13 +50,24 @@ pub trait ConformanceWorker: Send + Sync + 'static {
     /// The id the gateway gave the worker at registration.
     fn worker_id(&self) -> WorkerId;
 
-    /// Closes the connection abruptly, with no goodbye frame, as a crashed process or a pulled
-    /// cable would. The gateway must notice through the transport and deregister the worker.
+    /// Ends the worker: its connection closes abruptly, with no goodbye frame, and its process
+    /// is gone, as after a crash. The gateway must notice through the transport and deregister
+    /// the worker (a worker with a session: suspend it until its grace ends).
     fn sever(&self);
 
     /// Freezes the worker: it stops reading from the connection and stops answering pings, but
     /// keeps the connection open. Running handlers may finish; their results need not be sent.
     fn freeze(&self);
+
+    /// Breaks the link abruptly (as a pulled cable or a NAT rebinding would) while the worker
+    /// process lives on: its running handlers keep running and its runtime reconnects by
+    /// itself, resuming its session when the transport offers one.
+    ///
+    /// The default is [`ConformanceWorker::sever`]: a runtime that cannot reconnect is as good
+    /// as dead once its link breaks, which is what a transport without sessions shows.
+    fn break_link(&self) {
+        self.sever();
+    }
 }
 
 /// A transport under test: starts its gateway side over a [`Core`] and connects workers to it.
@@ -63,8 +75,10 @@ pub trait ConformanceWorker: Send + Sync + 'static {
 /// The worker runtime behind [`TransportHarness::connect`] must behave like the transport's
 /// real SDK: answer pings by itself, run at most `max_concurrency` handlers at once, fire a
 /// task's [`TaskCall::cancelled`](super::TaskCall::cancelled) when a cancel arrives (and send a
-/// cancel acknowledgement or the result once the handler returns), and on a drain request
-/// finish the tasks it holds, take no more, then close.
+/// cancel acknowledgement or the result once the handler returns), on a drain request
+/// finish the tasks it holds, take no more, then close, and (for a transport that
+/// [`supports_resume`](TransportHarness::supports_resume)) resume its session by itself after
+/// a broken link.
 #[async_trait]
 pub trait TransportHarness: Send + Sync {
     /// The running gateway side (listeners, server tasks); dropping it stops them.
@@ -87,4 +101,17 @@ pub trait TransportHarness: Send + Sync {
         gateway: &Self::Gateway,
         spec: WorkerSpec,
     ) -> Result<Self::Worker, HarnessError>;
+
+    /// Whether the transport keeps a worker's session across a broken link (its workers
+    /// resume after [`ConformanceWorker::break_link`]). The default is false: the kit then
+    /// checks the fallback, that a broken link deregisters the worker at once and its task
+    /// moves, exactly as without sessions.
+    ///
+    /// Either way, [`Check::ResumeKeepsTasks`](super::Check::ResumeKeepsTasks) asks for a
+    /// session by setting `registration.reconnect_grace` in its [`WorkerSpec`]: a harness maps
+    /// a non-zero grace to its wire's resumable flag and gives its gateway a grace at least
+    /// that long; a zero grace (every other check) means a worker without a session.
+    fn supports_resume(&self) -> bool {
+        false
+    }
 }

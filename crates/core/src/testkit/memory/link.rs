@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::admission::AdmissionError;
 use crate::delivery::{DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage};
@@ -35,9 +36,39 @@ pub(super) enum Frame {
     Goodbye,
 }
 
+/// What the gateway sends a worker: core's messages, and result acknowledgements.
+#[derive(Debug)]
+pub(super) enum Down {
+    /// A message from core (task, cancel, ping, drain).
+    Message(WorkerMessage),
+    /// The gateway processed the result for this task; the worker may forget it. (A socket
+    /// transport batches these; a channel costs nothing per message.)
+    ResultsAck(TaskId),
+}
+
+/// The worker's end of one link.
+pub(super) struct Link {
+    pub(super) inbox: mpsc::Receiver<Down>,
+    pub(super) outbox: mpsc::Sender<Frame>,
+    /// Set when the link is cut: the gateway's leg reports closed and frames still in flight
+    /// are lost, as on a broken connection.
+    pub(super) severed: Arc<AtomicBool>,
+    /// Fired once the gateway's side of the link has ended (it has seen the link go).
+    pub(super) closed: CancellationToken,
+}
+
+impl Link {
+    /// Cuts the link and drops the worker's end; returns what fires once the gateway has seen
+    /// the link end.
+    pub(super) fn cut(self) -> CancellationToken {
+        self.severed.store(true, Ordering::Release);
+        self.closed
+    }
+}
+
 /// The gateway's delivery leg for one worker: a bounded queue it never waits on.
 pub(super) struct MemoryDelivery {
-    to_worker: mpsc::Sender<WorkerMessage>,
+    to_worker: mpsc::Sender<Down>,
     /// Set when the link is cut, before the worker's end of the queue is dropped.
     severed: Arc<AtomicBool>,
     carries_capacity: bool,
@@ -45,7 +76,7 @@ pub(super) struct MemoryDelivery {
 
 impl MemoryDelivery {
     pub(super) fn new(
-        to_worker: mpsc::Sender<WorkerMessage>,
+        to_worker: mpsc::Sender<Down>,
         severed: Arc<AtomicBool>,
         carries_capacity: bool,
     ) -> Self {
@@ -75,7 +106,7 @@ impl WorkerDelivery for MemoryDelivery {
             return Err(DeliveryError::Closed);
         }
         self.to_worker
-            .try_send(message)
+            .try_send(Down::Message(message))
             .map_err(|error| match error {
                 mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
                 mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,

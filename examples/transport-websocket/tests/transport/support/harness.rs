@@ -70,6 +70,9 @@ impl ConformanceWorker for KitWorker {
     fn freeze(&self) {
         self.relay.freeze();
     }
+
+    // `break_link` keeps its default, `sever`: the client does not reconnect, so a worker
+    // whose link breaks is gone for good.
 }
 
 #[async_trait]
@@ -121,6 +124,8 @@ impl TransportHarness for WsHarness {
         if let Some(pki) = &self.tls {
             builder = builder.tls(Arc::clone(&pki.client));
         }
+        // `registration.reconnect_grace` is not carried: this protocol has no sessions (see
+        // `supports_resume`), so a worker asking for one registers without.
         let worker = builder.connect().await.map_err(refusal)?;
         let id = worker.worker_id();
         let run = tokio::spawn(async move {
@@ -129,6 +134,12 @@ impl TransportHarness for WsHarness {
             }
         });
         Ok(KitWorker { id, relay, run })
+    }
+
+    /// This example protocol has no resume: the kit checks that a worker whose link breaks
+    /// leaves at once and its task moves.
+    fn supports_resume(&self) -> bool {
+        false
     }
 }
 
