@@ -215,7 +215,15 @@ pub struct QuicServerConfig {
     /// Whether small task and result frames also travel as QUIC datagrams, for workers that
     /// ask for it at registration (default [`Redundancy::Off`]).
     pub redundancy: Redundancy,
+    /// How long the session of a worker that registered as resumable outlives a lost
+    /// connection, suspended, waiting for it to resume (default 15 s); zero grants no session,
+    /// and a lost connection deregisters the worker at once.
+    pub reconnect_grace: Duration,
 }
+
+/// [`QuicServerConfig::reconnect_grace`]'s default: longer than a cellular handover or a NAT
+/// rebinding takes, short enough that a worker that is gone for good gives its tasks back soon.
+pub const DEFAULT_RECONNECT_GRACE: Duration = Duration::from_secs(15);
 
 impl QuicServerConfig {
     /// Refuses settings that would make the listener useless, naming the setting.
@@ -233,6 +241,16 @@ impl QuicServerConfig {
             "max_connections_per_address",
             self.max_connections_per_address,
         )?;
+        let grace_ms = usize::try_from(self.reconnect_grace.as_millis()).unwrap_or(usize::MAX);
+        let max_grace_ms = u32::MAX as usize;
+        if grace_ms > max_grace_ms {
+            // `QuicRegistered.reconnect_grace_ms` is a u32.
+            return Err(ConfigError::TooLarge {
+                field: "reconnect_grace (ms)",
+                value: grace_ms,
+                max: max_grace_ms,
+            });
+        }
         if self.socket_buffer > MAX_SOCKET_BUFFER {
             return Err(ConfigError::TooLarge {
                 field: "socket_buffer",
@@ -266,6 +284,7 @@ impl Default for QuicServerConfig {
             max_connections_per_address: 256,
             socket_buffer: 4 * 1024 * 1024,
             redundancy: Redundancy::Off,
+            reconnect_grace: DEFAULT_RECONNECT_GRACE,
         }
     }
 }

@@ -87,8 +87,8 @@ pub use client::{
     QuicWorker, QuicWorkerBuilder, QuicWorkerHandle, WORKER_KEEP_ALIVE, WorkerError, WorkerOptions,
 };
 pub use config::{
-    ConfigError, CongestionControl, ConnectionConfig, FrameLimits, MAX_SOCKET_BUFFER,
-    QuicServerConfig, RetryPolicy,
+    ConfigError, CongestionControl, ConnectionConfig, DEFAULT_RECONNECT_GRACE, FrameLimits,
+    MAX_SOCKET_BUFFER, QuicServerConfig, RetryPolicy,
 };
 pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,

@@ -12,6 +12,8 @@
 //! every refusal or violation closes the connection with a documented code, and the
 //! connection's end deregisters the worker exactly once (its registration token).
 
+mod acks;
+mod admit;
 mod connection;
 mod datagram;
 mod delivery;
@@ -85,8 +87,15 @@ impl ServerShared {
         self.connections().insert(worker, Arc::downgrade(delivery));
     }
 
-    pub(crate) fn untrack(&self, worker: WorkerId) {
-        self.connections().remove(&worker);
+    /// Forgets `delivery`'s connection of `worker`, unless a resumed one replaced it.
+    pub(crate) fn untrack(&self, worker: WorkerId, delivery: &Arc<QuicDelivery>) {
+        let mut connections = self.connections();
+        let current = connections
+            .get(&worker)
+            .is_some_and(|tracked| std::ptr::eq(tracked.as_ptr(), Arc::as_ptr(delivery)));
+        if current {
+            connections.remove(&worker);
+        }
     }
 }
 

@@ -71,6 +71,7 @@ impl QuicConnection {
                 identity: options.identity.clone(),
                 auth_token: options.token.clone().unwrap_or_default(),
                 redundancy: asked.wire().into(),
+                resumable: false,
             })),
         };
         write(&mut control_send, &register, DEFAULT_MAX_CONTROL_FRAME)
@@ -227,6 +228,8 @@ impl QuicConnection {
                 }
                 Ok(())
             }
+            // Results are not kept across connections yet: nothing to forget.
+            Some(quic_control_down::Frame::ResultsAck(_)) => Ok(()),
             Some(quic_control_down::Frame::Registered(_)) => Err(Fault::close(
                 ErrorCode::ProtocolViolation,
                 "registered sent twice",

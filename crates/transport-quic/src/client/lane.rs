@@ -239,6 +239,12 @@ async fn serve(
                         }
                         None
                     }
+                    Some(quic_lane_down::Frame::Held(held)) => {
+                        return Err(Fault::close(
+                            ErrorCode::ProtocolViolation,
+                            format!("held task {} on {name}, but this connection resumed nothing", held.task_id),
+                        ));
+                    }
                     None => return Err(Fault::empty(&name)),
                 }
             }

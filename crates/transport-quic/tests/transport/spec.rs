@@ -107,6 +107,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     identity: "w1".into(),
                     auth_token: "s3cret".into(),
                     redundancy: QuicRedundancy::Off.into(),
+                    resumable: false,
                 })),
             ),
             ("QuicControlUp", "register_redundancy") => check(
@@ -120,6 +121,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     identity: "w1".into(),
                     auth_token: "s3cret".into(),
                     redundancy: QuicRedundancy::Datagram.into(),
+                    resumable: false,
                 })),
             ),
             ("QuicControlDown", "registered_redundancy") => check(
@@ -133,6 +135,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     max_lane_frame_bytes: DEFAULT_MAX_LANE_FRAME,
                     task_queue: "default".into(),
                     redundancy: QuicRedundancy::Datagram.into(),
+                    ..QuicRegistered::default()
                 })),
             ),
             ("QuicDatagramDown", "task_copy") => check_datagram(
@@ -165,6 +168,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     max_lane_frame_bytes: DEFAULT_MAX_LANE_FRAME,
                     task_queue: "default".into(),
                     redundancy: QuicRedundancy::Off.into(),
+                    ..QuicRegistered::default()
                 })),
             ),
             ("QuicControlUp", "capabilities") => check(
