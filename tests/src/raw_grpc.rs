@@ -193,6 +193,7 @@ pub fn raw_registration(namespace: &str, activity: &str, capacity: u32) -> pb::W
             activity_types: vec![activity.to_owned()],
             identity: "raw worker".to_owned(),
             max_concurrency: Some(capacity),
+            resumable: false,
         })),
     }
 }

@@ -18,7 +18,7 @@ mod runtime;
 
 use std::time::Duration;
 
-use switchyard_core::WorkerId;
+use switchyard_core::{ResumeRequest, WorkerId};
 use switchyard_worker::{ConnectionContext, ConnectionEnd, Link, Registered, Worker};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{ClientTlsConfig, Endpoint};
@@ -192,8 +192,9 @@ impl Link for GrpcLink {
     async fn open(
         &self,
         options: &WorkerOptions,
+        resume: Option<&ResumeRequest>,
     ) -> Result<(link::Stream, Registered), GrpcLinkError> {
-        link::open(&self.endpoint, &self.settings, options).await
+        link::open(&self.endpoint, &self.settings, options, resume).await
     }
 
     async fn serve(

@@ -42,6 +42,7 @@ pub(crate) fn register_ack(
         ping_interval_ms: u32::try_from(ping_interval.as_millis()).unwrap_or(u32::MAX),
         max_gateway_frame_bytes: max_frame_bytes,
         max_worker_frame_bytes: max_frame_bytes,
+        ..RegisterAck::default()
     }))
 }
 
@@ -112,6 +113,7 @@ pub(crate) fn worker_frame_name(frame: Option<&worker_frame::Frame>) -> &'static
         Some(worker_frame::Frame::CancelAck(_)) => "cancel_ack",
         Some(worker_frame::Frame::DrainRequest(_)) => "drain_request",
         Some(worker_frame::Frame::Capacity(_)) => "capacity",
+        Some(worker_frame::Frame::Resume(_)) => "resume",
         None => "an empty frame",
     }
 }

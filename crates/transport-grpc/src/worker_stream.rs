@@ -234,7 +234,9 @@ impl WorkerStream {
                     .set_advertised_capacity(worker, update.max_concurrency)?;
                 tracing::debug!(max_concurrency = update.max_concurrency, "capacity changed");
             }
-            Some(Frame::Register(_)) => return Err(SessionError::DoubleRegistration { worker }),
+            Some(Frame::Register(_) | Frame::Resume(_)) => {
+                return Err(SessionError::DoubleRegistration { worker });
+            }
             // A frame kind from a newer protocol version: it still proves the worker alive.
             None => core.record_frame(worker),
         }

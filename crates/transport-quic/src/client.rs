@@ -144,6 +144,8 @@ impl Link for QuicLink {
     async fn open(
         &self,
         options: &WorkerOptions,
+        // Sessions over QUIC are the QUIC link's to add; until then every open registers.
+        _resume: Option<&switchyard_core::ResumeRequest>,
     ) -> Result<(QuicConnection, Registered), QuicLinkError> {
         QuicConnection::open(&self.endpoint, &self.settings, options).await
     }

@@ -7,6 +7,11 @@ use std::time::Duration;
 pub trait LinkError: Error + Send + Sync + 'static {
     /// True when trying again unchanged cannot succeed (bad settings, a final refusal).
     fn is_permanent(&self) -> bool;
+
+    /// True when the gateway refused a resume: the worker registers afresh at once.
+    fn is_resume_refused(&self) -> bool {
+        false
+    }
 }
 
 /// Why a worker could not start, or stopped for good.

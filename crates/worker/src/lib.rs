@@ -4,8 +4,10 @@
 //! frames into [`ActivityTask`](switchyard_core::ActivityTask)s for the [`TaskRunner`], and
 //! writes the [`TaskReply`]s back. Everything else is written once, here: the
 //! [`WorkerOptions`] and their validation, the task runner (concurrency permit, cancellation,
-//! panic catching, the result-size check, result or cancel-ack), the reconnect loop with its
-//! jittered [`Backoff`], the [`WorkerHandle`] and the one [`WorkerError`].
+//! panic catching, the result-size check, result or cancel-ack), the [`TaskKeeper`] that owns
+//! running tasks and unacknowledged results across connections, the reconnect loop with its
+//! jittered [`Backoff`] (resuming the session first when there is one), the [`WorkerHandle`]
+//! and the one [`WorkerError`].
 //!
 //! The loop asks the link how each connection ended ([`ConnectionEnd`]): a requested drain is
 //! final, a gateway shutting down or a lost connection brings the worker back with backoff,
@@ -18,7 +20,7 @@
 //!
 //! ```
 //! use bytes::Bytes;
-//! use switchyard_core::WorkerId;
+//! use switchyard_core::{ResumeRequest, WorkerId};
 //! use switchyard_worker::{
 //!     ActivityContext, ActivityError, Link, LinkError, Registered, ConnectionContext, ConnectionEnd,
 //!     Worker, WorkerOptions,
@@ -43,9 +45,13 @@
 //!     const CAN_DRAIN: bool = false;
 //!     const CAN_RESIZE: bool = false;
 //!
-//!     async fn open(&self, options: &WorkerOptions) -> Result<((), Registered), Never> {
+//!     async fn open(
+//!         &self,
+//!         options: &WorkerOptions,
+//!         _resume: Option<&ResumeRequest>,
+//!     ) -> Result<((), Registered), Never> {
 //!         let task_queue = options.task_queue.clone();
-//!         Ok(((), Registered { worker_id: WorkerId::from_raw(1), task_queue }))
+//!         Ok(((), Registered::new(WorkerId::from_raw(1), task_queue)))
 //!     }
 //!
 //!     async fn serve(&self, (): (), _: ConnectionContext<'_>) -> ConnectionEnd<Never> {
@@ -74,6 +80,7 @@
 
 mod error;
 mod handle;
+mod keeper;
 mod link;
 mod options;
 mod reconnect;
@@ -82,6 +89,7 @@ mod setters;
 
 pub use error::{LinkError, WorkerError};
 pub use handle::WorkerHandle;
+pub use keeper::TaskKeeper;
 pub use link::{ConnectionContext, ConnectionEnd, Link, Registered};
 pub use options::WorkerOptions;
 pub use reconnect::Worker;

@@ -33,6 +33,9 @@ pub struct WorkerOptions {
     pub backoff: Backoff,
     /// Longest time to connect and register, per attempt.
     pub connect_timeout: Duration,
+    /// Asks for a session, and resumes it after a lost connection (default true): running
+    /// tasks keep running and unacknowledged results are sent again.
+    pub resume: bool,
 }
 
 impl std::fmt::Debug for WorkerOptions {
@@ -42,6 +45,7 @@ impl std::fmt::Debug for WorkerOptions {
             .field("task_queue", &self.task_queue)
             .field("activities", &self.activities.keys().collect::<Vec<_>>())
             .field("max_concurrency", &self.max_concurrency)
+            .field("resume", &self.resume)
             .finish_non_exhaustive()
     }
 }
@@ -58,6 +62,7 @@ impl Default for WorkerOptions {
             token: None,
             backoff: Backoff::default(),
             connect_timeout: Duration::from_secs(10),
+            resume: true,
         }
     }
 }

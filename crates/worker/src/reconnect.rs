@@ -1,10 +1,14 @@
-//! A worker over any [`Link`]: the first registration, then the reconnect loop.
+//! A worker over any [`Link`]: the first registration, then the reconnect loop, which resumes
+//! the session first when there is one.
 
-use switchyard_core::WorkerId;
+use std::time::Duration;
+
+use switchyard_core::{ResumeRequest, SessionGrant, WorkerId};
+use tokio::time::Instant;
 
 use crate::{
-    ConnectionContext, ConnectionEnd, Link, LinkError, Registered, TaskRunner, WorkerError,
-    WorkerHandle, WorkerOptions,
+    ConnectionContext, ConnectionEnd, Link, LinkError, Registered, TaskKeeper, TaskRunner,
+    WorkerError, WorkerHandle, WorkerOptions,
 };
 
 /// A registered worker on link `L`; [`Worker::run`] serves it until it stops for good.
@@ -12,6 +16,7 @@ pub struct Worker<L: Link> {
     link: L,
     options: WorkerOptions,
     runner: TaskRunner,
+    keeper: TaskKeeper,
     handle: WorkerHandle,
     first: Option<L::Connection>,
     registered: Registered,
@@ -26,23 +31,41 @@ impl<L: Link> std::fmt::Debug for Worker<L> {
     }
 }
 
+/// A session whose connection was lost, resumable until `until` on the worker's clock.
+struct LostSession {
+    grant: SessionGrant,
+    until: Instant,
+}
+
+impl LostSession {
+    /// The longest wait between resume attempts: at least two attempts fit in the grace.
+    fn max_delay(&self) -> Duration {
+        self.grant.grace / 3
+    }
+}
+
 impl<L: Link> Worker<L> {
     /// Validates `options`, then opens and registers once over `link` (no retry here).
     pub async fn connect(link: L, options: WorkerOptions) -> Result<Self, WorkerError> {
         options.validate()?;
         let runner = TaskRunner::new(options.activities.clone(), options.max_concurrency);
+        let keeper = TaskKeeper::new(runner.clone());
         let handle = WorkerHandle::new(
             L::TRANSPORT,
             (L::CAN_DRAIN, L::CAN_RESIZE),
             runner.clone(),
             options.max_concurrency,
         );
-        let (connection, registered) = open(&link, &options).await?;
+        let (connection, registered) = open(&link, &options, None)
+            .await
+            .map_err(|failure| failure.error)?;
+        keeper.keep_unacknowledged(registered.session.is_some());
         handle.set_registered(Some(registered.worker_id));
         Ok(Self {
             link,
             options,
             runner,
+            keeper,
             handle,
             first: Some(connection),
             registered,
@@ -54,7 +77,8 @@ impl<L: Link> Worker<L> {
         self.handle.clone()
     }
 
-    /// The id of the first registration (a reconnection registers under a new id).
+    /// The id of the first registration (a fresh registration gets a new id; a resume keeps
+    /// it).
     pub fn worker_id(&self) -> WorkerId {
         self.registered.worker_id
     }
@@ -73,38 +97,82 @@ impl<L: Link> Worker<L> {
     /// reconnection fails for good (`Err`, see [`WorkerError::is_permanent`]). After the
     /// gateway shuts down or the connection is lost it reconnects with the options'
     /// [`Backoff`](switchyard_core::Backoff), logging what happened and when it tries again.
+    ///
+    /// A lost connection with a session is resumed within its grace (the waits capped so at
+    /// least two attempts fit in it): running tasks keep running through the break and
+    /// unacknowledged results are sent again. After the grace, a refused resume, or without a
+    /// session, the worker registers afresh and lets go of every task it held.
     pub async fn run(mut self) -> Result<(), WorkerError> {
         let stop = self.handle.shutdown_token();
         let drain = self.handle.drain_requested().clone();
         let mut attempt: u32 = 0;
+        let mut lost: Option<LostSession> = None;
+        let mut at_once = false;
         loop {
             let connection = match self.first.take() {
                 Some(connection) => connection,
                 None => {
-                    let delay = self.options.backoff.delay(attempt, &mut rand::rng());
+                    if lost.as_ref().is_some_and(|l| Instant::now() >= l.until) {
+                        lost = None;
+                        self.let_go("the reconnect grace passed");
+                    }
+                    let mut delay = self.options.backoff.delay(attempt, &mut rand::rng());
+                    if let Some(lost) = &lost {
+                        delay = delay.min(lost.max_delay());
+                    }
+                    if std::mem::take(&mut at_once) {
+                        delay = Duration::ZERO;
+                    }
                     attempt = attempt.saturating_add(1);
+                    let request: Option<ResumeRequest> = lost
+                        .as_ref()
+                        .map(|lost| self.keeper.resume_request(&lost.grant));
                     let opened = tokio::select! {
                         () = stop.cancelled() => return Ok(()),
-                        // Nothing is held while disconnected, so a drain is already complete.
+                        // Nothing reaches a disconnected worker, so a drain ends it now; what
+                        // it still held goes back to the gateway.
                         () = drain.cancelled() => return Ok(()),
                         opened = async {
                             tokio::time::sleep(delay).await;
-                            open(&self.link, &self.options).await
+                            open(&self.link, &self.options, request.as_ref()).await
                         } => opened,
                     };
                     match opened {
                         Ok((connection, registered)) => {
-                            tracing::info!(worker = %registered.worker_id, attempt,
-                                transport = L::TRANSPORT, "reconnected to the gateway");
+                            match (&request, &registered.held) {
+                                (Some(_), Some(held)) => {
+                                    tracing::info!(worker = %registered.worker_id, attempt,
+                                        held = held.len(), transport = L::TRANSPORT,
+                                        "resumed the session");
+                                    self.keeper.reconcile(held);
+                                }
+                                _ => {
+                                    tracing::info!(worker = %registered.worker_id, attempt,
+                                        transport = L::TRANSPORT, "reconnected to the gateway");
+                                    self.let_go("registered afresh");
+                                }
+                            }
+                            lost = None;
+                            self.keeper
+                                .keep_unacknowledged(registered.session.is_some());
                             self.handle.set_registered(Some(registered.worker_id));
+                            self.registered = registered;
                             attempt = 0;
                             connection
                         }
-                        Err(error) if error.is_permanent() => return Err(error),
-                        Err(error) => {
+                        Err(failure) if failure.resume_refused => {
+                            tracing::warn!(error = %failure.error,
+                                "session resume refused; registering afresh");
+                            lost = None;
+                            self.let_go("the resume was refused");
+                            at_once = true;
+                            continue;
+                        }
+                        Err(failure) if failure.error.is_permanent() => return Err(failure.error),
+                        Err(failure) => {
                             let retry_within = self.options.backoff.ceiling(attempt);
-                            tracing::warn!(%error, attempt, ?retry_within,
-                                "reconnection failed; retrying");
+                            tracing::warn!(error = %failure.error, attempt, ?retry_within,
+                                resuming = lost.is_some(), "reconnection failed; retrying");
                             continue;
                         }
                     }
@@ -113,15 +181,18 @@ impl<L: Link> Worker<L> {
             let context = ConnectionContext {
                 options: &self.options,
                 runner: &self.runner,
+                keeper: &self.keeper,
                 handle: &self.handle,
             };
-            // Dropping the connection on stop drops its handlers and closes the connection.
+            // Dropping the connection on stop closes it; the keeper stops the handlers when
+            // the worker is dropped.
             let ended = tokio::select! {
                 ended = self.link.serve(connection, context) => ended,
                 () = stop.cancelled() => ConnectionEnd::Drained,
             };
             self.handle.set_registered(None);
             let retry_within = self.options.backoff.ceiling(attempt);
+            let mut resumable = true;
             match ended {
                 ConnectionEnd::Drained => return Ok(()),
                 ConnectionEnd::Failed(error) if error.is_permanent() => {
@@ -134,8 +205,12 @@ impl<L: Link> Worker<L> {
                 ConnectionEnd::ComeBack {
                     reason,
                     shutting_down: true,
-                } => tracing::info!(%reason, ?retry_within,
-                    "lost the gateway: it is shutting down; reconnecting with backoff"),
+                } => {
+                    // A session does not outlive its gateway process.
+                    resumable = false;
+                    tracing::info!(%reason, ?retry_within,
+                        "lost the gateway: it is shutting down; reconnecting with backoff");
+                }
                 ConnectionEnd::ComeBack { reason, .. } => {
                     tracing::warn!(%reason, ?retry_within, "lost the gateway; reconnecting")
                 }
@@ -143,19 +218,50 @@ impl<L: Link> Worker<L> {
                     tracing::warn!(%error, ?retry_within, "lost the gateway; reconnecting")
                 }
             }
+            match self.registered.session.clone() {
+                Some(grant) if resumable && self.options.resume => {
+                    lost = Some(LostSession {
+                        until: Instant::now() + grant.grace,
+                        grant,
+                    });
+                }
+                _ => self.let_go("the connection had no session"),
+            }
         }
+    }
+
+    /// Lets go of every task held (the gateway dispatches them again), saying why.
+    fn let_go(&self, why: &'static str) {
+        let held = self.keeper.held();
+        if held > 0 {
+            tracing::info!(held, why, "letting go of the tasks held");
+        }
+        self.keeper.abandon();
     }
 }
 
-/// One attempt to open and register, bounded by the connect timeout.
+/// A failed open, with whether it was a refused resume.
+struct OpenFailure {
+    error: WorkerError,
+    resume_refused: bool,
+}
+
+/// One attempt to open and register (or resume), bounded by the connect timeout.
 async fn open<L: Link>(
     link: &L,
     options: &WorkerOptions,
-) -> Result<(L::Connection, Registered), WorkerError> {
-    match tokio::time::timeout(options.connect_timeout, link.open(options)).await {
+    resume: Option<&ResumeRequest>,
+) -> Result<(L::Connection, Registered), OpenFailure> {
+    match tokio::time::timeout(options.connect_timeout, link.open(options, resume)).await {
         Ok(Ok(opened)) => Ok(opened),
-        Ok(Err(error)) => Err(WorkerError::link(L::TRANSPORT, error)),
-        Err(_) => Err(WorkerError::Timeout(options.connect_timeout)),
+        Ok(Err(error)) => Err(OpenFailure {
+            resume_refused: error.is_resume_refused(),
+            error: WorkerError::link(L::TRANSPORT, error),
+        }),
+        Err(_) => Err(OpenFailure {
+            error: WorkerError::Timeout(options.connect_timeout),
+            resume_refused: false,
+        }),
     }
 }
 
@@ -170,6 +276,8 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    use crate::TaskReply;
+    use switchyard_core::TaskId;
 
     #[derive(Debug, thiserror::Error)]
     #[error("scripted failure")]
@@ -216,7 +324,11 @@ mod tests {
         const CAN_DRAIN: bool = true;
         const CAN_RESIZE: bool = false;
 
-        async fn open(&self, _: &WorkerOptions) -> Result<((), Registered), Scripted> {
+        async fn open(
+            &self,
+            _: &WorkerOptions,
+            _: Option<&ResumeRequest>,
+        ) -> Result<((), Registered), Scripted> {
             if let Ok(mut opens) = self.opens.lock() {
                 opens.push(Instant::now());
             }
@@ -227,10 +339,7 @@ mod tests {
                         .lock()
                         .map_err(|_| Scripted { permanent: true })?;
                     *id += 1;
-                    let registered = Registered {
-                        worker_id: WorkerId::from_raw(*id),
-                        task_queue: "q".into(),
-                    };
+                    let registered = Registered::new(WorkerId::from_raw(*id), "q".into());
                     Ok(((), registered))
                 }
                 Some(Step::Open(Err(permanent))) => Err(Scripted { permanent }),
@@ -376,8 +485,12 @@ mod tests {
         const CAN_DRAIN: bool = true;
         const CAN_RESIZE: bool = false;
 
-        async fn open(&self, options: &WorkerOptions) -> Result<((), Registered), Scripted> {
-            self.0.open(options).await
+        async fn open(
+            &self,
+            options: &WorkerOptions,
+            resume: Option<&ResumeRequest>,
+        ) -> Result<((), Registered), Scripted> {
+            self.0.open(options, resume).await
         }
 
         async fn serve(
@@ -387,5 +500,337 @@ mod tests {
         ) -> ConnectionEnd<Scripted> {
             self.0.serve(connection, context).await
         }
+    }
+
+    /// What a [`SessionLink`] open answers.
+    enum Answer {
+        /// A fresh registration under this id, with a session.
+        Fresh(u64),
+        /// The resume is accepted; the gateway still holds these tasks.
+        Resumed(Vec<u64>),
+        /// The resume is refused.
+        Refused,
+        /// The gateway cannot be reached.
+        Unreachable,
+    }
+
+    /// What one connection of a [`SessionLink`] does before it ends.
+    struct Serve {
+        /// Tasks the gateway pushes.
+        start: Vec<(u64, &'static str)>,
+        /// Replies written before the connection ends.
+        write: usize,
+        /// How it ends; `None` serves until the worker stops.
+        end: Option<ConnectionEnd<Scripted>>,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("scripted session failure")]
+    struct SessionFailure {
+        refused: bool,
+    }
+
+    impl LinkError for SessionFailure {
+        fn is_permanent(&self) -> bool {
+            false
+        }
+
+        fn is_resume_refused(&self) -> bool {
+            self.refused
+        }
+    }
+
+    /// A link with sessions that follows a script and records the resume requests it got and
+    /// the replies each connection wrote.
+    #[derive(Default)]
+    struct SessionLink {
+        answers: Mutex<VecDeque<Answer>>,
+        serves: Mutex<VecDeque<Serve>>,
+        requests: Mutex<Vec<Option<ResumeRequest>>>,
+        written: Mutex<Vec<(usize, TaskReply)>>,
+        connections: Mutex<usize>,
+        last_id: Mutex<u64>,
+    }
+
+    fn grant(id: u64) -> SessionGrant {
+        SessionGrant {
+            session_id: WorkerId::from_raw(id),
+            secret: switchyard_core::ResumeSecret::from_slice(&[id as u8; 32])
+                .unwrap_or_else(|| unreachable!("32 bytes")),
+            grace: Duration::from_secs(5),
+        }
+    }
+
+    impl Link for std::sync::Arc<SessionLink> {
+        type Connection = ();
+        type Error = SessionFailure;
+        const TRANSPORT: &'static str = "session";
+        const CAN_DRAIN: bool = false;
+        const CAN_RESIZE: bool = false;
+
+        async fn open(
+            &self,
+            _: &WorkerOptions,
+            resume: Option<&ResumeRequest>,
+        ) -> Result<((), Registered), SessionFailure> {
+            self.requests.lock().unwrap().push(resume.cloned());
+            let answer = self.answers.lock().unwrap().pop_front();
+            let last = *self.last_id.lock().unwrap();
+            let registered = match answer {
+                Some(Answer::Fresh(id)) => Registered {
+                    session: Some(grant(id)),
+                    ..Registered::new(WorkerId::from_raw(id), "q".into())
+                },
+                Some(Answer::Resumed(held)) => Registered {
+                    session: Some(grant(last)),
+                    held: Some(held.into_iter().map(TaskId::from_raw).collect()),
+                    ..Registered::new(WorkerId::from_raw(last), "q".into())
+                },
+                Some(Answer::Refused) => return Err(SessionFailure { refused: true }),
+                Some(Answer::Unreachable) | None => {
+                    return Err(SessionFailure { refused: false });
+                }
+            };
+            *self.last_id.lock().unwrap() = registered.worker_id.get();
+            Ok(((), registered))
+        }
+
+        async fn serve(
+            &self,
+            (): (),
+            context: ConnectionContext<'_>,
+        ) -> ConnectionEnd<SessionFailure> {
+            let connection = {
+                let mut connections = self.connections.lock().unwrap();
+                *connections += 1;
+                *connections
+            };
+            let step = self.serves.lock().unwrap().pop_front();
+            let Some(step) = step else {
+                return std::future::pending().await;
+            };
+            for (id, activity) in step.start {
+                context.keeper.start(task(id, activity));
+            }
+            for _ in 0..step.write {
+                let reply = context.keeper.next_reply().await;
+                self.written.lock().unwrap().push((connection, reply));
+            }
+            match step.end {
+                Some(ConnectionEnd::Drained) => ConnectionEnd::Drained,
+                Some(ConnectionEnd::ComeBack {
+                    reason,
+                    shutting_down,
+                }) => ConnectionEnd::ComeBack {
+                    reason,
+                    shutting_down,
+                },
+                Some(ConnectionEnd::Failed(_)) => {
+                    ConnectionEnd::Failed(SessionFailure { refused: false })
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn task(id: u64, activity_type: &str) -> switchyard_core::ActivityTask {
+        switchyard_core::ActivityTask {
+            task_id: TaskId::from_raw(id),
+            namespace: "ns".into(),
+            task_queue: "q".into(),
+            activity_type: activity_type.into(),
+            input: Bytes::from_static(b"in"),
+            attempt: 1,
+            deadline: std::time::SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    fn session_options() -> WorkerOptions {
+        let mut options = options();
+        options.activity("slow", |ctx: ActivityContext, input: Bytes| async move {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(2)) => Ok(input),
+                () = ctx.cancelled() => Err(ActivityError::retryable("stopped")),
+            }
+        });
+        options.backoff = Backoff {
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(60),
+        };
+        options
+    }
+
+    fn lost() -> Option<ConnectionEnd<Scripted>> {
+        Some(ConnectionEnd::ComeBack {
+            reason: "link blip".into(),
+            shutting_down: false,
+        })
+    }
+
+    fn result(id: u64) -> TaskReply {
+        TaskReply::Result {
+            task_id: TaskId::from_raw(id),
+            result: switchyard_core::TaskResult::Success(Bytes::from_static(b"in")),
+        }
+    }
+
+    fn ids(raw: &[u64]) -> Vec<TaskId> {
+        raw.iter().copied().map(TaskId::from_raw).collect()
+    }
+
+    /// Runs `link` as a worker until its script ends in a drain, or `limit` passes.
+    async fn run_script(link: &std::sync::Arc<SessionLink>, options: WorkerOptions) -> WorkerId {
+        let Ok(worker) = Worker::connect(std::sync::Arc::clone(link), options).await else {
+            panic!("first registration");
+        };
+        let first = worker.worker_id();
+        let handle = worker.handle();
+        let run = tokio::spawn(worker.run());
+        if tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .is_err()
+        {
+            handle.shutdown();
+        }
+        first
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_within_the_grace_keeps_a_running_task_and_resends_its_result() {
+        let link = std::sync::Arc::new(SessionLink::default());
+        *link.answers.lock().unwrap() = [Answer::Fresh(1), Answer::Resumed(vec![1, 2])].into();
+        *link.serves.lock().unwrap() = [
+            // Task 1's result is written but never acknowledged; task 2 still runs.
+            Serve {
+                start: vec![(1, "echo"), (2, "slow")],
+                write: 1,
+                end: lost(),
+            },
+            Serve {
+                start: vec![],
+                write: 2,
+                end: Some(ConnectionEnd::Drained),
+            },
+        ]
+        .into();
+        run_script(&link, session_options()).await;
+        let requests = link.requests.lock().unwrap().clone();
+        assert_eq!(requests.len(), 2);
+        let Some(resume) = &requests[1] else {
+            panic!("the reconnection resumes: {requests:?}");
+        };
+        assert_eq!(resume.session_id, WorkerId::from_raw(1));
+        assert_eq!(resume.secret, vec![1; 32]);
+        assert_eq!(resume.running, ids(&[2]));
+        assert_eq!(resume.unacked, ids(&[1]));
+        let written = link.written.lock().unwrap().clone();
+        // The unacknowledged result goes again, first; the task that ran through the break
+        // answers on the new connection with its result (control: not a cancel ack).
+        assert_eq!(written, [(1, result(1)), (2, result(1)), (2, result(2))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_resume_registers_afresh_and_lets_go_of_what_it_held() {
+        let link = std::sync::Arc::new(SessionLink::default());
+        *link.answers.lock().unwrap() =
+            [Answer::Fresh(1), Answer::Refused, Answer::Fresh(2)].into();
+        *link.serves.lock().unwrap() = [
+            Serve {
+                start: vec![(1, "echo"), (2, "slow")],
+                write: 1,
+                end: lost(),
+            },
+            Serve {
+                start: vec![(3, "echo")],
+                write: 1,
+                end: Some(ConnectionEnd::Drained),
+            },
+        ]
+        .into();
+        run_script(&link, session_options()).await;
+        let requests = link.requests.lock().unwrap().clone();
+        assert_eq!(requests.len(), 3);
+        assert!(requests[1].is_some(), "control: a resume was tried first");
+        assert!(requests[2].is_none(), "then a fresh registration");
+        let written = link.written.lock().unwrap().clone();
+        // Neither task 1's unacknowledged result nor task 2's reply is written again.
+        assert_eq!(written, [(1, result(1)), (2, result(3))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acknowledged_results_are_not_listed_in_the_resume() {
+        let link = std::sync::Arc::new(SessionLink::default());
+        *link.answers.lock().unwrap() = [Answer::Fresh(1), Answer::Resumed(vec![])].into();
+        *link.serves.lock().unwrap() = [Serve {
+            start: vec![(1, "echo"), (2, "echo")],
+            write: 2,
+            end: None,
+        }]
+        .into();
+        let Ok(worker) = Worker::connect(std::sync::Arc::clone(&link), session_options()).await
+        else {
+            panic!("first registration");
+        };
+        let handle = worker.handle();
+        // Reach into the keeper the way a link does, before the loss.
+        let run = tokio::spawn(async move {
+            let keeper = &worker.keeper;
+            keeper.start(task(1, "echo"));
+            keeper.start(task(2, "echo"));
+            let _ = keeper.next_reply().await;
+            let _ = keeper.next_reply().await;
+            keeper.acknowledged(ids(&[1]));
+            keeper.resume_request(&grant(1))
+        });
+        let Ok(request) = run.await else {
+            panic!("the keeper task");
+        };
+        handle.shutdown();
+        // Control: task 2's result, never acknowledged, is still listed.
+        assert_eq!(request.unacked, ids(&[2]));
+        assert!(request.running.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_grace_the_worker_registers_afresh() {
+        let link = std::sync::Arc::new(SessionLink::default());
+        let mut answers: VecDeque<Answer> = [Answer::Fresh(1)].into();
+        // Every resume attempt finds the gateway unreachable; the grace is 5 s.
+        answers.extend((0..64).map(|_| Answer::Unreachable));
+        *link.answers.lock().unwrap() = answers;
+        *link.serves.lock().unwrap() = [Serve {
+            start: vec![(2, "slow")],
+            write: 0,
+            end: lost(),
+        }]
+        .into();
+        let Ok(worker) = Worker::connect(std::sync::Arc::clone(&link), session_options()).await
+        else {
+            panic!("first registration");
+        };
+        let handle = worker.handle();
+        let run = tokio::spawn(worker.run());
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        handle.shutdown();
+        let _ = run.await;
+        let requests = link.requests.lock().unwrap().clone();
+        let resumes = requests.iter().filter(|r| r.is_some()).count();
+        assert!(
+            resumes >= 2,
+            "at least two resume attempts fit in the grace: {resumes}"
+        );
+        let first_fresh = requests
+            .iter()
+            .skip(1)
+            .position(Option::is_none)
+            .unwrap_or(usize::MAX);
+        assert_eq!(
+            first_fresh, resumes,
+            "resumes first, then only fresh registrations"
+        );
+        assert!(
+            requests.len() > resumes + 1,
+            "control: it kept trying after the grace"
+        );
     }
 }

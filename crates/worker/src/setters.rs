@@ -100,5 +100,12 @@ macro_rules! worker_option_setters {
             self.options.connect_timeout = timeout;
             self
         }
+
+        /// Whether to ask for a session and resume it after a lost connection, keeping
+        /// running tasks and unacknowledged results (default true).
+        pub fn resume(mut self, resume: bool) -> Self {
+            self.options.resume = resume;
+            self
+        }
     };
 }

@@ -2,7 +2,8 @@
 
 use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use switchyard_proto::v1::{
-    GatewayFrame, RegisterAck, RegisterWorker, WorkerFrame, gateway_frame, worker_frame,
+    GatewayFrame, RegisterAck, RegisterWorker, ResumeWorker, WorkerFrame, gateway_frame,
+    worker_frame,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -10,7 +11,9 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status, Streaming};
 
-use switchyard_core::WorkerId;
+use std::time::Duration;
+
+use switchyard_core::{ResumeRequest, ResumeSecret, SessionGrant, TaskId, WorkerId};
 use switchyard_worker::{LinkError, Registered, WorkerOptions};
 
 use super::DialConfig;
@@ -44,6 +47,10 @@ pub enum GrpcLinkError {
     /// The gateway's first frame was not the acknowledgement, or it sent none.
     #[error("gateway did not acknowledge the registration")]
     NoAcknowledgement,
+    /// The gateway refused to resume the session (its status message names the reason:
+    /// `resume refused: <reason>`); the worker registers afresh.
+    #[error("{} ({})", .0.message(), .0.code())]
+    ResumeRefused(Status),
 }
 
 impl LinkError for GrpcLinkError {
@@ -52,6 +59,10 @@ impl LinkError for GrpcLinkError {
             self,
             Self::InvalidEndpoint { .. } | Self::InvalidToken | Self::Refused(_)
         )
+    }
+
+    fn is_resume_refused(&self) -> bool {
+        matches!(self, Self::ResumeRefused(_))
     }
 }
 
@@ -98,12 +109,24 @@ pub(crate) fn endpoint(
     Ok(endpoint)
 }
 
-/// Dials `endpoint`, opens the stream, registers and waits for the acknowledgement.
+/// The start of every status message refusing a resume.
+const RESUME_REFUSED: &str = "resume refused:";
+
+/// Dials `endpoint`, opens the stream, registers (or resumes the session in `resume`) and
+/// waits for the acknowledgement.
 pub(crate) async fn open(
     endpoint: &Endpoint,
     settings: &DialConfig,
     options: &WorkerOptions,
+    resume: Option<&ResumeRequest>,
 ) -> Result<(Stream, Registered), GrpcLinkError> {
+    let refused = |status: Status| {
+        if resume.is_some() && status.message().starts_with(RESUME_REFUSED) {
+            GrpcLinkError::ResumeRefused(status)
+        } else {
+            GrpcLinkError::from_status(status)
+        }
+    };
     let channel: Channel = endpoint
         .connect()
         .await
@@ -112,16 +135,24 @@ pub(crate) async fn open(
         .max_decoding_message_size(settings.max_message_bytes)
         .max_encoding_message_size(settings.max_message_bytes);
     let (outbound, frames) = mpsc::channel(outbound_queue(options.max_concurrency));
-    let register = WorkerFrame {
-        frame: Some(worker_frame::Frame::Register(RegisterWorker {
+    let first = match resume {
+        Some(request) => worker_frame::Frame::Resume(ResumeWorker {
+            session_id: request.session_id.get(),
+            resume_secret: request.secret.clone().into(),
+            running_task_ids: request.running.iter().map(|id| id.get()).collect(),
+            unacked_task_ids: request.unacked.iter().map(|id| id.get()).collect(),
+        }),
+        None => worker_frame::Frame::Register(RegisterWorker {
             namespaces: options.namespaces.clone(),
             task_queue: options.task_queue.clone(),
             node: options.node.clone(),
             activity_types: options.activities.keys().cloned().collect(),
             identity: options.identity.clone(),
             max_concurrency: Some(options.max_concurrency),
-        })),
+            resumable: options.resume,
+        }),
     };
+    let register = WorkerFrame { frame: Some(first) };
     // The queue is empty and its receiver alive, so the first frame always fits.
     outbound
         .try_send(register)
@@ -135,15 +166,22 @@ pub(crate) async fn open(
     let mut inbound = client
         .connect_worker(request)
         .await
-        .map_err(GrpcLinkError::from_status)?
+        .map_err(refused)?
         .into_inner();
     match inbound.message().await {
         Ok(Some(GatewayFrame {
             frame: Some(gateway_frame::Frame::RegisterAck(ack)),
         })) => {
             let registered = Registered {
-                worker_id: WorkerId::from_raw(ack.worker_id),
-                task_queue: ack.task_queue.clone(),
+                session: session(&ack),
+                held: ack.resumed.then(|| {
+                    ack.held_task_ids
+                        .iter()
+                        .copied()
+                        .map(TaskId::from_raw)
+                        .collect()
+                }),
+                ..Registered::new(WorkerId::from_raw(ack.worker_id), ack.task_queue.clone())
             };
             let stream = Stream {
                 ack,
@@ -153,8 +191,21 @@ pub(crate) async fn open(
             Ok((stream, registered))
         }
         Ok(_) => Err(GrpcLinkError::NoAcknowledgement),
-        Err(status) => Err(GrpcLinkError::from_status(status)),
+        Err(status) => Err(refused(status)),
     }
+}
+
+/// The session an acknowledgement grants; none unless it carries an id, a 32-byte secret and
+/// a grace.
+fn session(ack: &RegisterAck) -> Option<SessionGrant> {
+    if ack.session_id == 0 || ack.reconnect_grace_ms == 0 {
+        return None;
+    }
+    Some(SessionGrant {
+        session_id: WorkerId::from_raw(ack.session_id),
+        secret: ResumeSecret::from_slice(&ack.resume_secret)?,
+        grace: Duration::from_millis(u64::from(ack.reconnect_grace_ms)),
+    })
 }
 
 /// Room in the outbound queue beyond one result per task, for pongs and cancel acks.

@@ -1,18 +1,14 @@
 //! One registered stream on the worker side: run tasks, answer pings, honour cancels and drain.
 
-use std::collections::HashMap;
-
 use futures::StreamExt;
 use prost::Message;
-use switchyard_core::TaskResult;
+use switchyard_core::{TaskId, TaskResult};
 use switchyard_proto::v1::{
     self, ActivityResult, CancelAck, CapacityUpdate, Failure, Pong, WorkerDrainRequest,
     WorkerFrame, activity_result, drain_request, gateway_frame::Frame, worker_frame,
 };
-use switchyard_worker::{ConnectionContext, ConnectionEnd, TaskReply, TaskRunner};
+use switchyard_worker::{ConnectionContext, ConnectionEnd, TaskReply};
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 use super::DialConfig;
 use super::link::{GrpcLinkError, Stream};
@@ -20,10 +16,10 @@ use crate::wire;
 
 /// Serves one registered stream until it ends.
 ///
-/// Handlers run on their own tasks, each holding a permit of the worker's runner (shared by
-/// every stream of the worker, so handlers left over from a lost stream still count against
-/// `max_concurrency` until they stop). Replies travel back through this loop, which therefore
-/// knows when a drain is complete. Dropping the future aborts the stream's handlers.
+/// Tasks go to the worker's [`TaskKeeper`](switchyard_worker::TaskKeeper), which runs each handler on its own runtime task
+/// under the runner's permit and outlives the stream: after a lost stream the runtime resumes
+/// the session (the handlers keep running) or lets them go. Replies come back through this loop
+/// from the keeper, which therefore knows when a drain is complete.
 pub(crate) async fn serve(
     stream: Stream,
     settings: &DialConfig,
@@ -34,12 +30,10 @@ pub(crate) async fn serve(
         outbound,
         mut inbound,
     } = stream;
-    let mut serving = Serving {
-        runner: context.runner,
+    let keeper = context.keeper;
+    let serving = Serving {
         outbound,
         max_frame_bytes: frame_limit(&ack, settings),
-        running: HashMap::new(),
-        handlers: JoinSet::new(),
     };
     let lost = |reason: &str| ConnectionEnd::ComeBack {
         reason: reason.to_owned(),
@@ -74,7 +68,7 @@ pub(crate) async fn serve(
                 break Some(lost("outbound stream closed"));
             }
         }
-        if draining.is_some() && serving.handlers.is_empty() {
+        if draining.is_some() && keeper.is_idle() {
             break None;
         }
         tokio::select! {
@@ -89,7 +83,7 @@ pub(crate) async fn serve(
             Some(max_concurrency) = resized.next() => announce = Some(max_concurrency),
             frame = inbound.message() => match frame {
                 Ok(Some(frame)) => match frame.frame {
-                    Some(Frame::Task(task)) => serving.start(task),
+                    Some(Frame::Task(task)) => keeper.start(wire::activity_task(task)),
                     Some(Frame::Ping(ping)) => {
                         if !serving.send(worker_frame::Frame::Pong(Pong { seq: ping.seq })).await {
                             break Some(lost("outbound stream closed"));
@@ -98,12 +92,13 @@ pub(crate) async fn serve(
                     Some(Frame::Cancel(cancel)) => {
                         tracing::debug!(task = cancel.task_id, reason = ?cancel.reason(),
                             "task cancelled by the gateway");
-                        if let Some(token) = serving.running.get(&cancel.task_id) {
-                            token.cancel();
-                        }
+                        keeper.cancel(TaskId::from_raw(cancel.task_id));
+                    }
+                    Some(Frame::ResultsAck(ack)) => {
+                        keeper.acknowledged(ack.task_ids.into_iter().map(TaskId::from_raw));
                     }
                     Some(Frame::Drain(drain)) => {
-                        let in_flight = serving.handlers.len();
+                        let in_flight = keeper.held();
                         draining = Some(match drain.reason() {
                             drain_request::Reason::ShuttingDown => {
                                 tracing::info!(worker = ack.worker_id, in_flight,
@@ -143,10 +138,7 @@ pub(crate) async fn serve(
                     other => ConnectionEnd::Failed(other),
                 }),
             },
-            Some(joined) = serving.handlers.join_next(), if !serving.handlers.is_empty() => {
-                // Handlers never panic out (the runner catches them) and are aborted only with
-                // the set, so a join error cannot happen while the set is alive.
-                let Ok(reply) = joined else { continue };
+            reply = keeper.next_reply() => {
                 if !serving.report(reply).await {
                     break Some(lost("outbound stream closed"));
                 }
@@ -154,7 +146,7 @@ pub(crate) async fn serve(
         }
     };
     if let Some(end) = end {
-        serving.abandon();
+        // The runtime decides whether the tasks outlive the stream (a session) or go.
         return end;
     }
     // Half-close, then let the gateway end the stream after it deregisters the worker.
@@ -180,36 +172,21 @@ fn frame_limit(ack: &v1::RegisterAck, settings: &DialConfig) -> usize {
     }
 }
 
-struct Serving<'a> {
-    runner: &'a TaskRunner,
+struct Serving {
     outbound: mpsc::Sender<WorkerFrame>,
     /// Largest encoded frame the gateway accepts on this stream.
     max_frame_bytes: usize,
-    /// Cancellation of each task not yet reported.
-    running: HashMap<u64, CancellationToken>,
-    handlers: JoinSet<TaskReply>,
 }
 
-impl Serving<'_> {
-    fn start(&mut self, task: v1::ActivityTask) {
-        let running = self.runner.start(wire::activity_task(task));
-        self.running
-            .insert(running.task_id().get(), running.canceller());
-        self.handlers.spawn(running);
-    }
-
+impl Serving {
     /// Sends a finished task's result, or its cancel acknowledgement. Returns false when the
     /// stream is gone.
-    async fn report(&mut self, reply: TaskReply) -> bool {
+    async fn report(&self, reply: TaskReply) -> bool {
         let size = WorkerFrame {
             frame: Some(frame(reply.clone())),
         }
         .encoded_len();
         let reply = reply.within_limit(size, self.max_frame_bytes);
-        let id = match &reply {
-            TaskReply::Result { task_id, .. } | TaskReply::CancelAck { task_id } => task_id.get(),
-        };
-        self.running.remove(&id);
         self.send(frame(reply)).await
     }
 
@@ -218,14 +195,6 @@ impl Serving<'_> {
             .send(WorkerFrame { frame: Some(frame) })
             .await
             .is_ok()
-    }
-
-    /// The stream is gone: its tasks go back to the gateway, so stop their handlers.
-    fn abandon(&mut self) {
-        for token in self.running.values() {
-            token.cancel();
-        }
-        self.handlers.abort_all();
     }
 }
 

@@ -312,6 +312,7 @@ pub fn register(namespaces: &[&str], activities: &[&str], capacity: Option<u32>)
         activity_types: activities.iter().map(|s| (*s).to_owned()).collect(),
         identity: "raw test worker".to_owned(),
         max_concurrency: capacity,
+        resumable: false,
     }))
 }
 

@@ -116,10 +116,7 @@ impl QuicConnection {
             stop_lanes: CancellationToken::new().drop_guard(),
         };
         tracing::info!(worker = %worker, gateway = %settings.addr, ?redundancy, "registered");
-        let registered = Registered {
-            worker_id: worker,
-            task_queue,
-        };
+        let registered = Registered::new(worker, task_queue);
         Ok((connection, registered))
     }
 

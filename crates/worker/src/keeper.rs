@@ -1,0 +1,386 @@
+//! The tasks a worker holds across its connections: handlers still running, replies not yet
+//! written, and results written but not yet acknowledged by the gateway.
+//!
+//! A link hands every inbound task to [`TaskKeeper::start`], every cancel to
+//! [`TaskKeeper::cancel`] and every results acknowledgement to [`TaskKeeper::acknowledged`],
+//! and writes what [`TaskKeeper::next_reply`] yields. Handlers run on the runtime, not inside
+//! the link's `serve`, so a lost connection does not stop them: with a session the reconnect
+//! loop resumes ([`TaskKeeper::resume_request`], then [`TaskKeeper::reconcile`] with what the
+//! gateway still holds), without one it lets go of everything ([`TaskKeeper::abandon`]).
+//!
+//! Memory is bounded by the gateway: it holds at most the worker's capacity of tasks, and a
+//! result is kept only until the gateway's acknowledgement (or the next reconcile) names it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use switchyard_core::{ActivityTask, ResumeRequest, SessionGrant, TaskId};
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{TaskReply, TaskRunner};
+
+/// Owns a worker's tasks across connections; see the [module](self) docs.
+pub struct TaskKeeper {
+    runner: TaskRunner,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<KeeperState>,
+    /// Woken when a reply is queued.
+    ready: Notify,
+}
+
+#[derive(Default)]
+struct KeeperState {
+    /// Tasks whose handler has not finished.
+    running: HashMap<TaskId, Running>,
+    /// Replies finished and not yet taken by a link, in order (re-sent results first).
+    ready: VecDeque<TaskReply>,
+    /// Results taken by a link and not yet acknowledged, kept while `keep_unacked`.
+    unacked: HashMap<TaskId, TaskReply>,
+    /// True while the connection has a session, so an unacknowledged result can be re-sent.
+    keep_unacked: bool,
+}
+
+struct Running {
+    canceller: CancellationToken,
+    abort: AbortHandle,
+}
+
+impl Running {
+    fn stop(&self) {
+        self.canceller.cancel();
+        self.abort.abort();
+    }
+}
+
+impl std::fmt::Debug for TaskKeeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("TaskKeeper")
+            .field("running", &state.running.len())
+            .field("ready", &state.ready.len())
+            .field("unacked", &state.unacked.len())
+            .finish()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, KeeperState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl TaskKeeper {
+    /// A keeper starting tasks on `runner`.
+    pub fn new(runner: TaskRunner) -> Self {
+        Self {
+            runner,
+            shared: Arc::new(Shared {
+                state: Mutex::new(KeeperState::default()),
+                ready: Notify::new(),
+            }),
+        }
+    }
+
+    /// Starts `task` on its own runtime task; its reply comes out of
+    /// [`TaskKeeper::next_reply`]. A task already held is not started twice.
+    pub fn start(&self, task: ActivityTask) {
+        let running = self.runner.start(task);
+        let task_id = running.task_id();
+        let canceller = running.canceller();
+        let shared = Arc::clone(&self.shared);
+        // Held under the lock while spawning, so a handler finishing at once finds its entry.
+        let mut state = self.shared.lock();
+        if state.running.contains_key(&task_id) {
+            return;
+        }
+        let abort = tokio::spawn(async move {
+            let reply = running.await;
+            let mut state = shared.lock();
+            // Absent: the task was let go (not held after a resume, or abandoned).
+            if state.running.remove(&task_id).is_some() {
+                state.ready.push_back(reply);
+                drop(state);
+                shared.ready.notify_one();
+            }
+        })
+        .abort_handle();
+        state.running.insert(task_id, Running { canceller, abort });
+    }
+
+    /// Fires the handler's cancellation token of `task`, if it still runs; it then answers
+    /// with a cancel acknowledgement.
+    pub fn cancel(&self, task: TaskId) {
+        if let Some(running) = self.shared.lock().running.get(&task) {
+            running.canceller.cancel();
+        }
+    }
+
+    /// The gateway processed the results of `tasks`: forget them.
+    pub fn acknowledged(&self, tasks: impl IntoIterator<Item = TaskId>) {
+        let mut state = self.shared.lock();
+        for task in tasks {
+            state.unacked.remove(&task);
+        }
+    }
+
+    /// The next reply to write, in order; waits for one. A result is kept as unacknowledged
+    /// (while the connection has a session) until [`TaskKeeper::acknowledged`] names it.
+    /// Cancel-safe: a reply is taken only when it is returned.
+    pub async fn next_reply(&self) -> TaskReply {
+        loop {
+            {
+                let mut state = self.shared.lock();
+                if let Some(reply) = state.ready.pop_front() {
+                    if let (true, TaskReply::Result { task_id, .. }) = (state.keep_unacked, &reply)
+                    {
+                        state.unacked.insert(*task_id, reply.clone());
+                    }
+                    return reply;
+                }
+            }
+            self.shared.ready.notified().await;
+        }
+    }
+
+    /// True when no handler runs and no reply waits to be written: a drain is complete.
+    pub fn is_idle(&self) -> bool {
+        let state = self.shared.lock();
+        state.running.is_empty() && state.ready.is_empty()
+    }
+
+    /// Whether results written from now on are kept until acknowledged (the connection has a
+    /// session); set by the runtime for each connection.
+    pub(crate) fn keep_unacknowledged(&self, keep: bool) {
+        let mut state = self.shared.lock();
+        state.keep_unacked = keep;
+        if !keep {
+            state.unacked.clear();
+        }
+    }
+
+    /// The resume frame's content for `grant`: the tasks still running (and finished but not
+    /// yet written) and the results written but not acknowledged.
+    pub fn resume_request(&self, grant: &SessionGrant) -> ResumeRequest {
+        let state = self.shared.lock();
+        let mut running: Vec<TaskId> = state.running.keys().copied().collect();
+        running.extend(state.ready.iter().map(reply_task));
+        running.sort_unstable();
+        let mut unacked: Vec<TaskId> = state.unacked.keys().copied().collect();
+        unacked.sort_unstable();
+        ResumeRequest {
+            session_id: grant.session_id,
+            secret: grant.secret.as_bytes().to_vec(),
+            running,
+            unacked,
+        }
+    }
+
+    /// Applies a resume's acknowledgement: the gateway still waits on `held`. Every other task
+    /// is let go (its handler cancelled, its reply dropped); unacknowledged results of held
+    /// tasks are queued to be written again, ahead of the rest.
+    pub fn reconcile(&self, held: &[TaskId]) {
+        let held: HashSet<TaskId> = held.iter().copied().collect();
+        let mut state = self.shared.lock();
+        state.running.retain(|task, running| {
+            let keep = held.contains(task);
+            if !keep {
+                running.stop();
+            }
+            keep
+        });
+        state
+            .ready
+            .retain(|reply| held.contains(&reply_task(reply)));
+        let mut resend: Vec<TaskReply> = state
+            .unacked
+            .drain()
+            .filter(|(task, _)| held.contains(task))
+            .map(|(_, reply)| reply)
+            .collect();
+        resend.sort_unstable_by_key(reply_task);
+        for reply in resend.into_iter().rev() {
+            state.ready.push_front(reply);
+        }
+        let ready = !state.ready.is_empty();
+        drop(state);
+        if ready {
+            self.shared.ready.notify_one();
+        }
+    }
+
+    /// Lets go of every task: handlers cancelled and stopped, replies and results dropped (a
+    /// fresh registration, or the worker stopping; the gateway dispatches them again).
+    pub fn abandon(&self) {
+        let mut state = self.shared.lock();
+        for running in state.running.values() {
+            running.stop();
+        }
+        state.running.clear();
+        state.ready.clear();
+        state.unacked.clear();
+    }
+
+    /// Tasks held in any form: running, waiting to be written, or unacknowledged.
+    pub fn held(&self) -> usize {
+        let state = self.shared.lock();
+        state.running.len() + state.ready.len() + state.unacked.len()
+    }
+}
+
+impl Drop for TaskKeeper {
+    fn drop(&mut self) {
+        self.abandon();
+    }
+}
+
+fn reply_task(reply: &TaskReply) -> TaskId {
+    match reply {
+        TaskReply::Result { task_id, .. } | TaskReply::CancelAck { task_id } => *task_id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, SystemTime};
+
+    use bytes::Bytes;
+    use switchyard_core::{
+        ActivityContext, ActivityError, ActivityHandler, ResumeSecret, TaskResult, WorkerId,
+    };
+
+    use super::*;
+
+    pub(crate) fn keeper() -> TaskKeeper {
+        let mut activities: BTreeMap<String, Arc<dyn ActivityHandler>> = BTreeMap::new();
+        let echo = |_: ActivityContext, input: Bytes| async move { Ok(input) };
+        let slow = |ctx: ActivityContext, input: Bytes| async move {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(2)) => Ok(input),
+                () = ctx.cancelled() => Err(ActivityError::retryable("stopped")),
+            }
+        };
+        activities.insert("echo".into(), Arc::new(echo));
+        activities.insert("slow".into(), Arc::new(slow));
+        TaskKeeper::new(TaskRunner::new(activities, 4))
+    }
+
+    pub(crate) fn task(id: u64, activity_type: &str) -> ActivityTask {
+        ActivityTask {
+            task_id: TaskId::from_raw(id),
+            namespace: "ns".into(),
+            task_queue: "q".into(),
+            activity_type: activity_type.into(),
+            input: Bytes::from_static(b"in"),
+            attempt: 1,
+            deadline: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    fn grant() -> SessionGrant {
+        SessionGrant {
+            session_id: WorkerId::from_raw(9),
+            secret: ResumeSecret::from_slice(&[7; 32]).unwrap_or_else(|| unreachable!()),
+            grace: Duration::from_secs(5),
+        }
+    }
+
+    fn ids(raw: &[u64]) -> Vec<TaskId> {
+        raw.iter().copied().map(TaskId::from_raw).collect()
+    }
+
+    fn result(id: u64) -> TaskReply {
+        TaskReply::Result {
+            task_id: TaskId::from_raw(id),
+            result: TaskResult::Success(Bytes::from_static(b"in")),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_written_result_is_kept_until_acknowledged() {
+        let keeper = keeper();
+        keeper.keep_unacknowledged(true);
+        keeper.start(task(1, "echo"));
+        assert_eq!(keeper.next_reply().await, result(1));
+        let request = keeper.resume_request(&grant());
+        assert_eq!(request.unacked, ids(&[1]), "written, not acknowledged");
+        assert_eq!(request.secret, vec![7; 32]);
+        keeper.acknowledged(ids(&[1]));
+        // Control: the acknowledgement is what made it forget.
+        assert!(keeper.resume_request(&grant()).unacked.is_empty());
+        assert_eq!(keeper.held(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_session_nothing_is_kept() {
+        let keeper = keeper();
+        keeper.keep_unacknowledged(false);
+        keeper.start(task(1, "echo"));
+        assert_eq!(keeper.next_reply().await, result(1));
+        assert_eq!(keeper.held(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reconcile_keeps_held_tasks_and_resends_their_results_first() {
+        let keeper = keeper();
+        keeper.keep_unacknowledged(true);
+        keeper.start(task(1, "echo"));
+        keeper.start(task(2, "echo"));
+        let mut written = vec![keeper.next_reply().await, keeper.next_reply().await];
+        written.sort_by_key(reply_task);
+        assert_eq!(written, [result(1), result(2)]);
+        keeper.start(task(3, "slow"));
+        keeper.start(task(4, "slow"));
+        tokio::task::yield_now().await;
+        let request = keeper.resume_request(&grant());
+        assert_eq!(request.running, ids(&[3, 4]));
+        assert_eq!(request.unacked, ids(&[1, 2]));
+        // The gateway still waits on 2 (its result never arrived) and 3; 1 was applied, 4 is
+        // no longer wanted.
+        keeper.reconcile(&ids(&[2, 3]));
+        assert_eq!(keeper.next_reply().await, result(2), "re-sent first");
+        assert_eq!(keeper.next_reply().await, result(3), "held task ran on");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // Control: task 4 was let go, so it never answers.
+        let none = tokio::time::timeout(Duration::from_secs(5), keeper.next_reply()).await;
+        assert!(none.is_err(), "task 4 dropped: {none:?}");
+        assert_eq!(keeper.resume_request(&grant()).unacked, ids(&[2, 3]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn abandon_lets_go_of_everything() {
+        let keeper = keeper();
+        keeper.keep_unacknowledged(true);
+        keeper.start(task(1, "echo"));
+        assert_eq!(keeper.next_reply().await, result(1));
+        keeper.start(task(2, "slow"));
+        tokio::task::yield_now().await;
+        assert_eq!(keeper.held(), 2, "control: one running, one unacknowledged");
+        keeper.abandon();
+        assert_eq!(keeper.held(), 0);
+        assert!(keeper.is_idle());
+        let none = tokio::time::timeout(Duration::from_secs(5), keeper.next_reply()).await;
+        assert!(none.is_err(), "the abandoned task never answers");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_makes_the_task_answer_with_a_cancel_ack() {
+        let keeper = keeper();
+        keeper.start(task(1, "slow"));
+        tokio::task::yield_now().await;
+        assert!(!keeper.is_idle());
+        keeper.cancel(TaskId::from_raw(1));
+        assert_eq!(
+            keeper.next_reply().await,
+            TaskReply::CancelAck {
+                task_id: TaskId::from_raw(1)
+            }
+        );
+        assert!(keeper.is_idle());
+    }
+}
