@@ -225,6 +225,10 @@ pub struct QuicServerConfig {
 /// rebinding takes, short enough that a worker that is gone for good gives its tasks back soon.
 pub const DEFAULT_RECONNECT_GRACE: Duration = Duration::from_secs(15);
 
+/// The longest [`QuicServerConfig::reconnect_grace`]: `QuicRegistered.reconnect_grace_ms` is a
+/// 32-bit count of milliseconds.
+pub const MAX_RECONNECT_GRACE: Duration = Duration::from_millis(u32::MAX as u64);
+
 impl QuicServerConfig {
     /// Refuses settings that would make the listener useless, naming the setting.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
@@ -241,14 +245,12 @@ impl QuicServerConfig {
             "max_connections_per_address",
             self.max_connections_per_address,
         )?;
-        let grace_ms = usize::try_from(self.reconnect_grace.as_millis()).unwrap_or(usize::MAX);
-        let max_grace_ms = u32::MAX as usize;
-        if grace_ms > max_grace_ms {
-            // `QuicRegistered.reconnect_grace_ms` is a u32.
+        if self.reconnect_grace > MAX_RECONNECT_GRACE {
+            let millis = |d: Duration| usize::try_from(d.as_millis()).unwrap_or(usize::MAX);
             return Err(ConfigError::TooLarge {
                 field: "reconnect_grace (ms)",
-                value: grace_ms,
-                max: max_grace_ms,
+                value: millis(self.reconnect_grace),
+                max: millis(MAX_RECONNECT_GRACE),
             });
         }
         if self.socket_buffer > MAX_SOCKET_BUFFER {

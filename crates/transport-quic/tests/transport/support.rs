@@ -273,9 +273,19 @@ impl Raw {
         config: quinn::ClientConfig,
         stall: Option<Arc<Stall>>,
     ) -> Self {
+        Self::dial(gateway.addr(), local, config, stall).await
+    }
+
+    /// Connects to `addr` (the gateway, or a relay in front of it) with `config`.
+    pub(crate) async fn dial(
+        addr: SocketAddr,
+        local: &str,
+        config: quinn::ClientConfig,
+        stall: Option<Arc<Stall>>,
+    ) -> Self {
         let endpoint = Endpoint::client(local.parse().unwrap()).unwrap();
         let conn = endpoint
-            .connect_with(config, gateway.addr(), "localhost")
+            .connect_with(config, addr, "localhost")
             .unwrap()
             .await
             .unwrap();
