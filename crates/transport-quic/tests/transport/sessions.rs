@@ -42,13 +42,17 @@ async fn resumable(gateway: &Gateway, addr: std::net::SocketAddr) -> (Raw, QuicR
         .await;
     raw.announce(1).await;
     let worker = WorkerId::from_raw(registered.worker_id);
-    event(&mut events, "probation lifted", |e| {
-        matches!(e, WorkerEvent::ProbationPassed { worker: w } if *w == worker)
-    })
+    event(
+        &mut events,
+        "probation lifted",
+        |e| matches!(e, WorkerEvent::ProbationPassed { worker: w } if *w == worker),
+    )
     .await;
-    event(&mut events, "capacity announced", |e| {
-        matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker)
-    })
+    event(
+        &mut events,
+        "capacity announced",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
+    )
     .await;
     (raw, registered)
 }
@@ -68,7 +72,9 @@ fn resume_frame(registered: &QuicRegistered, secret: Bytes, running: Vec<u64>) -
 fn output(task_id: u64, text: &'static str) -> quic_lane_up::Frame {
     quic_lane_up::Frame::Result(QuicResult {
         task_id,
-        outcome: Some(quic_result::Outcome::Output(Bytes::from_static(text.as_bytes()))),
+        outcome: Some(quic_result::Outcome::Output(Bytes::from_static(
+            text.as_bytes(),
+        ))),
     })
 }
 
@@ -84,7 +90,11 @@ async fn a_resumable_registration_gets_a_session_and_a_plain_one_does_not() {
     let mut plain = Raw::connect(&gateway).await;
     let registered = plain.register(register_frame(&["work"])).await;
     assert_eq!(
-        (registered.session_id, registered.resume_secret.len(), registered.reconnect_grace_ms),
+        (
+            registered.session_id,
+            registered.resume_secret.len(),
+            registered.reconnect_grace_ms
+        ),
         (0, 0, 0)
     );
 }
@@ -108,9 +118,11 @@ async fn a_lost_connection_suspends_and_a_resume_takes_the_held_task_s_result_on
     });
     let (_lane, task) = old.next_task().await;
     relay.freeze();
-    event(&mut events, "suspended", |e| {
-        matches!(e, WorkerEvent::Suspended { worker: w, .. } if *w == worker)
-    })
+    event(
+        &mut events,
+        "suspended",
+        |e| matches!(e, WorkerEvent::Suspended { worker: w, .. } if *w == worker),
+    )
     .await;
     assert!(
         gateway.registry().worker(worker).is_some(),
@@ -140,8 +152,14 @@ async fn a_lost_connection_suspends_and_a_resume_takes_the_held_task_s_result_on
         .unwrap();
     assert_eq!(held, task.task_id, "the held task is put on a lane");
     lane.send(output(task.task_id, "done")).await;
-    let outcome = tokio::time::timeout(PATIENCE, dispatch).await.unwrap().unwrap();
-    assert_eq!(outcome, ActivityOutcome::Completed(Bytes::from_static(b"done")));
+    let outcome = tokio::time::timeout(PATIENCE, dispatch)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ActivityOutcome::Completed(Bytes::from_static(b"done"))
+    );
     match new.next_control().await.frame {
         Some(quic_control_down::Frame::ResultsAck(ack)) => {
             assert_eq!(ack.task_ids, vec![task.task_id]);
@@ -159,9 +177,11 @@ async fn a_wrong_secret_is_refused_by_name_and_changes_nothing() {
     let (_old, registered) = resumable(&gateway, relay.addr()).await;
     let worker = WorkerId::from_raw(registered.worker_id);
     relay.freeze();
-    event(&mut events, "suspended", |e| {
-        matches!(e, WorkerEvent::Suspended { worker: w, .. } if *w == worker)
-    })
+    event(
+        &mut events,
+        "suspended",
+        |e| matches!(e, WorkerEvent::Suspended { worker: w, .. } if *w == worker),
+    )
     .await;
 
     let mut wrong = registered.resume_secret.to_vec();

@@ -8,8 +8,8 @@ use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicCancelReason, QuicCapabilities, QuicControlDown,
     QuicControlUp, QuicDatagramDown, QuicDatagramUp, QuicDrain, QuicDrainReason, QuicDrainRequest,
     QuicHeld, QuicLaneDown, QuicLaneUp, QuicPing, QuicPong, QuicRedundancy, QuicRegister,
-    QuicRegistered, QuicResult, QuicResultsAck, QuicResume, QuicTask, quic_control_down, quic_control_up, quic_lane_down, quic_lane_up,
-    quic_result,
+    QuicRegistered, QuicResult, QuicResultsAck, QuicResume, QuicTask, quic_control_down,
+    quic_control_up, quic_lane_down, quic_lane_up, quic_result,
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{
