@@ -436,4 +436,19 @@ mod tests {
         assert!(!refused(ErrorCode::Drained).is_shutdown());
         assert!(!QuicLinkError::Connection(ConnectionError::TimedOut).is_shutdown());
     }
+
+    #[test]
+    fn only_resume_refused_makes_the_worker_register_afresh_at_once() {
+        let refused_resume = refused(ErrorCode::ResumeRefused);
+        assert!(refused_resume.is_resume_refused());
+        assert!(!refused_resume.is_permanent(), "it registers afresh");
+        // Control: other closes are not a refused resume.
+        for other in [
+            refused(ErrorCode::Superseded),
+            refused(ErrorCode::Deregistered),
+            QuicLinkError::Connection(ConnectionError::TimedOut),
+        ] {
+            assert!(!other.is_resume_refused(), "{other}");
+        }
+    }
 }

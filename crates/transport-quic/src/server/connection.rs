@@ -419,3 +419,65 @@ fn apply(
 fn refused(error: switchyard_core::AdmissionError) -> Fault {
     Fault::close(convert::refusal_code(&error), error.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use quinn::{ApplicationClose, VarInt};
+
+    use super::*;
+
+    fn closed_by_worker(code: ErrorCode) -> ConnectionError {
+        ConnectionError::ApplicationClosed(ApplicationClose {
+            error_code: code.var_int(),
+            reason: bytes::Bytes::new(),
+        })
+    }
+
+    #[test]
+    fn a_lost_connection_suspends_and_a_goodbye_or_the_gateway_s_own_close_does_not() {
+        for lost in [
+            ConnectionError::TimedOut,
+            ConnectionError::Reset,
+            closed_by_worker(ErrorCode::ProtocolViolation),
+        ] {
+            assert_eq!(Ending::of(Some(&lost)), Ending::Lost, "{lost}");
+        }
+        // Control: the same end with the worker's `CLOSED`, or closed by the gateway itself.
+        assert_eq!(
+            Ending::of(Some(&closed_by_worker(ErrorCode::Closed))),
+            Ending::Left
+        );
+        assert_eq!(
+            Ending::of(Some(&ConnectionError::LocallyClosed)),
+            Ending::Left
+        );
+        assert_eq!(
+            Ending::of(Some(&ConnectionError::ApplicationClosed(
+                ApplicationClose {
+                    error_code: VarInt::from_u32(0x3f),
+                    reason: bytes::Bytes::new(),
+                }
+            ))),
+            Ending::Lost,
+            "an unknown code is no goodbye"
+        );
+    }
+
+    #[test]
+    fn a_superseded_connection_is_told_so_and_others_hear_core_s_reason() {
+        assert_eq!(
+            departure_close(DisconnectReason::Superseded),
+            (
+                ErrorCode::Superseded,
+                "superseded by a resumed connection".to_owned()
+            )
+        );
+        assert_eq!(
+            departure_close(DisconnectReason::Timeout),
+            (
+                ErrorCode::Deregistered,
+                "deregistered by the gateway: timeout".to_owned()
+            )
+        );
+    }
+}
