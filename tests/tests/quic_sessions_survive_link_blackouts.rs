@@ -97,6 +97,15 @@ fn short_lived_link() -> ConnectionConfig {
     }
 }
 
+/// The link of the workers not behind the relay: the SDK's defaults (a 30 s idle timeout), so a
+/// busy machine cannot end their connections and dispatch a task once more.
+fn steady_link() -> ConnectionConfig {
+    ConnectionConfig {
+        keep_alive_interval: Some(Duration::from_secs(2)),
+        ..ConnectionConfig::default()
+    }
+}
+
 async fn gateway(grace: Duration) -> TestGateway {
     TestGateway::start(|config| config.quic.reconnect_grace = ConfigDuration(grace)).await
 }
@@ -197,8 +206,7 @@ async fn a_task_running_through_a_one_second_blackout_completes_once_on_its_work
         .await
         .expect("the worker behind the relay starts the task");
     // Only now a second worker: it could take the task only if the gateway dispatched it again.
-    let other =
-        Counted::connect(&gateway, quic_addr(&gateway), task_time, short_lived_link()).await;
+    let other = Counted::connect(&gateway, quic_addr(&gateway), task_time, steady_link()).await;
     relay.freeze();
     event_of(&mut events, dark.id, "suspended", |e| {
         matches!(e, WorkerEvent::Suspended { .. })
@@ -239,8 +247,7 @@ async fn without_a_grace_the_same_blackout_dispatches_the_task_again() {
     tokio::time::timeout(PATIENCE, dark.running.notified())
         .await
         .expect("the worker behind the relay starts the task");
-    let other =
-        Counted::connect(&gateway, quic_addr(&gateway), task_time, short_lived_link()).await;
+    let other = Counted::connect(&gateway, quic_addr(&gateway), task_time, steady_link()).await;
     relay.freeze();
     let left = event_of(&mut events, dark.id, "left", |e| {
         matches!(
@@ -327,7 +334,7 @@ async fn a_session_whose_grace_expires_gives_its_task_to_another_worker() {
         &gateway,
         quic_addr(&gateway),
         Duration::from_millis(10),
-        short_lived_link(),
+        steady_link(),
     )
     .await;
     // Dark for good.

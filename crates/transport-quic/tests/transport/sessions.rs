@@ -42,18 +42,19 @@ async fn resumable(gateway: &Gateway, addr: std::net::SocketAddr) -> (Raw, QuicR
         .await;
     raw.announce(1).await;
     let worker = WorkerId::from_raw(registered.worker_id);
-    event(
-        &mut events,
-        "probation lifted",
-        |e| matches!(e, WorkerEvent::ProbationPassed { worker: w } if *w == worker),
-    )
-    .await;
-    event(
-        &mut events,
-        "capacity announced",
-        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
-    )
-    .await;
+    // Probation and the announcement end in either order.
+    let (mut probation, mut announced) = (false, false);
+    while !(probation && announced) {
+        let seen = event(&mut events, "eligible", |e| {
+            matches!(e, WorkerEvent::ProbationPassed { worker: w }
+                | WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker)
+        })
+        .await;
+        match seen {
+            WorkerEvent::ProbationPassed { .. } => probation = true,
+            _ => announced = true,
+        }
+    }
     (raw, registered)
 }
 
