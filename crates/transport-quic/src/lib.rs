@@ -6,7 +6,10 @@
 //! worker, one per capacity slot, each carrying one task at a time with its pings, cancel and
 //! result. Lanes keep tasks independent (a lost packet delays one lane only) while paying for
 //! a stream once, not per task; the worker's stream credit is its capacity, so the link itself
-//! refuses work the worker could not run. `docs/quic-protocol.md` is the wire specification.
+//! refuses work the worker could not run. A worker that can resume gets a session: after a
+//! lost connection it comes back on a new one within the reconnect grace, keeping its worker
+//! id, its running tasks and its unacknowledged results. `docs/quic-protocol.md` is the wire
+//! specification.
 //!
 //! - [`QuicServer`]: the gateway side, admitting every worker through core's one gate.
 //! - [`QuicWorker`]: the worker SDK (builder, handlers, reconnection, drain).

@@ -11,6 +11,12 @@
 //! a worker sends on a lane goes to core (`complete`, `cancel_acknowledged`, `record_pong`);
 //! every refusal or violation closes the connection with a documented code, and the
 //! connection's end deregisters the worker exactly once (its registration token).
+//!
+//! Sessions (`server/admit.rs`): a worker that registers as `resumable` gets a session when
+//! `reconnect_grace` is above zero; a connection lost without a goodbye then suspends it
+//! instead (core keeps its slots and tasks), and a new connection's `resume` reattaches it,
+//! each task core still holds put on a lane of its own with a `held` frame. Results are
+//! acknowledged in batches (`server/acks.rs`) so the worker knows what it may forget.
 
 mod acks;
 mod admit;
