@@ -14,7 +14,7 @@ use switchyard_proto::v1::{
 use switchyard_test_support::UdpRelay;
 use switchyard_transport_quic::{ConnectionConfig, ErrorCode, QuicServerConfig};
 
-use crate::support::{Gateway, PATIENCE, Raw, client_config, event, register_frame};
+use crate::support::{Gateway, PATIENCE, Raw, client_config, event, eventually, register_frame};
 
 /// A gateway that notices a dead link within half a second: the QUIC idle timeout ends the
 /// connection, not the liveness window.
@@ -228,6 +228,7 @@ async fn a_resume_while_the_old_connection_lives_closes_the_old_one_superseded()
     let gateway = Gateway::start().await;
     let (old, registered) = resumable(&gateway, gateway.addr()).await;
     let worker = WorkerId::from_raw(registered.worker_id);
+    let mut events = gateway.registry().subscribe_events();
     let mut new = Raw::connect(&gateway).await;
     new.send_control(quic_control_up::Frame::Resume(resume_frame(
         &registered,
@@ -244,7 +245,12 @@ async fn a_resume_while_the_old_connection_lives_closes_the_old_one_superseded()
     assert_eq!(reason, "superseded by a resumed connection");
     // The old connection's end let the worker be: the newer connection holds it.
     assert!(gateway.registry().is_registered(worker));
-    assert_eq!(gateway.server.registered_workers(), 1);
+    // The listener tracks the new connection once it serves it; the old one's end must not
+    // untrack it.
+    eventually("the new connection tracked", || {
+        gateway.server.registered_workers() == 1
+    })
+    .await;
     assert!(
         gateway
             .registry()
@@ -252,6 +258,26 @@ async fn a_resume_while_the_old_connection_lives_closes_the_old_one_superseded()
             .is_some_and(|w| w.suspended_for.is_none()),
         "not suspended"
     );
+    // The newer connection serves the worker: a dispatch reaches it there.
+    let dispatch = gateway.dispatch("work", b"x");
+    let answer = async {
+        let (lane, task) = new.next_task().await;
+        lane.send(output(task.task_id, "new")).await;
+    };
+    let (outcome, ()) = tokio::join!(dispatch, answer);
+    assert_eq!(
+        outcome,
+        ActivityOutcome::Completed(Bytes::from_static(b"new"))
+    );
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            !matches!(
+                event,
+                WorkerEvent::Suspended { .. } | WorkerEvent::Disconnected { .. }
+            ),
+            "the old connection's end touched the session: {event:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
