@@ -301,3 +301,63 @@ async fn a_worker_that_closes_with_closed_leaves_and_is_not_suspended() {
         }
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_result_is_acknowledged_once_in_batches() {
+    const RESULTS: u64 = 256;
+    let gateway = Gateway::start().await;
+    let mut events = gateway.registry().subscribe_events();
+    let mut raw = Raw::connect(&gateway).await;
+    let registered = raw
+        .register(switchyard_proto::v1::QuicRegister {
+            resumable: true,
+            ..register_frame(&["work"])
+        })
+        .await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    raw.announce(64).await;
+    event(
+        &mut events,
+        "capacity announced",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, capacity: 64 } if *w == worker),
+    )
+    .await;
+    let mut dispatches = tokio::task::JoinSet::new();
+    for _ in 0..RESULTS {
+        let core = gateway.core.clone();
+        dispatches.spawn(async move {
+            core.dispatcher()
+                .dispatch(
+                    &switchyard_core::CallerIdentity::trusted("test"),
+                    crate::support::request("work", b"in", PATIENCE),
+                )
+                .await
+                .unwrap()
+        });
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    while (answered.len() as u64) < RESULTS {
+        let (lane, task) = raw.next_task().await;
+        lane.send(output(task.task_id, "ok")).await;
+        answered.insert(task.task_id);
+    }
+    while let Some(outcome) = dispatches.join_next().await {
+        assert!(matches!(outcome.unwrap(), ActivityOutcome::Completed(_)));
+    }
+    let mut acknowledged = std::collections::BTreeSet::new();
+    let mut frames = 0;
+    while acknowledged.len() < answered.len() {
+        match raw.next_control().await.frame {
+            Some(quic_control_down::Frame::ResultsAck(ack)) => {
+                frames += 1;
+                assert!(ack.task_ids.len() <= 64, "at most 64 ids a frame");
+                for id in ack.task_ids {
+                    assert!(acknowledged.insert(id), "task {id} acknowledged twice");
+                }
+            }
+            other => panic!("expected results_ack, got {other:?}"),
+        }
+    }
+    assert_eq!(acknowledged, answered, "every result acknowledged");
+    println!("{RESULTS} results acknowledged in {frames} results_ack frames");
+}
