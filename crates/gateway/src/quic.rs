@@ -63,6 +63,7 @@ impl QuicTransport {
             max_connections_per_address: section.max_connections_per_address,
             socket_buffer: section.socket_buffer,
             redundancy: section.redundancy.library(),
+            reconnect_grace: section.reconnect_grace.get(),
         }
     }
 }

@@ -39,6 +39,11 @@ impl UdpRelay {
     pub fn freeze(&self) {
         self.frozen.store(true, Ordering::SeqCst);
     }
+
+    /// Forwards datagrams again after [`UdpRelay::freeze`]: the end of a blackout.
+    pub fn thaw(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
+    }
 }
 
 impl Drop for UdpRelay {

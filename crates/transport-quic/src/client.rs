@@ -5,10 +5,12 @@
 //! [`QuicWorkerBuilder::connect`] makes the first registration, then [`QuicWorker::run`] serves
 //! tasks and the runtime ([`switchyard_worker`]) reconnects with jittered backoff until the
 //! worker is drained or refused for good. Capacity is announced right after each
-//! registration; the worker grants the gateway one lane (stream) per slot, and each lane drives
-//! one task of the shared [`TaskRunner`](switchyard_worker::TaskRunner) at a time. Pings are
-//! answered on the lane they arrive on, a cancel fires the handler's cancellation token, and a
-//! drain lets running tasks finish.
+//! registration; the worker grants the gateway one lane (stream) per slot, and each lane
+//! carries one task at a time, run by the runtime's [`TaskKeeper`](switchyard_worker::TaskKeeper)
+//! so that it outlives a lost connection. Pings are answered on the lane they arrive on, a
+//! cancel fires the handler's cancellation token, and a drain lets running tasks finish. With
+//! a session, the runtime resumes after a lost connection: the gateway puts each task it still
+//! holds on a lane (`held`), where its result is sent (again).
 
 mod connection;
 mod lane;
@@ -114,6 +116,17 @@ impl LinkError for QuicLinkError {
             _ => false,
         }
     }
+
+    /// The gateway closed with `RESUME_REFUSED`: register afresh.
+    fn is_resume_refused(&self) -> bool {
+        matches!(
+            self,
+            Self::Refused {
+                code: ErrorCode::ResumeRefused,
+                ..
+            }
+        )
+    }
 }
 
 /// The QUIC-specific settings of a worker.
@@ -144,10 +157,9 @@ impl Link for QuicLink {
     async fn open(
         &self,
         options: &WorkerOptions,
-        // Sessions over QUIC are the QUIC link's to add; until then every open registers.
-        _resume: Option<&switchyard_core::ResumeRequest>,
+        resume: Option<&switchyard_core::ResumeRequest>,
     ) -> Result<(QuicConnection, Registered), QuicLinkError> {
-        QuicConnection::open(&self.endpoint, &self.settings, options).await
+        QuicConnection::open(&self.endpoint, &self.settings, options, resume).await
     }
 
     async fn serve(
@@ -423,5 +435,20 @@ mod tests {
         assert!(refused(ErrorCode::Drained).is_permanent());
         assert!(!refused(ErrorCode::Drained).is_shutdown());
         assert!(!QuicLinkError::Connection(ConnectionError::TimedOut).is_shutdown());
+    }
+
+    #[test]
+    fn only_resume_refused_makes_the_worker_register_afresh_at_once() {
+        let refused_resume = refused(ErrorCode::ResumeRefused);
+        assert!(refused_resume.is_resume_refused());
+        assert!(!refused_resume.is_permanent(), "it registers afresh");
+        // Control: other closes are not a refused resume.
+        for other in [
+            refused(ErrorCode::Superseded),
+            refused(ErrorCode::Deregistered),
+            QuicLinkError::Connection(ConnectionError::TimedOut),
+        ] {
+            assert!(!other.is_resume_refused(), "{other}");
+        }
     }
 }

@@ -215,7 +215,19 @@ pub struct QuicServerConfig {
     /// Whether small task and result frames also travel as QUIC datagrams, for workers that
     /// ask for it at registration (default [`Redundancy::Off`]).
     pub redundancy: Redundancy,
+    /// How long the session of a worker that registered as resumable outlives a lost
+    /// connection, suspended, waiting for it to resume (default 15 s); zero grants no session,
+    /// and a lost connection deregisters the worker at once.
+    pub reconnect_grace: Duration,
 }
+
+/// [`QuicServerConfig::reconnect_grace`]'s default: longer than a cellular handover or a NAT
+/// rebinding takes, short enough that a worker that is gone for good gives its tasks back soon.
+pub const DEFAULT_RECONNECT_GRACE: Duration = Duration::from_secs(15);
+
+/// The longest [`QuicServerConfig::reconnect_grace`]: `QuicRegistered.reconnect_grace_ms` is a
+/// 32-bit count of milliseconds.
+pub const MAX_RECONNECT_GRACE: Duration = Duration::from_millis(u32::MAX as u64);
 
 impl QuicServerConfig {
     /// Refuses settings that would make the listener useless, naming the setting.
@@ -233,6 +245,14 @@ impl QuicServerConfig {
             "max_connections_per_address",
             self.max_connections_per_address,
         )?;
+        if self.reconnect_grace > MAX_RECONNECT_GRACE {
+            let millis = |d: Duration| usize::try_from(d.as_millis()).unwrap_or(usize::MAX);
+            return Err(ConfigError::TooLarge {
+                field: "reconnect_grace (ms)",
+                value: millis(self.reconnect_grace),
+                max: millis(MAX_RECONNECT_GRACE),
+            });
+        }
         if self.socket_buffer > MAX_SOCKET_BUFFER {
             return Err(ConfigError::TooLarge {
                 field: "socket_buffer",
@@ -266,6 +286,7 @@ impl Default for QuicServerConfig {
             max_connections_per_address: 256,
             socket_buffer: 4 * 1024 * 1024,
             redundancy: Redundancy::Off,
+            reconnect_grace: DEFAULT_RECONNECT_GRACE,
         }
     }
 }

@@ -2,11 +2,15 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use switchyard_core::{
-    ActivityTask, AdmissionError, CancelReason, Node, RefusalKind, Registration, TaskId, TaskResult,
+    ActivityTask, AdmissionError, CancelReason, Node, RefusalKind, Registration, ResumeRequest,
+    SessionGrant, TaskId, TaskResult, WorkerId,
 };
 use switchyard_proto::v1::quic_result::Outcome;
-use switchyard_proto::v1::{Failure, QuicCancelReason, QuicRegister, QuicResult, QuicTask};
+use switchyard_proto::v1::{
+    Failure, QuicCancelReason, QuicRegister, QuicResult, QuicResume, QuicTask,
+};
 
 use crate::protocol::{ErrorCode, PROTOCOL_VERSION};
 
@@ -24,17 +28,26 @@ pub(crate) fn from_unix_ms(ms: u64) -> SystemTime {
         .unwrap_or(UNIX_EPOCH)
 }
 
-/// A registration frame as core's transport-neutral request, capacity left unknown.
-pub(crate) fn registration(register: QuicRegister) -> Result<Registration, (ErrorCode, String)> {
-    if register.protocol_version != PROTOCOL_VERSION {
-        return Err((
-            ErrorCode::UnsupportedVersion,
-            format!(
-                "protocol_version {} is not supported; this gateway speaks {PROTOCOL_VERSION}",
-                register.protocol_version
-            ),
-        ));
+/// Refuses a `protocol_version` other than the one this crate speaks.
+fn check_version(version: u32) -> Result<(), (ErrorCode, String)> {
+    if version == PROTOCOL_VERSION {
+        return Ok(());
     }
+    Err((
+        ErrorCode::UnsupportedVersion,
+        format!(
+            "protocol_version {version} is not supported; this gateway speaks {PROTOCOL_VERSION}"
+        ),
+    ))
+}
+
+/// A registration frame as core's transport-neutral request, capacity left unknown; a
+/// resumable worker gets a session of `grace` (none when it is zero).
+pub(crate) fn registration(
+    register: QuicRegister,
+    grace: Duration,
+) -> Result<Registration, (ErrorCode, String)> {
+    check_version(register.protocol_version)?;
     Ok(Registration {
         namespaces: register.namespaces.into_iter().collect(),
         task_queue: register.task_queue,
@@ -42,8 +55,36 @@ pub(crate) fn registration(register: QuicRegister) -> Result<Registration, (Erro
         activity_types: register.activity_types.into_iter().collect(),
         identity: register.identity,
         max_concurrency: None,
-        // No session until the QUIC protocol carries resume (issue 16).
-        reconnect_grace: std::time::Duration::ZERO,
+        reconnect_grace: if register.resumable {
+            grace
+        } else {
+            Duration::ZERO
+        },
+    })
+}
+
+/// A resume frame as core's request. The secret goes to core as sent: a wrong length is a
+/// wrong secret, refused by core like any other.
+pub(crate) fn resume_request(resume: QuicResume) -> Result<ResumeRequest, (ErrorCode, String)> {
+    check_version(resume.protocol_version)?;
+    let tasks = |ids: Vec<u64>| ids.into_iter().map(TaskId::from_raw).collect();
+    Ok(ResumeRequest {
+        session_id: WorkerId::from_raw(resume.session_id),
+        secret: resume.resume_secret.to_vec(),
+        running: tasks(resume.running_task_ids),
+        unacked: tasks(resume.unacked_task_ids),
+    })
+}
+
+/// The session fields of `registered`: `(session_id, resume_secret, reconnect_grace_ms)`, all
+/// empty without a session.
+pub(crate) fn grant(grant: Option<&SessionGrant>) -> (u64, Bytes, u32) {
+    grant.map_or((0, Bytes::new(), 0), |grant| {
+        (
+            grant.session_id.get(),
+            Bytes::copy_from_slice(grant.secret.as_bytes()),
+            u32::try_from(grant.grace.as_millis()).unwrap_or(u32::MAX),
+        )
     })
 }
 
@@ -103,8 +144,6 @@ pub(crate) fn result(result: QuicResult) -> Option<(TaskId, TaskResult)> {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::*;
 
     #[test]
@@ -118,14 +157,75 @@ mod tests {
             identity: "w".into(),
             auth_token: "t".into(),
             redundancy: 0,
+            resumable: false,
         };
-        let registration = registration(register.clone()).unwrap();
+        let grace = Duration::from_secs(15);
+        let registration = registration(register.clone(), grace).unwrap();
         assert_eq!(registration.max_concurrency, None);
         assert_eq!(registration.node, None);
         assert_eq!(registration.namespaces.len(), 2);
-        let refused = super::registration(QuicRegister {
+        let refused = super::registration(
+            QuicRegister {
+                protocol_version: 2,
+                ..register
+            },
+            grace,
+        );
+        assert_eq!(refused.unwrap_err().0, ErrorCode::UnsupportedVersion);
+    }
+
+    #[test]
+    fn only_a_resumable_registration_gets_the_grace() {
+        let register = |resumable| QuicRegister {
+            protocol_version: PROTOCOL_VERSION,
+            namespaces: vec!["a".into()],
+            activity_types: vec!["x".into()],
+            resumable,
+            ..QuicRegister::default()
+        };
+        let grace = Duration::from_secs(15);
+        assert_eq!(
+            registration(register(true), grace).unwrap().reconnect_grace,
+            grace
+        );
+        // Control: the same worker without `resumable` gets no session.
+        assert_eq!(
+            registration(register(false), grace)
+                .unwrap()
+                .reconnect_grace,
+            Duration::ZERO
+        );
+        assert_eq!(
+            registration(register(true), Duration::ZERO)
+                .unwrap()
+                .reconnect_grace,
+            Duration::ZERO,
+            "a gateway without a grace grants none"
+        );
+    }
+
+    #[test]
+    fn a_resume_frame_becomes_core_s_request_and_checks_the_version() {
+        let resume = QuicResume {
+            protocol_version: PROTOCOL_VERSION,
+            auth_token: String::new(),
+            session_id: 7,
+            resume_secret: Bytes::from_static(&[1; 32]),
+            running_task_ids: vec![3, 4],
+            unacked_task_ids: vec![5],
+            redundancy: 0,
+        };
+        let request = resume_request(resume.clone()).unwrap();
+        assert_eq!(request.session_id, WorkerId::from_raw(7));
+        assert_eq!(request.secret, vec![1; 32]);
+        assert_eq!(
+            request.running,
+            vec![TaskId::from_raw(3), TaskId::from_raw(4)]
+        );
+        assert_eq!(request.unacked, vec![TaskId::from_raw(5)]);
+        let refused = resume_request(QuicResume {
             protocol_version: 2,
-            ..register
+            ..resume
         });
         assert_eq!(refused.unwrap_err().0, ErrorCode::UnsupportedVersion);
     }

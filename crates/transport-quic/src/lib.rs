@@ -6,7 +6,10 @@
 //! worker, one per capacity slot, each carrying one task at a time with its pings, cancel and
 //! result. Lanes keep tasks independent (a lost packet delays one lane only) while paying for
 //! a stream once, not per task; the worker's stream credit is its capacity, so the link itself
-//! refuses work the worker could not run. `docs/quic-protocol.md` is the wire specification.
+//! refuses work the worker could not run. A worker that can resume gets a session: after a
+//! lost connection it comes back on a new one within the reconnect grace, keeping its worker
+//! id, its running tasks and its unacknowledged results. `docs/quic-protocol.md` is the wire
+//! specification.
 //!
 //! - [`QuicServer`]: the gateway side, admitting every worker through core's one gate.
 //! - [`QuicWorker`]: the worker SDK (builder, handlers, reconnection, drain).
@@ -87,8 +90,8 @@ pub use client::{
     QuicWorker, QuicWorkerBuilder, QuicWorkerHandle, WORKER_KEEP_ALIVE, WorkerError, WorkerOptions,
 };
 pub use config::{
-    ConfigError, CongestionControl, ConnectionConfig, FrameLimits, MAX_SOCKET_BUFFER,
-    QuicServerConfig, RetryPolicy,
+    ConfigError, CongestionControl, ConnectionConfig, DEFAULT_RECONNECT_GRACE, FrameLimits,
+    MAX_RECONNECT_GRACE, MAX_SOCKET_BUFFER, QuicServerConfig, RetryPolicy,
 };
 pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,

@@ -67,11 +67,15 @@ pub enum ErrorCode {
     /// A connection limit was reached once the handshake proved the worker's address (the
     /// reason names the limit); reconnect later.
     ConnectionRefused,
+    /// A `resume` was refused (the reason starts `resume refused: <label>`); register afresh.
+    ResumeRefused,
+    /// A newer connection resumed this connection's session; this one is closed.
+    Superseded,
 }
 
 impl ErrorCode {
     /// Every code, in wire order.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 21] = [
         Self::Closed,
         Self::Drained,
         Self::ShuttingDown,
@@ -91,6 +95,8 @@ impl ErrorCode {
         Self::CapacityRefused,
         Self::Deregistered,
         Self::ConnectionRefused,
+        Self::ResumeRefused,
+        Self::Superseded,
     ];
 
     /// The code's number on the wire.
@@ -115,6 +121,8 @@ impl ErrorCode {
             Self::CapacityRefused => 0x26,
             Self::Deregistered => 0x27,
             Self::ConnectionRefused => 0x28,
+            Self::ResumeRefused => 0x29,
+            Self::Superseded => 0x2a,
         }
     }
 
@@ -147,6 +155,8 @@ impl ErrorCode {
             Self::CapacityRefused => "CAPACITY_REFUSED",
             Self::Deregistered => "DEREGISTERED",
             Self::ConnectionRefused => "CONNECTION_REFUSED",
+            Self::ResumeRefused => "RESUME_REFUSED",
+            Self::Superseded => "SUPERSEDED",
         }
     }
 

@@ -11,7 +11,15 @@
 //! a worker sends on a lane goes to core (`complete`, `cancel_acknowledged`, `record_pong`);
 //! every refusal or violation closes the connection with a documented code, and the
 //! connection's end deregisters the worker exactly once (its registration token).
+//!
+//! Sessions (`server/admit.rs`): a worker that registers as `resumable` gets a session when
+//! `reconnect_grace` is above zero; a connection lost without a goodbye then suspends it
+//! instead (core keeps its slots and tasks), and a new connection's `resume` reattaches it,
+//! each task core still holds put on a lane of its own with a `held` frame. Results are
+//! acknowledged in batches (`server/acks.rs`) so the worker knows what it may forget.
 
+mod acks;
+mod admit;
 mod connection;
 mod datagram;
 mod delivery;
@@ -85,8 +93,15 @@ impl ServerShared {
         self.connections().insert(worker, Arc::downgrade(delivery));
     }
 
-    pub(crate) fn untrack(&self, worker: WorkerId) {
-        self.connections().remove(&worker);
+    /// Forgets `delivery`'s connection of `worker`, unless a resumed one replaced it.
+    pub(crate) fn untrack(&self, worker: WorkerId, delivery: &Arc<QuicDelivery>) {
+        let mut connections = self.connections();
+        let current = connections
+            .get(&worker)
+            .is_some_and(|tracked| std::ptr::eq(tracked.as_ptr(), Arc::as_ptr(delivery)));
+        if current {
+            connections.remove(&worker);
+        }
     }
 }
 

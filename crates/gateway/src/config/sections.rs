@@ -180,6 +180,8 @@ pub struct QuicSection {
     pub socket_buffer: usize,
     /// Redundancy for small frames, for workers that ask for it: `off` or `datagram`.
     pub redundancy: RedundancyName,
+    /// How long a resumable worker's session outlives its lost connection; `0s` grants none.
+    pub reconnect_grace: ConfigDuration,
 }
 
 impl Default for QuicSection {
@@ -206,6 +208,7 @@ impl Default for QuicSection {
             max_connections_per_address: library.max_connections_per_address,
             socket_buffer: library.socket_buffer,
             redundancy: RedundancyName::from_library(library.redundancy),
+            reconnect_grace: ConfigDuration(library.reconnect_grace),
         }
     }
 }

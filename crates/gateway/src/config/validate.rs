@@ -157,6 +157,17 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             ),
         ));
     }
+    let max_grace = switchyard_transport_quic::MAX_RECONNECT_GRACE;
+    if config.quic.reconnect_grace.get() > max_grace {
+        return Err(ConfigError::invalid(
+            "quic.reconnect_grace",
+            format!(
+                "{} is above the limit of {}ms (the wire carries milliseconds in 32 bits)",
+                config.quic.reconnect_grace,
+                max_grace.as_millis()
+            ),
+        ));
+    }
     if config.dispatch.default_timeout > config.dispatch.max_timeout {
         return Err(ConfigError::invalid(
             "dispatch.default_timeout",

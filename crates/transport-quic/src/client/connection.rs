@@ -1,19 +1,21 @@
 //! One connection of a worker: register, announce capacity, accept lanes, follow the control
 //! stream, and report how the connection ended.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use quinn::{ConnectionError, Endpoint, SendStream, VarInt};
-use switchyard_core::WorkerId;
+use switchyard_core::{ResumeRequest, ResumeSecret, SessionGrant, TaskId, WorkerId};
 use switchyard_proto::v1::{
     QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest,
-    QuicRegister, QuicRegistered, quic_control_down, quic_control_up,
+    QuicRegister, QuicRegistered, QuicResume, quic_control_down, quic_control_up,
 };
-use switchyard_worker::{ConnectionContext, Registered, WorkerOptions};
-use tokio::sync::watch;
+use switchyard_worker::{ConnectionContext, Registered, TaskKeeper, TaskReply, WorkerOptions};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::lane::{self, LaneContext, LaneCopyRouter};
+use super::lane::{self, LaneContext, LaneCopyRouter, LaneEvent, Route};
 use super::{DialConfig, QuicLinkError};
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
@@ -39,16 +41,27 @@ pub(crate) struct QuicConnection {
 }
 
 impl QuicConnection {
-    /// Connects and registers; the capacity is announced when the connection starts serving.
+    /// Connects and registers, or with `resume` resumes that session; the capacity is
+    /// announced when the connection starts serving.
     pub(crate) async fn open(
         endpoint: &Endpoint,
         settings: &DialConfig,
         options: &WorkerOptions,
+        resume: Option<&ResumeRequest>,
     ) -> Result<(Self, Registered), QuicLinkError> {
         let mut client = quinn::ClientConfig::new(settings.tls.quic());
-        // One stream credit for lane 0 until capacity is announced.
+        // A registration needs one stream credit (lane 0) until capacity is announced; a
+        // resume, one per slot of the capacity the gateway kept (a resize may have changed it
+        // since the options were set): the gateway opens them all, held tasks on some, before
+        // it answers, and never more than that capacity.
+        let credit = match resume {
+            Some(_) => options
+                .max_concurrency
+                .max(switchyard_core::DEFAULT_MAX_CONCURRENCY_LIMIT),
+            None => 1,
+        };
         client.transport_config(Arc::new(
-            settings.connection.transport(1, settings.redundancy)?,
+            settings.connection.transport(credit, settings.redundancy)?,
         ));
         let conn = endpoint
             .connect_with(client, settings.addr, &settings.server_name)?
@@ -61,18 +74,30 @@ impl QuicConnection {
         } else {
             Redundancy::Off
         };
-        let register = QuicControlUp {
-            frame: Some(quic_control_up::Frame::Register(QuicRegister {
+        let auth_token = options.token.clone().unwrap_or_default();
+        let first = match resume {
+            Some(request) => quic_control_up::Frame::Resume(QuicResume {
+                protocol_version: PROTOCOL_VERSION,
+                auth_token,
+                session_id: request.session_id.get(),
+                resume_secret: request.secret.clone().into(),
+                running_task_ids: request.running.iter().map(|task| task.get()).collect(),
+                unacked_task_ids: request.unacked.iter().map(|task| task.get()).collect(),
+                redundancy: asked.wire().into(),
+            }),
+            None => quic_control_up::Frame::Register(QuicRegister {
                 protocol_version: PROTOCOL_VERSION,
                 namespaces: options.namespaces.clone(),
                 task_queue: options.task_queue.clone(),
                 node: options.node.clone(),
                 activity_types: options.activities.keys().cloned().collect(),
                 identity: options.identity.clone(),
-                auth_token: options.token.clone().unwrap_or_default(),
+                auth_token,
                 redundancy: asked.wire().into(),
-            })),
+                resumable: options.resume,
+            }),
         };
+        let register = QuicControlUp { frame: Some(first) };
         write(&mut control_send, &register, DEFAULT_MAX_CONTROL_FRAME)
             .await
             .map_err(|fault| closed(&conn, fault))?;
@@ -90,12 +115,15 @@ impl QuicConnection {
             }
             Err(error) => return Err(closed(&conn, Fault::read(error, &CONTROL))),
         };
+        let session = session(&registered);
         let QuicRegistered {
             worker_id,
             max_control_frame_bytes,
             max_lane_frame_bytes,
             task_queue,
             redundancy,
+            resumed,
+            held_task_ids,
             ..
         } = registered;
         // The gateway's answer cannot turn on what was not asked for.
@@ -115,11 +143,16 @@ impl QuicConnection {
             stop_lanes: CancellationToken::new().drop_guard(),
         };
         tracing::info!(worker = %worker, gateway = %settings.addr, ?redundancy, "registered");
-        let registered = Registered::new(worker, task_queue);
+        let registered = Registered {
+            session,
+            held: resumed.then(|| held_task_ids.into_iter().map(TaskId::from_raw).collect()),
+            ..Registered::new(worker, task_queue)
+        };
         Ok((connection, registered))
     }
 
-    /// Serves the connection until it ends, and says why it ended.
+    /// Serves the connection until it ends, and says why it ended: tasks go to the worker's
+    /// keeper, and each reply it yields goes back on its task's lane.
     pub(crate) async fn serve(
         mut self,
         context: ConnectionContext<'_>,
@@ -135,6 +168,7 @@ impl QuicConnection {
             );
             copies
         });
+        let (events, mut lane_events) = mpsc::unbounded_channel();
         let lanes = Arc::new(LaneContext {
             outbox: Outbox::spawn(Arc::new(move |fault| {
                 if let Fault::Close { code, reason } = fault {
@@ -143,10 +177,12 @@ impl QuicConnection {
                 }
             })),
             worker: self.worker,
-            runner: context.runner.clone(),
+            events,
             frame_limit: self.lane_limit,
             copies,
         });
+        let keeper = context.keeper;
+        let mut replies = Replies::default();
         let mut capacity = context.handle.capacity();
         let drain = context.handle.drain_requested().clone();
         let mut drain_sent = false;
@@ -168,8 +204,30 @@ impl QuicConnection {
                     }
                     Err(_) => Some(Fault::Gone),
                 },
+                Some(event) = lane_events.recv() => {
+                    let ready = match event {
+                        LaneEvent::Task(route, task) => {
+                            let ready = replies.route(task.task_id, route);
+                            keeper.start(task);
+                            ready
+                        }
+                        LaneEvent::Held(route, task) => replies.route(task, route),
+                        LaneEvent::Cancel(task) => {
+                            keeper.cancel(task);
+                            None
+                        }
+                    };
+                    ready.and_then(|(route, reply)| {
+                        lane::write_reply(&self.conn, &lanes, &route, reply).err()
+                    })
+                }
+                reply = keeper.next_reply() => {
+                    replies.reply(reply).and_then(|(route, reply)| {
+                        lane::write_reply(&self.conn, &lanes, &route, reply).err()
+                    })
+                }
                 down = self.control_reader.next::<QuicControlDown>(), if !control_ended => match down {
-                    Ok(Some(down)) => self.control(down).err(),
+                    Ok(Some(down)) => self.control(down, keeper).err(),
                     Ok(None) => {
                         // The gateway finishes its streams right before it closes, so that
                         // what it sent arrives first: wait for its close and its code.
@@ -213,8 +271,12 @@ impl QuicConnection {
         write(&mut self.control_send, &frame, self.control_limit).await
     }
 
-    fn control(&mut self, down: QuicControlDown) -> Result<(), Fault> {
+    fn control(&mut self, down: QuicControlDown, keeper: &TaskKeeper) -> Result<(), Fault> {
         match down.frame {
+            Some(quic_control_down::Frame::ResultsAck(ack)) => {
+                keeper.acknowledged(ack.task_ids.into_iter().map(TaskId::from_raw));
+                Ok(())
+            }
             Some(quic_control_down::Frame::Drain(drain)) => {
                 if drain.reason() == QuicDrainReason::ShuttingDown {
                     tracing::info!(worker = %self.worker,
@@ -231,6 +293,54 @@ impl QuicConnection {
             None => Err(Fault::empty(&CONTROL)),
         }
     }
+}
+
+/// The lanes of the connection's tasks, and the replies that came before their lane was
+/// known (a re-sent result whose `held` frame is still on its way).
+#[derive(Default)]
+struct Replies {
+    routes: HashMap<TaskId, Route>,
+    waiting: HashMap<TaskId, TaskReply>,
+}
+
+impl Replies {
+    /// `task` answers on `route`; returns its reply if it was waiting for it.
+    fn route(&mut self, task: TaskId, route: Route) -> Option<(Route, TaskReply)> {
+        match self.waiting.remove(&task) {
+            Some(reply) => Some((route, reply)),
+            None => {
+                self.routes.insert(task, route);
+                None
+            }
+        }
+    }
+
+    /// Where `reply` goes, or `None` while its lane is not known yet.
+    fn reply(&mut self, reply: TaskReply) -> Option<(Route, TaskReply)> {
+        let task = match &reply {
+            TaskReply::Result { task_id, .. } | TaskReply::CancelAck { task_id } => *task_id,
+        };
+        match self.routes.remove(&task) {
+            Some(route) => Some((route, reply)),
+            None => {
+                self.waiting.insert(task, reply);
+                None
+            }
+        }
+    }
+}
+
+/// The session a `registered` grants; none unless it carries an id, a grace and a 32-byte
+/// secret.
+fn session(registered: &QuicRegistered) -> Option<SessionGrant> {
+    if registered.session_id == 0 || registered.reconnect_grace_ms == 0 {
+        return None;
+    }
+    Some(SessionGrant {
+        session_id: WorkerId::from_raw(registered.session_id),
+        secret: ResumeSecret::from_slice(&registered.resume_secret)?,
+        grace: Duration::from_millis(u64::from(registered.reconnect_grace_ms)),
+    })
 }
 
 fn nonzero_or(value: u32, default: u32) -> u32 {

@@ -1,18 +1,17 @@
-//! The worker's side of one lane: runs the lane's task while still reading the lane, so a
-//! cancel reaches the running handler and pings are answered during long tasks.
+//! The worker's side of one lane: reads tasks, held tasks and cancels for the connection to
+//! hand to the worker's keeper, answers pings at once, and carries the replies of its tasks.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use bytes::Bytes;
 use prost::Message;
 use quinn::{Connection, RecvStream, SendStream};
-use switchyard_core::TaskResult;
+use switchyard_core::{TaskId, TaskResult};
 use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicDatagramDown, QuicDatagramUp, QuicLaneDown, QuicLaneUp,
     QuicPing, QuicPong, QuicResult, QuicTask, quic_lane_down, quic_lane_up, quic_result,
 };
-use switchyard_worker::{RunningTask, TaskReply, TaskRunner};
+use switchyard_worker::TaskReply;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -129,12 +128,33 @@ pub(crate) struct LaneContext {
     pub(crate) outbox: Outbox,
     /// The registration the lanes belong to, for logs.
     pub(crate) worker: switchyard_core::WorkerId,
-    /// Runs the lanes' tasks under the worker's permits.
-    pub(crate) runner: TaskRunner,
+    /// Where the lanes hand the tasks, held tasks and cancels they read.
+    pub(crate) events: mpsc::UnboundedSender<LaneEvent>,
     /// The gateway's `max_lane_frame_bytes`, in force in both directions.
     pub(crate) frame_limit: u32,
     /// The datagram copies of tasks, when the gateway enabled datagram redundancy.
     pub(crate) copies: Option<Arc<LaneCopyRouter>>,
+}
+
+/// Where a task's reply goes: its lane, and its number there (for the result's datagram copy).
+#[derive(Clone)]
+pub(crate) struct Route {
+    /// The lane's write side.
+    pub(crate) out: Arc<StreamOut>,
+    /// The lane's index.
+    pub(crate) lane: u64,
+    /// The task's number on the lane.
+    pub(crate) seq: u64,
+}
+
+/// What a lane read that the connection acts on (pings are answered by the lane itself).
+pub(crate) enum LaneEvent {
+    /// A task to start; its reply goes to `route`.
+    Task(Route, switchyard_core::ActivityTask),
+    /// After a resume: a task the worker already holds now answers on `route`.
+    Held(Route, TaskId),
+    /// The gateway cancels a task.
+    Cancel(TaskId),
 }
 
 /// Serves a lane the gateway opened, on its own task, until the gateway retires it, the
@@ -152,7 +172,7 @@ pub(crate) fn spawn(
     tokio::spawn(
         async move {
             let served = tokio::select! {
-                served = serve(conn.clone(), send, recv, &context) => served,
+                served = serve(send, recv, &context) => served,
                 () = stop.cancelled() => Err(Fault::Gone),
             };
             match served {
@@ -175,19 +195,14 @@ impl std::fmt::Display for LaneName {
     }
 }
 
-async fn serve(
-    conn: Connection,
-    send: SendStream,
-    recv: RecvStream,
-    context: &LaneContext,
-) -> Result<(), Fault> {
+/// Reads a lane: tasks (by lane or by datagram copy, each started once) and held tasks go to
+/// the connection with their route, cancels too; pings are answered here. The tasks run on
+/// the worker's keeper, outside the lane, so a lane (or connection) ending stops none.
+async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Result<(), Fault> {
     let index = send.id().index();
     let name = LaneName(index);
     let out = StreamOut::new(send);
     let mut frames = FrameReader::new(recv, context.frame_limit);
-    let mut running: Option<RunningTask> = None;
-    // The running task's number on this lane, which its result's datagram copy quotes.
-    let mut running_seq = 0;
     let mut numbers = LaneCopies::default();
     let (_joined, mut copies) = match &context.copies {
         Some(router) => {
@@ -196,18 +211,18 @@ async fn serve(
         }
         None => (None, None),
     };
+    let route = |seq| Route {
+        out: Arc::clone(&out),
+        lane: index,
+        seq,
+    };
     loop {
-        let up = tokio::select! {
+        let event = tokio::select! {
             down = frames.next::<QuicLaneDown>() => {
                 let down = down.map_err(|error| Fault::read(error, &name))?;
                 let Some(down) = down else {
-                    if let Some(task) = &running {
-                        // The gateway finishes a busy lane only right before it closes the
-                        // connection: nobody will take the task's result any more.
-                        tracing::debug!(task = %task.task_id(), "{name} finished while its task ran: the gateway is closing");
-                        task.cancel();
-                    }
-                    // Retired: answer the gateway's FIN with ours.
+                    // Retired, or the gateway closing: answer its FIN with ours. A task still
+                    // running is the keeper's: the runtime resumes or lets go of it.
                     context.outbox.push(&out, Item::Finish);
                     return Ok(());
                 };
@@ -221,57 +236,44 @@ async fn serve(
                             }
                             continue;
                         }
-                        if let Some(busy) = &running {
-                            return Err(Fault::close(
-                                ErrorCode::ProtocolViolation,
-                                format!("task {} arrived on {name} while task {} ran on it", task.task_id, busy.task_id()),
-                            ));
+                        Some(LaneEvent::Task(route(seq), activity_task(task)))
+                    }
+                    Some(quic_lane_down::Frame::Held(held)) => {
+                        // A held task counts as the lane's task for numbering, as on the gateway.
+                        let (seq, _) = numbers.lane_task();
+                        Some(LaneEvent::Held(route(seq), TaskId::from_raw(held.task_id)))
+                    }
+                    Some(quic_lane_down::Frame::Ping(QuicPing { seq })) => {
+                        let pong = QuicLaneUp {
+                            frame: Some(quic_lane_up::Frame::Pong(QuicPong { seq })),
+                        };
+                        let frame = encode_frame(&pong, context.frame_limit)
+                            .map_err(|error| Fault::close(ErrorCode::Internal, error.to_string()))?;
+                        if !context.outbox.push(&out, Item::Frame(frame)) {
+                            return Err(Fault::Gone);
                         }
-                        running = Some(context.runner.start(activity_task(task)));
-                        running_seq = seq;
                         None
                     }
-                    Some(quic_lane_down::Frame::Ping(QuicPing { seq })) => Some(Reply::Pong(seq)),
                     Some(quic_lane_down::Frame::Cancel(QuicCancel { task_id, .. })) => {
-                        // A cancel for a task that already ended crossed its result: nothing to do.
-                        if let Some(task) = running.as_ref().filter(|t| t.task_id().get() == task_id) {
-                            task.cancel();
-                        }
-                        None
+                        Some(LaneEvent::Cancel(TaskId::from_raw(task_id)))
                     }
                     None => return Err(Fault::empty(&name)),
                 }
             }
-            reply = run(&mut running), if running.is_some() => {
-                running = None;
-                Some(reply)
-            }
             Some((seq, task)) = next_copy(&mut copies) => {
                 let Some(router) = &context.copies else { continue };
-                if running.is_none() && numbers.datagram_task(seq) == CopyVerdict::Start {
+                if numbers.datagram_task(seq) == CopyVerdict::Start {
                     router.counters.used();
-                    running = Some(context.runner.start(activity_task(task)));
-                    running_seq = seq;
+                    Some(LaneEvent::Task(route(seq), activity_task(task)))
                 } else {
                     router.counters.dropped();
+                    None
                 }
-                None
             }
         };
-        if let Some(up) = up {
-            let (frame, up) = encode_up(up, context.frame_limit)?;
-            if !context.outbox.push(&out, Item::Frame(frame)) {
+        if let Some(event) = event {
+            if context.events.send(event).is_err() {
                 return Err(Fault::Gone);
-            }
-            if let (Some(router), Some(quic_lane_up::Frame::Result(result))) =
-                (&context.copies, up.frame)
-            {
-                let copy = QuicDatagramUp {
-                    lane: index,
-                    seq: running_seq,
-                    result: Some(result),
-                };
-                router.counters.send_copy(&conn, &copy);
             }
         }
     }
@@ -285,25 +287,9 @@ async fn next_copy(copies: &mut Option<mpsc::Receiver<TaskCopy>>) -> Option<Task
     }
 }
 
-/// Runs the lane's task to its end; never resolves while there is none.
-async fn run(running: &mut Option<RunningTask>) -> Reply {
-    match running {
-        Some(task) => Reply::Task(task.await),
-        None => std::future::pending().await,
-    }
-}
-
-/// What the lane sends up.
-enum Reply {
-    /// A pong.
-    Pong(u64),
-    /// A task's end.
-    Task(TaskReply),
-}
-
 fn activity_task(task: QuicTask) -> switchyard_core::ActivityTask {
     switchyard_core::ActivityTask {
-        task_id: switchyard_core::TaskId::from_raw(task.task_id),
+        task_id: TaskId::from_raw(task.task_id),
         namespace: task.namespace,
         task_queue: task.task_queue,
         activity_type: task.activity_type,
@@ -313,43 +299,48 @@ fn activity_task(task: QuicTask) -> switchyard_core::ActivityTask {
     }
 }
 
-/// The wire frame of a reply.
-fn frame(reply: Reply) -> QuicLaneUp {
+/// The wire frame of a task's reply.
+fn frame(reply: TaskReply) -> QuicLaneUp {
     let frame = match reply {
-        Reply::Pong(seq) => quic_lane_up::Frame::Pong(QuicPong { seq }),
-        Reply::Task(TaskReply::CancelAck { task_id }) => {
-            quic_lane_up::Frame::CancelAck(QuicCancelAck {
-                task_id: task_id.get(),
-            })
-        }
-        Reply::Task(TaskReply::Result { task_id, result }) => {
-            quic_lane_up::Frame::Result(QuicResult {
-                task_id: task_id.get(),
-                outcome: Some(match result {
-                    TaskResult::Success(output) => quic_result::Outcome::Output(output),
-                    TaskResult::Failure { message, retryable } => {
-                        quic_result::Outcome::Failure(Failure { message, retryable })
-                    }
-                }),
-            })
-        }
+        TaskReply::CancelAck { task_id } => quic_lane_up::Frame::CancelAck(QuicCancelAck {
+            task_id: task_id.get(),
+        }),
+        TaskReply::Result { task_id, result } => quic_lane_up::Frame::Result(QuicResult {
+            task_id: task_id.get(),
+            outcome: Some(match result {
+                TaskResult::Success(output) => quic_result::Outcome::Output(output),
+                TaskResult::Failure { message, retryable } => {
+                    quic_result::Outcome::Failure(Failure { message, retryable })
+                }
+            }),
+        }),
     };
     QuicLaneUp { frame: Some(frame) }
 }
 
-/// Encodes a reply, handing back the message too; a result too large for the gateway becomes
-/// the runtime's failure saying so.
-fn encode_up(reply: Reply, limit: u32) -> Result<(Bytes, QuicLaneUp), Fault> {
-    let reply = match reply {
-        Reply::Task(task) => {
-            let size = frame(Reply::Task(task.clone())).encoded_len();
-            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-            Reply::Task(task.within_limit(size, limit))
-        }
-        pong => pong,
-    };
-    let up = frame(reply);
-    let bytes = encode_frame(&up, limit)
+/// Writes `reply` on its lane (a result too large for the gateway becomes the runtime's
+/// failure saying so), with its datagram copy when redundancy is in force.
+pub(crate) fn write_reply(
+    conn: &Connection,
+    context: &LaneContext,
+    route: &Route,
+    reply: TaskReply,
+) -> Result<(), Fault> {
+    let size = frame(reply.clone()).encoded_len();
+    let limit = usize::try_from(context.frame_limit).unwrap_or(usize::MAX);
+    let up = frame(reply.within_limit(size, limit));
+    let bytes = encode_frame(&up, context.frame_limit)
         .map_err(|error| Fault::close(ErrorCode::Internal, error.to_string()))?;
-    Ok((bytes, up))
+    if !context.outbox.push(&route.out, Item::Frame(bytes)) {
+        return Err(Fault::Gone);
+    }
+    if let (Some(router), Some(quic_lane_up::Frame::Result(result))) = (&context.copies, up.frame) {
+        let copy = QuicDatagramUp {
+            lane: route.lane,
+            seq: route.seq,
+            result: Some(result),
+        };
+        router.counters.send_copy(conn, &copy);
+    }
+    Ok(())
 }

@@ -3,30 +3,27 @@
 
 use std::sync::Arc;
 
-use quinn::{Connection, Incoming, SendStream};
-use rustls_pki_types::CertificateDer;
-use switchyard_core::{DisconnectReason, RegistrationToken, WorkerDelivery, WorkerId};
+use quinn::{ConnectionError, Incoming, SendStream};
+use switchyard_core::{DisconnectReason, RegistrationToken, WorkerId};
 use switchyard_proto::v1::{
-    QuicControlDown, QuicControlUp, QuicRegister, QuicRegistered, quic_control_down,
-    quic_control_up,
+    QuicControlDown, QuicControlUp, QuicResultsAck, quic_control_down, quic_control_up,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::ServerShared;
-use super::datagram;
+use super::admit::{Admitted, admit};
 use super::delivery::{FLUSH_PATIENCE, QuicDelivery};
 use super::intake::Pass;
 use super::lane::OpenedLane;
 use super::refusals::RegistrationEnd;
 use crate::convert;
 use crate::fault::{Fault, close_connection};
-use crate::frame::{FrameReader, encode_frame};
+use crate::frame::encode_frame;
 use crate::protocol::ErrorCode;
-use crate::redundancy::Redundancy;
 
-const CONTROL: &str = "control stream";
+pub(super) const CONTROL: &str = "control stream";
 
 /// Serves one incoming connection until it closes; `pass` holds its share of the intake's
 /// limits for as long.
@@ -66,7 +63,7 @@ pub(crate) async fn serve(incoming: Incoming, server: Arc<ServerShared>, mut pas
             close_connection(&conn, ErrorCode::ConnectionRefused, &refusal.to_string());
             return;
         }
-        let admitted = match tokio::time::timeout_at(deadline, register(&conn, &server)).await {
+        let admitted = match tokio::time::timeout_at(deadline, admit(&conn, &server)).await {
             Ok(Ok(admitted)) => admitted,
             Ok(Err(Fault::Gone)) => return,
             Ok(Err(Fault::Close { code, reason })) => {
@@ -106,126 +103,8 @@ pub(crate) async fn serve(incoming: Incoming, server: Arc<ServerShared>, mut pas
     .await;
 }
 
-/// A worker through the gate, with its streams.
-struct Admitted {
-    token: RegistrationToken,
-    namespaces: Vec<String>,
-    delivery: Arc<QuicDelivery>,
-    control_send: SendStream,
-    control_reader: FrameReader,
-    control_rx: mpsc::Receiver<QuicControlDown>,
-}
-
-/// Reads the registration, authenticates, admits through core's gate, opens lane 0, answers
-/// `registered`, then announces the worker to core.
-async fn register(conn: &Connection, server: &ServerShared) -> Result<Admitted, Fault> {
-    let limits = server.config.frames;
-    let (mut control_send, control_recv) = conn.accept_bi().await.map_err(|_| Fault::Gone)?;
-    let mut control_reader = FrameReader::new(control_recv, limits.control);
-    let first = control_reader
-        .next::<QuicControlUp>()
-        .await
-        .map_err(|error| Fault::read(error, &CONTROL))?;
-    let register = match first.map(|up| up.frame) {
-        Some(Some(quic_control_up::Frame::Register(register))) => register,
-        Some(None) => return Err(Fault::empty(&CONTROL)),
-        Some(Some(_)) => {
-            return Err(Fault::close(
-                ErrorCode::ProtocolViolation,
-                "the first control frame must be register",
-            ));
-        }
-        None => {
-            return Err(Fault::close(
-                ErrorCode::ProtocolViolation,
-                "the control stream ended before register",
-            ));
-        }
-    };
-    let caller = authenticate(conn, server, &register)?;
-    let redundancy = Redundancy::negotiate(
-        server.config.redundancy,
-        Redundancy::from_wire(register.redundancy),
-        conn.max_datagram_size().is_some(),
-    );
-    let registration =
-        convert::registration(register).map_err(|(code, reason)| Fault::close(code, reason))?;
-    let namespaces: Vec<String> = registration.namespaces.iter().cloned().collect();
-    let task_queue = switchyard_core::normalise_task_queue(&registration.task_queue).to_owned();
-
-    let copies = redundancy
-        .wants_datagrams()
-        .then(|| Arc::clone(&server.copies));
-    let (delivery, control_rx) = QuicDelivery::new(conn.clone(), limits.lane, copies);
-    let delivery = Arc::new(delivery);
-    let leg: Arc<dyn WorkerDelivery> = delivery.clone();
-    let token = server
-        .core
-        .registry()
-        .admit_unannounced(&caller, registration, leg)
-        .await
-        .map_err(|error| Fault::close(convert::refusal_code(&error), error.to_string()))?;
-    let worker = token.worker_id();
-    let (send, recv) = conn.open_bi().await.map_err(|_| Fault::Gone)?;
-    OpenedLane::enter(&delivery, send, recv).spawn(
-        Arc::clone(&delivery),
-        server.core.clone(),
-        worker,
-    );
-    if delivery.copies().is_some() {
-        datagram::spawn(Arc::clone(&delivery), server.core.clone(), worker);
-    }
-    let registered = QuicControlDown {
-        frame: Some(quic_control_down::Frame::Registered(QuicRegistered {
-            worker_id: worker.get(),
-            ping_interval_ms: millis(server.core.liveness().config().ping_interval),
-            ping_timeout_ms: millis(server.core.liveness().config().ping_timeout),
-            max_concurrency_limit: server.core.registry().max_concurrency_limit(),
-            max_control_frame_bytes: limits.control,
-            max_lane_frame_bytes: limits.lane,
-            task_queue,
-            redundancy: redundancy.wire().into(),
-        })),
-    };
-    write_control(&mut control_send, &registered, limits.control).await?;
-    // Core pings and drains the worker only from here, after `registered` is written.
-    token.announce();
-    tracing::info!(worker = %worker, ?redundancy, "quic worker registered; capacity unannounced");
-    Ok(Admitted {
-        token,
-        namespaces,
-        delivery,
-        control_send,
-        control_reader,
-        control_rx,
-    })
-}
-
-fn authenticate(
-    conn: &Connection,
-    server: &ServerShared,
-    register: &QuicRegister,
-) -> Result<switchyard_core::CallerIdentity, Fault> {
-    let certificates: Vec<CertificateDer<'static>> = conn
-        .peer_identity()
-        .and_then(|identity| identity.downcast::<Vec<CertificateDer<'static>>>().ok())
-        .map(|chain| *chain)
-        .unwrap_or_default();
-    let credentials = switchyard_auth::Credentials::new()
-        .certificate_chain(&certificates)
-        .bearer_token(Some(register.auth_token.as_str()))
-        .remote(conn.remote_address());
-    server
-        .auth
-        .authenticate(&credentials)
-        .map_err(|error| Fault::close(ErrorCode::Unauthenticated, error.to_string()))
-}
-
-fn millis(duration: std::time::Duration) -> u32 {
-    u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
-}
-
-async fn write_control(
+/// Writes one control frame toward the worker.
+pub(super) async fn write_control(
     send: &mut SendStream,
     frame: &QuicControlDown,
     limit: u32,
@@ -239,8 +118,62 @@ async fn write_control(
 
 /// How a registered connection ended.
 enum Exit {
+    /// The drain finished.
     Drained,
+    /// The connection ended otherwise; its close says how (see [`Ending`]).
     Ended,
+}
+
+/// What the end of a registered connection without a drain means for the worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    /// Lost (idle timeout, reset, a transport error, the worker's close with a code other
+    /// than `CLOSED`): a session worker is suspended, waiting for a resume.
+    Lost,
+    /// The worker said goodbye (`CLOSED`), or the gateway closed the connection itself (a
+    /// fault it found, a departure, a shutdown): the worker leaves, session or not.
+    Left,
+}
+
+impl Ending {
+    /// The ending a connection's close reason stands for.
+    fn of(close: Option<&ConnectionError>) -> Self {
+        match close {
+            Some(ConnectionError::LocallyClosed) => Self::Left,
+            Some(ConnectionError::ApplicationClosed(close))
+                if close.error_code == ErrorCode::Closed.var_int() =>
+            {
+                Self::Left
+            }
+            _ => Self::Lost,
+        }
+    }
+}
+
+/// Lets core know the connection of `token` ended: a lost one suspends a session worker (as
+/// dropping the token does), any other end deregisters the worker.
+fn end_registration(server: &ServerShared, token: RegistrationToken, exit: Exit, ending: Ending) {
+    match (exit, ending) {
+        (Exit::Drained, _) => {
+            token.deregister(DisconnectReason::Drained);
+        }
+        (Exit::Ended, Ending::Lost) => {
+            token.deregister(DisconnectReason::Disconnect);
+        }
+        (Exit::Ended, Ending::Left) => {
+            // Core suspends a session worker on every `Disconnect`; removing the worker through
+            // the registry ends the session too. Not when core let this connection go already
+            // (a resume superseded it, or the worker was deregistered): the worker id may
+            // belong to a newer connection by now.
+            if token.departure().reason().is_none() {
+                server
+                    .core
+                    .registry()
+                    .deregister(token.worker_id(), DisconnectReason::Disconnect);
+            }
+            token.deregister(DisconnectReason::Disconnect);
+        }
+    }
 }
 
 /// Writes the control frames still queued, then finishes the control stream and waits (until
@@ -277,7 +210,8 @@ async fn close_flushed(
     delivery.close(code, reason);
 }
 
-/// Serves a registered worker: capacity announcements, drains, and the lane manager.
+/// Serves a registered worker: capacity announcements, drains, result acknowledgements, and
+/// the lane manager.
 async fn run(admitted: Admitted, server: &ServerShared) {
     let Admitted {
         token,
@@ -285,12 +219,13 @@ async fn run(admitted: Admitted, server: &ServerShared) {
         mut control_send,
         mut control_reader,
         mut control_rx,
+        capacity,
         ..
     } = admitted;
     let worker = token.worker_id();
     let limit = server.config.frames.control;
     server.track(worker, &delivery);
-    let (capacity_tx, capacity_rx) = watch::channel(None);
+    let (capacity_tx, capacity_rx) = watch::channel(capacity);
     let manager = manage_lanes(&delivery, server, worker, capacity_rx);
     tokio::pin!(manager);
     let exit = loop {
@@ -307,6 +242,14 @@ async fn run(admitted: Admitted, server: &ServerShared) {
             }
             Some(down) = control_rx.recv() => {
                 write_control(&mut control_send, &down, limit).await.err()
+            }
+            ids = delivery.next_results_ack() => {
+                let ack = QuicControlDown {
+                    frame: Some(quic_control_down::Frame::ResultsAck(QuicResultsAck {
+                        task_ids: ids.iter().map(|task| task.get()).collect(),
+                    })),
+                };
+                write_control(&mut control_send, &ack, limit).await.err()
             }
             () = delivery.drained.notified() => {
                 let close = delivery.drain_close();
@@ -328,10 +271,8 @@ async fn run(admitted: Admitted, server: &ServerShared) {
                 break Exit::Ended;
             }
             reason = token.departed() => {
-                delivery.close(
-                    ErrorCode::Deregistered,
-                    &format!("deregistered by the gateway: {}", reason.as_str()),
-                );
+                let (code, reason) = departure_close(reason);
+                delivery.close(code, &reason);
                 break Exit::Ended;
             }
             Err(fault) = &mut manager => Some(fault),
@@ -348,15 +289,27 @@ async fn run(admitted: Admitted, server: &ServerShared) {
         }
     };
     delivery.disconnect();
-    server.untrack(worker);
-    let reason = match exit {
-        Exit::Drained => DisconnectReason::Drained,
-        Exit::Ended => DisconnectReason::Disconnect,
-    };
-    if let Some(error) = delivery.connection().close_reason() {
+    server.untrack(worker, &delivery);
+    let close = delivery.connection().close_reason();
+    if let Some(error) = &close {
         tracing::info!(%error, "quic worker connection ended");
     }
-    token.deregister(reason);
+    end_registration(server, token, exit, Ending::of(close.as_ref()));
+}
+
+/// The close for a worker core let go of: `SUPERSEDED` when a resume on a newer connection
+/// replaced this one, `DEREGISTERED` with core's reason otherwise.
+fn departure_close(reason: DisconnectReason) -> (ErrorCode, String) {
+    match reason {
+        DisconnectReason::Superseded => (
+            ErrorCode::Superseded,
+            "superseded by a resumed connection".to_owned(),
+        ),
+        reason => (
+            ErrorCode::Deregistered,
+            format!("deregistered by the gateway: {}", reason.as_str()),
+        ),
+    }
 }
 
 /// Handles one control frame from a registered worker.
@@ -389,6 +342,10 @@ fn control(
         Some(quic_control_up::Frame::Register(_)) => Err(Fault::close(
             ErrorCode::ProtocolViolation,
             "register sent twice",
+        )),
+        Some(quic_control_up::Frame::Resume(_)) => Err(Fault::close(
+            ErrorCode::ProtocolViolation,
+            "resume after the connection was admitted",
         )),
         None => Err(Fault::empty(&CONTROL)),
     }
@@ -461,4 +418,66 @@ fn apply(
 /// Closes the connection for a refusal of the gate, with its code and its sentence.
 fn refused(error: switchyard_core::AdmissionError) -> Fault {
     Fault::close(convert::refusal_code(&error), error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use quinn::{ApplicationClose, VarInt};
+
+    use super::*;
+
+    fn closed_by_worker(code: ErrorCode) -> ConnectionError {
+        ConnectionError::ApplicationClosed(ApplicationClose {
+            error_code: code.var_int(),
+            reason: bytes::Bytes::new(),
+        })
+    }
+
+    #[test]
+    fn a_lost_connection_suspends_and_a_goodbye_or_the_gateway_s_own_close_does_not() {
+        for lost in [
+            ConnectionError::TimedOut,
+            ConnectionError::Reset,
+            closed_by_worker(ErrorCode::ProtocolViolation),
+        ] {
+            assert_eq!(Ending::of(Some(&lost)), Ending::Lost, "{lost}");
+        }
+        // Control: the same end with the worker's `CLOSED`, or closed by the gateway itself.
+        assert_eq!(
+            Ending::of(Some(&closed_by_worker(ErrorCode::Closed))),
+            Ending::Left
+        );
+        assert_eq!(
+            Ending::of(Some(&ConnectionError::LocallyClosed)),
+            Ending::Left
+        );
+        assert_eq!(
+            Ending::of(Some(&ConnectionError::ApplicationClosed(
+                ApplicationClose {
+                    error_code: VarInt::from_u32(0x3f),
+                    reason: bytes::Bytes::new(),
+                }
+            ))),
+            Ending::Lost,
+            "an unknown code is no goodbye"
+        );
+    }
+
+    #[test]
+    fn a_superseded_connection_is_told_so_and_others_hear_core_s_reason() {
+        assert_eq!(
+            departure_close(DisconnectReason::Superseded),
+            (
+                ErrorCode::Superseded,
+                "superseded by a resumed connection".to_owned()
+            )
+        );
+        assert_eq!(
+            departure_close(DisconnectReason::Timeout),
+            (
+                ErrorCode::Deregistered,
+                "deregistered by the gateway: timeout".to_owned()
+            )
+        );
+    }
 }

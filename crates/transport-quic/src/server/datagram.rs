@@ -63,5 +63,6 @@ fn take(
     if let Err(refusal) = core.complete(worker, task, outcome) {
         tracing::debug!(task = %task, %refusal, "result not taken");
     }
+    delivery.processed(task);
     Ok(())
 }

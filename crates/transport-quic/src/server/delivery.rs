@@ -9,13 +9,14 @@ use bytes::Bytes;
 use quinn::Connection;
 use switchyard_core::{DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage};
 use switchyard_proto::v1::{
-    QuicCancel, QuicControlDown, QuicDatagramDown, QuicDrain, QuicDrainReason, QuicLaneDown,
-    QuicPing, quic_control_down, quic_lane_down,
+    QuicCancel, QuicControlDown, QuicDatagramDown, QuicDrain, QuicDrainReason, QuicHeld,
+    QuicLaneDown, QuicPing, quic_control_down, quic_lane_down,
 };
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::acks::Acks;
 use super::lanes::{Ending, FinishError, Finished, LaneId, LaneSink, LaneTable};
 use crate::convert;
 use crate::fault::{Fault, close_connection};
@@ -55,14 +56,18 @@ pub(crate) struct QuicDelivery {
     changed: Notify,
     /// Cancelled when the server asks for a flushed close.
     closing: CancellationToken,
+    /// The results to acknowledge, when the worker understands `results_ack`.
+    acks: Option<Acks>,
 }
 
 impl QuicDelivery {
-    /// A delivery over `conn`; with `copies`, small tasks are also sent as datagrams.
+    /// A delivery over `conn`; with `copies`, small tasks are also sent as datagrams; with
+    /// `acks`, processed results are acknowledged (`results_ack`).
     pub(crate) fn new(
         conn: Connection,
         lane_frame_limit: u32,
         copies: Option<Arc<RedundancyCounters>>,
+        acks: bool,
     ) -> (Self, mpsc::Receiver<QuicControlDown>) {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
         let closer = conn.clone();
@@ -84,6 +89,7 @@ impl QuicDelivery {
             final_drain: AtomicBool::new(false),
             changed: Notify::new(),
             closing: CancellationToken::new(),
+            acks: acks.then(Acks::default),
         };
         (delivery, control_rx)
     }
@@ -138,6 +144,32 @@ impl QuicDelivery {
         let finished = self.lanes().finish_copy(lane, seq, task)?;
         self.ended(finished);
         Some(finished)
+    }
+
+    /// Puts `task`, which the worker already holds from before a resume, on an idle lane
+    /// with a `held` frame, so that its result or cancel acknowledgement comes back there.
+    pub(crate) fn hold(&self, task: TaskId) -> Result<LaneId, DeliveryError> {
+        let frame = self.lane_frame(quic_lane_down::Frame::Held(QuicHeld {
+            task_id: task.get(),
+        }))?;
+        self.lanes().assign(task, frame)
+    }
+
+    /// The result of `task` was processed (applied or refused): it joins the next
+    /// `results_ack`, when the worker understands them.
+    pub(crate) fn processed(&self, task: TaskId) {
+        if let Some(acks) = &self.acks {
+            acks.processed(task);
+        }
+    }
+
+    /// The ids of the next `results_ack` once one is due; never resolves when the worker
+    /// does not understand them. Cancel-safe.
+    pub(crate) async fn next_results_ack(&self) -> Vec<TaskId> {
+        match &self.acks {
+            Some(acks) => acks.next_frame().await,
+            None => std::future::pending().await,
+        }
     }
 
     fn ended(&self, finished: Finished) {

@@ -107,6 +107,7 @@ fn answer(
             if let Err(refusal) = core.complete(worker, task, outcome) {
                 tracing::debug!(task = %task, %refusal, "result not taken");
             }
+            delivery.processed(task);
         }
         Some(Frame::Pong(QuicPong { seq })) => core.record_pong(worker, seq),
         Some(Frame::CancelAck(QuicCancelAck { task_id })) => {

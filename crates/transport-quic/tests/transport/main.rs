@@ -13,6 +13,7 @@ mod observe;
 mod oversized;
 mod redundancy;
 mod registration;
+mod sessions;
 mod spec;
 mod support;
 mod violations;

@@ -7,9 +7,9 @@ use prost::Message;
 use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicCancelReason, QuicCapabilities, QuicControlDown,
     QuicControlUp, QuicDatagramDown, QuicDatagramUp, QuicDrain, QuicDrainReason, QuicDrainRequest,
-    QuicLaneDown, QuicLaneUp, QuicPing, QuicPong, QuicRedundancy, QuicRegister, QuicRegistered,
-    QuicResult, QuicTask, quic_control_down, quic_control_up, quic_lane_down, quic_lane_up,
-    quic_result,
+    QuicHeld, QuicLaneDown, QuicLaneUp, QuicPing, QuicPong, QuicRedundancy, QuicRegister,
+    QuicRegistered, QuicResult, QuicResultsAck, QuicResume, QuicTask, quic_control_down,
+    quic_control_up, quic_lane_down, quic_lane_up, quic_result,
 };
 use switchyard_transport_quic::frame::{FrameDecoder, decode, encode_frame};
 use switchyard_transport_quic::{
@@ -92,6 +92,17 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
         attempt: 1,
         deadline_unix_ms: 1_700_000_000_000,
     };
+    let registered = QuicRegistered {
+        worker_id: 7,
+        ping_interval_ms: 2000,
+        ping_timeout_ms: 5000,
+        max_concurrency_limit: 1024,
+        max_control_frame_bytes: DEFAULT_MAX_CONTROL_FRAME,
+        max_lane_frame_bytes: DEFAULT_MAX_LANE_FRAME,
+        task_queue: "default".into(),
+        ..QuicRegistered::default()
+    };
+    let secret: bytes::Bytes = (0..32_u8).collect::<Vec<u8>>().into();
     let mut seen = Vec::new();
     for ((envelope, name), bytes) in examples() {
         let bytes = &bytes[..];
@@ -107,6 +118,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     identity: "w1".into(),
                     auth_token: "s3cret".into(),
                     redundancy: QuicRedundancy::Off.into(),
+                    resumable: false,
                 })),
             ),
             ("QuicControlUp", "register_redundancy") => check(
@@ -120,6 +132,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     identity: "w1".into(),
                     auth_token: "s3cret".into(),
                     redundancy: QuicRedundancy::Datagram.into(),
+                    resumable: false,
                 })),
             ),
             ("QuicControlDown", "registered_redundancy") => check(
@@ -133,6 +146,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     max_lane_frame_bytes: DEFAULT_MAX_LANE_FRAME,
                     task_queue: "default".into(),
                     redundancy: QuicRedundancy::Datagram.into(),
+                    ..QuicRegistered::default()
                 })),
             ),
             ("QuicDatagramDown", "task_copy") => check_datagram(
@@ -165,6 +179,7 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     max_lane_frame_bytes: DEFAULT_MAX_LANE_FRAME,
                     task_queue: "default".into(),
                     redundancy: QuicRedundancy::Off.into(),
+                    ..QuicRegistered::default()
                 })),
             ),
             ("QuicControlUp", "capabilities") => check(
@@ -241,6 +256,60 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
                     task_id: 42,
                 })),
             ),
+            ("QuicControlUp", "register_resumable") => check(
+                bytes,
+                control_up(quic_control_up::Frame::Register(QuicRegister {
+                    protocol_version: 1,
+                    namespaces: vec!["billing".into()],
+                    activity_types: vec!["charge".into()],
+                    identity: "w1".into(),
+                    auth_token: "s3cret".into(),
+                    resumable: true,
+                    ..QuicRegister::default()
+                })),
+            ),
+            ("QuicControlDown", "registered_session") => check(
+                bytes,
+                control_down(quic_control_down::Frame::Registered(QuicRegistered {
+                    session_id: 7,
+                    resume_secret: secret.clone(),
+                    reconnect_grace_ms: 15_000,
+                    ..registered.clone()
+                })),
+            ),
+            ("QuicControlUp", "resume") => check(
+                bytes,
+                control_up(quic_control_up::Frame::Resume(QuicResume {
+                    protocol_version: 1,
+                    auth_token: "s3cret".into(),
+                    session_id: 7,
+                    resume_secret: secret.clone(),
+                    running_task_ids: vec![42],
+                    unacked_task_ids: vec![43],
+                    redundancy: QuicRedundancy::Off.into(),
+                })),
+            ),
+            ("QuicControlDown", "registered_resumed") => check(
+                bytes,
+                control_down(quic_control_down::Frame::Registered(QuicRegistered {
+                    session_id: 7,
+                    resume_secret: secret.clone(),
+                    reconnect_grace_ms: 15_000,
+                    resumed: true,
+                    held_task_ids: vec![42],
+                    ..registered.clone()
+                })),
+            ),
+            ("QuicLaneDown", "held") => check(
+                bytes,
+                lane_down(quic_lane_down::Frame::Held(QuicHeld { task_id: 42 })),
+            ),
+            ("QuicControlDown", "results_ack") => check(
+                bytes,
+                control_down(quic_control_down::Frame::ResultsAck(QuicResultsAck {
+                    task_ids: vec![42, 43],
+                })),
+            ),
             other => panic!("the spec has an example this test does not know: {other:?}"),
         }
         seen.push(name);
@@ -256,15 +325,21 @@ fn spec_examples_decode_to_what_they_describe_and_back() {
             "drain_request",
             "drain_requested",
             "drain_shutting_down",
+            "held",
             "ping",
             "pong",
             "register",
             "register_redundancy",
+            "register_resumable",
             "registered",
             "registered_redundancy",
+            "registered_resumed",
+            "registered_session",
             "result_copy",
             "result_failure",
             "result_output",
+            "results_ack",
+            "resume",
             "task",
             "task_copy"
         ],

@@ -206,6 +206,7 @@ pub(crate) fn register_frame(activities: &[&str]) -> QuicRegister {
         identity: "raw".to_owned(),
         auth_token: String::new(),
         redundancy: 0,
+        resumable: false,
     }
 }
 
@@ -244,6 +245,8 @@ pub(crate) struct Raw {
     pub(crate) lanes: mpsc::UnboundedReceiver<LaneEvent>,
     /// Every cancel the gateway sent, on any lane.
     pub(crate) cancels: mpsc::UnboundedReceiver<QuicCancel>,
+    /// Every `held` frame the gateway sent after a resume: the lane and the task id.
+    pub(crate) held: mpsc::UnboundedReceiver<(RawLane, u64)>,
 }
 
 impl Raw {
@@ -270,16 +273,32 @@ impl Raw {
         config: quinn::ClientConfig,
         stall: Option<Arc<Stall>>,
     ) -> Self {
+        Self::dial(gateway.addr(), local, config, stall).await
+    }
+
+    /// Connects to `addr` (the gateway, or a relay in front of it) with `config`.
+    pub(crate) async fn dial(
+        addr: SocketAddr,
+        local: &str,
+        config: quinn::ClientConfig,
+        stall: Option<Arc<Stall>>,
+    ) -> Self {
         let endpoint = Endpoint::client(local.parse().unwrap()).unwrap();
         let conn = endpoint
-            .connect_with(config, gateway.addr(), "localhost")
+            .connect_with(config, addr, "localhost")
             .unwrap()
             .await
             .unwrap();
         let (control, control_recv) = conn.open_bi().await.unwrap();
         let (events, lanes) = mpsc::unbounded_channel();
         let (cancel_tx, cancels) = mpsc::unbounded_channel();
-        tokio::spawn(accept_lanes(conn.clone(), events, cancel_tx, stall));
+        let (held_tx, held) = mpsc::unbounded_channel();
+        let senders = LaneSenders {
+            events,
+            cancels: cancel_tx,
+            held: held_tx,
+        };
+        tokio::spawn(accept_lanes(conn.clone(), senders, stall));
         Self {
             conn,
             _endpoint: endpoint,
@@ -288,6 +307,7 @@ impl Raw {
             control_decoder: FrameDecoder::new(u32::MAX),
             lanes,
             cancels,
+            held,
         }
     }
 
@@ -398,19 +418,25 @@ impl Default for Stall {
     }
 }
 
-async fn accept_lanes(
-    conn: Connection,
+/// Where a raw client's lanes hand what they read.
+#[derive(Clone)]
+struct LaneSenders {
     events: mpsc::UnboundedSender<LaneEvent>,
     cancels: mpsc::UnboundedSender<QuicCancel>,
-    stall: Option<Arc<Stall>>,
-) {
+    held: mpsc::UnboundedSender<(RawLane, u64)>,
+}
+
+async fn accept_lanes(conn: Connection, senders: LaneSenders, stall: Option<Arc<Stall>>) {
     while let Ok((send, mut recv)) = conn.accept_bi().await {
         let lane = RawLane {
             index: send.id().index(),
             send: Arc::new(Mutex::new(send)),
         };
-        let events = events.clone();
-        let cancels = cancels.clone();
+        let LaneSenders {
+            events,
+            cancels,
+            held,
+        } = senders.clone();
         let stall = stall.clone();
         tokio::spawn(async move {
             let mut decoder = FrameDecoder::new(u32::MAX);
@@ -432,6 +458,9 @@ async fn accept_lanes(
                     }
                     Some(quic_lane_down::Frame::Cancel(cancel)) => {
                         let _ = cancels.send(cancel);
+                    }
+                    Some(quic_lane_down::Frame::Held(task)) => {
+                        let _ = held.send((lane.clone(), task.task_id));
                     }
                     None => {}
                 }

@@ -231,7 +231,7 @@ async fn frames_before_registration_are_a_protocol_violation_and_register_nothin
         raw.send_control(frame).await;
         let (code, reason) = raw.closed().await;
         assert_eq!(code, ErrorCode::ProtocolViolation);
-        assert_eq!(reason, "the first control frame must be register");
+        assert_eq!(reason, "the first control frame must be register or resume");
         assert_eq!(
             gateway.registry().len(),
             1,

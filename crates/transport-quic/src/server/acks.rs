@@ -1,0 +1,183 @@
+//! Result acknowledgements of one connection: the task ids whose result frames the gateway has
+//! processed, batched into `results_ack` control frames.
+//!
+//! A worker with a session keeps every result it sent until the gateway acknowledges it, so
+//! that a result crossing a broken connection can be sent again after a resume. One frame per
+//! result would double the control traffic under load, so ids wait in an [`AckBatch`]: a frame
+//! goes out once [`ACK_BATCH_IDS`] are pending, or [`ACK_BATCH_DELAY`] after the first pending
+//! one, whichever comes first. The batch is plain data driven by `now`; [`Acks`] is the
+//! connection's shared, awaitable copy.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use switchyard_core::TaskId;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Pending ids that send a `results_ack` at once; also the most one frame carries.
+pub(crate) const ACK_BATCH_IDS: usize = 64;
+
+/// Longest an id waits for its `results_ack`.
+pub(crate) const ACK_BATCH_DELAY: Duration = Duration::from_millis(20);
+
+/// The ids waiting for their `results_ack`, and since when.
+#[derive(Debug, Default)]
+pub(crate) struct AckBatch {
+    ids: Vec<TaskId>,
+    /// When the oldest pending id arrived.
+    since: Option<Instant>,
+}
+
+impl AckBatch {
+    /// Adds `task`, processed at `now`.
+    pub(crate) fn push(&mut self, task: TaskId, now: Instant) {
+        if self.ids.is_empty() {
+            self.since = Some(now);
+        }
+        self.ids.push(task);
+    }
+
+    /// When the next frame is due: at once with a full batch, [`ACK_BATCH_DELAY`] after the
+    /// oldest pending id otherwise, never with none pending.
+    pub(crate) fn due(&self) -> Option<Instant> {
+        let since = self.since?;
+        if self.ids.len() >= ACK_BATCH_IDS {
+            Some(since)
+        } else {
+            Some(since + ACK_BATCH_DELAY)
+        }
+    }
+
+    /// The ids of the next frame, oldest first, at most [`ACK_BATCH_IDS`]; those left over
+    /// count as arrived at `now`.
+    pub(crate) fn take(&mut self, now: Instant) -> Vec<TaskId> {
+        let count = self.ids.len().min(ACK_BATCH_IDS);
+        let taken: Vec<TaskId> = self.ids.drain(..count).collect();
+        self.since = (!self.ids.is_empty()).then_some(now);
+        taken
+    }
+}
+
+/// An [`AckBatch`] shared by a connection's readers (which add ids) and its control writer
+/// (which waits for a due frame).
+#[derive(Debug, Default)]
+pub(crate) struct Acks {
+    batch: Mutex<AckBatch>,
+    added: Notify,
+}
+
+impl Acks {
+    fn batch(&self) -> MutexGuard<'_, AckBatch> {
+        // Batch operations cannot panic part-way.
+        self.batch.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that the result of `task` was processed.
+    pub(crate) fn processed(&self, task: TaskId) {
+        self.batch().push(task, Instant::now());
+        self.added.notify_one();
+    }
+
+    /// Waits until a frame is due and returns its ids. Cancel-safe: the ids stay in the batch
+    /// until returned.
+    pub(crate) async fn next_frame(&self) -> Vec<TaskId> {
+        loop {
+            let added = self.added.notified();
+            tokio::pin!(added);
+            added.as_mut().enable();
+            let due = self.batch().due();
+            match due {
+                Some(due) if due <= Instant::now() => {}
+                Some(due) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(due) => {}
+                        () = added => continue,
+                    }
+                }
+                None => {
+                    added.await;
+                    continue;
+                }
+            }
+            let ids = self.batch().take(Instant::now());
+            if !ids.is_empty() {
+                return ids;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(n: u64) -> TaskId {
+        TaskId::from_raw(n)
+    }
+
+    #[test]
+    fn a_batch_is_due_after_the_delay_or_at_once_when_full() {
+        let start = Instant::now();
+        let mut batch = AckBatch::default();
+        assert_eq!(batch.due(), None, "nothing pending, nothing due");
+        for n in 0..ACK_BATCH_IDS as u64 - 1 {
+            batch.push(t(n), start + Duration::from_millis(n));
+        }
+        assert_eq!(
+            batch.due(),
+            Some(start + ACK_BATCH_DELAY),
+            "below the count, the oldest id sets the time"
+        );
+        batch.push(t(999), start + Duration::from_millis(100));
+        assert_eq!(batch.due(), Some(start), "a full batch is due at once");
+        let later = start + Duration::from_secs(1);
+        assert_eq!(batch.take(later).len(), ACK_BATCH_IDS);
+        assert_eq!(batch.due(), None);
+    }
+
+    #[test]
+    fn a_frame_carries_at_most_the_batch_size_and_the_rest_waits_its_turn() {
+        let start = Instant::now();
+        let mut batch = AckBatch::default();
+        for n in 0..ACK_BATCH_IDS as u64 + 3 {
+            batch.push(t(n), start);
+        }
+        let first = batch.take(start);
+        assert_eq!(first.first(), Some(&t(0)), "oldest first");
+        assert_eq!(first.len(), ACK_BATCH_IDS);
+        assert_eq!(batch.due(), Some(start + ACK_BATCH_DELAY));
+        assert_eq!(
+            batch.take(start),
+            vec![t(64), t(65), t(66)],
+            "the rest, in order"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_results_make_one_frame_and_a_lone_one_waits_the_delay() {
+        let acks = Acks::default();
+        for n in 0..ACK_BATCH_IDS as u64 {
+            acks.processed(t(n));
+        }
+        let start = Instant::now();
+        let frame = acks.next_frame().await;
+        assert_eq!(frame.len(), ACK_BATCH_IDS, "one frame for the whole batch");
+        assert_eq!(Instant::now(), start, "a full batch leaves at once");
+
+        acks.processed(t(500));
+        let lone = acks.next_frame().await;
+        assert_eq!(lone, vec![t(500)]);
+        // Control for the first frame: a lone id waited for the delay.
+        assert_eq!(Instant::now(), start + ACK_BATCH_DELAY);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_sends_no_frame() {
+        let acks = Acks::default();
+        let waited = tokio::time::timeout(Duration::from_secs(60), acks.next_frame()).await;
+        assert!(waited.is_err(), "no id, no frame");
+        acks.processed(t(1));
+        assert_eq!(acks.next_frame().await, vec![t(1)]);
+    }
+}

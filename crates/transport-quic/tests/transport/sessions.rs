@@ -1,0 +1,363 @@
+//! Sessions on the wire, spoken by hand as a worker in another language would: the grant in
+//! `registered`, suspension on a lost connection, `resume` with its held tasks and refusals,
+//! the superseded old connection, and `results_ack`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use switchyard_auth::AllowAll;
+use switchyard_core::{ActivityOutcome, DisconnectReason, WorkerEvent, WorkerId};
+use switchyard_proto::v1::{
+    QuicRegistered, QuicResult, QuicResume, quic_control_down, quic_control_up, quic_lane_up,
+    quic_result,
+};
+use switchyard_test_support::UdpRelay;
+use switchyard_transport_quic::{ConnectionConfig, ErrorCode, QuicServerConfig};
+
+use crate::support::{Gateway, PATIENCE, Raw, client_config, event, eventually, register_frame};
+
+/// A gateway that notices a dead link within half a second: the QUIC idle timeout ends the
+/// connection, not the liveness window.
+async fn gateway() -> Gateway {
+    let config = QuicServerConfig {
+        connection: ConnectionConfig {
+            max_idle_timeout: Duration::from_millis(500),
+            keep_alive_interval: Some(Duration::from_millis(100)),
+            ..ConnectionConfig::default()
+        },
+        ..QuicServerConfig::default()
+    };
+    Gateway::with(config, AllowAll).await
+}
+
+/// Registers a resumable worker for `work` with capacity 1 over `addr`, once it is eligible.
+async fn resumable(gateway: &Gateway, addr: std::net::SocketAddr) -> (Raw, QuicRegistered) {
+    let mut events = gateway.registry().subscribe_events();
+    let mut raw = Raw::dial(addr, "127.0.0.1:0", client_config(gateway), None).await;
+    let registered = raw
+        .register(switchyard_proto::v1::QuicRegister {
+            resumable: true,
+            ..register_frame(&["work"])
+        })
+        .await;
+    raw.announce(1).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    // Probation and the announcement end in either order.
+    let (mut probation, mut announced) = (false, false);
+    while !(probation && announced) {
+        let seen = event(&mut events, "eligible", |e| {
+            matches!(e, WorkerEvent::ProbationPassed { worker: w }
+                | WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker)
+        })
+        .await;
+        match seen {
+            WorkerEvent::ProbationPassed { .. } => probation = true,
+            _ => announced = true,
+        }
+    }
+    (raw, registered)
+}
+
+fn resume_frame(registered: &QuicRegistered, secret: Bytes, running: Vec<u64>) -> QuicResume {
+    QuicResume {
+        protocol_version: 1,
+        auth_token: String::new(),
+        session_id: registered.session_id,
+        resume_secret: secret,
+        running_task_ids: running,
+        unacked_task_ids: Vec::new(),
+        redundancy: 0,
+    }
+}
+
+fn output(task_id: u64, text: &'static str) -> quic_lane_up::Frame {
+    quic_lane_up::Frame::Result(QuicResult {
+        task_id,
+        outcome: Some(quic_result::Outcome::Output(Bytes::from_static(
+            text.as_bytes(),
+        ))),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumable_registration_gets_a_session_and_a_plain_one_does_not() {
+    let gateway = Gateway::start().await;
+    let (_raw, registered) = resumable(&gateway, gateway.addr()).await;
+    assert_eq!(registered.session_id, registered.worker_id);
+    assert_eq!(registered.resume_secret.len(), 32);
+    assert_eq!(registered.reconnect_grace_ms, 15_000, "the default grace");
+    assert!(!registered.resumed);
+    // Control: a worker that does not say it can resume gets no session.
+    let mut plain = Raw::connect(&gateway).await;
+    let registered = plain.register(register_frame(&["work"])).await;
+    assert_eq!(
+        (
+            registered.session_id,
+            registered.resume_secret.len(),
+            registered.reconnect_grace_ms
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_connection_suspends_and_a_resume_takes_the_held_task_s_result_once() {
+    let gateway = gateway().await;
+    let relay = UdpRelay::start(gateway.addr()).await.unwrap();
+    let mut events = gateway.registry().subscribe_events();
+    let (mut old, registered) = resumable(&gateway, relay.addr()).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    let core = gateway.core.clone();
+    let dispatch = tokio::spawn(async move {
+        core.dispatcher()
+            .dispatch(
+                &switchyard_core::CallerIdentity::trusted("test"),
+                crate::support::request("work", b"in", PATIENCE),
+            )
+            .await
+            .unwrap()
+    });
+    let (_lane, task) = old.next_task().await;
+    relay.freeze();
+    event(
+        &mut events,
+        "suspended",
+        |e| matches!(e, WorkerEvent::Suspended { worker: w, .. } if *w == worker),
+    )
+    .await;
+    assert!(
+        gateway.registry().worker(worker).is_some(),
+        "a suspended worker is still registered"
+    );
+    assert!(!dispatch.is_finished(), "the producer still waits");
+
+    let mut new = Raw::connect(&gateway).await;
+    let secret = registered.resume_secret.clone();
+    new.send_control(quic_control_up::Frame::Resume(resume_frame(
+        &registered,
+        secret,
+        vec![task.task_id],
+    )))
+    .await;
+    let answer = match new.next_control().await.frame {
+        Some(quic_control_down::Frame::Registered(answer)) => answer,
+        other => panic!("expected registered, got {other:?}"),
+    };
+    assert!(answer.resumed);
+    assert_eq!(answer.worker_id, registered.worker_id, "same worker id");
+    assert_eq!(answer.held_task_ids, vec![task.task_id]);
+    assert_eq!(answer.resume_secret, registered.resume_secret);
+    let (lane, held) = tokio::time::timeout(PATIENCE, new.held.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(held, task.task_id, "the held task is put on a lane");
+    lane.send(output(task.task_id, "done")).await;
+    let outcome = tokio::time::timeout(PATIENCE, dispatch)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ActivityOutcome::Completed(Bytes::from_static(b"done"))
+    );
+    match new.next_control().await.frame {
+        Some(quic_control_down::Frame::ResultsAck(ack)) => {
+            assert_eq!(ack.task_ids, vec![task.task_id]);
+        }
+        other => panic!("expected results_ack, got {other:?}"),
+    }
+    assert_eq!(gateway.core.dispatcher().refused().unknown, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_secret_is_refused_by_name_and_changes_nothing() {
+    let gateway = gateway().await;
+    let relay = UdpRelay::start(gateway.addr()).await.unwrap();
+    let mut events = gateway.registry().subscribe_events();
+    let (_old, registered) = resumable(&gateway, relay.addr()).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    relay.freeze();
+    event(
+        &mut events,
+        "suspended",
+        |e| matches!(e, WorkerEvent::Suspended { worker: w, .. } if *w == worker),
+    )
+    .await;
+
+    let mut wrong = registered.resume_secret.to_vec();
+    wrong[0] ^= 1;
+    let mut thief = Raw::connect(&gateway).await;
+    thief
+        .send_control(quic_control_up::Frame::Resume(resume_frame(
+            &registered,
+            wrong.into(),
+            Vec::new(),
+        )))
+        .await;
+    let (code, reason) = thief.closed().await;
+    assert_eq!(code, ErrorCode::ResumeRefused);
+    assert!(
+        reason.starts_with("resume refused: wrong_secret"),
+        "{reason}"
+    );
+    assert!(
+        gateway
+            .registry()
+            .worker(worker)
+            .is_some_and(|w| w.suspended_for.is_some()),
+        "still suspended"
+    );
+    // Control: the right secret resumes the same session.
+    let mut owner = Raw::connect(&gateway).await;
+    owner
+        .send_control(quic_control_up::Frame::Resume(resume_frame(
+            &registered,
+            registered.resume_secret.clone(),
+            Vec::new(),
+        )))
+        .await;
+    match owner.next_control().await.frame {
+        Some(quic_control_down::Frame::Registered(answer)) => assert!(answer.resumed),
+        other => panic!("expected registered, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_while_the_old_connection_lives_closes_the_old_one_superseded() {
+    let gateway = Gateway::start().await;
+    let (old, registered) = resumable(&gateway, gateway.addr()).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    let mut events = gateway.registry().subscribe_events();
+    let mut new = Raw::connect(&gateway).await;
+    new.send_control(quic_control_up::Frame::Resume(resume_frame(
+        &registered,
+        registered.resume_secret.clone(),
+        Vec::new(),
+    )))
+    .await;
+    match new.next_control().await.frame {
+        Some(quic_control_down::Frame::Registered(answer)) => assert!(answer.resumed),
+        other => panic!("expected registered, got {other:?}"),
+    }
+    let (code, reason) = old.closed().await;
+    assert_eq!(code, ErrorCode::Superseded);
+    assert_eq!(reason, "superseded by a resumed connection");
+    // The old connection's end let the worker be: the newer connection holds it.
+    assert!(gateway.registry().is_registered(worker));
+    // The listener tracks the new connection once it serves it; the old one's end must not
+    // untrack it.
+    eventually("the new connection tracked", || {
+        gateway.server.registered_workers() == 1
+    })
+    .await;
+    assert!(
+        gateway
+            .registry()
+            .worker(worker)
+            .is_some_and(|w| w.suspended_for.is_none()),
+        "not suspended"
+    );
+    // The newer connection serves the worker: a dispatch reaches it there.
+    let dispatch = gateway.dispatch("work", b"x");
+    let answer = async {
+        let (lane, task) = new.next_task().await;
+        lane.send(output(task.task_id, "new")).await;
+    };
+    let (outcome, ()) = tokio::join!(dispatch, answer);
+    assert_eq!(
+        outcome,
+        ActivityOutcome::Completed(Bytes::from_static(b"new"))
+    );
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            !matches!(
+                event,
+                WorkerEvent::Suspended { .. } | WorkerEvent::Disconnected { .. }
+            ),
+            "the old connection's end touched the session: {event:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_closes_with_closed_leaves_and_is_not_suspended() {
+    let gateway = Gateway::start().await;
+    let mut events = gateway.registry().subscribe_events();
+    let (raw, registered) = resumable(&gateway, gateway.addr()).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    raw.conn
+        .close(ErrorCode::Closed.var_int(), b"worker stopping");
+    let left = event(&mut events, "left or suspended", |e| {
+        matches!(e, WorkerEvent::Disconnected { worker: w, .. } | WorkerEvent::Suspended { worker: w, .. } if *w == worker)
+    })
+    .await;
+    // The control is the lost connection above, which suspends.
+    assert_eq!(
+        left,
+        WorkerEvent::Disconnected {
+            worker,
+            reason: DisconnectReason::Disconnect
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_result_is_acknowledged_once_in_batches() {
+    const RESULTS: u64 = 256;
+    let gateway = Gateway::start().await;
+    let mut events = gateway.registry().subscribe_events();
+    let mut raw = Raw::connect(&gateway).await;
+    let registered = raw
+        .register(switchyard_proto::v1::QuicRegister {
+            resumable: true,
+            ..register_frame(&["work"])
+        })
+        .await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    raw.announce(64).await;
+    event(
+        &mut events,
+        "capacity announced",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, capacity: 64 } if *w == worker),
+    )
+    .await;
+    let mut dispatches = tokio::task::JoinSet::new();
+    for _ in 0..RESULTS {
+        let core = gateway.core.clone();
+        dispatches.spawn(async move {
+            core.dispatcher()
+                .dispatch(
+                    &switchyard_core::CallerIdentity::trusted("test"),
+                    crate::support::request("work", b"in", PATIENCE),
+                )
+                .await
+                .unwrap()
+        });
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    while (answered.len() as u64) < RESULTS {
+        let (lane, task) = raw.next_task().await;
+        lane.send(output(task.task_id, "ok")).await;
+        answered.insert(task.task_id);
+    }
+    while let Some(outcome) = dispatches.join_next().await {
+        assert!(matches!(outcome.unwrap(), ActivityOutcome::Completed(_)));
+    }
+    let mut acknowledged = std::collections::BTreeSet::new();
+    let mut frames = 0;
+    while acknowledged.len() < answered.len() {
+        match raw.next_control().await.frame {
+            Some(quic_control_down::Frame::ResultsAck(ack)) => {
+                frames += 1;
+                assert!(ack.task_ids.len() <= 64, "at most 64 ids a frame");
+                for id in ack.task_ids {
+                    assert!(acknowledged.insert(id), "task {id} acknowledged twice");
+                }
+            }
+            other => panic!("expected results_ack, got {other:?}"),
+        }
+    }
+    assert_eq!(acknowledged, answered, "every result acknowledged");
+    println!("{RESULTS} results acknowledged in {frames} results_ack frames");
+}
