@@ -22,6 +22,10 @@ pub enum DisconnectReason {
     /// Its connection ended, its session was suspended, and no connection resumed it within
     /// the reconnect grace.
     ReconnectGraceExpired,
+    /// It closed its connection on purpose without a drain (a goodbye, a stopped worker), or
+    /// broke the protocol: unlike a lost connection, this never suspends a session; the
+    /// worker leaves at once.
+    Closed,
     /// Not a departure of the worker: this connection was replaced by a newer one that
     /// resumed the session. Only a transport's [`crate::Departure`] of the old connection
     /// sees it; no event or metric carries it.
@@ -37,6 +41,7 @@ impl DisconnectReason {
             Self::Drained => "drained",
             Self::Unresponsive => "unresponsive",
             Self::ReconnectGraceExpired => "reconnect_grace_expired",
+            Self::Closed => "closed",
             Self::Superseded => "superseded",
         }
     }

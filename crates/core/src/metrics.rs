@@ -47,12 +47,13 @@ pub const SESSIONS_RESUMED_TOTAL: &str = "switchyard_sessions_resumed_total";
 pub const RESUME_REFUSED_TOTAL: &str = "switchyard_resume_refused_total";
 
 /// Every `reason` label of [`WORKER_DEPARTURES_TOTAL`].
-pub const DEPARTURE_LABELS: [&str; 5] = [
+pub const DEPARTURE_LABELS: [&str; 6] = [
     "disconnect",
     "timeout",
     "drained",
     "unresponsive",
     "reconnect_grace_expired",
+    "closed",
 ];
 
 /// Every `reason` label of [`RESUME_REFUSED_TOTAL`].
@@ -165,7 +166,12 @@ fn every_variant_is_listed(
 ) {
     use DisconnectReason as D;
     match departure {
-        D::Disconnect | D::Timeout | D::Drained | D::Unresponsive | D::ReconnectGraceExpired => {}
+        D::Disconnect
+        | D::Timeout
+        | D::Drained
+        | D::Unresponsive
+        | D::ReconnectGraceExpired
+        | D::Closed => {}
         // Not a departure: never counted.
         D::Superseded => {}
     }
@@ -268,6 +274,7 @@ mod tests {
             DisconnectReason::Drained,
             DisconnectReason::Unresponsive,
             DisconnectReason::ReconnectGraceExpired,
+            DisconnectReason::Closed,
         ];
         let labels: Vec<&str> = departures.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels, DEPARTURE_LABELS);

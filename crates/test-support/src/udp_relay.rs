@@ -44,6 +44,17 @@ impl UdpRelay {
     pub fn thaw(&self) {
         self.frozen.store(false, Ordering::SeqCst);
     }
+
+    /// Drops every datagram for `duration`, then forwards again: a blackout that ends by
+    /// itself (the emulated outage, on the runtime's clock). Needs a tokio runtime.
+    pub fn blackout(&self, duration: std::time::Duration) {
+        self.freeze();
+        let frozen = Arc::clone(&self.frozen);
+        tokio::spawn(async move {
+            tokio::time::sleep(duration).await;
+            frozen.store(false, Ordering::SeqCst);
+        });
+    }
 }
 
 impl Drop for UdpRelay {

@@ -198,9 +198,11 @@ impl WorkerStream {
         };
         delivery.close();
         let farewell = delivery.farewell();
-        // A lost stream of a session worker suspends it (core decides); a drained one leaves.
+        // A lost stream of a session worker suspends it (core decides); a drained one leaves,
+        // and so does one the worker closed on purpose or that broke the protocol.
         let reason = match (&end, farewell) {
             (End::WorkerClosed | End::Farewell(_), Some(_)) => DisconnectReason::Drained,
+            (End::WorkerClosed | End::Refused(_), None) => DisconnectReason::Closed,
             _ => DisconnectReason::Disconnect,
         };
         let deregistered = token.deregister(reason);

@@ -44,6 +44,10 @@ impl TransportHarness for GrpcHarness {
         Ok(Gateway::serve(core, directory, GrpcServerConfig::default()).await)
     }
 
+    fn supports_resume(&self) -> bool {
+        true
+    }
+
     async fn connect(
         &self,
         gateway: &Gateway,
@@ -55,6 +59,9 @@ impl TransportHarness for GrpcHarness {
             .ok_or_else(|| HarnessError::Transport("caller unknown to the harness".into()))?;
         let proxy = TcpRelay::start(gateway.addr).await.unwrap();
         let registration = spec.registration;
+        // The kit asks for a session by giving the registration a grace; the gateway's own
+        // grace (5 s by default) is the one in force.
+        let resumable = !registration.reconnect_grace.is_zero();
         let mut builder = GrpcWorker::builder(https_endpoint(proxy.addr()))
             .tls(gateway.pki.client_tls())
             .token(token(index))
@@ -67,6 +74,7 @@ impl TransportHarness for GrpcHarness {
                     .unwrap_or_default(),
             )
             .identity(registration.identity)
+            .resume(resumable)
             .max_concurrency(registration.max_concurrency.unwrap_or(0))
             .backoff(Backoff {
                 initial: std::time::Duration::from_millis(10),
@@ -158,6 +166,12 @@ impl ConformanceWorker for KitWorker {
 
     fn freeze(&self) {
         self.proxy.freeze();
+    }
+
+    /// The relay cuts the live sockets and refuses new ones for a moment, as a link blip that
+    /// ends the stream; the SDK keeps running and reconnects through it.
+    fn break_link(&self) {
+        self.proxy.blackout(std::time::Duration::from_millis(300));
     }
 }
 

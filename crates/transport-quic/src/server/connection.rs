@@ -152,7 +152,7 @@ impl Ending {
 
 /// Lets core know the connection of `token` ended: a lost one suspends a session worker (as
 /// dropping the token does), any other end deregisters the worker.
-fn end_registration(server: &ServerShared, token: RegistrationToken, exit: Exit, ending: Ending) {
+fn end_registration(token: RegistrationToken, exit: Exit, ending: Ending) {
     match (exit, ending) {
         (Exit::Drained, _) => {
             token.deregister(DisconnectReason::Drained);
@@ -160,18 +160,10 @@ fn end_registration(server: &ServerShared, token: RegistrationToken, exit: Exit,
         (Exit::Ended, Ending::Lost) => {
             token.deregister(DisconnectReason::Disconnect);
         }
+        // The worker closed on purpose, or the gateway closed it for a fault: it leaves, with
+        // no suspension (a token a resume replaced does nothing).
         (Exit::Ended, Ending::Left) => {
-            // Core suspends a session worker on every `Disconnect`; removing the worker through
-            // the registry ends the session too. Not when core let this connection go already
-            // (a resume superseded it, or the worker was deregistered): the worker id may
-            // belong to a newer connection by now.
-            if token.departure().reason().is_none() {
-                server
-                    .core
-                    .registry()
-                    .deregister(token.worker_id(), DisconnectReason::Disconnect);
-            }
-            token.deregister(DisconnectReason::Disconnect);
+            token.deregister(DisconnectReason::Closed);
         }
     }
 }
@@ -294,7 +286,7 @@ async fn run(admitted: Admitted, server: &ServerShared) {
     if let Some(error) = &close {
         tracing::info!(%error, "quic worker connection ended");
     }
-    end_registration(server, token, exit, Ending::of(close.as_ref()));
+    end_registration(token, exit, Ending::of(close.as_ref()));
 }
 
 /// The close for a worker core let go of: `SUPERSEDED` when a resume on a newer connection

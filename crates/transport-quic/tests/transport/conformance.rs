@@ -47,6 +47,12 @@ impl ConformanceWorker for Worker {
     fn freeze(&self) {
         self.relay.freeze();
     }
+
+    /// The link goes dark for a second: the connection dies of its short idle timeout (the
+    /// kit's session workers use 400 ms) and the SDK, still running, resumes once it is back.
+    fn break_link(&self) {
+        self.relay.blackout(std::time::Duration::from_secs(1));
+    }
 }
 
 impl Drop for Worker {
@@ -79,12 +85,19 @@ impl TransportHarness for QuicHarness {
         Ok(Gateway { core, server, ca })
     }
 
+    fn supports_resume(&self) -> bool {
+        true
+    }
+
     async fn connect(&self, gateway: &Gateway, spec: WorkerSpec) -> Result<Worker, HarnessError> {
         let transport = |error: BoxError| HarnessError::Transport(error);
         let relay = UdpRelay::start(gateway.server.local_addr())
             .await
             .map_err(|e| transport(e.into()))?;
         let registration = spec.registration;
+        // The kit asks for a session by giving the registration a grace; the gateway's own
+        // grace (15 s by default) is the one in force.
+        let resumable = !registration.reconnect_grace.is_zero();
         let client_tls = gateway.ca.client_tls().map_err(|e| transport(e.into()))?;
         let mut builder = QuicWorker::builder(relay.addr(), "localhost")
             .tls(client_tls)
@@ -92,7 +105,16 @@ impl TransportHarness for QuicHarness {
             .namespaces(registration.namespaces)
             .task_queue(registration.task_queue)
             .identity(registration.identity)
+            .resume(resumable)
             .max_concurrency(registration.max_concurrency.unwrap_or(1));
+        if resumable {
+            // A link that dies within half a second of going dark, so `break_link` ends it.
+            builder = builder.connection(switchyard_transport_quic::ConnectionConfig {
+                max_idle_timeout: std::time::Duration::from_millis(400),
+                keep_alive_interval: Some(std::time::Duration::from_millis(100)),
+                ..switchyard_transport_quic::ConnectionConfig::default()
+            });
+        }
         if let Some(node) = registration.node {
             builder = builder.node(node.as_str());
         }
