@@ -84,7 +84,7 @@ impl Core {
     }
 
     /// Resumes the session `request` names on a new connection whose leg is `delivery`
-    /// (see [`crate::session`] for the rules). Like
+    /// (see [`SessionGrant`](crate::SessionGrant) and `docs/architecture.md` for the rules). Like
     /// [`Registry::admit_unannounced`](crate::Registry::admit_unannounced), the worker is not
     /// dispatched to until the transport has its acknowledgement on the wire and calls
     /// [`RegistrationToken::announce`](crate::RegistrationToken::announce); the cancels of

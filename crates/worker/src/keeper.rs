@@ -21,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{TaskReply, TaskRunner};
 
-/// Owns a worker's tasks across connections; see the [module](self) docs.
+/// Owns a worker's tasks across connections: the handlers still running, the replies not yet
+/// written and the results not yet acknowledged.
 pub struct TaskKeeper {
     runner: TaskRunner,
     shared: Arc<Shared>,
