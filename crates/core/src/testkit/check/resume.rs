@@ -74,7 +74,10 @@ pub(super) async fn resume_keeps_tasks<H: TransportHarness>(
         ensure!(
             outcome == ActivityOutcome::Completed(Bytes::from_static(b"kept: across the break")),
             "the task held across the break ended {outcome:?}, not with the resumed worker's \
-             result"
+             result: it was dispatched again ({} calls on the other worker, {} on the resumed \
+             one)",
+            rescuer_probe.calls(),
+            kept_probe.calls()
         );
         ran_once(&fixture, &kept_probe, &rescuer_probe)?;
         takes_new_work(&fixture, id, &kept_probe, rescuer.worker_id()).await
