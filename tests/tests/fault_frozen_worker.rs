@@ -1,7 +1,8 @@
 //! A frozen worker (connection open, nothing read, no pong) on each transport: the liveness
 //! probe excludes it before the silence window deregisters it as `Timeout`; meanwhile the
 //! census says `WorkersUnreachable` and nothing is sent to it; the task it held is
-//! re-dispatched to a healthy worker and completes.
+//! re-dispatched to a healthy worker and completes. (Sessions off: with a reconnect grace the
+//! silent worker is suspended for the grace first.)
 // Helpers outside #[test] functions fail the test the same way the tests do.
 #![allow(clippy::expect_used, clippy::panic)]
 
@@ -70,6 +71,11 @@ async fn frozen_worker(transport: Transport) {
         config.grpc.keepalive_interval = ConfigDuration::secs(60);
         config.grpc.keepalive_timeout = ConfigDuration::secs(60);
         config.quic.max_idle_timeout = ConfigDuration::secs(60);
+        // Without sessions: a silent session worker is suspended for its grace instead (see
+        // `grpc_session_resume`, `quic_sessions_survive_link_blackouts` and core's
+        // `a_silent_session_worker_is_suspended_and_its_connection_told_to_close`).
+        config.grpc.reconnect_grace = ConfigDuration::secs(0);
+        config.quic.reconnect_grace = ConfigDuration::secs(0);
     })
     .await;
     let registry = gateway.gateway().core().registry().clone();
