@@ -84,6 +84,21 @@ impl SessionError {
     /// The refusal for a status the inbound stream failed with, when the worker's own bytes
     /// caused it (a frame that does not decode, or one over the size limit); `None` when the
     /// stream simply broke (reset, connection lost), which needs no answer.
+    /// True when the worker broke the protocol (or a rule the gateway enforces on its frames):
+    /// it leaves at once, never suspended, whatever its session.
+    pub(crate) fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            Self::NotRegisteredFirst { .. }
+                | Self::DoubleRegistration { .. }
+                | Self::ResultWithoutOutcome { .. }
+                | Self::MalformedFrame { .. }
+                | Self::FrameTooLarge { .. }
+                | Self::Refused(_)
+                | Self::ConnectionWorkerLimit { .. }
+        )
+    }
+
     pub(crate) fn from_inbound(status: &Status) -> Option<Self> {
         let reason = status.message().to_owned();
         match status.code() {

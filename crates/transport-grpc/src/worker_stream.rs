@@ -199,10 +199,12 @@ impl WorkerStream {
         delivery.close();
         let farewell = delivery.farewell();
         // A lost stream of a session worker suspends it (core decides); a drained one leaves,
-        // and so does one the worker closed on purpose or that broke the protocol.
+        // and so does one that broke the protocol. A half-close without a drain counts as lost:
+        // HTTP/2 can end a stream cleanly when its connection dies (a keepalive timeout), so
+        // the gateway cannot tell a worker's goodbye from a link gone.
         let reason = match (&end, farewell) {
             (End::WorkerClosed | End::Farewell(_), Some(_)) => DisconnectReason::Drained,
-            (End::WorkerClosed | End::Refused(_), None) => DisconnectReason::Closed,
+            (End::Refused(error), None) if error.is_fault() => DisconnectReason::Closed,
             _ => DisconnectReason::Disconnect,
         };
         let deregistered = token.deregister(reason);

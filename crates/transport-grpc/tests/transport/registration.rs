@@ -275,7 +275,8 @@ async fn a_second_registration_closes_the_stream_and_deregisters_once() {
         format!("second register frame on one stream (already registered as worker {worker})")
     );
     let reason = support::disconnected(&mut events, worker).await;
-    assert_eq!(reason, DisconnectReason::Disconnect);
+    // A protocol fault leaves at once, never suspends.
+    assert_eq!(reason, DisconnectReason::Closed);
     assert!(!gateway.core.registry().is_registered(worker));
 }
 

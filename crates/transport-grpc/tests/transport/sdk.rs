@@ -265,12 +265,13 @@ async fn a_lost_stream_is_replaced_by_a_new_registration() {
     let (first, _run) = running(&gateway, worker).await;
     let mut events = gateway.core.registry().subscribe_events();
 
-    // Core letting the worker go ends its stream; the SDK comes back on its own.
+    // Core letting the worker go ends its stream (and its session: a silence verdict would only
+    // suspend it); the SDK's resume is refused, and it comes back under a new registration.
     assert!(
         gateway
             .core
             .registry()
-            .deregister(first, DisconnectReason::Timeout)
+            .deregister(first, DisconnectReason::Unresponsive)
     );
     let second = within("a new registration", async {
         loop {

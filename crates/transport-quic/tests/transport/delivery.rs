@@ -201,7 +201,8 @@ async fn connection_loss_mid_task_dispatches_it_again_elsewhere() {
         ActivityOutcome::Completed("payload attempt 2".into())
     );
     event(&mut events, "lost worker deregistered", |e| {
-        matches!(e, WorkerEvent::Disconnected { worker, reason: DisconnectReason::Disconnect } if *worker == lost_id)
+        // Closed with `CLOSED`: the worker's own close, so it leaves at once (no suspension).
+        matches!(e, WorkerEvent::Disconnected { worker, reason: DisconnectReason::Closed } if *worker == lost_id)
     })
     .await;
 }
@@ -269,7 +270,7 @@ async fn the_shutdown_token_stops_the_worker_and_its_task_moves_on() {
         .unwrap()
         .expect("a stopped worker returns Ok");
     event(&mut events, "stopped worker deregistered", |e| {
-        matches!(e, WorkerEvent::Disconnected { worker, reason: DisconnectReason::Disconnect } if *worker == stopped_id)
+        matches!(e, WorkerEvent::Disconnected { worker, reason: DisconnectReason::Closed } if *worker == stopped_id)
     })
     .await;
     let second = rescue.next_start().await;

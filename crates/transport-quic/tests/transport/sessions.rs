@@ -297,7 +297,7 @@ async fn a_worker_that_closes_with_closed_leaves_and_is_not_suspended() {
         left,
         WorkerEvent::Disconnected {
             worker,
-            reason: DisconnectReason::Disconnect
+            reason: DisconnectReason::Closed
         }
     );
 }
