@@ -51,7 +51,7 @@ async fn new_workers_are_announced_with_their_capacity_and_without_an_exclusion(
         .expect("QUIC worker");
     // Both passed their opening probation: whatever it emits has been emitted.
     wait_eligible(&gateway, "watched", "work", 2).await;
-    // The gRPC worker's departure is the last event to wait for.
+    // The gRPC worker's departure (after its 5 s grace) is the last event to wait for.
     grpc.stop();
 
     let mut seen: HashMap<u64, Vec<String>> = HashMap::new();
@@ -81,11 +81,15 @@ async fn new_workers_are_announced_with_their_capacity_and_without_an_exclusion(
             [
                 "connected".to_owned(),
                 "capacity 3".to_owned(),
+                // Stopped without a drain: its session is suspended for `grpc.reconnect_grace`
+                // (a gRPC half-close cannot be told from a lost link), then it leaves.
+                "suspended".to_owned(),
                 "disconnected".to_owned()
             ]
             .as_slice()
         ),
-        "a gRPC worker's registration carries its capacity and is announced like QUIC's"
+        "a gRPC worker's registration carries its capacity and is announced like QUIC's; a \
+         stop without a drain is watched as a suspension, then the departure"
     );
     assert_eq!(
         seen.get(&quic.id.get()).map(Vec::as_slice),
