@@ -95,6 +95,13 @@ tasks_for() {
     echo "${!var:-$default}"
 }
 
+timeout_for() { # the producer's deadline per dispatch, in seconds: past the profile's blackout
+    case "$1" in
+        outage) echo 120 ;;
+        *) echo 30 ;;
+    esac
+}
+
 wait_for() { # DESCRIPTION COMMAND...: retries for up to 30 s
     local what=$1
     shift
@@ -182,7 +189,8 @@ run_one() { # PROFILE TRANSPORT CONGESTION REDUNDANCY
     # shellcheck disable=SC2046
     if ! timeout "$RUN_TIMEOUT" ip netns exec "$NS_GW" "$switchyard" bench $(bench_args) \
         --external-workers --transport "$transport" --tasks "$tasks" \
-        --outstanding "$OUTSTANDING" --payload "$PAYLOAD" >"$out" 2>"$work/producer.log"; then
+        --outstanding "$OUTSTANDING" --payload "$PAYLOAD" \
+        --dispatch-timeout-secs "$(timeout_for "$profile")" >"$out" 2>"$work/producer.log"; then
         echo "constrained.sh: $profile/$transport/$cc failed: $(tail -n 3 "$work/producer.log")" >&2
         echo '{}' >"$out"
     fi

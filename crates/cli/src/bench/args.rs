@@ -109,6 +109,10 @@ pub(crate) struct BenchArgs {
     /// Input bytes per dispatch (echoed back as the output).
     #[arg(long, default_value_t = 64)]
     pub(crate) payload: usize,
+    /// Seconds a dispatch waits for its outcome (the producer's deadline), 1 to 600; the bench
+    /// gives up on a reply 30 s after it.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub(crate) dispatch_timeout_secs: u64,
     /// Microseconds each task takes in the worker (0: returns at once).
     #[arg(long, default_value_t = 0)]
     pub(crate) service_time_us: u64,

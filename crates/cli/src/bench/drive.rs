@@ -22,10 +22,20 @@ use super::target::Target;
 use super::{ACTIVITY, NAMESPACE};
 use crate::cmd::Failure;
 
-/// Timeout each dispatch asks for.
-const DISPATCH_TIMEOUT: Duration = Duration::from_secs(30);
-/// Longest wait for any single reply before the run is abandoned.
-const REPLY_DEADLINE: Duration = Duration::from_secs(60);
+/// How long the bench waits for a reply past the dispatch's own deadline before the run is
+/// abandoned.
+const REPLY_GRACE: Duration = Duration::from_secs(30);
+
+/// The producer's deadline of each dispatch (`--dispatch-timeout-secs`).
+fn dispatch_timeout(args: &BenchArgs) -> Duration {
+    Duration::from_secs(args.dispatch_timeout_secs)
+}
+
+/// How long the bench waits for one reply before it gives up on the run.
+fn reply_deadline(args: &BenchArgs) -> Duration {
+    dispatch_timeout(args) + REPLY_GRACE
+}
+
 /// Largest latency the histogram records, in microseconds (10 minutes).
 const MAX_LATENCY_US: u64 = 600_000_000;
 
@@ -81,12 +91,12 @@ fn payload(args: &BenchArgs) -> Bytes {
     Bytes::from(vec![0x5a; args.payload])
 }
 
-fn wire_request(input: &Bytes) -> pb::DispatchRequest {
+fn wire_request(input: &Bytes, timeout: Duration) -> pb::DispatchRequest {
     pb::DispatchRequest {
         namespace: NAMESPACE.to_owned(),
         activity_type: ACTIVITY.to_owned(),
         input: input.clone(),
-        timeout_ms: u64::try_from(DISPATCH_TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         ..pb::DispatchRequest::default()
     }
 }
@@ -134,11 +144,12 @@ pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Fai
     let times = Arc::new(SendTimes::new(args.tasks));
     let slots = Arc::new(Semaphore::new(outstanding));
     let sender = {
-        let (times, slots, input, tasks) = (
+        let (times, slots, input, tasks, timeout) = (
             Arc::clone(&times),
             Arc::clone(&slots),
             payload(args),
             u64::from(args.tasks),
+            dispatch_timeout(args),
         );
         tokio::spawn(async move {
             for id in 0..tasks {
@@ -149,7 +160,7 @@ pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Fai
                 times.mark(id);
                 let request = pb::DispatchStreamRequest {
                     correlation_id: id,
-                    request: Some(wire_request(&input)),
+                    request: Some(wire_request(&input, timeout)),
                 };
                 if requests.send(request).await.is_err() {
                     return;
@@ -161,11 +172,12 @@ pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Fai
         })
     };
     let mut run = Run::new()?;
+    let deadline = reply_deadline(args);
     let result = async {
         for _ in 0..args.tasks {
-            let reply = tokio::time::timeout(REPLY_DEADLINE, replies.next())
+            let reply = tokio::time::timeout(deadline, replies.next())
                 .await
-                .map_err(|_| Failure::runtime("no dispatch reply for 60 s"))?
+                .map_err(|_| Failure::runtime(format!("no dispatch reply for {deadline:?}")))?
                 .ok_or_else(|| Failure::runtime("the dispatch stream ended early"))?
                 .map_err(|status| Failure::status(&status))?;
             let latency = times.since(reply.correlation_id).unwrap_or_default();
@@ -193,6 +205,7 @@ pub(crate) async fn unary(args: &BenchArgs, target: &Target) -> Result<Run, Fail
     let next = Arc::new(AtomicU64::new(0));
     let tasks = u64::from(args.tasks);
     let input = payload(args);
+    let (timeout, deadline) = (dispatch_timeout(args), reply_deadline(args));
     let callers = (0..args.outstanding).map(|_| {
         let (mut api, next, input) = (api.clone(), Arc::clone(&next), input.clone());
         tokio::spawn(async move {
@@ -200,9 +213,11 @@ pub(crate) async fn unary(args: &BenchArgs, target: &Target) -> Result<Run, Fail
             while next.fetch_add(1, Ordering::Relaxed) < tasks {
                 let sent = Instant::now();
                 let reply =
-                    tokio::time::timeout(REPLY_DEADLINE, api.dispatch(wire_request(&input)))
+                    tokio::time::timeout(deadline, api.dispatch(wire_request(&input, timeout)))
                         .await
-                        .map_err(|_| Failure::runtime("no dispatch reply for 60 s"))?;
+                        .map_err(|_| {
+                            Failure::runtime(format!("no dispatch reply for {deadline:?}"))
+                        })?;
                 let label = match &reply {
                     Ok(reply) => wire_label(reply.get_ref().outcome.as_ref()),
                     Err(_) => "refused",
@@ -224,6 +239,7 @@ pub(crate) async fn core(args: &BenchArgs, target: &Target) -> Result<Run, Failu
     let next = Arc::new(AtomicU64::new(0));
     let tasks = u64::from(args.tasks);
     let input = payload(args);
+    let (timeout, deadline) = (dispatch_timeout(args), reply_deadline(args));
     let callers = (0..args.outstanding).map(|_| {
         let dispatcher = core.dispatcher().clone();
         let (caller, next, input) = (Arc::clone(&caller), Arc::clone(&next), input.clone());
@@ -237,13 +253,14 @@ pub(crate) async fn core(args: &BenchArgs, target: &Target) -> Result<Run, Failu
                     node: None,
                     input: input.clone(),
                     activity_id: None,
-                    timeout: DISPATCH_TIMEOUT,
+                    timeout,
                 };
                 let sent = Instant::now();
-                let outcome =
-                    tokio::time::timeout(REPLY_DEADLINE, dispatcher.dispatch(&caller, request))
-                        .await
-                        .map_err(|_| Failure::runtime("no dispatch outcome for 60 s"))?;
+                let outcome = tokio::time::timeout(deadline, dispatcher.dispatch(&caller, request))
+                    .await
+                    .map_err(|_| {
+                        Failure::runtime(format!("no dispatch outcome for {deadline:?}"))
+                    })?;
                 let label = match &outcome {
                     Ok(outcome) => outcome.label(),
                     Err(_) => "refused",
