@@ -144,12 +144,15 @@ pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Fai
     let times = Arc::new(SendTimes::new(args.tasks));
     let slots = Arc::new(Semaphore::new(outstanding));
     let sender = {
-        let (times, slots, input, tasks, timeout) = (
+        let (times, slots, input, tasks, timeout, tagged) = (
             Arc::clone(&times),
             Arc::clone(&slots),
             payload(args),
             u64::from(args.tasks),
             dispatch_timeout(args),
+            // Workers in another process count a dispatch run twice by its number (the
+            // in-process loopback runs keep the untouched input, and their figures).
+            args.external_workers,
         );
         tokio::spawn(async move {
             for id in 0..tasks {
@@ -160,7 +163,11 @@ pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Fai
                 times.mark(id);
                 let request = pb::DispatchStreamRequest {
                     correlation_id: id,
-                    request: Some(wire_request(&input, timeout)),
+                    request: Some(if tagged {
+                        wire_request(&super::executions::tag(&input, id), timeout)
+                    } else {
+                        wire_request(&input, timeout)
+                    }),
                 };
                 if requests.send(request).await.is_err() {
                     return;

@@ -1,6 +1,10 @@
-//! Duplicate executions, counted inside the workers' handlers: every handler records the task
-//! id it runs, across the whole fleet, so a task run twice (re-dispatched after a link blip,
-//! or delivered twice) shows up as `executions - distinct`.
+//! Duplicate executions, counted inside the workers' handlers: every handler records what it
+//! runs, across the whole fleet, so a dispatch run twice shows up as `executions - distinct`.
+//!
+//! What is recorded is the producer's dispatch number when the input carries one ([`tag`]: a
+//! re-dispatched task gets a new task id, so only the dispatch number catches a dispatch run
+//! again after a worker was lost), else the task id (which still catches one delivery run
+//! twice).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +23,27 @@ const WINDOW_MARGIN: u64 = 1 << 16;
 
 /// Most ids remembered outside the window.
 const MAX_OUTSIDE: usize = 1 << 20;
+
+/// The 8 bytes a tagged input starts with; the dispatch number follows (little endian).
+const TAG: &[u8; 8] = b"sy-disp#";
+
+/// `input` tagged with dispatch number `dispatch` (its first 16 bytes replaced); unchanged when
+/// it is shorter than 16 bytes.
+pub(crate) fn tag(input: &bytes::Bytes, dispatch: u64) -> bytes::Bytes {
+    if input.len() < 16 {
+        return input.clone();
+    }
+    let mut tagged = bytes::BytesMut::from(&input[..]);
+    tagged[..8].copy_from_slice(TAG);
+    tagged[8..16].copy_from_slice(&dispatch.to_le_bytes());
+    tagged.freeze()
+}
+
+/// The dispatch number a [`tag`]ged input carries.
+pub(crate) fn dispatch_of(input: &[u8]) -> Option<u64> {
+    let number = input.strip_prefix(TAG.as_slice())?.get(..8)?;
+    Some(u64::from_le_bytes(number.try_into().ok()?))
+}
 
 /// The task ids the fleet's handlers ran.
 #[derive(Debug)]
@@ -144,5 +169,23 @@ mod tests {
         executions.record(first + 1);
         assert_eq!(executions.counts().duplicate_executions, 2);
         assert_eq!(executions.counts().executions, 6);
+    }
+
+    #[test]
+    fn a_dispatch_run_again_under_a_new_task_id_is_one_duplicate() {
+        let input = bytes::Bytes::from(vec![0x5a; 64]);
+        let (first, again) = (tag(&input, 7), tag(&input, 7));
+        assert_eq!(dispatch_of(&first), Some(7));
+        let executions = Executions::default();
+        executions.record(dispatch_of(&first).unwrap_or(100));
+        executions.record(dispatch_of(&again).unwrap_or(200));
+        assert_eq!(executions.counts().duplicate_executions, 1);
+        // Control: another dispatch is not a duplicate, and a short input carries no number.
+        executions.record(dispatch_of(&tag(&input, 8)).unwrap_or(300));
+        assert_eq!(executions.counts().duplicate_executions, 1);
+        assert_eq!(
+            dispatch_of(&tag(&bytes::Bytes::from_static(b"short"), 9)),
+            None
+        );
     }
 }

@@ -132,7 +132,8 @@ pub(crate) async fn start(
     options.activity(
         profile.activity,
         move |ctx: ActivityContext, input: Bytes| {
-            executions.record(ctx.task_id().get());
+            executions
+                .record(super::executions::dispatch_of(&input).unwrap_or(ctx.task_id().get()));
             let counters = Arc::clone(&counters);
             async move { Ok(serve(counters, service_time, input).await) }
         },
