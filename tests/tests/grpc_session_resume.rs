@@ -90,6 +90,49 @@ fn request(timeout: Duration) -> ActivityRequest {
     }
 }
 
+/// One worker behind a relay, a task that takes it `work`, a dispatch waiting `timeout`, and a
+/// `blackout` of the link once the worker has started the task.
+struct ThroughBlackout {
+    gateway: TestGateway,
+    first: Worker,
+    outcome: ActivityOutcome,
+    _relay: TcpRelay,
+}
+
+async fn through_blackout(
+    work: Duration,
+    timeout: Duration,
+    blackout: Duration,
+) -> ThroughBlackout {
+    let gateway = TestGateway::start(|_| {}).await;
+    let grpc = gateway.gateway().addr("grpc").expect("grpc listens");
+    let relay = TcpRelay::start(grpc).await.expect("relay");
+    let first = worker(&gateway, relay.port(), "first", work).await;
+    wait_eligible(&gateway, NAMESPACE, ACTIVITY, 1).await;
+    let dispatcher = gateway.gateway().core().dispatcher().clone();
+    let started = first.started.notified();
+    let dispatch = tokio::spawn(async move {
+        dispatcher
+            .dispatch(&CallerIdentity::trusted("producer"), request(timeout))
+            .await
+    });
+    tokio::time::timeout(Duration::from_secs(10), started)
+        .await
+        .expect("the worker starts the task");
+    relay.blackout(blackout);
+    let outcome = tokio::time::timeout(Duration::from_secs(20), dispatch)
+        .await
+        .expect("the dispatch ends")
+        .expect("dispatch task")
+        .expect("dispatch accepted");
+    ThroughBlackout {
+        gateway,
+        first,
+        outcome,
+        _relay: relay,
+    }
+}
+
 /// What one blip scenario came to.
 struct Blip {
     outcome: ActivityOutcome,
@@ -185,34 +228,16 @@ async fn a_link_blip_within_the_grace_keeps_the_task_on_its_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_computed_during_the_blackout_is_delivered_once_after_the_resume() {
-    let gateway = TestGateway::start(|_| {}).await;
-    let grpc = gateway.gateway().addr("grpc").expect("grpc listens");
-    let relay = TcpRelay::start(grpc).await.expect("relay");
-    let first = worker(&gateway, relay.port(), "first", Duration::from_millis(300)).await;
-    wait_eligible(&gateway, NAMESPACE, ACTIVITY, 1).await;
-    let core = gateway.gateway().core().clone();
-    let dispatcher = core.dispatcher().clone();
-    let started = first.started.notified();
-    let dispatch = tokio::spawn(async move {
-        dispatcher
-            .dispatch(
-                &CallerIdentity::trusted("producer"),
-                request(Duration::from_secs(30)),
-            )
-            .await
-    });
-    tokio::time::timeout(Duration::from_secs(10), started)
-        .await
-        .expect("the worker starts the task");
     // The handler finishes 300 ms into a 1.5 s blackout.
-    relay.blackout(Duration::from_millis(1500));
-    let outcome = tokio::time::timeout(Duration::from_secs(20), dispatch)
-        .await
-        .expect("the dispatch ends")
-        .expect("dispatch task")
-        .expect("dispatch accepted");
+    let run = through_blackout(
+        Duration::from_millis(300),
+        Duration::from_secs(30),
+        Duration::from_millis(1500),
+    )
+    .await;
+    let (first, core) = (&run.first, run.gateway.gateway().core());
     assert_eq!(
-        outcome,
+        run.outcome,
         ActivityOutcome::Completed(Bytes::from_static(b"first"))
     );
     assert_eq!(first.runs(), 1);
@@ -251,32 +276,14 @@ async fn past_the_grace_the_task_is_dispatched_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_passing_during_the_suspension_times_out_and_the_late_result_is_refused() {
-    let gateway = TestGateway::start(|_| {}).await;
-    let grpc = gateway.gateway().addr("grpc").expect("grpc listens");
-    let relay = TcpRelay::start(grpc).await.expect("relay");
-    let first = worker(&gateway, relay.port(), "first", Duration::from_millis(1200)).await;
-    wait_eligible(&gateway, NAMESPACE, ACTIVITY, 1).await;
-    let core = gateway.gateway().core().clone();
-    let dispatcher = core.dispatcher().clone();
-    let started = first.started.notified();
-    let dispatch = tokio::spawn(async move {
-        dispatcher
-            .dispatch(
-                &CallerIdentity::trusted("producer"),
-                request(Duration::from_secs(1)),
-            )
-            .await
-    });
-    tokio::time::timeout(Duration::from_secs(10), started)
-        .await
-        .expect("the worker starts the task");
-    relay.blackout(Duration::from_millis(2500));
-    let outcome = tokio::time::timeout(Duration::from_secs(20), dispatch)
-        .await
-        .expect("the dispatch ends")
-        .expect("dispatch task")
-        .expect("dispatch accepted");
-    assert_eq!(outcome, ActivityOutcome::TimedOut);
+    let run = through_blackout(
+        Duration::from_millis(1200),
+        Duration::from_secs(1),
+        Duration::from_millis(2500),
+    )
+    .await;
+    let (first, core) = (&run.first, run.gateway.gateway().core());
+    assert_eq!(run.outcome, ActivityOutcome::TimedOut);
     // The result finished during the blackout reaches the gateway after the resume.
     let late = tokio::time::timeout(Duration::from_secs(20), async {
         while core.dispatcher().refused().late == 0 {
