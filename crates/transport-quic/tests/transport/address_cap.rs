@@ -88,6 +88,9 @@ async fn a_handshake_that_finds_its_address_full_is_closed_naming_the_limit() {
     let config = QuicServerConfig {
         retry: RetryPolicy::Off,
         max_connections_per_address: 1,
+        // The first connection never registers: on a loaded machine the default registration
+        // timeout could close it (and free the place) before the second handshake is judged.
+        registration_timeout: std::time::Duration::from_secs(120),
         ..QuicServerConfig::default()
     };
     let gateway = Gateway::with(config, AllowAll).await;
