@@ -14,6 +14,7 @@ mod arrival;
 mod backoff;
 mod delivery;
 mod dispatcher;
+mod durable;
 mod eligibility;
 mod events;
 mod handle;
@@ -47,6 +48,11 @@ pub use delivery::{
 pub use dispatcher::{
     DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DispatchConfig,
     Dispatcher, RefusedCounts, UnservedAddress, UnservedQueue,
+};
+pub use durable::{
+    BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, DispatchStore,
+    DispatchStoreError, MAX_IDEMPOTENCY_KEY_BYTES, NewDispatch, OutcomeRecord, Recorded,
+    StoredDispatch,
 };
 pub use eligibility::{DispatchExclusion, Eligibility};
 pub use events::{DisconnectReason, WorkerEvent};

@@ -91,6 +91,22 @@ impl UnservedReason {
         }
     }
 
+    /// The reason with this [`as_str`](Self::as_str) label, if any.
+    pub fn from_label(label: &str) -> Option<Self> {
+        const ALL: [UnservedReason; 9] = [
+            UnservedReason::NoWorkers,
+            UnservedReason::WorkersIncompatible,
+            UnservedReason::AllAtCapacity,
+            UnservedReason::CapacityUnannounced,
+            UnservedReason::AwaitingStreams,
+            UnservedReason::WorkersUnreachable,
+            UnservedReason::OnProbation,
+            UnservedReason::Draining,
+            UnservedReason::WorkersSuspended,
+        ];
+        ALL.into_iter().find(|reason| reason.as_str() == label)
+    }
+
     /// True when the condition clears by itself (probation, a suspension that resumes or
     /// expires within its grace), so parking is the ordinary cost.
     pub fn is_transient(self) -> bool {

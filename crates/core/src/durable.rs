@@ -1,0 +1,25 @@
+//! Durable dispatch: accepted work that survives a gateway restart.
+//!
+//! A durable dispatch is recorded in a [`DispatchStore`] before it is acknowledged (`Submit`
+//! returns its [`DispatchId`] only once the record is committed), runs through the one
+//! [`Dispatcher`](crate::Dispatcher) like any other dispatch, and has exactly one outcome
+//! recorded per id, whatever the number of executions. Execution is at-least-once: a gateway
+//! that dies while a worker runs the task dispatches it again after the restart, with the
+//! attempt number one higher.
+//!
+//! The store is a narrow trait so that an embedded SQLite file (the default), memory, or a
+//! replicated log can sit behind the same dispatcher: [`DispatchStore::record`],
+//! [`park`](DispatchStore::park), [`claim`](DispatchStore::claim),
+//! [`extend`](DispatchStore::extend), [`complete`](DispatchStore::complete),
+//! [`release`](DispatchStore::release), [`census`](DispatchStore::census), plus the reads a
+//! restart and the operator API need. Ephemeral dispatches that find a worker at once never
+//! touch it.
+
+mod record;
+mod store;
+
+pub use record::{
+    BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState,
+    MAX_IDEMPOTENCY_KEY_BYTES, NewDispatch, OutcomeRecord, Recorded, StoredDispatch,
+};
+pub use store::{DispatchStore, DispatchStoreError};

@@ -1,0 +1,117 @@
+//! The [`DispatchStore`] seam: where durable dispatches are kept.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use super::record::{
+    BacklogCensus, Completion, DispatchFilter, DispatchId, NewDispatch, OutcomeRecord, Recorded,
+    StoredDispatch,
+};
+use crate::address::WorkerId;
+
+/// Keeps durable dispatches: one record per [`DispatchId`], one outcome per record.
+///
+/// Writes that the producer is told about ([`record`](Self::record) and
+/// [`complete`](Self::complete)) return only once they would survive a crash of the process
+/// (and, as configured, of the machine); the others ([`park`](Self::park),
+/// [`claim`](Self::claim), [`extend`](Self::extend), [`release`](Self::release)) may be lost by
+/// a crash, which costs at most a repeated attempt number or a parked reason. Implementations
+/// batch writes (group commit); every method may be called from many tasks at once.
+///
+/// The dispatcher keeps what is running in memory and uses the store for what must outlive
+/// it, so a store that leases claims (a replicated log with acknowledgement deadlines) keeps
+/// them alive through [`extend`](Self::extend), and one that does not ignores it.
+#[async_trait]
+pub trait DispatchStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Records a new dispatch, refusing it when a bound would be passed; with an idempotency
+    /// key already used in the namespace (and not yet deleted), records nothing and returns
+    /// the first dispatch's id.
+    async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError>;
+
+    /// Notes that `id` waits for a worker, and why ([`UnservedReason`](crate::UnservedReason)
+    /// label).
+    async fn park(&self, id: &DispatchId, reason: &str) -> Result<(), DispatchStoreError>;
+
+    /// Notes that `id` was delivered to `worker` as delivery number `attempt`.
+    async fn claim(
+        &self,
+        id: &DispatchId,
+        worker: WorkerId,
+        attempt: u32,
+    ) -> Result<(), DispatchStoreError>;
+
+    /// Keeps `id`'s claim alive while its worker runs it.
+    async fn extend(&self, id: &DispatchId) -> Result<(), DispatchStoreError>;
+
+    /// Records `id`'s one outcome at `at`; the first outcome recorded wins.
+    async fn complete(
+        &self,
+        id: &DispatchId,
+        outcome: &OutcomeRecord,
+        at: SystemTime,
+    ) -> Result<Completion, DispatchStoreError>;
+
+    /// Puts a claimed or parked `id` back to queued, not to be selected before `delay` has
+    /// passed.
+    async fn release(&self, id: &DispatchId, delay: Duration) -> Result<(), DispatchStoreError>;
+
+    /// Every dispatch not finished (queued, parked, running), oldest submission first: what a
+    /// restart resumes.
+    async fn unfinished(&self) -> Result<Vec<StoredDispatch>, DispatchStoreError>;
+
+    /// One dispatch, if it is recorded and not yet deleted.
+    async fn get(&self, id: &DispatchId) -> Result<Option<StoredDispatch>, DispatchStoreError>;
+
+    /// Dispatches matching `filter`, oldest submission first, at most `filter.limit`.
+    async fn list(
+        &self,
+        filter: &DispatchFilter,
+    ) -> Result<Vec<StoredDispatch>, DispatchStoreError>;
+
+    /// Backlog per pool address at `now`: waiting and running counts, oldest waiting age.
+    async fn census(&self, now: SystemTime) -> Result<Vec<BacklogCensus>, DispatchStoreError>;
+
+    /// Deletes dispatches finished before `finished_before`; returns how many.
+    async fn purge(&self, finished_before: SystemTime) -> Result<u64, DispatchStoreError>;
+}
+
+/// Why a store refused or failed an operation.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatchStoreError {
+    /// The namespace already has `limit` dispatches recorded and not finished.
+    #[error("`store.max_queued_per_namespace` ({limit}) reached for namespace {namespace:?}")]
+    QueueFull {
+        /// The namespace.
+        namespace: String,
+        /// The configured bound.
+        limit: u64,
+    },
+    /// The store already holds `limit` bytes.
+    #[error("`store.max_bytes` ({limit}) reached: the store holds {size} bytes")]
+    StoreFull {
+        /// Its size now, in bytes.
+        size: u64,
+        /// The configured bound, in bytes.
+        limit: u64,
+    },
+    /// The file system holding the store has no space left; nothing was recorded.
+    #[error("no space left on the file system holding the store ({path}); nothing was recorded")]
+    DiskFull {
+        /// The store's file.
+        path: String,
+    },
+    /// The idempotency key is longer than the limit or empty.
+    #[error("idempotency_key: {problem}")]
+    InvalidKey {
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The store failed to read or write (I/O error, a closed writer).
+    #[error("dispatch store unavailable: {detail}")]
+    Unavailable {
+        /// What failed.
+        detail: String,
+    },
+}
