@@ -20,7 +20,8 @@
 # 64), CCS (QUIC congestion controllers, default "cubic bbr"), REDUNDANCY (QUIC redundancy
 # settings, default "off"; "off datagram" runs both), GRACE (reconnect grace for both
 # transports, e.g. "0s" or "60s"; unset keeps the gateway's defaults), RUNS (default 1),
-# NO_BUILD=1 to use the existing release binaries.
+# LINKEM_EXTRA (extra linkem flags for every run, e.g. "--loss 0%"), NO_BUILD=1 to use the
+# existing release binaries.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ profiles=("$@")
 NS_GW="sy-gw-$$"
 NS_WK="sy-wk-$$"
 GW_ADDR=10.77.0.1
-TOKEN="bench-$$-$RANDOM"
+TOKEN="bench-token-$$-$RANDOM"
 OUTSTANDING=${OUTSTANDING:-64}
 WORKERS=${WORKERS:-4}
 CAPACITY=${CAPACITY:-64}
@@ -119,6 +120,9 @@ linkem_args() { # PROFILE
         outage) echo --profile cellular-bad --blackout-at 10s --blackout-for 40s ;;
         *) echo --profile "$1" ;;
     esac
+    # Extra linkem flags for every run (e.g. LINKEM_EXTRA="--loss 0%" to split a tail into
+    # what loss causes and what it does not).
+    echo "${LINKEM_EXTRA:-}"
 }
 
 start_link() { # PROFILE
@@ -196,6 +200,21 @@ run_one() { # PROFILE TRANSPORT CONGESTION REDUNDANCY
     fi
     stop "$workers_pid"
     workers_pid=""
+    if [ "$redundancy" != off ] && [ "$transport" = quic ]; then
+        # The gateway's side of the copies (task copies sent, result copies used or dropped).
+        ip netns exec "$NS_GW" python3 - "$profile" "$cc" <<'PY' >&2 || true
+import sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:7702/metrics", timeout=5).read().decode()
+counts = {}
+for line in text.splitlines():
+    if line.startswith("switchyard_quic_datagram_copies_total{"):
+        event = line.split('event="', 1)[1].split('"', 1)[0]
+        counts[event] = int(float(line.rsplit(" ", 1)[1]))
+print(f"{sys.argv[1]} quic/{sys.argv[2]}: gateway datagram copies "
+      f"sent/used/dropped/lane-dropped = "
+      f"{[counts.get(e, 0) for e in ('sent', 'used', 'dropped', 'lane_copy_dropped')]}")
+PY
+    fi
     stop "$gateway_pid"
     gateway_pid=""
     stop "$linkem_pid"

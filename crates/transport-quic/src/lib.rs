@@ -83,7 +83,9 @@ mod server;
 mod tls;
 
 pub use crate::metrics::{
-    CONNECTIONS_REFUSED_TOTAL, LIMIT_LABELS, LISTENER_LABEL, QUIC_RETRIES_TOTAL, register_metrics,
+    CONNECTIONS_REFUSED_TOTAL, COPY_EVENTS, LIMIT_LABELS, LISTENER_LABEL,
+    QUIC_DATAGRAM_COPIES_TOTAL, QUIC_DATAGRAM_COPY_BYTES_TOTAL, QUIC_RETRIES_TOTAL,
+    register_metrics,
 };
 pub use client::{
     ActivityContext, ActivityError, ActivityFuture, ActivityHandler, Backoff, QuicLinkError,

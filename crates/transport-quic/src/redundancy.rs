@@ -114,9 +114,37 @@ pub(crate) struct RedundancyCounters {
     copies_used: AtomicU64,
     copies_dropped: AtomicU64,
     lane_copies_dropped: AtomicU64,
+    /// The same counts in the process's `metrics` recorder (the gateway's `/metrics`).
+    exported: Option<Exported>,
+}
+
+/// Handles of the `/metrics` series, looked up once.
+#[derive(Debug)]
+struct Exported {
+    sent: metrics::Counter,
+    bytes: metrics::Counter,
+    used: metrics::Counter,
+    dropped: metrics::Counter,
+    lane_copy_dropped: metrics::Counter,
 }
 
 impl RedundancyCounters {
+    /// Counters that also feed [`QUIC_DATAGRAM_COPIES_TOTAL`](crate::metrics::QUIC_DATAGRAM_COPIES_TOTAL)
+    /// (the gateway's listener; a worker keeps its counts to itself).
+    pub(crate) fn exported() -> Self {
+        use crate::metrics::{QUIC_DATAGRAM_COPY_BYTES_TOTAL, copies};
+        Self {
+            exported: Some(Exported {
+                sent: copies("sent"),
+                bytes: metrics::counter!(QUIC_DATAGRAM_COPY_BYTES_TOTAL),
+                used: copies("used"),
+                dropped: copies("dropped"),
+                lane_copy_dropped: copies("lane_copy_dropped"),
+            }),
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> RedundancyStats {
         RedundancyStats {
             copies_sent: self.copies_sent.load(Ordering::Relaxed),
@@ -129,14 +157,23 @@ impl RedundancyCounters {
 
     pub(crate) fn used(&self) {
         self.copies_used.fetch_add(1, Ordering::Relaxed);
+        if let Some(exported) = &self.exported {
+            exported.used.increment(1);
+        }
     }
 
     pub(crate) fn dropped(&self) {
         self.copies_dropped.fetch_add(1, Ordering::Relaxed);
+        if let Some(exported) = &self.exported {
+            exported.dropped.increment(1);
+        }
     }
 
     pub(crate) fn lane_copy_dropped(&self) {
         self.lane_copies_dropped.fetch_add(1, Ordering::Relaxed);
+        if let Some(exported) = &self.exported {
+            exported.lane_copy_dropped.increment(1);
+        }
     }
 
     /// Sends `message` as one datagram on `conn`, [`COPY_SPACING`] after its lane copy, when
@@ -165,6 +202,10 @@ impl RedundancyCounters {
         if conn.send_datagram(payload).is_ok() {
             self.copies_sent.fetch_add(1, Ordering::Relaxed);
             self.copy_bytes_sent.fetch_add(len, Ordering::Relaxed);
+            if let Some(exported) = &self.exported {
+                exported.sent.increment(1);
+                exported.bytes.increment(len);
+            }
         }
     }
 }

@@ -183,7 +183,7 @@ impl QuicServerBuilder {
             config,
             auth: self.auth,
             refusals: Refusals::default(),
-            copies: Arc::default(),
+            copies: Arc::new(RedundancyCounters::exported()),
             connections: Mutex::new(HashMap::new()),
         });
         let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&shared), intake));

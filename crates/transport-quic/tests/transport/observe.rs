@@ -5,7 +5,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use switchyard_transport_quic::{CONNECTIONS_REFUSED_TOTAL, LISTENER_LABEL, register_metrics};
+use switchyard_transport_quic::{
+    CONNECTIONS_REFUSED_TOTAL, LISTENER_LABEL, QUIC_DATAGRAM_COPIES_TOTAL, register_metrics,
+};
 
 fn recorder() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -33,6 +35,18 @@ pub(crate) fn refused_total(limit: &str) -> u64 {
                 && line.contains(&listener)
                 && line.contains(&limit)
         })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse::<f64>().ok())
+        .map_or(0, |value| value as u64)
+}
+
+/// `switchyard_quic_datagram_copies_total{event}` as recorded so far in this test binary (tests
+/// run in parallel: compare before and after).
+pub(crate) fn copies_total(event: &str) -> u64 {
+    let text = recorder().render();
+    let event = format!("event=\"{event}\"");
+    text.lines()
+        .find(|line| line.starts_with(QUIC_DATAGRAM_COPIES_TOTAL) && line.contains(&event))
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse::<f64>().ok())
         .map_or(0, |value| value as u64)

@@ -15,6 +15,7 @@ use switchyard_transport_quic::{
     ActivityContext, ActivityError, QuicServerConfig, QuicWorkerHandle, Redundancy,
 };
 
+use crate::observe::{copies_total, record_metrics};
 use crate::support::{Gateway, PATIENCE, Raw, eventually, register_frame, request};
 
 fn config(redundancy: Redundancy) -> QuicServerConfig {
@@ -69,6 +70,9 @@ async fn raw_worker(gateway: &Gateway, asked: QuicRedundancy) -> (Raw, i32) {
 
 #[tokio::test]
 async fn a_result_sent_only_by_datagram_completes_its_task_and_its_lane_copy_is_dropped() {
+    record_metrics();
+    let (used_before, lane_dropped_before) =
+        (copies_total("used"), copies_total("lane_copy_dropped"));
     let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
     let (mut raw, enabled) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
     assert_eq!(enabled, i32::from(QuicRedundancy::Datagram));
@@ -95,6 +99,12 @@ async fn a_result_sent_only_by_datagram_completes_its_task_and_its_lane_copy_is_
         gateway.server.redundancy_stats().lane_copies_dropped == 1
     })
     .await;
+    // The same counts on the gateway's `/metrics` (other tests of this binary only add).
+    assert!(copies_total("used") > used_before, "used copy not exported");
+    assert!(
+        copies_total("lane_copy_dropped") > lane_dropped_before,
+        "dropped lane copy not exported"
+    );
     // The next task on the same lane: lane copy first, then its datagram, which is dropped.
     let core = gateway.core.clone();
     let second = tokio::spawn(async move { dispatch_on(core, "echo", b"two").await });
