@@ -2,8 +2,9 @@
 # Constrained-link figures: the gateway (and the producer) in one network namespace, the workers
 # in another, joined by `linkem` for each link profile. Reports p50/p99 dispatch latency,
 # throughput, duplicate executions (counted inside the workers' handlers) and the bytes on the
-# wire per dispatch, for gRPC workers and for QUIC workers with the gateway's QUIC congestion
-# controller set to Cubic and to BBR, with QUIC redundancy off and/or `datagram`.
+# wire per dispatch, for gRPC workers and for QUIC workers with the QUIC congestion controller of
+# both ends (the gateway's and the workers') set to Cubic and to BBR, with QUIC redundancy off
+# and/or `datagram`.
 #
 # Each run gets a fresh link (linkem) and gateway, so the wire bytes are the run's own and a
 # blackout schedule starts at the same point of every run.
@@ -186,7 +187,7 @@ run_one() { # PROFILE TRANSPORT CONGESTION REDUNDANCY
     fi
     # shellcheck disable=SC2046
     ip netns exec "$NS_WK" "$switchyard" bench $(bench_args) --transport "$transport" \
-        --redundancy "$redundancy" \
+        --redundancy "$redundancy" --congestion "$cc" \
         --workers-only "$RUN_TIMEOUT" >"$work/workers.json" 2>"$work/workers.log" &
     workers_pid=$!
     local out="$work/result-$profile-$transport-$cc-$redundancy.json"

@@ -55,7 +55,7 @@ pub(crate) enum Via {
     Core,
 }
 
-/// QUIC congestion controller of the in-process gateway.
+/// QUIC congestion controller of the in-process gateway and of the bench's QUIC workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum Congestion {
@@ -76,6 +76,17 @@ pub(crate) enum RedundancyArg {
     Off,
     /// Small tasks and results also travel as QUIC datagrams.
     Datagram,
+}
+
+impl Congestion {
+    /// The QUIC library's setting.
+    pub(crate) fn library(self) -> switchyard_transport_quic::CongestionControl {
+        match self {
+            Self::Cubic => switchyard_transport_quic::CongestionControl::Cubic,
+            Self::Bbr => switchyard_transport_quic::CongestionControl::Bbr,
+            Self::Newreno => switchyard_transport_quic::CongestionControl::NewReno,
+        }
+    }
 }
 
 impl RedundancyArg {
@@ -153,7 +164,8 @@ pub(crate) struct BenchArgs {
     /// seconds, then print their counters (with --connect).
     #[arg(long, value_name = "SECONDS", requires = "connect")]
     pub(crate) workers_only: Option<u64>,
-    /// QUIC congestion controller of the in-process gateway.
+    /// QUIC congestion controller of both ends: the in-process gateway's and the bench's QUIC
+    /// workers' (each end controls what it sends: results travel under the workers').
     #[arg(long, value_enum, default_value_t = Congestion::Cubic)]
     pub(crate) congestion: Congestion,
     /// What to measure.

@@ -8,7 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use rustls_pki_types::pem::PemObject;
 use switchyard_transport_grpc::{ActivityContext, GrpcWorker, WorkerOptions};
-use switchyard_transport_quic::{ClientTls, QuicWorker, Redundancy};
+use switchyard_transport_quic::{
+    ClientTls, CongestionControl, ConnectionConfig, QuicWorker, Redundancy, WORKER_KEEP_ALIVE,
+};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -110,6 +112,8 @@ pub(crate) struct Profile<'a> {
     pub(crate) service_time: Duration,
     /// QUIC workers ask the gateway for this redundancy.
     pub(crate) redundancy: Redundancy,
+    /// QUIC workers' congestion controller (for what they send).
+    pub(crate) congestion: CongestionControl,
     /// Where the handlers record the tasks they run.
     pub(crate) executions: Arc<Executions>,
 }
@@ -165,6 +169,11 @@ pub(crate) async fn start(
                 .options(options)
                 .tls(tls)
                 .redundancy(profile.redundancy)
+                .connection(ConnectionConfig {
+                    keep_alive_interval: Some(WORKER_KEEP_ALIVE),
+                    congestion: profile.congestion,
+                    ..ConnectionConfig::default()
+                })
                 .connect()
                 .await
                 .map_err(|error| Failure::runtime(format!("QUIC worker: {error}")))?;
@@ -201,6 +210,7 @@ impl Fleet {
             capacity: args.capacity,
             service_time: Duration::from_micros(args.service_time_us),
             redundancy: args.redundancy.library(),
+            congestion: args.congestion.library(),
             executions: Arc::default(),
         };
         let mut fleet = Self {
