@@ -1,7 +1,7 @@
 //! The dispatcher's rules, each against scripted workers and paused time, one module per
 //! behaviour over a shared fixture.
 
-mod fixture;
+pub(crate) mod fixture;
 
 mod cancel;
 mod delivery;
