@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{DispatchHooks, Dispatcher};
 use super::quota::{HeldInput, ParkedPlace};
 use super::unserved::{ParkTicket, UnservedAddress};
+use super::{DispatchHooks, Dispatcher};
 use crate::address::normalise_task_queue;
 use crate::outcome::{ActivityOutcome, ActivityRequest, DispatchError};
 use crate::registry::{DispatchReservation, UnservedReason};

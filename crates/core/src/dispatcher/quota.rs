@@ -342,7 +342,9 @@ mod tests {
             max_held_input_bytes_per_namespace: 100,
             ..DispatchConfig::default()
         };
-        let first = book.hold(&config, "ns", "p", 60, false).expect("within quota");
+        let first = book
+            .hold(&config, "ns", "p", 60, false)
+            .expect("within quota");
         let refused = book
             .hold(&config, "ns", "p", 41, false)
             .expect_err("past the quota");
@@ -385,8 +387,12 @@ mod tests {
         listed_then_idle(&registry, "ns");
         let book = QuotaBook::new(registry.clone());
         let config = DispatchConfig::default();
-        let first = book.hold(&config, "ns", "p", 1, false).expect("within quota");
-        let second = book.hold(&config, "ns", "q", 1, false).expect("within quota");
+        let first = book
+            .hold(&config, "ns", "p", 1, false)
+            .expect("within quota");
+        let second = book
+            .hold(&config, "ns", "q", 1, false)
+            .expect("within quota");
         tokio::time::advance(Duration::from_secs(3600)).await;
         assert_eq!(expire(&registry, Instant::now()), 0, "two dispatches run");
         drop(first);
@@ -412,7 +418,9 @@ mod tests {
         let registry = Registry::builder().namespace_idle_expiry(expiry).build();
         let book = QuotaBook::new(registry.clone());
         let config = DispatchConfig::default();
-        let _early = book.hold(&config, "ns", "p", 1, false).expect("within quota");
+        let _early = book
+            .hold(&config, "ns", "p", 1, false)
+            .expect("within quota");
         assert_eq!(
             registry.namespaces_listed(),
             0,
@@ -423,7 +431,9 @@ mod tests {
         // Control: no dispatch counted yet, the listed namespace expires.
         assert_eq!(expire(&registry, later + expiry), 1);
         listed_then_idle(&registry, "ns");
-        let _next = book.hold(&config, "ns", "p", 1, false).expect("within quota");
+        let _next = book
+            .hold(&config, "ns", "p", 1, false)
+            .expect("within quota");
         assert_eq!(expire(&registry, later + expiry * 10), 0, "counted in use");
     }
 
@@ -434,7 +444,9 @@ mod tests {
             max_held_input_bytes_per_principal: 100,
             ..DispatchConfig::default()
         };
-        let _a = book.hold(&config, "a", "p", 60, false).expect("within quota");
+        let _a = book
+            .hold(&config, "a", "p", 60, false)
+            .expect("within quota");
         let refused = book
             .hold(&config, "b", "p", 41, false)
             .expect_err("past p's quota");

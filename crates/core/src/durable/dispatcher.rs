@@ -12,8 +12,7 @@ use tracing::Instrument;
 use super::driver::{drive, record};
 use super::live::LiveBook;
 use super::record::{
-    BacklogCensus, DispatchFilter, DispatchId, DispatchState, NewDispatch, Recorded,
-    StoredDispatch,
+    BacklogCensus, DispatchFilter, DispatchId, DispatchState, NewDispatch, Recorded, StoredDispatch,
 };
 use super::store::{DispatchStore, DispatchStoreError};
 use super::watch::{OutcomeWatch, Watchers};
@@ -242,7 +241,10 @@ impl DurableDispatcher {
                     };
                     tokio::spawn(drive(Arc::clone(&self.shared), row, live, false));
                 }
-                Ok(Submitted { id, existing: false })
+                Ok(Submitted {
+                    id,
+                    existing: false,
+                })
             }
         }
     }
@@ -350,7 +352,11 @@ impl DurableDispatcher {
 
     /// Cancels `id`: it ends `Cancelled` (its worker, if one holds it, is sent a cancel) and
     /// that outcome is recorded. A finished dispatch keeps its outcome.
-    pub async fn cancel(&self, caller: &CallerIdentity, id: &DispatchId) -> Result<(), LookupError> {
+    pub async fn cancel(
+        &self,
+        caller: &CallerIdentity,
+        id: &DispatchId,
+    ) -> Result<(), LookupError> {
         let row = self.visible(caller, id).await?;
         if matches!(row.state, DispatchState::Finished { .. }) {
             return Ok(());
@@ -361,8 +367,7 @@ impl DurableDispatcher {
         }
         // No driver runs it here (the gateway is shutting down): record the cancel itself.
         let recorded = record(&self.shared, id, ActivityOutcome::Cancelled).await;
-        self.shared
-            .announce(&row.dispatch.principal, id, recorded);
+        self.shared.announce(&row.dispatch.principal, id, recorded);
         Ok(())
     }
 
@@ -416,7 +421,9 @@ async fn purge_loop(shared: Arc<Shared>, config: DurableConfig) {
         match shared.store.purge(before).await {
             Ok(0) => {}
             Ok(purged) => tracing::debug!(purged, "finished dispatches past retention deleted"),
-            Err(error) => tracing::warn!(%error, "finished dispatches not purged; trying again later"),
+            Err(error) => {
+                tracing::warn!(%error, "finished dispatches not purged; trying again later")
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(interval) => {}

@@ -52,7 +52,12 @@ pub(super) fn expired(row: &StoredDispatch, now: SystemTime) -> Option<ActivityO
 
 /// Runs `row` to its one outcome and records it; `resumed` for a row found at start (its
 /// deadline may have passed meanwhile).
-pub(super) async fn drive(shared: Arc<Shared>, row: StoredDispatch, live: Arc<Live>, resumed: bool) {
+pub(super) async fn drive(
+    shared: Arc<Shared>,
+    row: StoredDispatch,
+    live: Arc<Live>,
+    resumed: bool,
+) {
     let id = row.dispatch.id.clone();
     let span = tracing::info_span!("durable_dispatch", dispatch_id = %id,
         namespace = %row.dispatch.namespace, activity_type = %row.dispatch.activity_type);
@@ -86,7 +91,10 @@ async fn run(
 ) -> Option<ActivityOutcome> {
     let now = SystemTime::now();
     if resumed && let Some(outcome) = expired(row, now) {
-        tracing::info!(outcome = outcome.label(), "deadline passed while the gateway was down");
+        tracing::info!(
+            outcome = outcome.label(),
+            "deadline passed while the gateway was down"
+        );
         return Some(outcome);
     }
     if let DispatchState::Queued {
@@ -117,8 +125,8 @@ async fn run(
             .unwrap_or_default(),
     };
     // The grant was checked when the dispatch was submitted; it runs as its principal.
-    let caller =
-        CallerIdentity::granted(d.principal.clone(), [d.namespace.clone()]).with_roles([Role::Producer]);
+    let caller = CallerIdentity::granted(d.principal.clone(), [d.namespace.clone()])
+        .with_roles([Role::Producer]);
     let (notes, mut heard) = mpsc::unbounded_channel();
     let hooks = hooks(row.attempts, live, notes);
     let mut dispatch = pin!(shared.dispatcher.dispatch_with(&caller, request, hooks));
@@ -129,6 +137,11 @@ async fn run(
             Some(note) = heard.recv() => write(shared, live, &d.id, note).await,
         }
     };
+    // What the dispatcher said last (a delivery just before the end) still counts: a claim
+    // lost here would hand the next start a repeated attempt number.
+    while let Ok(note) = heard.try_recv() {
+        write(shared, live, &d.id, note).await;
+    }
     match result {
         Ok(ActivityOutcome::ShuttingDown) => None,
         Ok(outcome) => Some(outcome),
@@ -196,8 +209,10 @@ pub(super) async fn record(
                 return Some(first.to_outcome().unwrap_or(outcome));
             }
             Ok(Completion::Unknown) => {
-                tracing::warn!(outcome = outcome.label(),
-                    "outcome not recorded: the dispatch is no longer in the store");
+                tracing::warn!(
+                    outcome = outcome.label(),
+                    "outcome not recorded: the dispatch is no longer in the store"
+                );
                 return Some(outcome);
             }
             Err(error) => {

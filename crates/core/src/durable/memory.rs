@@ -341,7 +341,8 @@ impl DispatchStore for MemoryDispatchStore {
 /// Whether `row` passes every field `filter` sets.
 fn matches(filter: &DispatchFilter, row: &StoredDispatch) -> bool {
     let d = &row.dispatch;
-    let same = |wanted: &Option<String>, actual: &str| wanted.as_deref().is_none_or(|w| w == actual);
+    let same =
+        |wanted: &Option<String>, actual: &str| wanted.as_deref().is_none_or(|w| w == actual);
     same(&filter.namespace, &d.namespace)
         && same(&filter.task_queue, &d.task_queue)
         && same(&filter.activity_type, &d.activity_type)

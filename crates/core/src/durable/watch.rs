@@ -49,9 +49,7 @@ impl OutcomeWatch {
                     outcome: outcome.clone(),
                 })
             }
-            Err(broadcast::error::RecvError::Lagged(missed)) => {
-                Some(WatchEvent::Lagged { missed })
-            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => Some(WatchEvent::Lagged { missed }),
             Err(broadcast::error::RecvError::Closed) => None,
         }
     }

@@ -31,7 +31,19 @@ pub(super) async fn start(store: Arc<MemoryDispatchStore>) -> Gateway {
 }
 
 pub(super) async fn start_with(store: Arc<MemoryDispatchStore>, config: DurableConfig) -> Gateway {
-    let setup = fixture::setup();
+    start_on_with(fixture::setup(), store, config).await
+}
+
+/// A gateway over `setup`'s dispatcher.
+pub(super) async fn start_on(setup: Setup, store: Arc<MemoryDispatchStore>) -> Gateway {
+    start_on_with(setup, store, DurableConfig::default()).await
+}
+
+async fn start_on_with(
+    setup: Setup,
+    store: Arc<MemoryDispatchStore>,
+    config: DurableConfig,
+) -> Gateway {
     let durable = DurableDispatcher::start(
         setup.dispatcher.clone(),
         Arc::clone(&store) as Arc<dyn DispatchStore>,

@@ -70,9 +70,9 @@ async fn one_outcome_is_recorded_per_id_and_a_second_complete_is_refused() {
         .await;
     assert_eq!(
         second,
-        Ok(Completion::AlreadyFinished(OutcomeRecord::from(&completed(
-            "first"
-        ))))
+        Ok(Completion::AlreadyFinished(OutcomeRecord::from(
+            &completed("first")
+        )))
     );
     assert_eq!(
         gw.durable.await_outcome(&alice, &id, Duration::ZERO).await,
