@@ -6,6 +6,7 @@ pub(crate) mod fixture;
 mod cancel;
 mod delivery;
 mod fairness;
+mod hooks;
 mod in_flight;
 mod outcomes;
 mod parking;

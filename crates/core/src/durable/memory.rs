@@ -349,3 +349,237 @@ fn matches(filter: &DispatchFilter, row: &StoredDispatch) -> bool {
         && same(&filter.principal, &d.principal)
         && same(&filter.state, row.state.label())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::ActivityOutcome;
+
+    fn dispatch(namespace: &str, input: &str, key: Option<&str>) -> NewDispatch {
+        let now = SystemTime::now();
+        NewDispatch {
+            id: DispatchId::generate(),
+            namespace: namespace.to_owned(),
+            task_queue: "default".to_owned(),
+            activity_type: "work".to_owned(),
+            node: None,
+            input: input.to_owned().into(),
+            principal: "p".to_owned(),
+            idempotency_key: key.map(str::to_owned),
+            submitted_at: now,
+            deadline: now + Duration::from_secs(60),
+        }
+    }
+
+    fn outcome(text: &str) -> OutcomeRecord {
+        OutcomeRecord::from(&ActivityOutcome::Completed(text.to_owned().into()))
+    }
+
+    fn store(max_queued_per_namespace: u64, max_bytes: u64) -> MemoryDispatchStore {
+        MemoryDispatchStore::new(MemoryStoreLimits {
+            max_queued_per_namespace,
+            max_bytes,
+        })
+    }
+
+    #[tokio::test]
+    async fn the_queue_bound_counts_unfinished_dispatches_per_namespace() {
+        let store = store(2, u64::MAX);
+        let first = store.record(dispatch("a", "1", None)).await.expect("room");
+        store.record(dispatch("a", "2", None)).await.expect("room");
+        let refused = store.record(dispatch("a", "3", None)).await;
+        assert_eq!(
+            refused,
+            Err(DispatchStoreError::QueueFull {
+                namespace: "a".to_owned(),
+                limit: 2
+            })
+        );
+        assert!(
+            refused
+                .expect_err("refused")
+                .to_string()
+                .contains("`store.max_queued_per_namespace` (2)")
+        );
+        store
+            .record(dispatch("b", "1", None))
+            .await
+            .expect("b has its own bound");
+        // Control: once one finishes, there is room again.
+        store
+            .complete(first.id(), &outcome("done"), SystemTime::now())
+            .await
+            .expect("completes");
+        store
+            .record(dispatch("a", "3", None))
+            .await
+            .expect("room again");
+    }
+
+    #[tokio::test]
+    async fn the_size_bound_counts_input_bytes_until_the_rows_are_purged() {
+        let store = store(100, 10);
+        let first = store
+            .record(dispatch("a", "123456", None))
+            .await
+            .expect("room");
+        let refused = store.record(dispatch("a", "12345", None)).await;
+        assert_eq!(
+            refused,
+            Err(DispatchStoreError::StoreFull { size: 6, limit: 10 })
+        );
+        store
+            .record(dispatch("a", "1234", None))
+            .await
+            .expect("fits exactly");
+        let done = SystemTime::now();
+        store
+            .complete(first.id(), &outcome("done"), done)
+            .await
+            .expect("completes");
+        // A finished row still holds its bytes...
+        assert!(store.record(dispatch("a", "1", None)).await.is_err());
+        // ...until it is purged (control: the same record then fits).
+        assert_eq!(store.purge(done + Duration::from_secs(1)).await, Ok(1));
+        store
+            .record(dispatch("a", "1", None))
+            .await
+            .expect("room after purge");
+    }
+
+    #[tokio::test]
+    async fn the_first_outcome_wins() {
+        let store = store(100, u64::MAX);
+        let id = store.record(dispatch("a", "x", None)).await.expect("room");
+        let id = id.id();
+        assert_eq!(
+            store
+                .complete(id, &outcome("first"), SystemTime::now())
+                .await,
+            Ok(Completion::Recorded)
+        );
+        assert_eq!(
+            store
+                .complete(id, &outcome("second"), SystemTime::now())
+                .await,
+            Ok(Completion::AlreadyFinished(outcome("first")))
+        );
+        // A finished row ignores late state notes.
+        store.claim(id, WorkerId::from_raw(1), 3).await.expect("ok");
+        let row = store.get(id).await.expect("reads").expect("kept");
+        assert_eq!(row.state.label(), "finished");
+        assert_eq!(
+            store
+                .complete(&DispatchId::generate(), &outcome("x"), SystemTime::now())
+                .await,
+            Ok(Completion::Unknown)
+        );
+    }
+
+    #[tokio::test]
+    async fn idempotency_keys_are_per_namespace_and_freed_by_the_purge() {
+        let store = store(100, u64::MAX);
+        let first = store
+            .record(dispatch("a", "x", Some("k")))
+            .await
+            .expect("room");
+        assert_eq!(
+            store.record(dispatch("a", "y", Some("k"))).await,
+            Ok(Recorded::Existing(first.id().clone()))
+        );
+        // Control: the same key in another namespace is another dispatch.
+        assert!(matches!(
+            store.record(dispatch("b", "x", Some("k"))).await,
+            Ok(Recorded::New(_))
+        ));
+        let done = SystemTime::now();
+        store
+            .complete(first.id(), &outcome("done"), done)
+            .await
+            .expect("completes");
+        store
+            .purge(done + Duration::from_secs(1))
+            .await
+            .expect("purges");
+        assert!(matches!(
+            store.record(dispatch("a", "x", Some("k"))).await,
+            Ok(Recorded::New(_))
+        ));
+        let long = "k".repeat(crate::durable::MAX_IDEMPOTENCY_KEY_BYTES + 1);
+        assert!(matches!(
+            store.record(dispatch("a", "x", Some(&long))).await,
+            Err(DispatchStoreError::InvalidKey { .. })
+        ));
+        assert!(matches!(
+            store.record(dispatch("a", "x", Some(""))).await,
+            Err(DispatchStoreError::InvalidKey { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn purge_removes_only_rows_finished_before_the_cutoff() {
+        let store = store(100, u64::MAX);
+        let old = store
+            .record(dispatch("a", "old", None))
+            .await
+            .expect("room");
+        let recent = store
+            .record(dispatch("a", "recent", None))
+            .await
+            .expect("room");
+        let open = store
+            .record(dispatch("a", "open", None))
+            .await
+            .expect("room");
+        let t0 = SystemTime::now();
+        store
+            .complete(old.id(), &outcome("o"), t0)
+            .await
+            .expect("ok");
+        store
+            .complete(recent.id(), &outcome("r"), t0 + Duration::from_secs(10))
+            .await
+            .expect("ok");
+        assert_eq!(store.purge(t0 + Duration::from_secs(5)).await, Ok(1));
+        assert_eq!(store.get(old.id()).await, Ok(None));
+        assert!(store.get(recent.id()).await.expect("reads").is_some());
+        assert!(store.get(open.id()).await.expect("reads").is_some());
+        let unfinished = store.unfinished().await.expect("reads");
+        assert_eq!(unfinished.len(), 1);
+        assert_eq!(&unfinished[0].dispatch.id, open.id());
+    }
+
+    #[tokio::test]
+    async fn census_counts_waiting_and_running_per_pool_and_list_filters() {
+        let store = store(100, u64::MAX);
+        let waiting = dispatch("a", "w", None);
+        let submitted = waiting.submitted_at;
+        store.record(waiting).await.expect("room");
+        let running = store.record(dispatch("a", "r", None)).await.expect("room");
+        store
+            .claim(running.id(), WorkerId::from_raw(1), 1)
+            .await
+            .expect("ok");
+        let census = store
+            .census(submitted + Duration::from_secs(7))
+            .await
+            .expect("reads");
+        assert_eq!(census.len(), 1);
+        assert_eq!((census[0].waiting, census[0].running), (1, 1));
+        assert_eq!(census[0].oldest_waiting, Some(Duration::from_secs(7)));
+        let filter = DispatchFilter {
+            state: Some("running".to_owned()),
+            ..DispatchFilter::default()
+        };
+        let listed = store.list(&filter).await.expect("reads");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(&listed[0].dispatch.id, running.id());
+        let limited = DispatchFilter {
+            limit: 1,
+            ..DispatchFilter::default()
+        };
+        let first = store.list(&limited).await.expect("reads");
+        assert_eq!(first.len(), 1);
+        assert_eq!(&*first[0].dispatch.input, b"w", "oldest submission first");
+    }
+}
