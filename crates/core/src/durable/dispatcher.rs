@@ -9,10 +9,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::driver::{drive, record};
+use super::driver::drive;
 use super::live::LiveBook;
 use super::record::{
-    BacklogCensus, DispatchFilter, DispatchId, DispatchState, NewDispatch, Recorded, StoredDispatch,
+    BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, NewDispatch,
+    OutcomeRecord, Recorded, StoredDispatch,
 };
 use super::store::{DispatchStore, DispatchStoreError};
 use super::watch::{OutcomeWatch, Watchers};
@@ -143,6 +144,38 @@ impl Shared {
 /// Only the submitting principal, or an operator of the namespace, sees a dispatch; to
 /// anyone else it is [`LookupError::NotFound`]. A request's `activity_id` is not kept: a
 /// durable dispatch is cancelled by its [`DispatchId`].
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use switchyard_core::{
+///     ActivityRequest, CallerIdentity, DispatchConfig, Dispatcher, DurableConfig,
+///     DurableDispatcher, MemoryDispatchStore, MemoryStoreLimits, Registry,
+/// };
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let dispatcher = Dispatcher::new(Registry::default(), DispatchConfig::default());
+/// let store = Arc::new(MemoryDispatchStore::new(MemoryStoreLimits::default()));
+/// let durable = DurableDispatcher::start(dispatcher, store, DurableConfig::default()).await?;
+/// let shop = CallerIdentity::trusted("shop");
+/// let request = ActivityRequest {
+///     namespace: "payments".into(),
+///     task_queue: String::new(),
+///     activity_type: "charge".into(),
+///     node: None,
+///     input: "order 7".into(),
+///     activity_id: None,
+///     timeout: Duration::from_secs(60),
+/// };
+/// let submitted = durable.submit(&shop, request, Some("order-7".into())).await?;
+/// // No worker serves `payments` yet: the dispatch is recorded and waits for one.
+/// let outcome = durable.await_outcome(&shop, &submitted.id, Duration::ZERO).await?;
+/// assert_eq!(outcome, None);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Clone)]
 pub struct DurableDispatcher {
     shared: Arc<Shared>,
@@ -365,9 +398,20 @@ impl DurableDispatcher {
             live.cancel.cancel();
             return Ok(());
         }
-        // No driver runs it here (the gateway is shutting down): record the cancel itself.
-        let recorded = record(&self.shared, id, ActivityOutcome::Cancelled).await;
-        self.shared.announce(&row.dispatch.principal, id, recorded);
+        // No driver runs it here (submitted after a shutdown): record the cancel itself, once;
+        // a failing store is the caller's answer rather than a wait.
+        let cancelled = ActivityOutcome::Cancelled;
+        let stored = OutcomeRecord::from(&cancelled);
+        let outcome = match self
+            .shared
+            .store
+            .complete(id, &stored, SystemTime::now())
+            .await?
+        {
+            Completion::AlreadyFinished(first) => first.to_outcome(),
+            Completion::Recorded | Completion::Unknown => Some(cancelled),
+        };
+        self.shared.announce(&row.dispatch.principal, id, outcome);
         Ok(())
     }
 

@@ -191,7 +191,7 @@ async fn write(shared: &Shared, live: &Live, id: &DispatchId, note: Note) {
 /// Records `outcome` as `id`'s one outcome, retrying while the store fails; returns the
 /// outcome that stands (the first one recorded), or `None` when the gateway stopped before it
 /// could be recorded (the dispatch then runs again after the restart).
-pub(super) async fn record(
+async fn record(
     shared: &Shared,
     id: &DispatchId,
     outcome: ActivityOutcome,

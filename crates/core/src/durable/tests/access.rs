@@ -224,3 +224,21 @@ async fn a_watcher_that_falls_behind_is_told_how_many_it_missed() {
         ));
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_dispatch_submitted_after_shutdown_is_recorded_and_its_cancel_recorded_directly() {
+    let gw = start(memory()).await;
+    let alice = producer("alice");
+    gw.durable.shutdown();
+    let id = gw.submit(&alice, "kept for the next start").await;
+    let mut worker = gw.setup.worker(1).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(worker.sent().is_empty(), "no driver runs after shutdown");
+    // Control: it is recorded and unfinished, waiting for the next start.
+    assert_eq!(gw.row(&id).await.state.label(), "queued");
+    gw.durable.cancel(&alice, &id).await.expect("visible");
+    assert_eq!(
+        gw.durable.await_outcome(&alice, &id, Duration::ZERO).await,
+        Ok(Some(ActivityOutcome::Cancelled))
+    );
+}
