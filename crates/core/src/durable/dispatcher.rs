@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::driver::drive;
-use super::live::LiveBook;
+use super::live::{Live, LiveBook};
 use super::record::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, NewDispatch,
     OutcomeRecord, Recorded, StoredDispatch,
@@ -100,19 +100,21 @@ pub(super) struct Shared {
     drivers: watch::Sender<usize>,
 }
 
-/// Counts one running driver until dropped.
-pub(super) struct DriverRunning<'a>(&'a watch::Sender<usize>);
+/// Counts one driver, from its spawn until its task ends or is dropped unrun.
+pub(super) struct DriverRunning(pub(super) Arc<Shared>);
 
-impl Drop for DriverRunning<'_> {
+impl Drop for DriverRunning {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        self.0.drivers.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
 impl Shared {
-    pub(super) fn driver_started(&self) -> DriverRunning<'_> {
+    /// Starts the driver of `row`, tracked as `live`.
+    fn spawn_driver(self: &Arc<Self>, row: StoredDispatch, live: Arc<Live>, resumed: bool) {
         self.drivers.send_modify(|n| *n += 1);
-        DriverRunning(&self.drivers)
+        let running = DriverRunning(Arc::clone(self));
+        tokio::spawn(drive(running, row, live, resumed));
     }
 
     /// Hands `id`'s recorded outcome to its waiters and its principal's watchers (`None`:
@@ -219,7 +221,7 @@ impl DurableDispatcher {
             })
             .collect();
         for (row, live) in resumed {
-            tokio::spawn(drive(Arc::clone(&shared), row, live, true));
+            shared.spawn_driver(row, live, true);
         }
         tokio::spawn(purge_loop(Arc::clone(&shared), config));
         Ok(Self { shared })
@@ -272,7 +274,7 @@ impl DurableDispatcher {
                         state: DispatchState::Queued { not_before: None },
                         attempts: 0,
                     };
-                    tokio::spawn(drive(Arc::clone(&self.shared), row, live, false));
+                    self.shared.spawn_driver(row, live, false);
                 }
                 Ok(Submitted {
                     id,

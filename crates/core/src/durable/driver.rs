@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use super::dispatcher::Shared;
+use super::dispatcher::{DriverRunning, Shared};
 use super::live::Live;
 use super::record::{Completion, DispatchId, DispatchState, OutcomeRecord, StoredDispatch};
 use crate::address::WorkerId;
@@ -53,7 +53,7 @@ pub(super) fn expired(row: &StoredDispatch, now: SystemTime) -> Option<ActivityO
 /// Runs `row` to its one outcome and records it; `resumed` for a row found at start (its
 /// deadline may have passed meanwhile).
 pub(super) async fn drive(
-    shared: Arc<Shared>,
+    running: DriverRunning,
     row: StoredDispatch,
     live: Arc<Live>,
     resumed: bool,
@@ -62,10 +62,10 @@ pub(super) async fn drive(
     let span = tracing::info_span!("durable_dispatch", dispatch_id = %id,
         namespace = %row.dispatch.namespace, activity_type = %row.dispatch.activity_type);
     async move {
-        let _running = shared.driver_started();
-        match run(&shared, &row, &live, resumed).await {
+        let shared = &running.0;
+        match run(shared, &row, &live, resumed).await {
             Some(outcome) => {
-                let recorded = record(&shared, &id, outcome).await;
+                let recorded = record(shared, &id, outcome).await;
                 shared.announce(&row.dispatch.principal, &id, recorded);
             }
             None => {

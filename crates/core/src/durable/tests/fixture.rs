@@ -1,12 +1,14 @@
 //! A durable dispatcher over a memory store, on the dispatcher tests' registry and workers.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use crate::address::WorkerId;
 use crate::dispatcher::tests::fixture::{self, Setup};
 use crate::durable::{
-    DispatchId, DispatchStore, DurableConfig, DurableDispatcher, MemoryDispatchStore,
-    MemoryStoreLimits, StoredDispatch,
+    BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchStore, DispatchStoreError,
+    DurableConfig, DurableDispatcher, MemoryDispatchStore, MemoryStoreLimits, NewDispatch,
+    OutcomeRecord, Recorded, StoredDispatch,
 };
 use crate::outcome::ActivityRequest;
 use crate::registration::CallerIdentity;
@@ -37,6 +39,22 @@ pub(super) async fn start_with(store: Arc<MemoryDispatchStore>, config: DurableC
 /// A gateway over `setup`'s dispatcher.
 pub(super) async fn start_on(setup: Setup, store: Arc<MemoryDispatchStore>) -> Gateway {
     start_on_with(setup, store, DurableConfig::default()).await
+}
+
+/// A gateway whose store loses every state note (`park`, `claim`): its rows lag behind
+/// the dispatcher, as a store's may.
+pub(super) async fn start_lagging(store: Arc<MemoryDispatchStore>) -> Gateway {
+    let setup = fixture::setup();
+    let lagging = Arc::new(Lagging(Arc::clone(&store)));
+    let durable =
+        DurableDispatcher::start(setup.dispatcher.clone(), lagging, DurableConfig::default())
+            .await
+            .expect("the memory store reads");
+    Gateway {
+        setup,
+        store,
+        durable,
+    }
 }
 
 async fn start_on_with(
@@ -91,11 +109,85 @@ impl Gateway {
             .expect("the dispatch is recorded")
     }
 
+    /// Lets the drivers run until `get` reports `id` in `state` (bounded; paused time stays
+    /// put).
+    pub(super) async fn until_state(&self, caller: &CallerIdentity, id: &DispatchId, state: &str) {
+        for _ in 0..1000 {
+            let row = self.durable.get(caller, id).await.expect("visible");
+            if row.state.label() == state {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("dispatch {id} never reached {state}");
+    }
+
+    /// Lets the drivers write what they heard until the store's row of `id` is `state`
+    /// (bounded).
+    pub(super) async fn until_row(&self, id: &DispatchId, state: &str) {
+        for _ in 0..1000 {
+            if self.row(id).await.state.label() == state {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("dispatch {id}'s row never reached {state}");
+    }
+
     /// Stops like a gateway going away: the durable dispatcher, then the dispatcher with no
     /// grace, then waits for every driver to end.
     pub(super) async fn stop(self) {
         self.durable.shutdown();
         self.setup.dispatcher.shutdown(Duration::ZERO).await;
         self.durable.drivers_ended().await;
+    }
+}
+
+/// A memory store that drops `park` and `claim`.
+#[derive(Debug)]
+struct Lagging(Arc<MemoryDispatchStore>);
+
+#[async_trait::async_trait]
+impl DispatchStore for Lagging {
+    async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError> {
+        self.0.record(dispatch).await
+    }
+    async fn park(&self, _: &DispatchId, _: &str) -> Result<(), DispatchStoreError> {
+        Ok(())
+    }
+    async fn claim(&self, _: &DispatchId, _: WorkerId, _: u32) -> Result<(), DispatchStoreError> {
+        Ok(())
+    }
+    async fn extend(&self, id: &DispatchId) -> Result<(), DispatchStoreError> {
+        self.0.extend(id).await
+    }
+    async fn complete(
+        &self,
+        id: &DispatchId,
+        outcome: &OutcomeRecord,
+        at: SystemTime,
+    ) -> Result<Completion, DispatchStoreError> {
+        self.0.complete(id, outcome, at).await
+    }
+    async fn release(&self, id: &DispatchId, delay: Duration) -> Result<(), DispatchStoreError> {
+        self.0.release(id, delay).await
+    }
+    async fn unfinished(&self) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+        self.0.unfinished().await
+    }
+    async fn get(&self, id: &DispatchId) -> Result<Option<StoredDispatch>, DispatchStoreError> {
+        self.0.get(id).await
+    }
+    async fn list(
+        &self,
+        filter: &DispatchFilter,
+    ) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+        self.0.list(filter).await
+    }
+    async fn census(&self, now: SystemTime) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
+        self.0.census(now).await
+    }
+    async fn purge(&self, before: SystemTime) -> Result<u64, DispatchStoreError> {
+        self.0.purge(before).await
     }
 }
