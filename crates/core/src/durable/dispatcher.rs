@@ -117,6 +117,39 @@ impl Shared {
         tokio::spawn(drive(running, row, live, resumed));
     }
 
+    /// Records `dispatch` and starts its driver (none after a shutdown: it runs at the next
+    /// start).
+    async fn record(
+        self: Arc<Self>,
+        dispatch: NewDispatch,
+    ) -> Result<Submitted, DispatchStoreError> {
+        // Tracked before it is recorded: whoever learns the id (this caller, or another one
+        // repeating its idempotency key) finds a live dispatch to wait on.
+        let live = (!self.stopping.is_cancelled()).then(|| self.live.insert(dispatch.id.clone()));
+        let id = match self.store.record(dispatch.clone()).await {
+            Ok(Recorded::New(id)) => id,
+            refused_or_existing => {
+                if live.is_some() {
+                    self.live.finish(&dispatch.id, None);
+                }
+                let id = refused_or_existing?.id().clone();
+                return Ok(Submitted { id, existing: true });
+            }
+        };
+        if let Some(live) = live {
+            let row = StoredDispatch {
+                dispatch,
+                state: DispatchState::Queued { not_before: None },
+                attempts: 0,
+            };
+            self.spawn_driver(row, live, false);
+        }
+        Ok(Submitted {
+            id,
+            existing: false,
+        })
+    }
+
     /// Hands `id`'s recorded outcome to its waiters and its principal's watchers (`None`:
     /// nothing recorded, the waiters keep waiting for the next start).
     pub(super) fn announce(
@@ -258,29 +291,16 @@ impl DurableDispatcher {
         };
         let span = tracing::debug_span!("durable_submit", dispatch_id = %dispatch.id,
             namespace = %dispatch.namespace);
-        let recorded = self
-            .shared
-            .store
-            .record(dispatch.clone())
-            .instrument(span)
-            .await?;
-        match recorded {
-            Recorded::Existing(id) => Ok(Submitted { id, existing: true }),
-            Recorded::New(id) => {
-                if !self.shared.stopping.is_cancelled() {
-                    let live = self.shared.live.insert(id.clone());
-                    let row = StoredDispatch {
-                        dispatch,
-                        state: DispatchState::Queued { not_before: None },
-                        attempts: 0,
-                    };
-                    self.shared.spawn_driver(row, live, false);
-                }
-                Ok(Submitted {
-                    id,
-                    existing: false,
-                })
-            }
+        // On its own task: a caller that goes away while the store commits must not leave a
+        // recorded dispatch without its driver.
+        let shared = Arc::clone(&self.shared);
+        let submitting =
+            tokio::spawn(async move { shared.record(dispatch).await }.instrument(span));
+        match submitting.await {
+            Ok(submitted) => Ok(submitted?),
+            Err(error) => Err(SubmitError::Store(DispatchStoreError::Unavailable {
+                detail: format!("the submission ended before it was recorded: {error}"),
+            })),
         }
     }
 

@@ -44,8 +44,26 @@ pub(super) async fn start_on(setup: Setup, store: Arc<MemoryDispatchStore>) -> G
 /// A gateway whose store loses every state note (`park`, `claim`): its rows lag behind
 /// the dispatcher, as a store's may.
 pub(super) async fn start_lagging(store: Arc<MemoryDispatchStore>) -> Gateway {
+    start_wrapped(store, true, false).await
+}
+
+/// A gateway whose store takes a turn of the scheduler before it records, as a store that
+/// commits on another thread does.
+pub(super) async fn start_slow(store: Arc<MemoryDispatchStore>) -> Gateway {
+    start_wrapped(store, false, true).await
+}
+
+async fn start_wrapped(
+    store: Arc<MemoryDispatchStore>,
+    drop_notes: bool,
+    slow_record: bool,
+) -> Gateway {
     let setup = fixture::setup();
-    let lagging = Arc::new(Lagging(Arc::clone(&store)));
+    let lagging = Arc::new(Wrapped {
+        inner: Arc::clone(&store),
+        drop_notes,
+        slow_record,
+    });
     let durable =
         DurableDispatcher::start(setup.dispatcher.clone(), lagging, DurableConfig::default())
             .await
@@ -143,23 +161,41 @@ impl Gateway {
     }
 }
 
-/// A memory store that drops `park` and `claim`.
+/// A memory store that may drop `park` and `claim`, and may yield before it records.
 #[derive(Debug)]
-struct Lagging(Arc<MemoryDispatchStore>);
+struct Wrapped {
+    inner: Arc<MemoryDispatchStore>,
+    drop_notes: bool,
+    slow_record: bool,
+}
 
 #[async_trait::async_trait]
-impl DispatchStore for Lagging {
+impl DispatchStore for Wrapped {
     async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError> {
-        self.0.record(dispatch).await
+        if self.slow_record {
+            tokio::task::yield_now().await;
+        }
+        self.inner.record(dispatch).await
     }
-    async fn park(&self, _: &DispatchId, _: &str) -> Result<(), DispatchStoreError> {
-        Ok(())
+    async fn park(&self, id: &DispatchId, reason: &str) -> Result<(), DispatchStoreError> {
+        if self.drop_notes {
+            return Ok(());
+        }
+        self.inner.park(id, reason).await
     }
-    async fn claim(&self, _: &DispatchId, _: WorkerId, _: u32) -> Result<(), DispatchStoreError> {
-        Ok(())
+    async fn claim(
+        &self,
+        id: &DispatchId,
+        worker: WorkerId,
+        attempt: u32,
+    ) -> Result<(), DispatchStoreError> {
+        if self.drop_notes {
+            return Ok(());
+        }
+        self.inner.claim(id, worker, attempt).await
     }
     async fn extend(&self, id: &DispatchId) -> Result<(), DispatchStoreError> {
-        self.0.extend(id).await
+        self.inner.extend(id).await
     }
     async fn complete(
         &self,
@@ -167,27 +203,27 @@ impl DispatchStore for Lagging {
         outcome: &OutcomeRecord,
         at: SystemTime,
     ) -> Result<Completion, DispatchStoreError> {
-        self.0.complete(id, outcome, at).await
+        self.inner.complete(id, outcome, at).await
     }
     async fn release(&self, id: &DispatchId, delay: Duration) -> Result<(), DispatchStoreError> {
-        self.0.release(id, delay).await
+        self.inner.release(id, delay).await
     }
     async fn unfinished(&self) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
-        self.0.unfinished().await
+        self.inner.unfinished().await
     }
     async fn get(&self, id: &DispatchId) -> Result<Option<StoredDispatch>, DispatchStoreError> {
-        self.0.get(id).await
+        self.inner.get(id).await
     }
     async fn list(
         &self,
         filter: &DispatchFilter,
     ) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
-        self.0.list(filter).await
+        self.inner.list(filter).await
     }
     async fn census(&self, now: SystemTime) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
-        self.0.census(now).await
+        self.inner.census(now).await
     }
     async fn purge(&self, before: SystemTime) -> Result<u64, DispatchStoreError> {
-        self.0.purge(before).await
+        self.inner.purge(before).await
     }
 }

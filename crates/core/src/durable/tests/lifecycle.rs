@@ -153,3 +153,28 @@ async fn a_refusal_after_acceptance_is_recorded_as_a_final_failure() {
     );
     assert!(worker.sent().is_empty(), "nothing reached the worker");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_submission_whose_caller_goes_away_while_it_is_recorded_still_runs() {
+    let gw = start_slow(memory()).await;
+    let alice = producer("alice");
+    {
+        let submit = gw.durable.submit(&alice, work("orphan"), None);
+        tokio::pin!(submit);
+        // One poll: the store has not committed yet; then the caller is gone.
+        assert!(futures::poll!(submit.as_mut()).is_pending());
+    }
+    let mut worker = gw.setup.worker(1).await;
+    let task = worker.task().await;
+    assert_eq!(
+        &task.input[..],
+        b"orphan",
+        "the recorded dispatch has its driver"
+    );
+    let listed = gw
+        .durable
+        .list(&alice, crate::durable::DispatchFilter::default())
+        .await
+        .expect("listed");
+    assert_eq!(listed.len(), 1);
+}
