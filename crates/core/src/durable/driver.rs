@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::dispatcher::{DriverRunning, Shared};
@@ -24,6 +25,19 @@ const RECORD_BACKOFF: Backoff = Backoff {
     initial: Duration::from_millis(50),
     max: Duration::from_secs(5),
 };
+
+/// How often a running dispatch's claim is extended ([`DispatchStore::extend`]).
+///
+/// [`DispatchStore::extend`]: super::DispatchStore::extend
+const EXTEND_EVERY: Duration = Duration::from_secs(30);
+
+/// Sleeps until `at`, or for ever when there is no `at`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// What the dispatcher told the driver, to write to the store in order.
 enum Note {
@@ -130,11 +144,25 @@ async fn run(
     let (notes, mut heard) = mpsc::unbounded_channel();
     let hooks = hooks(row.attempts, live, notes);
     let mut dispatch = pin!(shared.dispatcher.dispatch_with(&caller, request, hooks));
+    // While a worker holds it, its claim is kept alive for stores that lease claims.
+    let mut extend_at: Option<Instant> = None;
     let result = loop {
         tokio::select! {
             biased;
             result = &mut dispatch => break result,
-            Some(note) = heard.recv() => write(shared, live, &d.id, note).await,
+            Some(note) = heard.recv() => {
+                extend_at = match note {
+                    Note::Delivered(..) => Some(Instant::now() + EXTEND_EVERY),
+                    Note::Parked(_) => None,
+                };
+                write(shared, live, &d.id, note).await;
+            }
+            () = sleep_until_some(extend_at) => {
+                extend_at = Some(Instant::now() + EXTEND_EVERY);
+                if let Err(error) = shared.store.extend(&d.id).await {
+                    tracing::debug!(%error, "claim not extended");
+                }
+            }
         }
     };
     // What the dispatcher said last (a delivery just before the end) still counts: a claim

@@ -1,6 +1,7 @@
 //! A durable dispatcher over a memory store, on the dispatcher tests' registry and workers.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::address::WorkerId;
@@ -21,6 +22,8 @@ pub(super) struct Gateway {
     pub(super) setup: Setup,
     pub(super) store: Arc<MemoryDispatchStore>,
     pub(super) durable: DurableDispatcher,
+    /// Claims extended, when the store is wrapped (see [`start_slow`]).
+    pub(super) extends: Arc<AtomicUsize>,
 }
 
 pub(super) fn memory() -> Arc<MemoryDispatchStore> {
@@ -59,10 +62,12 @@ async fn start_wrapped(
     slow_record: bool,
 ) -> Gateway {
     let setup = fixture::setup();
+    let extends = Arc::new(AtomicUsize::new(0));
     let lagging = Arc::new(Wrapped {
         inner: Arc::clone(&store),
         drop_notes,
         slow_record,
+        extends: Arc::clone(&extends),
     });
     let durable =
         DurableDispatcher::start(setup.dispatcher.clone(), lagging, DurableConfig::default())
@@ -72,6 +77,7 @@ async fn start_wrapped(
         setup,
         store,
         durable,
+        extends,
     }
 }
 
@@ -91,6 +97,7 @@ async fn start_on_with(
         setup,
         store,
         durable,
+        extends: Arc::default(),
     }
 }
 
@@ -167,6 +174,7 @@ struct Wrapped {
     inner: Arc<MemoryDispatchStore>,
     drop_notes: bool,
     slow_record: bool,
+    extends: Arc<AtomicUsize>,
 }
 
 #[async_trait::async_trait]
@@ -195,6 +203,7 @@ impl DispatchStore for Wrapped {
         self.inner.claim(id, worker, attempt).await
     }
     async fn extend(&self, id: &DispatchId) -> Result<(), DispatchStoreError> {
+        self.extends.fetch_add(1, Ordering::Relaxed);
         self.inner.extend(id).await
     }
     async fn complete(

@@ -178,3 +178,32 @@ async fn a_submission_whose_caller_goes_away_while_it_is_recorded_still_runs() {
         .expect("listed");
     assert_eq!(listed.len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_running_dispatchs_claim_is_extended_while_its_worker_holds_it() {
+    let gw = start_slow(memory()).await;
+    let alice = producer("alice");
+    let id = gw
+        .durable
+        .submit(&alice, request("long", Duration::from_secs(600)), None)
+        .await
+        .expect("recorded")
+        .id;
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    // Control: parked, nobody holds it, nothing to extend.
+    assert_eq!(gw.extends.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let mut worker = gw.setup.worker(1).await;
+    let task = worker.task().await;
+    tokio::time::sleep(Duration::from_secs(65)).await;
+    assert_eq!(gw.extends.load(std::sync::atomic::Ordering::Relaxed), 2);
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("long"))
+        .expect("pending");
+    assert_eq!(
+        gw.durable
+            .await_outcome(&alice, &id, Duration::from_secs(10))
+            .await,
+        Ok(Some(completed("long")))
+    );
+}
