@@ -47,19 +47,25 @@ pub(super) async fn start_on(setup: Setup, store: Arc<MemoryDispatchStore>) -> G
 /// A gateway whose store loses every state note (`park`, `claim`): its rows lag behind
 /// the dispatcher, as a store's may.
 pub(super) async fn start_lagging(store: Arc<MemoryDispatchStore>) -> Gateway {
-    start_wrapped(store, true, false).await
+    start_wrapped(store, true, false, false).await
 }
 
 /// A gateway whose store takes a turn of the scheduler before it records, as a store that
 /// commits on another thread does.
 pub(super) async fn start_slow(store: Arc<MemoryDispatchStore>) -> Gateway {
-    start_wrapped(store, false, true).await
+    start_wrapped(store, false, true, false).await
+}
+
+/// A gateway whose store never finishes a claim.
+pub(super) async fn start_stalling(store: Arc<MemoryDispatchStore>) -> Gateway {
+    start_wrapped(store, false, false, true).await
 }
 
 async fn start_wrapped(
     store: Arc<MemoryDispatchStore>,
     drop_notes: bool,
     slow_record: bool,
+    stall_claims: bool,
 ) -> Gateway {
     let setup = fixture::setup();
     let extends = Arc::new(AtomicUsize::new(0));
@@ -67,6 +73,7 @@ async fn start_wrapped(
         inner: Arc::clone(&store),
         drop_notes,
         slow_record,
+        stall_claims,
         extends: Arc::clone(&extends),
     });
     let durable =
@@ -174,6 +181,8 @@ struct Wrapped {
     inner: Arc<MemoryDispatchStore>,
     drop_notes: bool,
     slow_record: bool,
+    /// Claims never finish.
+    stall_claims: bool,
     extends: Arc<AtomicUsize>,
 }
 
@@ -197,6 +206,9 @@ impl DispatchStore for Wrapped {
         worker: WorkerId,
         attempt: u32,
     ) -> Result<(), DispatchStoreError> {
+        if self.stall_claims {
+            std::future::pending::<()>().await;
+        }
         if self.drop_notes {
             return Ok(());
         }

@@ -207,3 +207,23 @@ async fn a_running_dispatchs_claim_is_extended_while_its_worker_holds_it() {
         Ok(Some(completed("long")))
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_outcome_does_not_wait_for_a_state_note_the_store_is_slow_to_take() {
+    let gw = start_stalling(memory()).await;
+    let alice = producer("alice");
+    let id = gw.submit(&alice, "quick").await;
+    let mut worker = gw.setup.worker(1).await;
+    let task = worker.task().await;
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("quick"))
+        .expect("pending");
+    assert_eq!(
+        gw.durable
+            .await_outcome(&alice, &id, Duration::from_secs(10))
+            .await,
+        Ok(Some(completed("quick"))),
+        "the claim never finishes; the outcome is recorded anyway"
+    );
+}
