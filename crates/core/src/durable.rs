@@ -14,12 +14,28 @@
 //! [`release`](DispatchStore::release), [`census`](DispatchStore::census), plus the reads a
 //! restart and the operator API need. Ephemeral dispatches that find a worker at once never
 //! touch it.
+//!
+//! [`DurableDispatcher`] runs durable dispatches over any store: one driver per unfinished
+//! dispatch through [`Dispatcher::dispatch_with`](crate::Dispatcher::dispatch_with), the
+//! outcome recorded before anyone hears it. [`MemoryDispatchStore`] is the store that keeps
+//! nothing across a restart (`store.backend = "memory"`, tests).
 
+mod dispatcher;
+mod driver;
+mod live;
+mod memory;
 mod record;
 mod store;
+#[cfg(test)]
+mod tests;
+mod watch;
 
+pub use dispatcher::{DurableConfig, DurableDispatcher, LookupError, SubmitError, Submitted};
+pub use memory::{MemoryDispatchStore, MemoryStoreLimits};
 pub use record::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState,
     MAX_IDEMPOTENCY_KEY_BYTES, NewDispatch, OutcomeRecord, Recorded, StoredDispatch,
+    check_idempotency_key,
 };
 pub use store::{DispatchStore, DispatchStoreError};
+pub use watch::{OutcomeWatch, WatchEvent};
