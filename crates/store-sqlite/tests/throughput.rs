@@ -19,6 +19,24 @@ const RECORDS: usize = 40_000;
 const TIME_LIMIT: Duration = Duration::from_secs(60);
 const INPUT_BYTES: usize = 256;
 
+/// CPU time this process has used (user + system), from `/proc/self/stat`; zero elsewhere.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 11 and 12 after the name; Linux
+    // counts them in 100 Hz ticks.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
 async fn measure(synchronous: Synchronous) {
     let dir = tempfile::tempdir_in(std::env::temp_dir()).expect("tempdir");
     let options = SqliteOptions {
@@ -28,6 +46,7 @@ async fn measure(synchronous: Synchronous) {
     let store = Arc::new(fixtures::open_with(dir.path(), options));
     let input = "x".repeat(INPUT_BYTES);
     let started = Instant::now();
+    let cpu_before = cpu_time();
     let tasks: Vec<_> = (0..SUBMITTERS)
         .map(|_| {
             let (store, input) = (Arc::clone(&store), input.clone());
@@ -53,12 +72,13 @@ async fn measure(synchronous: Synchronous) {
         latencies.extend(task.await.expect("submitter"));
     }
     let elapsed = started.elapsed();
+    let cpu = cpu_time() - cpu_before;
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
     let commits = store.commits();
     println!(
         "synchronous={}: {} records in {:.2} s = {:.0} records/s; {} commits ({:.1} records \
-         each); latency p50 {:.2} ms, p99 {:.2} ms",
+         each); latency p50 {:.2} ms, p99 {:.2} ms; CPU {:.1} us per record",
         synchronous.label(),
         latencies.len(),
         elapsed.as_secs_f64(),
@@ -67,6 +87,7 @@ async fn measure(synchronous: Synchronous) {
         latencies.len() as f64 / commits as f64,
         at(0.50).as_secs_f64() * 1e3,
         at(0.99).as_secs_f64() * 1e3,
+        cpu.as_secs_f64() * 1e6 / latencies.len() as f64,
     );
 }
 
