@@ -189,6 +189,29 @@ pub(crate) fn classify(path: &Path, err: rusqlite::Error) -> OpenError {
 mod tests {
     use super::*;
 
+    fn pragma(conn: &Connection, name: &str) -> String {
+        conn.pragma_query_value(None, name, |row| row.get::<_, rusqlite::types::Value>(0))
+            .map(|value| match value {
+                rusqlite::types::Value::Integer(n) => n.to_string(),
+                rusqlite::types::Value::Text(text) => text,
+                other => format!("{other:?}"),
+            })
+            .expect("pragma")
+    }
+
+    #[test]
+    fn a_fresh_store_is_tagged_in_wal_mode_with_the_chosen_synchronous() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let full = open_writer(&dir.path().join("full.sqlite3"), Synchronous::Full).expect("open");
+        assert_eq!(pragma(&full, "journal_mode"), "wal");
+        assert_eq!(pragma(&full, "synchronous"), "2", "FULL");
+        assert_eq!(pragma(&full, "application_id"), APPLICATION_ID.to_string());
+        assert_eq!(pragma(&full, "user_version"), "1");
+        let normal =
+            open_writer(&dir.path().join("normal.sqlite3"), Synchronous::Normal).expect("open");
+        assert_eq!(pragma(&normal, "synchronous"), "1", "NORMAL");
+    }
+
     #[test]
     fn files_are_judged_by_application_id_version_and_contents() {
         assert_eq!(identify(0, 0, 0), Identity::Fresh);
