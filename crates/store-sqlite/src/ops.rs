@@ -203,7 +203,7 @@ fn check_key(key: &str) -> Result<(), DispatchStoreError> {
         "empty".to_owned()
     } else if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
         format!(
-            "{} bytes, longer than the limit of {MAX_IDEMPOTENCY_KEY_BYTES}",
+            "{} bytes, more than the limit of {MAX_IDEMPOTENCY_KEY_BYTES}",
             key.len()
         )
     } else {
@@ -298,7 +298,7 @@ mod tests {
         let long = check_key(&"k".repeat(MAX_IDEMPOTENCY_KEY_BYTES + 1));
         assert_eq!(
             long.map_err(|e| e.to_string()),
-            Err("idempotency_key: 257 bytes, longer than the limit of 256".into())
+            Err("idempotency_key: 257 bytes, more than the limit of 256".into())
         );
     }
 }
