@@ -8,8 +8,8 @@ use std::time::SystemTime;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use switchyard_core::{
-    Completion, DispatchId, DispatchStoreError, MAX_IDEMPOTENCY_KEY_BYTES, NewDispatch,
-    OutcomeRecord, Recorded, WorkerId,
+    Completion, DispatchId, DispatchStoreError, NewDispatch, OutcomeRecord, Recorded, WorkerId,
+    check_idempotency_key,
 };
 
 use crate::backlog::Backlog;
@@ -140,7 +140,7 @@ fn record(
     dispatch: &NewDispatch,
 ) -> Result<Recorded, StepError> {
     if let Some(key) = &dispatch.idempotency_key {
-        check_key(key).map_err(StepError::Refused)?;
+        check_idempotency_key(key).map_err(StepError::Refused)?;
         let first: Option<String> = conn
             .prepare_cached(
                 "SELECT id FROM dispatches WHERE namespace = ?1 AND idempotency_key = ?2",
@@ -195,21 +195,6 @@ fn record(
     }
     backlog.add(&dispatch.namespace);
     Ok(Recorded::New(dispatch.id.clone()))
-}
-
-/// The idempotency-key rule: not empty, at most [`MAX_IDEMPOTENCY_KEY_BYTES`].
-fn check_key(key: &str) -> Result<(), DispatchStoreError> {
-    let problem = if key.is_empty() {
-        "empty".to_owned()
-    } else if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
-        format!(
-            "{} bytes, more than the limit of {MAX_IDEMPOTENCY_KEY_BYTES}",
-            key.len()
-        )
-    } else {
-        return Ok(());
-    };
-    Err(DispatchStoreError::InvalidKey { problem })
 }
 
 /// Bytes of the store's pages in use: pages freed by deletes are reused, so they count as free.
@@ -279,26 +264,4 @@ fn complete(
     ])?;
     backlog.remove(&namespace);
     Ok(Completion::Recorded)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn idempotency_keys_must_be_non_empty_and_at_most_the_limit() {
-        assert!(check_key("k").is_ok());
-        assert!(check_key(&"k".repeat(MAX_IDEMPOTENCY_KEY_BYTES)).is_ok());
-        assert_eq!(
-            check_key(""),
-            Err(DispatchStoreError::InvalidKey {
-                problem: "empty".into()
-            })
-        );
-        let long = check_key(&"k".repeat(MAX_IDEMPOTENCY_KEY_BYTES + 1));
-        assert_eq!(
-            long.map_err(|e| e.to_string()),
-            Err("idempotency_key: 257 bytes, more than the limit of 256".into())
-        );
-    }
 }
