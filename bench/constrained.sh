@@ -132,6 +132,10 @@ start_link() { # PROFILE
         >"$work/linkem.jsonl" 2>"$work/linkem.log" &
     linkem_pid=$!
     wait_for "linkem" grep -q '"ready"' "$work/linkem.jsonl"
+    # The gateway binds this address: seen missing for a moment after "ready" (bind failed
+    # with EADDRNOTAVAIL), so wait until the namespace has it.
+    wait_for "the gateway's address" bash -c \
+        "ip netns exec '$NS_GW' ip -4 -o addr show | grep -q ' $GW_ADDR/'"
 }
 
 link_bytes() { # the bytes both ways the stopped link delivered over its run
