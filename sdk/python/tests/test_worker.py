@@ -1,0 +1,366 @@
+"""The worker against the real gateway: registration, round trips, failures, the concurrency
+bound, cancellation, drains, a gateway restart, and a frozen worker replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+from conftest import PATIENCE, Gateway, WorkerProcess
+
+from switchyard import (
+    ActivityContext,
+    Backoff,
+    CancelReason,
+    Cancelled,
+    Completed,
+    Failed,
+    FatalError,
+    Producer,
+    RetryableError,
+    Worker,
+)
+from switchyard.v1 import gateway_pb2
+
+NS = "tests"
+
+
+def new_worker(gateway: Gateway, **options: object) -> Worker:
+    """A worker in namespace `tests` with fast reconnects and no signal handling."""
+    return Worker(
+        namespaces=[NS],
+        connection=gateway.connection(),
+        backoff=Backoff(initial=0.05, max=0.5),
+        handle_signals=False,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def eventually(check: object, what: str, timeout: float = PATIENCE) -> None:
+    """Polls an async predicate every 50 ms until it holds, failing after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_registration_is_listed_with_its_capacity(gateway: Gateway, producer: Producer) -> None:
+    assert await producer.list_workers(namespace=NS) == [], "control: no worker before the start"
+    worker = new_worker(gateway, task_queue="q1", node="n1", max_concurrency=7)
+    worker.register("echo", lambda context, data: data)
+    async with worker.serving():
+        listed = await producer.list_workers(namespace=NS)
+        assert [w.worker_id for w in listed] == [worker.worker_id]
+        info = listed[0]
+        assert list(info.namespaces) == [NS]
+        assert (info.task_queue, info.node) == ("q1", "n1")
+        assert list(info.activity_types) == ["echo"]
+        assert info.HasField("capacity") and info.capacity == 7
+        assert info.transport == "grpc"
+    await eventually(
+        lambda: _no_workers(producer), "the stopped worker leaves the gateway"
+    )
+
+
+async def _no_workers(producer: Producer) -> bool:
+    return await producer.list_workers(namespace=NS) == []
+
+
+async def test_round_trip_of_empty_binary_and_one_mib_payloads(
+    gateway: Gateway, producer: Producer
+) -> None:
+    worker = new_worker(gateway)
+
+    @worker.activity("wrap")
+    async def wrap(context: ActivityContext, data: bytes) -> bytes:
+        return b"<" + data + b">"
+
+    payloads = [b"", bytes(range(256)) * 4, bytes((i * 7) % 256 for i in range(1 << 20))]
+    async with worker.serving():
+        for payload in payloads:
+            outcome = await producer.dispatch(NS, "wrap", payload, timeout=PATIENCE)
+            # Control: the output differs from the input, so the handler ran on these bytes.
+            assert outcome == Completed(b"<" + payload + b">"), len(payload)
+
+
+async def test_failures_carry_the_retryable_flag(gateway: Gateway, producer: Producer) -> None:
+    worker = new_worker(gateway)
+
+    @worker.activity("fail")
+    async def fail(context: ActivityContext, data: bytes) -> bytes:
+        if data == b"retry":
+            raise RetryableError("the bank is busy")
+        if data == b"fatal":
+            raise FatalError("no such account")
+        raise ValueError("bad input")
+
+    async with worker.serving():
+        retry = await producer.dispatch(NS, "fail", b"retry", timeout=PATIENCE)
+        fatal = await producer.dispatch(NS, "fail", b"fatal", timeout=PATIENCE)
+        bug = await producer.dispatch(NS, "fail", b"other", timeout=PATIENCE)
+    assert retry == Failed("the bank is busy", True)
+    assert fatal == Failed("no such account", False), "control: the flag follows the error"
+    assert bug == Failed("ValueError: bad input", False)
+
+
+class Peak:
+    """Counts tasks inside a handler and the most at once (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def leave(self) -> None:
+        with self._lock:
+            self.now -= 1
+
+
+async def test_fifty_concurrent_dispatches_never_exceed_max_concurrency(
+    gateway: Gateway, producer: Producer
+) -> None:
+    peak = Peak()
+    worker = new_worker(gateway, max_concurrency=5)
+
+    @worker.activity("slow")
+    async def slow(context: ActivityContext, data: bytes) -> bytes:
+        peak.enter()
+        try:
+            await asyncio.sleep(0.05)
+        finally:
+            peak.leave()
+        return data
+
+    async with worker.serving():
+        outcomes = await asyncio.gather(
+            *(producer.dispatch(NS, "slow", b"%d" % i, timeout=PATIENCE) for i in range(50))
+        )
+    assert outcomes == [Completed(b"%d" % i) for i in range(50)]
+    # Control: the bound is reached, so the tasks did run concurrently up to it.
+    assert peak.most == 5
+
+
+async def test_sync_handlers_run_in_threads_under_the_same_bound(
+    gateway: Gateway, producer: Producer
+) -> None:
+    peak = Peak()
+    threads: set[int] = set()
+    worker = new_worker(gateway, max_concurrency=4)
+
+    @worker.activity("blocking")
+    def blocking(context: ActivityContext, data: bytes) -> bytes:
+        peak.enter()
+        threads.add(threading.get_ident())
+        try:
+            time.sleep(0.05)
+        finally:
+            peak.leave()
+        return data
+
+    async with worker.serving():
+        outcomes = await asyncio.gather(
+            *(producer.dispatch(NS, "blocking", b"x", timeout=PATIENCE) for _ in range(50))
+        )
+    assert all(outcome == Completed(b"x") for outcome in outcomes)
+    assert peak.most == 4
+    assert threading.get_ident() not in threads, "control: not run on the event loop's thread"
+
+
+async def test_a_cancel_reaches_the_handler_as_cancelled_error(
+    gateway: Gateway, producer: Producer
+) -> None:
+    started = asyncio.Event()
+    seen: list[tuple[str, CancelReason | None, str]] = []
+    worker = new_worker(gateway)
+
+    @worker.activity("wait")
+    async def wait(context: ActivityContext, data: bytes) -> bytes:
+        started.set()
+        try:
+            await asyncio.sleep(0 if data == b"quick" else PATIENCE)
+        except asyncio.CancelledError as cancelled:
+            seen.append(("cancelled", context.cancel_reason, str(cancelled)))
+            raise
+        seen.append(("finished", context.cancel_reason, ""))
+        return data
+
+    async with worker.serving():
+        dispatch = asyncio.ensure_future(
+            producer.dispatch(NS, "wait", b"long", activity_id="job-1", timeout=PATIENCE)
+        )
+        await asyncio.wait_for(started.wait(), PATIENCE)
+        await producer.cancel(NS, "job-1")
+        outcome = await asyncio.wait_for(dispatch, PATIENCE)
+        # Control: a task nobody cancels finishes and sees no cancel.
+        quick = await producer.dispatch(NS, "wait", b"quick", timeout=PATIENCE)
+    assert outcome == Cancelled()
+    assert quick == Completed(b"quick")
+    assert seen == [
+        ("cancelled", CancelReason.REQUESTED, "requested"),
+        ("finished", None, ""),
+    ]
+
+
+async def test_an_operator_drain_finishes_in_flight_work_and_the_worker_leaves(
+    gateway: Gateway, producer: Producer
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    worker = new_worker(gateway)
+
+    @worker.activity("held")
+    async def held(context: ActivityContext, data: bytes) -> bytes:
+        started.set()
+        await asyncio.wait_for(release.wait(), PATIENCE)
+        return b"done"
+
+    running = asyncio.ensure_future(worker.run())
+    worker_id = await worker.wait_registered(PATIENCE)
+    dispatch = asyncio.ensure_future(producer.dispatch(NS, "held", timeout=PATIENCE))
+    await asyncio.wait_for(started.wait(), PATIENCE)
+    progress = producer.drain(worker_id=worker_id)
+    first = await asyncio.wait_for(progress.__anext__(), PATIENCE)
+    assert first.tasks_remaining == 1 and not first.done
+    # Control: while its task runs, the drained worker is still there.
+    assert not running.done()
+    release.set()
+    assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"done")
+    await asyncio.wait_for(running, PATIENCE)
+    last = first
+    async for last in progress:
+        pass
+    assert last.done and last.workers_left == 1
+    assert await producer.list_workers(namespace=NS) == []
+
+
+async def test_a_worker_drained_by_itself_finishes_its_task_and_leaves(
+    gateway: Gateway, producer: Producer
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    worker = new_worker(gateway)
+
+    @worker.activity("held")
+    async def held(context: ActivityContext, data: bytes) -> bytes:
+        started.set()
+        await asyncio.wait_for(release.wait(), PATIENCE)
+        return b"done"
+
+    running = asyncio.ensure_future(worker.run())
+    await worker.wait_registered(PATIENCE)
+    dispatch = asyncio.ensure_future(producer.dispatch(NS, "held", timeout=PATIENCE))
+    await asyncio.wait_for(started.wait(), PATIENCE)
+    worker.drain()
+
+    async def draining() -> bool:
+        listed = await producer.list_workers(namespace=NS)
+        return bool(listed) and listed[0].eligibility == gateway_pb2.ELIGIBILITY_DRAINING
+
+    await eventually(draining, "the gateway sees the worker draining")
+    assert not running.done(), "control: the worker waits for its task"
+    release.set()
+    assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"done")
+    await asyncio.wait_for(running, PATIENCE)
+    assert await producer.list_workers(namespace=NS) == []
+
+
+async def test_the_worker_survives_a_gateway_restart(gateway: Gateway) -> None:
+    worker = new_worker(gateway)
+    worker.register("echo", lambda context, data: data)
+    async with worker.serving():
+        async with Producer(gateway.connection()) as producer:
+            assert await producer.dispatch(NS, "echo", b"one", timeout=PATIENCE) == Completed(
+                b"one"
+            )
+        await asyncio.get_running_loop().run_in_executor(None, gateway.stop)
+        # Control: with the gateway gone the worker is not registered.
+        await eventually(lambda: _async(worker.worker_id is None), "the worker notices")
+        await asyncio.get_running_loop().run_in_executor(None, gateway.start)
+        await worker.wait_registered(PATIENCE)
+        # A new registration (ids restart with the gateway process), not a resume.
+        assert worker.registrations == 2
+        async with Producer(gateway.connection()) as producer:
+            assert await producer.dispatch(NS, "echo", b"two", timeout=PATIENCE) == Completed(
+                b"two"
+            )
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+async def test_a_frozen_worker_is_replaced(
+    gateway: Gateway, producer: Producer, worker_processes: list[WorkerProcess]
+) -> None:
+    frozen = WorkerProcess(gateway, "A")
+    worker_processes.append(frozen)
+    frozen_id = int(frozen.line().split()[1])
+    worker = new_worker(gateway)
+    worker.register("whoami", lambda context, data: b"B")
+    async with worker.serving():
+
+        async def both_eligible() -> bool:
+            listed = await producer.list_workers(namespace=NS)
+            return len(listed) == 2 and all(
+                w.eligibility == gateway_pb2.ELIGIBILITY_ELIGIBLE for w in listed
+            )
+
+        await eventually(both_eligible, "both workers eligible")
+        before = [await producer.dispatch(NS, "whoami", timeout=PATIENCE) for _ in range(6)]
+        # Control: the worker about to freeze was serving.
+        assert Completed(b"A") in before and Completed(b"B") in before
+        frozen.process.send_signal(signal.SIGSTOP)
+
+        async def frozen_excluded() -> bool:
+            listed = {w.worker_id: w for w in await producer.list_workers(namespace=NS)}
+            return (
+                frozen_id not in listed
+                or listed[frozen_id].eligibility != gateway_pb2.ELIGIBILITY_ELIGIBLE
+            )
+
+        await eventually(frozen_excluded, "the frozen worker is excluded")
+        after = await asyncio.gather(
+            *(producer.dispatch(NS, "whoami", timeout=PATIENCE) for _ in range(6))
+        )
+        assert after == [Completed(b"B")] * 6
+        frozen.process.send_signal(signal.SIGCONT)
+
+
+async def test_sigterm_finishes_the_task_in_flight_then_exits(
+    gateway: Gateway, producer: Producer, worker_processes: list[WorkerProcess]
+) -> None:
+    child = WorkerProcess(gateway, "A", "1.0")
+    worker_processes.append(child)
+    assert child.line().startswith("registered")
+    dispatch = asyncio.ensure_future(producer.dispatch(NS, "whoami", timeout=PATIENCE))
+
+    async def holding() -> bool:
+        listed = await producer.list_workers(namespace=NS)
+        return bool(listed) and listed[0].in_flight == 1
+
+    await eventually(holding, "the child holds the task")
+    child.process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"A")
+    assert child.line() == "exited"
+    assert child.process.wait(timeout=PATIENCE) == 0
+
+
+async def test_resize_announces_the_new_capacity(gateway: Gateway, producer: Producer) -> None:
+    worker = new_worker(gateway, max_concurrency=1)
+    worker.register("echo", lambda context, data: data)
+    async with worker.serving():
+
+        async def capacity(expected: int) -> bool:
+            listed = await producer.list_workers(namespace=NS)
+            return bool(listed) and listed[0].capacity == expected
+
+        await eventually(lambda: capacity(1), "control: registered with capacity 1")
+        worker.resize(3)
+        await eventually(lambda: capacity(3), "the gateway sees capacity 3")
