@@ -13,8 +13,8 @@ from conftest import PATIENCE, Gateway, WorkerProcess
 from switchyard import (
     ActivityContext,
     Backoff,
-    CancelReason,
     Cancelled,
+    CancelReason,
     Completed,
     Failed,
     FatalError,
@@ -48,7 +48,9 @@ async def eventually(check: object, what: str, timeout: float = PATIENCE) -> Non
     raise AssertionError(f"never happened: {what}")
 
 
-async def test_registration_is_listed_with_its_capacity(gateway: Gateway, producer: Producer) -> None:
+async def test_registration_is_listed_with_its_capacity(
+    gateway: Gateway, producer: Producer
+) -> None:
     assert await producer.list_workers(namespace=NS) == [], "control: no worker before the start"
     worker = new_worker(gateway, task_queue="q1", node="n1", max_concurrency=7)
     worker.register("echo", lambda context, data: data)
@@ -61,9 +63,7 @@ async def test_registration_is_listed_with_its_capacity(gateway: Gateway, produc
         assert list(info.activity_types) == ["echo"]
         assert info.HasField("capacity") and info.capacity == 7
         assert info.transport == "grpc"
-    await eventually(
-        lambda: _no_workers(producer), "the stopped worker leaves the gateway"
-    )
+    await eventually(lambda: _no_workers(producer), "the stopped worker leaves the gateway")
 
 
 async def _no_workers(producer: Producer) -> bool:
@@ -234,10 +234,8 @@ async def test_an_operator_drain_finishes_in_flight_work_and_the_worker_leaves(
     release.set()
     assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"done")
     await asyncio.wait_for(running, PATIENCE)
-    last = first
-    async for last in progress:
-        pass
-    assert last.done and last.workers_left == 1
+    rest = [update async for update in progress]
+    assert rest[-1].done and rest[-1].workers_left == 1
     assert await producer.list_workers(namespace=NS) == []
 
 

@@ -1,0 +1,130 @@
+"""The producer against the real gateway: typed refusals, `dispatch_many` exactly once, and
+the operator calls."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import pytest
+from conftest import BILLING_TOKEN, PATIENCE, Gateway
+from test_worker import NS, eventually, new_worker
+
+from switchyard import (
+    ActivityContext,
+    AlreadyExists,
+    Completed,
+    DispatchRequest,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Producer,
+    Unauthenticated,
+    Unserved,
+    Worker,
+)
+from switchyard.v1 import gateway_pb2
+
+
+async def test_refusals_raise_the_exception_of_their_status(
+    gateway: Gateway, producer: Producer
+) -> None:
+    with pytest.raises(InvalidArgument) as invalid:
+        await producer.dispatch("", "echo")
+    assert "namespace" in invalid.value.sentence
+    with pytest.raises(NotFound):
+        await producer.cancel(NS, "no-such-dispatch")
+    async with Producer(gateway.connection(BILLING_TOKEN)) as billing:
+        with pytest.raises(PermissionDenied) as denied:
+            await billing.dispatch("payroll", "echo", timeout=1)
+        assert "payroll" in denied.value.sentence
+        # Control: the same principal may dispatch in its own namespace.
+        assert isinstance(await billing.dispatch("billing", "echo", timeout=0.2), Unserved)
+    async with Producer(gateway.connection("wrong-token-0123456789")) as stranger:
+        with pytest.raises(Unauthenticated):
+            await stranger.list_workers()
+
+
+async def test_a_worker_refused_for_good_raises_from_run(gateway: Gateway) -> None:
+    worker = Worker(
+        namespaces=["payroll"],
+        connection=gateway.connection(BILLING_TOKEN),
+        handle_signals=False,
+    )
+    worker.register("echo", lambda context, data: data)
+    with pytest.raises(PermissionDenied):
+        await asyncio.wait_for(worker.run(), PATIENCE)
+
+
+async def test_a_duplicate_activity_id_is_already_exists(
+    gateway: Gateway, producer: Producer
+) -> None:
+    first = asyncio.ensure_future(
+        producer.dispatch(NS, "nobody", activity_id="dup", timeout=PATIENCE)
+    )
+
+    async def parked() -> bool:
+        return bool(await producer.unserved())
+
+    await eventually(parked, "the first dispatch waits")
+    with pytest.raises(AlreadyExists):
+        await producer.dispatch(NS, "nobody", activity_id="dup", timeout=1)
+    queues = await producer.unserved()
+    assert [(q.namespace, q.activity_type, q.waiting) for q in queues] == [(NS, "nobody", 1)]
+    await producer.cancel(NS, "dup")
+    await asyncio.wait_for(first, PATIENCE)
+
+
+async def test_dispatch_many_completes_a_thousand_tasks_exactly_once(
+    gateway: Gateway, producer: Producer
+) -> None:
+    seen: collections.Counter[bytes] = collections.Counter()
+    worker = new_worker(gateway, max_concurrency=64)
+
+    @worker.activity("count")
+    async def count(context: ActivityContext, data: bytes) -> bytes:
+        seen[data] += 1
+        return data[::-1]
+
+    requests = [
+        DispatchRequest(NS, "count", b"task-%04d" % i, timeout=PATIENCE) for i in range(1000)
+    ]
+    # One refused request in the middle: it is answered on its own and the others go on.
+    requests.insert(500, DispatchRequest(NS, "", b"refused"))
+    results = {}
+    async with worker.serving():
+        async for result in producer.dispatch_many(requests, max_outstanding=100):
+            assert result.index not in results, "one reply per request"
+            results[result.index] = result
+    assert len(results) == 1001
+    refused = results.pop(500)
+    assert isinstance(refused.error, InvalidArgument) and refused.outcome is None
+    for index, result in results.items():
+        expected = requests[index].input
+        assert result.outcome == Completed(expected[::-1]), index
+    assert len(seen) == 1000 and set(seen.values()) == {1}, "each task ran exactly once"
+
+
+async def test_operator_calls_describe_the_pool_and_watch_events(
+    gateway: Gateway, producer: Producer
+) -> None:
+    events = producer.watch_events()
+    watching = asyncio.ensure_future(events.__anext__())
+    pool = await producer.describe_pool(NS, "echo")
+    assert not pool.served and pool.reason == gateway_pb2.UNSERVED_REASON_NO_WORKERS
+    worker = new_worker(gateway)
+    worker.register("echo", lambda context, data: data)
+    async with worker.serving():
+        event = await asyncio.wait_for(watching, PATIENCE)
+        assert event.worker_id == worker.worker_id and event.HasField("connected")
+
+        async def served() -> bool:
+            return (await producer.describe_pool(NS, "echo")).served
+
+        await eventually(served, "the pool is served")
+        explained = await producer.explain_pool(NS, "echo")
+        assert [e.worker.worker_id for e in explained] == [worker.worker_id]
+        assert explained[0].eligibility == gateway_pb2.ELIGIBILITY_ELIGIBLE
+        other = await producer.explain_pool(NS, "other")
+        assert other[0].eligibility == gateway_pb2.ELIGIBILITY_SERVES_OTHER_ACTIVITY
+    await events.aclose()

@@ -1,0 +1,73 @@
+"""Pure parts without a gateway: backoff, the limiter, the status mapping, options."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import grpc
+import pytest
+
+from switchyard import Backoff, ConfigError, Connection, NotFound, PermissionDenied, Worker
+from switchyard.errors import GatewayError, from_status_number
+from switchyard.limiter import Limiter
+
+
+def test_backoff_doubles_up_to_its_maximum_with_jitter_in_the_upper_half() -> None:
+    backoff = Backoff(initial=0.1, max=1.0)
+    assert [backoff.ceiling(n) for n in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    rng = random.Random(7)
+    delays = [backoff.delay(3, rng) for _ in range(200)]
+    assert all(0.4 <= d <= 0.8 for d in delays)
+    # Control: the waits are spread, not one value.
+    assert max(delays) - min(delays) > 0.2
+
+
+def test_backoff_refuses_a_zero_initial_wait() -> None:
+    with pytest.raises(ConfigError) as error:
+        Backoff(initial=0)
+    assert error.value.field == "backoff.initial"
+    Backoff(initial=0.01)  # control
+
+
+async def test_the_limiter_admits_up_to_its_limit_and_grows_at_once() -> None:
+    limiter = Limiter(2)
+    await limiter.acquire()
+    await limiter.acquire()
+    third = asyncio.ensure_future(limiter.acquire())
+    await asyncio.sleep(0)
+    assert not third.done(), "a third waits at limit 2"
+    limiter.resize(3)
+    await asyncio.sleep(0)
+    assert third.done() and limiter.held == 3
+    limiter.resize(1)
+    fourth = asyncio.ensure_future(limiter.acquire())
+    limiter.release()
+    limiter.release()
+    await asyncio.sleep(0)
+    assert not fourth.done(), "a shrink holds new ones until below the new limit"
+    limiter.release()
+    await asyncio.sleep(0)
+    assert fourth.done() and limiter.held == 1
+
+
+def test_a_refusal_number_maps_to_its_exception() -> None:
+    assert isinstance(from_status_number(5, "no such dispatch"), NotFound)
+    assert isinstance(from_status_number(7, "not granted"), PermissionDenied)
+    other = from_status_number(2, "odd")
+    assert type(other) is GatewayError and other.code == grpc.StatusCode.UNKNOWN
+
+
+async def test_worker_options_are_checked_before_dialing() -> None:
+    worker = Worker(namespaces=["a"], handle_signals=False)
+    with pytest.raises(ConfigError) as missing:
+        await worker.run()
+    assert missing.value.field == "activity_types"
+    worker.register("echo", lambda context, data: data)
+    with pytest.raises(ConfigError) as capacity:
+        worker.resize(0)
+    assert capacity.value.field == "max_concurrency"
+    with pytest.raises(ConfigError):
+        Connection(client_cert=b"cert")
+    with pytest.raises(ConfigError):
+        Worker(namespaces="a")  # type: ignore[arg-type]
