@@ -27,8 +27,9 @@ BILLING_TOKEN = "billing-token-0123456789"
 
 
 def switchyard_binary() -> pathlib.Path:
-    """`$SWITCHYARD_BIN`, else the debug build of this checkout."""
-    path = pathlib.Path(os.environ.get("SWITCHYARD_BIN", REPO / "target" / "debug" / "switchyard"))
+    """`$PYSDK_SWITCHYARD_BIN`, else the debug build of this checkout."""
+    default = REPO / "target" / "debug" / "switchyard"
+    path = pathlib.Path(os.environ.get("PYSDK_SWITCHYARD_BIN", default))
     if not path.is_file():
         pytest.fail(f"no switchyard binary at {path}: cargo build -p switchyard first")
     return path
@@ -107,11 +108,15 @@ class Gateway:
             )
         )
         stderr = open(self.directory / "gateway.err", "a")  # noqa: SIM115 - owned by the child
+        # The gateway refuses SWITCHYARD_* variables it does not know; the file says it all.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
         self.process = subprocess.Popen(
             [str(switchyard_binary()), "serve", "--config", str(config)],
             stdout=subprocess.PIPE,
             stderr=stderr,
+            stdin=subprocess.DEVNULL,
             text=True,
+            env=env,
         )
         stderr.close()
         self._lines = queue.Queue()
@@ -138,7 +143,10 @@ class Gateway:
             if found := re.search(pattern, line):
                 return found
         errors = (self.directory / "gateway.err").read_text()[-4000:]
-        pytest.fail(f"the gateway printed no line matching {pattern!r}; stderr:\n{errors}")
+        code = self.process.poll() if self.process else None
+        pytest.fail(
+            f"the gateway printed no line matching {pattern!r} (exit {code}); stderr:\n{errors}"
+        )
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Signals the gateway and waits (bounded) for it to exit; kills it if it does not."""
