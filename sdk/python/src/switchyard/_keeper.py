@@ -254,7 +254,8 @@ class TaskKeeper:
                 if future.done():
                     break
         if cancelled:
-            raise asyncio.CancelledError(context.cancel_reason)
+            reason = context.cancel_reason
+            raise asyncio.CancelledError(reason.value if reason else None)
         assert not inspect.isawaitable(produced)
         return produced
 
