@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Python SDK's CI step (called by .ci/run): a virtual environment under target/ with the
 # pinned tools, the wire types generated from proto/, the debug `switchyard` binary, then
-# ruff, mypy --strict and pytest against that binary. Every gateway a test starts is killed
-# with the test; the whole pytest process group is killed if the step is interrupted.
+# ruff, mypy --strict and pytest against that binary, and core's conformance kit against the
+# Python worker. Every gateway a test starts is killed with the test; the whole pytest process
+# group is killed if the step is interrupted.
 set -euo pipefail
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)
@@ -40,3 +41,7 @@ case $status in
   5) echo "pytest collected no tests: the Python SDK step must run its tests" >&2; exit 1 ;;
   *) echo "pytest failed (exit $status)" >&2; exit "$status" ;;
 esac
+
+echo "-- conformance kit against the Python worker (tests/tests/python_worker_conforms.rs)"
+(cd "$repo" && PYSDK_PYTHON="$venv/bin/python" timeout 600 \
+  cargo test --locked -p switchyard-tests --test python_worker_conforms -- --ignored)
