@@ -48,6 +48,7 @@ enabled = false
 
 [tls]
 data_dir = "{data_dir}"
+{client_ca}
 
 [shutdown]
 drain_timeout = "3s"
@@ -72,14 +73,24 @@ name = "billing"
 token = "{billing}"
 namespaces = ["billing"]
 roles = ["worker", "producer"]
+
+[[principals]]
+name = "certified"
+cert_subject = "{cert_subject}"
+namespaces = ["tests"]
+roles = ["worker", "producer"]
 """
+#: Subject common name of the client certificate the gateway maps to principal `certified`.
+CERT_SUBJECT = "python-worker"
 
 
 class Gateway:
     """One `switchyard serve` process at a time, on one port and one data directory."""
 
-    def __init__(self, directory: pathlib.Path) -> None:
+    def __init__(self, directory: pathlib.Path, client_ca: pathlib.Path | None = None) -> None:
         self.directory = directory
+        #: CA that client certificates must chain to (mutual TLS); None for tokens only.
+        self.client_ca = client_ca
         self.data_dir = directory / "data"
         self.port = 0
         self.process: subprocess.Popen[str] | None = None
@@ -104,7 +115,12 @@ class Gateway:
         config = self.directory / "switchyard.toml"
         config.write_text(
             CONFIG.format(
-                port=self.port, data_dir=self.data_dir, admin=ADMIN_TOKEN, billing=BILLING_TOKEN
+                port=self.port,
+                data_dir=self.data_dir,
+                admin=ADMIN_TOKEN,
+                billing=BILLING_TOKEN,
+                cert_subject=CERT_SUBJECT,
+                client_ca=f'client_ca = "{self.client_ca}"' if self.client_ca else "",
             )
         )
         stderr = open(self.directory / "gateway.err", "a")  # noqa: SIM115 - owned by the child
