@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Iterator
 
 import pytest
 from conftest import BILLING_TOKEN, PATIENCE, Gateway
@@ -128,3 +129,22 @@ async def test_operator_calls_describe_the_pool_and_watch_events(
         other = await producer.explain_pool(NS, "other")
         assert other[0].eligibility == gateway_pb2.ELIGIBILITY_SERVES_OTHER_ACTIVITY
     await events.aclose()
+
+
+async def test_dispatch_many_raises_a_failing_iterable_after_what_was_sent(
+    gateway: Gateway, producer: Producer
+) -> None:
+    worker = new_worker(gateway)
+    worker.register("echo", lambda context, data: data)
+
+    def requests() -> Iterator[DispatchRequest]:
+        yield DispatchRequest(NS, "echo", b"first", timeout=PATIENCE)
+        raise RuntimeError("the request source broke")
+
+    seen = []
+    async with worker.serving():
+        with pytest.raises(RuntimeError, match="request source"):
+            async for result in producer.dispatch_many(requests()):
+                seen.append(result.outcome)
+    # Control: the request sent before the failure still completed.
+    assert seen == [Completed(b"first")]

@@ -161,15 +161,19 @@ class Producer:
 
         async def send() -> None:
             index = 0
-            async for request in _aiter(requests):
-                await window.acquire()
-                outbound.put_nowait(
-                    gateway_pb2.DispatchStreamRequest(
-                        correlation_id=index, request=request.to_proto()
+            try:
+                async for request in _aiter(requests):
+                    await window.acquire()
+                    outbound.put_nowait(
+                        gateway_pb2.DispatchStreamRequest(
+                            correlation_id=index, request=request.to_proto()
+                        )
                     )
-                )
-                index += 1
-            outbound.put_nowait(None)
+                    index += 1
+            finally:
+                # Half-close even when the requests fail to iterate: what was sent finishes,
+                # the stream ends, and the failure is raised after the last reply.
+                outbound.put_nowait(None)
 
         method = self._channel.stream_stream(
             _SERVICE + "DispatchStream",

@@ -182,7 +182,9 @@ class Worker:
         running = asyncio.get_running_loop().create_task(self.run())
         try:
             waiting = asyncio.ensure_future(self._connected.wait())
-            await asyncio.wait({running, waiting}, timeout=timeout, return_when="FIRST_COMPLETED")
+            await asyncio.wait(
+                {running, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
             waiting.cancel()
             if running.done():
                 running.result()
