@@ -39,6 +39,8 @@ CONFIG = """
 [grpc]
 listen = "127.0.0.1:{port}"
 reconnect_grace = "2s"
+# One worker stream per connection: a test whose workers shared a connection would fail.
+max_workers_per_connection = 1
 
 [quic]
 enabled = false

@@ -7,7 +7,10 @@ import asyncio
 import signal
 import threading
 import time
+from collections.abc import AsyncIterator
 
+import grpc
+import pytest
 from conftest import PATIENCE, Gateway, WorkerProcess
 
 from switchyard import (
@@ -22,7 +25,7 @@ from switchyard import (
     RetryableError,
     Worker,
 )
-from switchyard.v1 import gateway_pb2
+from switchyard.v1 import gateway_pb2, worker_pb2
 
 NS = "tests"
 
@@ -362,3 +365,45 @@ async def test_resize_announces_the_new_capacity(gateway: Gateway, producer: Pro
         await eventually(lambda: capacity(1), "control: registered with capacity 1")
         worker.resize(3)
         await eventually(lambda: capacity(3), "the gateway sees capacity 3")
+
+
+async def test_workers_in_one_process_do_not_share_a_connection(
+    gateway: Gateway, producer: Producer
+) -> None:
+    workers = [new_worker(gateway) for _ in range(3)]
+    for worker in workers:
+        worker.register("echo", lambda context, data: data)
+    # The gateway takes one worker stream per connection (`max_workers_per_connection = 1`).
+    async with workers[0].serving(), workers[1].serving(), workers[2].serving():
+        listed = await producer.list_workers(namespace=NS)
+        assert len(listed) == 3
+    # Control: two worker streams on one channel are refused, naming the key.
+    channel = gateway.connection().channel()
+    connect = channel.stream_stream(
+        "/switchyard.v1.WorkerGateway/ConnectWorker",
+        request_serializer=worker_pb2.WorkerFrame.SerializeToString,
+        response_deserializer=worker_pb2.GatewayFrame.FromString,
+    )
+    register = worker_pb2.WorkerFrame(
+        register=worker_pb2.RegisterWorker(
+            namespaces=[NS], activity_types=["echo"], max_concurrency=1
+        )
+    )
+    metadata = gateway.connection().metadata()
+    hold = asyncio.Event()
+
+    async def frames() -> AsyncIterator[worker_pb2.WorkerFrame]:
+        yield register
+        await hold.wait()  # keep the request side open: a half-close would end the stream
+
+    first = connect(frames(), metadata=metadata)
+    await asyncio.wait_for(first.read(), PATIENCE)
+    second = connect(frames(), metadata=metadata)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await asyncio.wait_for(second.read(), PATIENCE)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_workers_per_connection" in (refused.value.details() or "")
+    hold.set()
+    first.cancel()
+    second.cancel()
+    await channel.close()
