@@ -71,3 +71,28 @@ async def test_worker_options_are_checked_before_dialing() -> None:
         Connection(client_cert=b"cert")
     with pytest.raises(ConfigError):
         Worker(namespaces="a")  # type: ignore[arg-type]
+
+
+async def test_a_stop_interrupts_a_connect_that_hangs() -> None:
+    dialled = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        dialled.set()
+        await reader.read()  # accepts and never answers the TLS handshake
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    worker = Worker(
+        namespaces=["a"],
+        connection=Connection(endpoint=f"127.0.0.1:{port}"),
+        connect_timeout=600,
+        handle_signals=False,
+    )
+    worker.register("echo", lambda context, data: data)
+    running = asyncio.ensure_future(worker.run())
+    await asyncio.wait_for(dialled.wait(), 10)
+    assert not running.done(), "control: the connect hangs"
+    worker.stop()
+    # Far inside the 600 s connect timeout.
+    await asyncio.wait_for(running, 10)
+    server.close()

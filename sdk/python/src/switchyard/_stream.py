@@ -136,6 +136,10 @@ class Stream:
             raise Unavailable(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"no registration within {timeout} s"
             ) from None
+        except BaseException:
+            # Cancelled (the worker was stopped while connecting): the channel goes with it.
+            await asyncio.shield(channel.close(grace=None))
+            raise
         if not isinstance(frame, worker_pb2.GatewayFrame) or not frame.HasField("register_ack"):
             await channel.close(grace=None)
             raise Unavailable(

@@ -9,7 +9,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -24,6 +24,7 @@ from .v1 import worker_pb2
 log = logging.getLogger("switchyard.worker")
 
 H = TypeVar("H", bound=Handler)
+T = TypeVar("T")
 
 
 @dataclass
@@ -236,8 +237,8 @@ class Worker:
             attempt += 1
             first = self._resume_frame(lost.session, keeper) if lost else self._register_frame()
             try:
-                stream, registered = await Stream.open(
-                    self._connection, first, self._connect_timeout
+                opened = await self._unless_stopped(
+                    Stream.open(self._connection, first, self._connect_timeout)
                 )
             except ResumeRefused as refused:
                 log.warning("session resume refused (%s); registering afresh", refused.error)
@@ -250,6 +251,9 @@ class Worker:
                     raise
                 log.warning("connecting failed (attempt %d): %s; retrying", attempt, error)
                 continue
+            if opened is None:
+                return
+            stream, registered = opened
             if registered.held is not None:
                 log.info("resumed session %d", registered.worker_id)
                 keeper.reconcile(registered.held)
@@ -308,6 +312,27 @@ class Worker:
                 unacked_task_ids=unacked,
             )
         )
+
+    async def _unless_stopped(self, opening: Awaitable[T]) -> T | None:
+        """Awaits `opening`, or cancels it and returns None when the worker is stopped or
+        drained first (nothing reaches a worker that is not connected)."""
+        loop = asyncio.get_running_loop()
+        work = asyncio.ensure_future(opening)
+        interrupts = {loop.create_task(self._stop.wait())}
+        if self.registrations > 0:
+            # Before the first registration a drain waits for it, and is sent once registered.
+            interrupts.add(loop.create_task(self._drain.wait()))
+        try:
+            await asyncio.wait({work, *interrupts}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for interrupt in interrupts:
+                interrupt.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return None
 
     async def _interrupted_within(self, delay: float) -> bool:
         """Sleeps `delay` s; True when a stop or a drain came first."""
