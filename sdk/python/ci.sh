@@ -12,6 +12,10 @@ python=${PYTHON:-python3}
 
 "$python" -c 'import sys; assert sys.version_info >= (3, 10), sys.version' \
   || { echo "sdk/python needs Python 3.10 or newer" >&2; exit 1; }
+# The mutual-TLS test issues its certificates with the openssl command.
+if ! command -v openssl >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq openssl) >&2
+fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 timeout 300 "$venv/bin/pip" install --quiet --disable-pip-version-check -r requirements-ci.txt
 
