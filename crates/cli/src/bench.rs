@@ -7,6 +7,11 @@
 //! one JSON object on stdout. Everything is bounded: N and K are capped, every wait has a
 //! deadline, and each dispatch carries a timeout.
 //!
+//! `--durable` makes every dispatch durable: recorded in the gateway's store before it runs,
+//! its outcome recorded before it is returned (`--via stream` and `unary` set `durable` on each
+//! request; `--via submit` submits and reads outcomes from `WatchOutcomes`, see
+//! `bench/submit.rs`).
+//!
 //! `--scenario tenant-fairness` measures what parked work in one tenant's pool costs another
 //! tenant's dispatch rate (see `bench/fairness.rs`).
 //!
@@ -19,6 +24,7 @@ mod executions;
 mod fairness;
 mod idle;
 mod report;
+mod submit;
 mod system;
 mod target;
 mod workers;
@@ -81,6 +87,7 @@ async fn load(args: &BenchArgs, target: &Target) -> Result<String, Failure> {
         Via::Stream => drive::stream(args, target).await,
         Via::Unary => drive::unary(args, target).await,
         Via::Core => drive::core(args, target).await,
+        Via::Submit => submit::run(args, target).await,
     };
     let elapsed = started.elapsed();
     let cpu_after = system::busy_ticks();

@@ -62,6 +62,11 @@ fn load_run_with(transport: &str, via: &str, extra: &[&str]) {
     args.extend_from_slice(extra);
     let report = bench(&args);
     assert_eq!(report["mode"], "load");
+    assert_eq!(
+        report["parameters"]["durable"],
+        extra.contains(&"--durable"),
+        "the report says whether the dispatches were durable"
+    );
     assert_eq!(report["parameters"]["transport"], transport);
     assert_eq!(report["parameters"]["via"], via);
     assert_eq!(report["parameters"]["tasks"], TASKS);
@@ -148,6 +153,31 @@ fn quic_via_core_completes_every_dispatch() {
 #[test]
 fn mixed_via_unary_completes_every_dispatch() {
     load_run("mixed", "unary");
+}
+
+#[test]
+fn durable_via_stream_completes_every_dispatch_once() {
+    load_run_with("grpc", "stream", &["--durable"]);
+}
+
+#[test]
+fn durable_via_submit_completes_every_dispatch_once() {
+    load_run_with("grpc", "submit", &["--durable"]);
+}
+
+#[test]
+fn durable_via_unary_completes_every_dispatch_once() {
+    load_run_with("mixed", "unary", &["--durable"]);
+}
+
+#[test]
+fn via_submit_without_durable_is_refused_as_a_usage_error() {
+    let output = Command::new(switchyard())
+        .args(["bench", "--via", "submit"])
+        .output()
+        .expect("switchyard runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--via submit needs --durable"));
 }
 
 #[test]

@@ -53,6 +53,9 @@ pub(crate) enum Via {
     Stream,
     /// Straight into core's dispatcher, no producer API (in-process gateway only).
     Core,
+    /// `Submit` calls, P at once, each outcome read from one `WatchOutcomes` stream (with
+    /// `--durable` only).
+    Submit,
 }
 
 /// QUIC congestion controller of the in-process gateway.
@@ -166,6 +169,11 @@ pub(crate) struct BenchArgs {
     /// gateway's `quic.redundancy` (a gateway at --connect decides with its own).
     #[arg(long, value_enum, default_value_t = RedundancyArg::Off)]
     pub(crate) redundancy: RedundancyArg,
+    /// Durable dispatches: each is recorded in the gateway's store (fsynced) before it runs and
+    /// its outcome recorded before it is returned. `--via stream` and `--via unary` set
+    /// `durable` on each request; `--via submit` uses `Submit` and `WatchOutcomes`.
+    #[arg(long)]
+    pub(crate) durable: bool,
 }
 
 impl BenchArgs {
@@ -203,6 +211,19 @@ impl BenchArgs {
                 "--service-time-us {}: at most {MAX_SERVICE_TIME_US}",
                 self.service_time_us
             )));
+        }
+        if self.via == Via::Submit && !self.durable {
+            return Err(Failure::usage("--via submit needs --durable"));
+        }
+        if self.durable && self.via == Via::Core {
+            return Err(Failure::usage(
+                "--durable needs the producer API: --via stream, unary or submit, not core",
+            ));
+        }
+        if self.durable && self.scenario == Scenario::TenantFairness {
+            return Err(Failure::usage(
+                "--durable measures the load run; --scenario tenant-fairness is ephemeral",
+            ));
         }
         if self.via == Via::Core && self.connect.is_some() {
             return Err(Failure::usage(
