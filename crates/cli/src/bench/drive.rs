@@ -98,7 +98,8 @@ pub(crate) fn wire_request(input: &Bytes, timeout: Duration, durable: bool) -> p
         activity_type: ACTIVITY.to_owned(),
         input: input.clone(),
         timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        durable,
+        // Unset follows the namespace's default, which is ephemeral unless configured.
+        durable: durable.then_some(true),
         ..pb::DispatchRequest::default()
     }
 }

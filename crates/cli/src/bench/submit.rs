@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use switchyard_proto::v1 as pb;
+use switchyard_proto::v1::watch_outcomes_reply::Event;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::args::BenchArgs;
@@ -105,14 +106,8 @@ pub(crate) async fn run(args: &BenchArgs, target: &Target) -> Result<Run, Failur
                     if id >= tasks {
                         return;
                     }
-                    let request = pb::SubmitRequest {
-                        dispatch: Some(drive::wire_request(
-                            &drive::input_of(&args, &input, id),
-                            timeout,
-                            true,
-                        )),
-                        ..pb::SubmitRequest::default()
-                    };
+                    let request =
+                        drive::wire_request(&drive::input_of(&args, &input, id), timeout, true);
                     let sent = Instant::now();
                     let done = match api.submit(request).await {
                         Ok(reply) => halves
@@ -139,14 +134,17 @@ pub(crate) async fn run(args: &BenchArgs, target: &Target) -> Result<Run, Failur
                         return;
                     }
                 };
-                if event.missed > 0 {
-                    let _ = ended.send(Err(Failure::runtime(format!(
-                        "the outcome watch missed {} outcomes",
-                        event.missed
-                    ))));
-                    return;
-                }
-                let label = drive::wire_label(event.outcome.as_ref());
+                let outcome = match event.event {
+                    Some(Event::Outcome(outcome)) => outcome,
+                    Some(Event::Missed(missed)) => {
+                        let _ = ended.send(Err(Failure::runtime(format!(
+                            "the outcome watch missed {} outcomes", missed.count
+                        ))));
+                        return;
+                    }
+                    None => continue,
+                };
+                let label = drive::wire_label(Some(&outcome));
                 let done = halves
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)

@@ -415,15 +415,14 @@ impl Producer {
     ) -> Result<Submitted, tonic::Status> {
         let reply = self
             .0
-            .submit(pb::SubmitRequest {
-                dispatch: Some(pb::DispatchRequest {
-                    namespace: NAMESPACE.into(),
-                    activity_type: activity.into(),
-                    input: tagged(tag),
-                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap(),
-                    ..pb::DispatchRequest::default()
-                }),
+            .submit(pb::DispatchRequest {
+                namespace: NAMESPACE.into(),
+                activity_type: activity.into(),
+                input: tagged(tag),
+                timeout_ms: u64::try_from(timeout.as_millis()).unwrap(),
+                durable: Some(true),
                 idempotency_key: key.unwrap_or_default(),
+                ..pb::DispatchRequest::default()
             })
             .await?
             .into_inner();
@@ -447,18 +446,22 @@ impl Producer {
             })
             .await?
             .into_inner();
-        Ok(reply.outcome)
+        Ok(match reply.result {
+            Some(pb::await_outcome_reply::Result::Outcome(outcome)) => Some(outcome),
+            Some(pb::await_outcome_reply::Result::Pending(_)) | None => None,
+        })
     }
 
     /// `GetDispatch`: the dispatch as the gateway reports it.
-    pub async fn get(&mut self, id: &str) -> Result<pb::GetDispatchReply, tonic::Status> {
-        Ok(self
-            .0
+    pub async fn get(&mut self, id: &str) -> Result<pb::DispatchInfo, tonic::Status> {
+        self.0
             .get_dispatch(pb::GetDispatchRequest {
                 dispatch_id: id.to_owned(),
             })
             .await?
-            .into_inner())
+            .into_inner()
+            .dispatch
+            .ok_or_else(|| tonic::Status::internal("GetDispatch without a dispatch"))
     }
 }
 
