@@ -349,7 +349,7 @@ impl TestWorker {
                 let ledger = Arc::clone(&ledger);
                 async move {
                     let tag = tag_of(&input)
-                        .ok_or_else(|| ActivityError::non_retryable("untagged input"))?;
+                        .ok_or_else(|| ActivityError::fatal("untagged input"))?;
                     ledger.record(
                         tag,
                         Run {
