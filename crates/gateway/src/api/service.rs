@@ -209,6 +209,7 @@ impl GatewayRpc for GatewayApi {
                 .as_ref()
                 .map_or(0, |queue| u32::try_from(queue.waiting).unwrap_or(u32::MAX)),
             oldest_parked_ms: parked.map_or(0, |queue| convert::millis(queue.oldest_wait)),
+            ..pb::DescribePoolReply::default()
         }))
     }
 
@@ -225,7 +226,10 @@ impl GatewayRpc for GatewayApi {
             .filter(|queue| caller.grant.allows(&queue.address.namespace))
             .map(convert::unserved_queue)
             .collect();
-        Ok(Response::new(pb::UnservedQueuesReply { queues }))
+        Ok(Response::new(pb::UnservedQueuesReply {
+            queues,
+            backlog: Vec::new(),
+        }))
     }
 
     async fn explain_pool(
@@ -329,6 +333,43 @@ impl GatewayRpc for GatewayApi {
             deadline,
             self.closing.clone(),
         )))
+    }
+
+    async fn submit(
+        &self,
+        _request: Request<pb::DispatchRequest>,
+    ) -> Result<Response<pb::SubmitReply>, Status> {
+        Err(Status::unimplemented("Submit"))
+    }
+
+    async fn await_outcome(
+        &self,
+        _request: Request<pb::AwaitOutcomeRequest>,
+    ) -> Result<Response<pb::AwaitOutcomeReply>, Status> {
+        Err(Status::unimplemented("AwaitOutcome"))
+    }
+
+    type WatchOutcomesStream = BoxStream<pb::WatchOutcomesReply>;
+
+    async fn watch_outcomes(
+        &self,
+        _request: Request<pb::WatchOutcomesRequest>,
+    ) -> Result<Response<Self::WatchOutcomesStream>, Status> {
+        Err(Status::unimplemented("WatchOutcomes"))
+    }
+
+    async fn get_dispatch(
+        &self,
+        _request: Request<pb::GetDispatchRequest>,
+    ) -> Result<Response<pb::GetDispatchReply>, Status> {
+        Err(Status::unimplemented("GetDispatch"))
+    }
+
+    async fn list_dispatches(
+        &self,
+        _request: Request<pb::ListDispatchesRequest>,
+    ) -> Result<Response<pb::ListDispatchesReply>, Status> {
+        Err(Status::unimplemented("ListDispatches"))
     }
 
     type WatchEventsStream = BoxStream<pb::GatewayEvent>;
