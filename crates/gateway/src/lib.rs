@@ -1,6 +1,6 @@
 //! The Switchyard gateway, embeddable: one process-wide core shared by every worker transport,
-//! the producer and operator gRPC API, configuration, development TLS material and the
-//! operations HTTP listener.
+//! the producer and operator gRPC API, the dispatch store behind durable dispatches,
+//! configuration, development TLS material and the operations HTTP listener.
 //!
 //! [`Gateway::builder`] assembles the same gateway `switchyard serve` runs. Transports, the
 //! built-in gRPC and QUIC ones included, are started through the one [`Transport`] trait; an
@@ -29,6 +29,7 @@ mod logging;
 mod ops;
 mod quic;
 mod readiness;
+mod store;
 mod tls;
 mod transport;
 
