@@ -15,11 +15,12 @@
 mod acquire;
 mod budget;
 mod config;
+mod hooks;
 pub(crate) mod quota;
 mod reclaim;
 mod table;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod unserved;
 
 use std::collections::HashMap;
@@ -35,6 +36,7 @@ use tracing::Instrument;
 pub use config::{
     DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DispatchConfig,
 };
+pub use hooks::{DeliveredHook, DispatchHooks, ParkedHook};
 pub use unserved::{UnservedAddress, UnservedQueue};
 
 use crate::address::{WorkerId, normalise_task_queue};
@@ -296,20 +298,28 @@ impl Dispatcher {
         caller: &CallerIdentity,
         request: ActivityRequest,
     ) -> Result<ActivityOutcome, DispatchError> {
-        validate(&request, &self.inner.config)?;
-        if !caller.grant.allows(&request.namespace) {
-            return Err(DispatchError::NamespaceNotGranted {
-                principal: caller.principal.clone(),
-                namespace: request.namespace.clone(),
-            });
-        }
+        self.dispatch_with(caller, request, DispatchHooks::default())
+            .await
+    }
+
+    /// [`Dispatcher::dispatch`], telling `hooks` when the task is delivered or parks, with
+    /// attempts counted from `hooks.attempt_offset`; a `hooks.durable` dispatch is exempt
+    /// from the parked-count and held-bytes quotas.
+    pub async fn dispatch_with(
+        &self,
+        caller: &CallerIdentity,
+        request: ActivityRequest,
+        hooks: DispatchHooks,
+    ) -> Result<ActivityOutcome, DispatchError> {
+        self.check(caller, &request)?;
         let held = self.inner.quotas.hold(
             &self.inner.config,
             &request.namespace,
             &caller.principal,
             request.input.len(),
+            hooks.durable,
         )?;
-        let cancel = CancellationToken::new();
+        let cancel = hooks.cancel.clone().unwrap_or_default();
         let _activity = self.claim_activity_id(caller, &request, &cancel)?;
         let started = Instant::now();
         let span = tracing::debug_span!("dispatch", namespace = %request.namespace,
@@ -317,12 +327,32 @@ impl Dispatcher {
         let outcome = if self.inner.shutting_down.load(Ordering::Acquire) {
             ActivityOutcome::ShuttingDown
         } else {
-            self.run(&request, &cancel, &held).instrument(span).await?
+            self.run(&request, &cancel, &held, &hooks)
+                .instrument(span)
+                .await?
         };
         metrics::counter!("switchyard_dispatches_total", "outcome" => outcome.label()).increment(1);
         metrics::histogram!("switchyard_dispatch_latency_seconds")
             .record(started.elapsed().as_secs_f64());
         Ok(outcome)
+    }
+
+    /// Checks what [`Dispatcher::dispatch`] checks before it starts, without starting
+    /// anything: every name present and bounded, the input within
+    /// [`DispatchConfig::max_input_bytes`], the caller granted the namespace.
+    pub fn check(
+        &self,
+        caller: &CallerIdentity,
+        request: &ActivityRequest,
+    ) -> Result<(), DispatchError> {
+        validate(request, &self.inner.config)?;
+        if !caller.grant.allows(&request.namespace) {
+            return Err(DispatchError::NamespaceNotGranted {
+                principal: caller.principal.clone(),
+                namespace: request.namespace.clone(),
+            });
+        }
+        Ok(())
     }
 
     fn claim_activity_id(
@@ -363,6 +393,7 @@ impl Dispatcher {
         request: &ActivityRequest,
         cancel: &CancellationToken,
         held: &HeldInput<'_>,
+        hooks: &DispatchHooks,
     ) -> Result<ActivityOutcome, DispatchError> {
         let timeout = request.timeout.min(self.inner.config.max_timeout);
         let deadline = Instant::now() + timeout;
@@ -375,7 +406,7 @@ impl Dispatcher {
             // Only a dispatch no worker has taken yet may be refused for parking.
             let refusable = deliveries == 0;
             let (worker, reservation) = match self
-                .acquire(request, deadline, cancel, held, refusable)
+                .acquire(request, deadline, cancel, held, refusable, hooks)
                 .await
             {
                 Ok(hit) => hit,
@@ -407,7 +438,7 @@ impl Dispatcher {
                     task_queue: normalise_task_queue(&request.task_queue).to_owned(),
                     activity_type: request.activity_type.clone(),
                     input: request.input.clone(),
-                    attempt: deliveries + 1,
+                    attempt: hooks.attempt_offset.saturating_add(deliveries + 1),
                     deadline: wall_deadline,
                 }))
             } else {
@@ -447,7 +478,11 @@ impl Dispatcher {
             }
             failed_deliveries = 0;
             deliveries += 1;
-            tracing::trace!(worker = %worker.id(), task = %task, attempt = deliveries, "task delivered");
+            let attempt = hooks.attempt_offset.saturating_add(deliveries);
+            tracing::trace!(worker = %worker.id(), task = %task, attempt, "task delivered");
+            if let Some(delivered) = &hooks.on_delivered {
+                delivered(worker.id(), attempt);
+            }
             let ending = tokio::select! {
                 signal = &mut wait => Ending::Signal(signal),
                 () = tokio::time::sleep_until(deadline) => {
@@ -730,6 +765,11 @@ impl Dispatcher {
     /// The largest input a dispatch accepts ([`DispatchConfig::max_input_bytes`]).
     pub fn max_input_bytes(&self) -> usize {
         self.inner.config.max_input_bytes
+    }
+
+    /// The longest timeout a dispatch may ask for ([`DispatchConfig::max_timeout`]).
+    pub fn max_timeout(&self) -> Duration {
+        self.inner.config.max_timeout
     }
 
     /// True once [`Dispatcher::shutdown`] has started.

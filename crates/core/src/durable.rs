@@ -15,11 +15,22 @@
 //! restart and the operator API need. Ephemeral dispatches that find a worker at once never
 //! touch it.
 
+mod dispatcher;
+mod driver;
+mod live;
+mod memory;
 mod record;
 mod store;
+#[cfg(test)]
+mod tests;
+mod watch;
 
+pub use dispatcher::{DurableConfig, DurableDispatcher, LookupError, SubmitError, Submitted};
+pub use memory::{MemoryDispatchStore, MemoryStoreLimits};
 pub use record::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState,
     MAX_IDEMPOTENCY_KEY_BYTES, NewDispatch, OutcomeRecord, Recorded, StoredDispatch,
+    check_idempotency_key,
 };
 pub use store::{DispatchStore, DispatchStoreError};
+pub use watch::{OutcomeWatch, WatchEvent};

@@ -46,13 +46,15 @@ pub use delivery::{
     ActivityTask, CancelReason, DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage,
 };
 pub use dispatcher::{
-    DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DispatchConfig,
-    Dispatcher, RefusedCounts, UnservedAddress, UnservedQueue,
+    DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DeliveredHook,
+    DispatchConfig, DispatchHooks, Dispatcher, ParkedHook, RefusedCounts, UnservedAddress,
+    UnservedQueue,
 };
 pub use durable::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, DispatchStore,
-    DispatchStoreError, MAX_IDEMPOTENCY_KEY_BYTES, NewDispatch, OutcomeRecord, Recorded,
-    StoredDispatch,
+    DispatchStoreError, DurableConfig, DurableDispatcher, LookupError, MAX_IDEMPOTENCY_KEY_BYTES,
+    MemoryDispatchStore, MemoryStoreLimits, NewDispatch, OutcomeRecord, OutcomeWatch, Recorded,
+    StoredDispatch, SubmitError, Submitted, WatchEvent, check_idempotency_key,
 };
 pub use eligibility::{DispatchExclusion, Eligibility};
 pub use events::{DisconnectReason, WorkerEvent};

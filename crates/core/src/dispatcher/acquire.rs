@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Dispatcher;
 use super::quota::{HeldInput, ParkedPlace};
 use super::unserved::{ParkTicket, UnservedAddress};
+use super::{DispatchHooks, Dispatcher};
 use crate::address::normalise_task_queue;
 use crate::outcome::{ActivityOutcome, ActivityRequest, DispatchError};
 use crate::registry::{DispatchReservation, UnservedReason};
@@ -46,8 +46,9 @@ impl Dispatcher {
     /// that reads as served while selection finds nobody (a worker on probation, a slot being
     /// freed) parks instead of spinning.
     ///
-    /// Parking counts against the parked quotas of the dispatch's namespace and principal;
-    /// when `refusable`, a dispatch that would pass one is refused instead of parked.
+    /// Parking counts against the parked quotas of the dispatch's namespace and principal
+    /// (unless `hooks.durable`); when `refusable`, a dispatch that would pass one is refused
+    /// instead of parked.
     pub(super) async fn acquire(
         &self,
         request: &ActivityRequest,
@@ -55,6 +56,7 @@ impl Dispatcher {
         cancel: &CancellationToken,
         held: &HeldInput<'_>,
         refusable: bool,
+        hooks: &DispatchHooks,
     ) -> Result<(Worker, DispatchReservation), Missed> {
         let pool = Pool {
             namespace: &request.namespace,
@@ -70,7 +72,10 @@ impl Dispatcher {
         }
         // Most dispatches find a worker at the first try: the parked wait's state lives on
         // the heap, only for the dispatches that park, so every dispatch's future stays small.
-        Box::pin(self.park(request, &pool, deadline, cancel, held, refusable, gap)).await
+        Box::pin(self.park(
+            request, &pool, deadline, cancel, held, refusable, hooks, gap,
+        ))
+        .await
     }
 
     /// One selection attempt, counted.
@@ -95,16 +100,22 @@ impl Dispatcher {
         cancel: &CancellationToken,
         held: &HeldInput<'_>,
         refusable: bool,
+        hooks: &DispatchHooks,
         gap: crate::WorkerArrival,
     ) -> Result<(Worker, DispatchReservation), Missed> {
         let registry = &self.inner.registry;
         let quotas = &self.inner.quotas;
-        let _parked: ParkedPlace<'_> = if refusable {
-            quotas
-                .park(&self.inner.config, held)
-                .map_err(Missed::Refused)?
+        // A durable dispatch waits outside the parked quotas: the dispatch store bounds it.
+        let _parked: Option<ParkedPlace<'_>> = if hooks.durable {
+            None
+        } else if refusable {
+            Some(
+                quotas
+                    .park(&self.inner.config, held)
+                    .map_err(Missed::Refused)?,
+            )
         } else {
-            quotas.park_unrefused(held)
+            Some(quotas.park_unrefused(held))
         };
         let mut waiting = registry.pool_waiter(
             pool.namespace,
@@ -115,6 +126,7 @@ impl Dispatcher {
         waiting.arm();
         let mut ticket: Option<ParkTicket> = None;
         let mut classified_at: Option<Instant> = None;
+        let mut told: Option<UnservedReason> = None;
         // A wake between the miss and the queueing: select again at once.
         let mut wait = !fired(gap);
         loop {
@@ -130,6 +142,12 @@ impl Dispatcher {
                         pool.node,
                     );
                     let reason = census.classify().unwrap_or(UnservedReason::OnProbation);
+                    if let Some(parked) = &hooks.on_parked
+                        && told != Some(reason)
+                    {
+                        parked(reason);
+                        told = Some(reason);
+                    }
                     match &ticket {
                         Some(ticket) => ticket.reclassify(reason, &census),
                         None => {

@@ -92,14 +92,17 @@ impl QuotaBook {
     }
 
     /// Takes `bytes` of input for a dispatch of `principal` in `namespace`, or refuses naming
-    /// the byte quota it would pass.
+    /// the byte quota it would pass. An `exempt` (durable) dispatch counts as running in its
+    /// namespace but holds no bytes against either quota: the dispatch store bounds it.
     pub(crate) fn hold<'a>(
         &'a self,
         config: &DispatchConfig,
         namespace: &'a str,
         principal: &'a str,
         bytes: usize,
+        exempt: bool,
     ) -> Result<HeldInput<'a>, DispatchError> {
+        let bytes = if exempt { 0 } else { bytes };
         {
             let mut books = self.lock();
             let Books {
@@ -339,9 +342,11 @@ mod tests {
             max_held_input_bytes_per_namespace: 100,
             ..DispatchConfig::default()
         };
-        let first = book.hold(&config, "ns", "p", 60).expect("within quota");
+        let first = book
+            .hold(&config, "ns", "p", 60, false)
+            .expect("within quota");
         let refused = book
-            .hold(&config, "ns", "p", 41)
+            .hold(&config, "ns", "p", 41, false)
             .expect_err("past the quota");
         assert!(
             matches!(&refused, DispatchError::QuotaExceeded { limit, value: 100, .. }
@@ -352,7 +357,7 @@ mod tests {
         drop(first);
         // Control: the same input fits once the first dispatch let go of its bytes.
         let again = book
-            .hold(&config, "ns", "p", 41)
+            .hold(&config, "ns", "p", 41, false)
             .expect("bytes were given back");
         drop(again);
         assert_eq!(
@@ -382,8 +387,12 @@ mod tests {
         listed_then_idle(&registry, "ns");
         let book = QuotaBook::new(registry.clone());
         let config = DispatchConfig::default();
-        let first = book.hold(&config, "ns", "p", 1).expect("within quota");
-        let second = book.hold(&config, "ns", "q", 1).expect("within quota");
+        let first = book
+            .hold(&config, "ns", "p", 1, false)
+            .expect("within quota");
+        let second = book
+            .hold(&config, "ns", "q", 1, false)
+            .expect("within quota");
         tokio::time::advance(Duration::from_secs(3600)).await;
         assert_eq!(expire(&registry, Instant::now()), 0, "two dispatches run");
         drop(first);
@@ -409,7 +418,9 @@ mod tests {
         let registry = Registry::builder().namespace_idle_expiry(expiry).build();
         let book = QuotaBook::new(registry.clone());
         let config = DispatchConfig::default();
-        let _early = book.hold(&config, "ns", "p", 1).expect("within quota");
+        let _early = book
+            .hold(&config, "ns", "p", 1, false)
+            .expect("within quota");
         assert_eq!(
             registry.namespaces_listed(),
             0,
@@ -420,7 +431,9 @@ mod tests {
         // Control: no dispatch counted yet, the listed namespace expires.
         assert_eq!(expire(&registry, later + expiry), 1);
         listed_then_idle(&registry, "ns");
-        let _next = book.hold(&config, "ns", "p", 1).expect("within quota");
+        let _next = book
+            .hold(&config, "ns", "p", 1, false)
+            .expect("within quota");
         assert_eq!(expire(&registry, later + expiry * 10), 0, "counted in use");
     }
 
@@ -431,9 +444,11 @@ mod tests {
             max_held_input_bytes_per_principal: 100,
             ..DispatchConfig::default()
         };
-        let _a = book.hold(&config, "a", "p", 60).expect("within quota");
+        let _a = book
+            .hold(&config, "a", "p", 60, false)
+            .expect("within quota");
         let refused = book
-            .hold(&config, "b", "p", 41)
+            .hold(&config, "b", "p", 41, false)
             .expect_err("past p's quota");
         assert!(
             refused
@@ -444,7 +459,7 @@ mod tests {
         assert!(refused.to_string().contains("principal \"p\""), "{refused}");
         // Control: another principal in the same namespace is not held to p's quota.
         let _q = book
-            .hold(&config, "b", "q", 41)
+            .hold(&config, "b", "q", 41, false)
             .expect("q has its own quota");
     }
 }

@@ -1,11 +1,12 @@
 //! The dispatcher's rules, each against scripted workers and paused time, one module per
 //! behaviour over a shared fixture.
 
-mod fixture;
+pub(crate) mod fixture;
 
 mod cancel;
 mod delivery;
 mod fairness;
+mod hooks;
 mod in_flight;
 mod outcomes;
 mod parking;

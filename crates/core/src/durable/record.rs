@@ -13,6 +13,22 @@ use crate::registry::UnservedReason;
 /// Longest idempotency key a producer may give, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 256;
 
+/// Checks a producer's idempotency key: not empty, at most [`MAX_IDEMPOTENCY_KEY_BYTES`].
+/// Every store applies this rule at [`record`](super::DispatchStore::record).
+pub fn check_idempotency_key(key: &str) -> Result<(), super::DispatchStoreError> {
+    let problem = if key.is_empty() {
+        "empty".to_owned()
+    } else if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+        format!(
+            "{} bytes, more than the limit of {MAX_IDEMPOTENCY_KEY_BYTES}",
+            key.len()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(super::DispatchStoreError::InvalidKey { problem })
+}
+
 /// The id of a durable dispatch: 32 lowercase hex digits (128 random bits), unguessable so an
 /// id alone reveals nothing about other dispatches.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

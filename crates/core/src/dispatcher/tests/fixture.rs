@@ -17,21 +17,21 @@ use crate::eligibility::Eligibility;
 use crate::registration::Registration;
 use crate::registry::RegistrationToken;
 
-pub(super) const NS: &str = "ns";
-pub(super) const ACTIVITY: &str = "work";
+pub(crate) const NS: &str = "ns";
+pub(crate) const ACTIVITY: &str = "work";
 
 /// A delivery leg whose far end the test reads, that can refuse tasks or play disconnected.
-pub(super) struct Leg {
-    pub(super) tx: mpsc::Sender<WorkerMessage>,
-    pub(super) connected: AtomicBool,
+pub(crate) struct Leg {
+    pub(crate) tx: mpsc::Sender<WorkerMessage>,
+    pub(crate) connected: AtomicBool,
     /// Task deliveries still to refuse with `Full`.
-    pub(super) refuse_tasks: AtomicU32,
+    pub(crate) refuse_tasks: AtomicU32,
     /// Largest task frame the leg carries; a task frame is its input plus [`TASK_FRAMING`].
-    pub(super) frame_limit: AtomicUsize,
+    pub(crate) frame_limit: AtomicUsize,
 }
 
 /// Bytes a task frame adds around its input on the test leg.
-pub(super) const TASK_FRAMING: usize = 20;
+pub(crate) const TASK_FRAMING: usize = 20;
 
 impl WorkerDelivery for Leg {
     fn transport(&self) -> TransportName {
@@ -70,17 +70,17 @@ impl WorkerDelivery for Leg {
 }
 
 /// The far end of a [`Leg`]: what the gateway sent this worker.
-pub(super) struct TestWorker {
-    pub(super) id: WorkerId,
-    pub(super) token: Option<RegistrationToken>,
-    pub(super) rx: mpsc::Receiver<WorkerMessage>,
-    pub(super) leg: Arc<Leg>,
+pub(crate) struct TestWorker {
+    pub(crate) id: WorkerId,
+    pub(crate) token: Option<RegistrationToken>,
+    pub(crate) rx: mpsc::Receiver<WorkerMessage>,
+    pub(crate) leg: Arc<Leg>,
 }
 
 impl TestWorker {
     /// The next task sent to this worker (skipping other messages); fails the test after a
     /// minute of (paused) time.
-    pub(super) async fn task(&mut self) -> ActivityTask {
+    pub(crate) async fn task(&mut self) -> ActivityTask {
         let limit = Instant::now() + Duration::from_secs(60);
         loop {
             match tokio::time::timeout_at(limit, self.rx.recv()).await {
@@ -93,25 +93,25 @@ impl TestWorker {
     }
 
     /// Everything sent to this worker and not yet read, without waiting.
-    pub(super) fn sent(&mut self) -> Vec<WorkerMessage> {
+    pub(crate) fn sent(&mut self) -> Vec<WorkerMessage> {
         std::iter::from_fn(|| self.rx.try_recv().ok()).collect()
     }
 
-    pub(super) fn leave(&mut self) {
+    pub(crate) fn leave(&mut self) {
         drop(self.token.take());
     }
 }
 
-pub(super) struct Setup {
-    pub(super) registry: Registry,
-    pub(super) dispatcher: Dispatcher,
+pub(crate) struct Setup {
+    pub(crate) registry: Registry,
+    pub(crate) dispatcher: Dispatcher,
 }
 
-pub(super) fn setup() -> Setup {
+pub(crate) fn setup() -> Setup {
     setup_with(DispatchConfig::default())
 }
 
-pub(super) fn setup_with(config: DispatchConfig) -> Setup {
+pub(crate) fn setup_with(config: DispatchConfig) -> Setup {
     let registry = Registry::default();
     let dispatcher = Dispatcher::new(registry.clone(), config);
     Setup {
@@ -120,11 +120,11 @@ pub(super) fn setup_with(config: DispatchConfig) -> Setup {
     }
 }
 
-pub(super) fn caller() -> CallerIdentity {
+pub(crate) fn caller() -> CallerIdentity {
     CallerIdentity::trusted("producer")
 }
 
-pub(super) fn registration(capacity: u32) -> Registration {
+pub(crate) fn registration(capacity: u32) -> Registration {
     Registration {
         namespaces: BTreeSet::from([NS.to_owned()]),
         activity_types: BTreeSet::from([ACTIVITY.to_owned()]),
@@ -134,7 +134,7 @@ pub(super) fn registration(capacity: u32) -> Registration {
     }
 }
 
-pub(super) fn request(input: &str, timeout: Duration) -> ActivityRequest {
+pub(crate) fn request(input: &str, timeout: Duration) -> ActivityRequest {
     ActivityRequest {
         namespace: NS.to_owned(),
         task_queue: String::new(),
@@ -146,13 +146,13 @@ pub(super) fn request(input: &str, timeout: Duration) -> ActivityRequest {
     }
 }
 
-pub(super) fn with_id(mut request: ActivityRequest, id: &str) -> ActivityRequest {
+pub(crate) fn with_id(mut request: ActivityRequest, id: &str) -> ActivityRequest {
     request.activity_id = Some(id.to_owned());
     request
 }
 
 impl Setup {
-    pub(super) async fn worker(&self, capacity: u32) -> TestWorker {
+    pub(crate) async fn worker(&self, capacity: u32) -> TestWorker {
         let (tx, rx) = mpsc::channel(256);
         let leg = Arc::new(Leg {
             tx,
@@ -173,7 +173,7 @@ impl Setup {
         }
     }
 
-    pub(super) fn spawn(&self, request: ActivityRequest) -> JoinHandle<ActivityOutcome> {
+    pub(crate) fn spawn(&self, request: ActivityRequest) -> JoinHandle<ActivityOutcome> {
         let dispatcher = self.dispatcher.clone();
         tokio::spawn(async move {
             dispatcher
@@ -183,14 +183,14 @@ impl Setup {
         })
     }
 
-    pub(super) fn in_flight(&self, worker: &TestWorker) -> u32 {
+    pub(crate) fn in_flight(&self, worker: &TestWorker) -> u32 {
         self.registry
             .worker(worker.id)
             .map(|w| w.in_flight)
             .expect("worker registered")
     }
 
-    pub(super) fn eligibility(&self, worker: &TestWorker) -> Eligibility {
+    pub(crate) fn eligibility(&self, worker: &TestWorker) -> Eligibility {
         self.registry
             .worker(worker.id)
             .map(|w| w.eligibility)
@@ -198,7 +198,7 @@ impl Setup {
     }
 
     /// Lets spawned dispatches run until `n` wait parked (bounded; paused time stays put).
-    pub(super) async fn parked(&self, n: usize) {
+    pub(crate) async fn parked(&self, n: usize) {
         for _ in 0..1000 {
             let waiting: usize = self
                 .dispatcher
@@ -215,10 +215,10 @@ impl Setup {
     }
 }
 
-pub(super) fn success(input: &str) -> TaskResult {
+pub(crate) fn success(input: &str) -> TaskResult {
     TaskResult::Success(Bytes::copy_from_slice(input.as_bytes()))
 }
 
-pub(super) fn completed(input: &str) -> ActivityOutcome {
+pub(crate) fn completed(input: &str) -> ActivityOutcome {
     ActivityOutcome::Completed(Bytes::copy_from_slice(input.as_bytes()))
 }

@@ -1,0 +1,477 @@
+//! [`DurableDispatcher`]: durable dispatches recorded in a [`DispatchStore`] before they are
+//! acknowledged, run by one driver each through the one [`Dispatcher`], their one outcome
+//! recorded and then announced to waiters and watchers.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::driver::drive;
+use super::live::LiveBook;
+use super::record::{
+    BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, NewDispatch,
+    OutcomeRecord, Recorded, StoredDispatch,
+};
+use super::store::{DispatchStore, DispatchStoreError};
+use super::watch::{OutcomeWatch, Watchers};
+use crate::address::normalise_task_queue;
+use crate::dispatcher::Dispatcher;
+use crate::outcome::{ActivityOutcome, ActivityRequest, DispatchError};
+use crate::registration::CallerIdentity;
+
+/// How a [`DurableDispatcher`] keeps outcomes and feeds watchers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DurableConfig {
+    /// How long a finished dispatch (and its idempotency key) is kept (default 24 h).
+    pub outcome_retention: Duration,
+    /// How often finished dispatches past their retention are deleted (default 1 min).
+    pub purge_interval: Duration,
+    /// Outcomes a watcher may fall behind by before it is told it missed some (default
+    /// 1024; at least 1).
+    pub watch_capacity: usize,
+}
+
+impl Default for DurableConfig {
+    fn default() -> Self {
+        Self {
+            outcome_retention: Duration::from_secs(24 * 3600),
+            purge_interval: Duration::from_secs(60),
+            watch_capacity: 1024,
+        }
+    }
+}
+
+/// What [`DurableDispatcher::submit`] returns: the dispatch's id, once it is recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submitted {
+    /// The dispatch's id.
+    pub id: DispatchId,
+    /// True when the idempotency key was already used: `id` is the first dispatch's, and
+    /// nothing new runs.
+    pub existing: bool,
+}
+
+/// Why a submission was refused (nothing was recorded).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The request fails the dispatcher's checks (a name, the input size, the grant).
+    #[error(transparent)]
+    Dispatch(#[from] DispatchError),
+    /// The store refused it (a bound, the idempotency key) or failed.
+    #[error(transparent)]
+    Store(#[from] DispatchStoreError),
+}
+
+/// Why a durable dispatch could not be read or cancelled.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// No such dispatch for this caller: never recorded, deleted after its retention, or
+    /// another principal's (its existence is not revealed).
+    #[error("dispatch {id} not found")]
+    NotFound {
+        /// The id asked for.
+        id: DispatchId,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] DispatchStoreError),
+}
+
+/// Whether `caller` may read and cancel `dispatch`: its submitting principal, or an operator
+/// (or admin) granted its namespace.
+pub(super) fn may_see(caller: &CallerIdentity, dispatch: &NewDispatch) -> bool {
+    dispatch.principal == caller.principal || caller.operates(&dispatch.namespace)
+}
+
+/// What the handles and the drivers share.
+pub(super) struct Shared {
+    pub(super) dispatcher: Dispatcher,
+    pub(super) store: Arc<dyn DispatchStore>,
+    pub(super) live: LiveBook,
+    watchers: Watchers,
+    /// Fired by [`DurableDispatcher::shutdown`].
+    pub(super) stopping: CancellationToken,
+    /// Drivers running.
+    drivers: watch::Sender<usize>,
+}
+
+/// Counts one running driver until dropped.
+pub(super) struct DriverRunning<'a>(&'a watch::Sender<usize>);
+
+impl Drop for DriverRunning<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl Shared {
+    pub(super) fn driver_started(&self) -> DriverRunning<'_> {
+        self.drivers.send_modify(|n| *n += 1);
+        DriverRunning(&self.drivers)
+    }
+
+    /// Hands `id`'s recorded outcome to its waiters and its principal's watchers (`None`:
+    /// nothing recorded, the waiters keep waiting for the next start).
+    pub(super) fn announce(
+        &self,
+        principal: &str,
+        id: &DispatchId,
+        outcome: Option<ActivityOutcome>,
+    ) {
+        if let Some(outcome) = &outcome {
+            self.watchers.announce(principal, id, outcome);
+        }
+        self.live.finish(id, outcome);
+    }
+}
+
+/// Durable dispatches: recorded before they are acknowledged, run at least once, one outcome
+/// each, resumed after a restart; cheap to clone.
+///
+/// [`start`](Self::start) resumes every unfinished dispatch in the store; from then on
+/// [`submit`](Self::submit) records and starts new ones. Each runs through
+/// [`Dispatcher::dispatch_with`] as a durable dispatch (exempt from the ephemeral parked and
+/// held-bytes quotas; the store bounds it), its deliveries and parking written to the store
+/// as they happen. Its outcome is recorded (retried while the store fails) before any waiter
+/// or watcher hears it; `ShuttingDown` is not an outcome here: the dispatch stays unfinished
+/// and runs again at the next start, with the attempt number counted on.
+///
+/// Only the submitting principal, or an operator of the namespace, sees a dispatch; to
+/// anyone else it is [`LookupError::NotFound`]. A request's `activity_id` is not kept: a
+/// durable dispatch is cancelled by its [`DispatchId`].
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use switchyard_core::{
+///     ActivityRequest, CallerIdentity, DispatchConfig, Dispatcher, DurableConfig,
+///     DurableDispatcher, MemoryDispatchStore, MemoryStoreLimits, Registry,
+/// };
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let dispatcher = Dispatcher::new(Registry::default(), DispatchConfig::default());
+/// let store = Arc::new(MemoryDispatchStore::new(MemoryStoreLimits::default()));
+/// let durable = DurableDispatcher::start(dispatcher, store, DurableConfig::default()).await?;
+/// let shop = CallerIdentity::trusted("shop");
+/// let request = ActivityRequest {
+///     namespace: "payments".into(),
+///     task_queue: String::new(),
+///     activity_type: "charge".into(),
+///     node: None,
+///     input: "order 7".into(),
+///     activity_id: None,
+///     timeout: Duration::from_secs(60),
+/// };
+/// let submitted = durable.submit(&shop, request, Some("order-7".into())).await?;
+/// // No worker serves `payments` yet: the dispatch is recorded and waits for one.
+/// let outcome = durable.await_outcome(&shop, &submitted.id, Duration::ZERO).await?;
+/// assert_eq!(outcome, None);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct DurableDispatcher {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for DurableDispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableDispatcher")
+            .field("running", &self.shared.live.len())
+            .field("store", &self.shared.store)
+            .finish()
+    }
+}
+
+impl DurableDispatcher {
+    /// Resumes every unfinished dispatch in `store` and starts the retention loop.
+    pub async fn start(
+        dispatcher: Dispatcher,
+        store: Arc<dyn DispatchStore>,
+        config: DurableConfig,
+    ) -> Result<Self, DispatchStoreError> {
+        let unfinished = store.unfinished().await?;
+        let shared = Arc::new(Shared {
+            dispatcher,
+            store,
+            live: LiveBook::default(),
+            watchers: Watchers::new(config.watch_capacity),
+            stopping: CancellationToken::new(),
+            drivers: watch::Sender::new(0),
+        });
+        tracing::info!(
+            dispatches = unfinished.len(),
+            "resuming unfinished durable dispatches"
+        );
+        // Every one is tracked before any driver runs, so no cancel misses it.
+        let resumed: Vec<_> = unfinished
+            .into_iter()
+            .map(|row| {
+                let live = shared.live.insert(row.dispatch.id.clone());
+                (row, live)
+            })
+            .collect();
+        for (row, live) in resumed {
+            tokio::spawn(drive(Arc::clone(&shared), row, live, true));
+        }
+        tokio::spawn(purge_loop(Arc::clone(&shared), config));
+        Ok(Self { shared })
+    }
+
+    /// Records a durable dispatch and starts it; returns its id once the record is committed.
+    ///
+    /// The request passes the dispatcher's checks first ([`Dispatcher::check`]); its
+    /// deadline is its timeout from now (clamped like any dispatch's). A repeated
+    /// `idempotency_key` in the namespace returns the first dispatch's id and runs nothing.
+    /// After [`shutdown`](Self::shutdown) a submission is still recorded; it runs at the
+    /// next start.
+    pub async fn submit(
+        &self,
+        caller: &CallerIdentity,
+        mut request: ActivityRequest,
+        idempotency_key: Option<String>,
+    ) -> Result<Submitted, SubmitError> {
+        request.activity_id = None;
+        self.shared.dispatcher.check(caller, &request)?;
+        let now = SystemTime::now();
+        let timeout = request.timeout.min(self.shared.dispatcher.max_timeout());
+        let dispatch = NewDispatch {
+            id: DispatchId::generate(),
+            namespace: request.namespace,
+            task_queue: normalise_task_queue(&request.task_queue).to_owned(),
+            activity_type: request.activity_type,
+            node: request.node.filter(|node| !node.is_empty()),
+            input: request.input,
+            principal: caller.principal.clone(),
+            idempotency_key,
+            submitted_at: now,
+            deadline: now + timeout,
+        };
+        let span = tracing::debug_span!("durable_submit", dispatch_id = %dispatch.id,
+            namespace = %dispatch.namespace);
+        let recorded = self
+            .shared
+            .store
+            .record(dispatch.clone())
+            .instrument(span)
+            .await?;
+        match recorded {
+            Recorded::Existing(id) => Ok(Submitted { id, existing: true }),
+            Recorded::New(id) => {
+                if !self.shared.stopping.is_cancelled() {
+                    let live = self.shared.live.insert(id.clone());
+                    let row = StoredDispatch {
+                        dispatch,
+                        state: DispatchState::Queued { not_before: None },
+                        attempts: 0,
+                    };
+                    tokio::spawn(drive(Arc::clone(&self.shared), row, live, false));
+                }
+                Ok(Submitted {
+                    id,
+                    existing: false,
+                })
+            }
+        }
+    }
+
+    /// `id`'s row, if `caller` may see it.
+    async fn visible(
+        &self,
+        caller: &CallerIdentity,
+        id: &DispatchId,
+    ) -> Result<StoredDispatch, LookupError> {
+        match self.shared.store.get(id).await? {
+            Some(row) if may_see(caller, &row.dispatch) => Ok(row),
+            _ => Err(LookupError::NotFound { id: id.clone() }),
+        }
+    }
+
+    /// `id`'s one outcome, waiting up to `wait` for it; `Ok(None)` when it has none yet
+    /// (also when the gateway shuts down meanwhile).
+    pub async fn await_outcome(
+        &self,
+        caller: &CallerIdentity,
+        id: &DispatchId,
+        wait: Duration,
+    ) -> Result<Option<ActivityOutcome>, LookupError> {
+        let row = self.visible(caller, id).await?;
+        if let Some(outcome) = finished(&row)? {
+            return Ok(Some(outcome));
+        }
+        let Some(live) = self.shared.live.get(id) else {
+            // Its driver ended between the read and now, or none runs (after a shutdown).
+            let row = self.visible(caller, id).await?;
+            return finished(&row);
+        };
+        let mut outcome = live.outcome();
+        drop(live);
+        tokio::select! {
+            heard = tokio::time::timeout(wait, outcome.wait_for(Option::is_some)) => {
+                Ok(heard.ok().and_then(|heard| heard.ok().and_then(|o| o.clone())))
+            }
+            () = self.shared.stopping.cancelled() => Ok(None),
+        }
+    }
+
+    /// The outcomes of `caller`'s principal's durable dispatches, as they are recorded from
+    /// now on; bounded by [`DurableConfig::watch_capacity`], a watcher that falls further
+    /// behind is told how many it missed.
+    pub fn watch(&self, caller: &CallerIdentity) -> OutcomeWatch {
+        self.shared.watchers.subscribe(&caller.principal)
+    }
+
+    /// Where `id` stands; a dispatch running here reports the dispatcher's latest word
+    /// (parked and why, running on which worker) even when the store's row lags.
+    pub async fn get(
+        &self,
+        caller: &CallerIdentity,
+        id: &DispatchId,
+    ) -> Result<StoredDispatch, LookupError> {
+        let row = self.visible(caller, id).await?;
+        Ok(self.merge_live(row))
+    }
+
+    fn merge_live(&self, mut row: StoredDispatch) -> StoredDispatch {
+        if matches!(row.state, DispatchState::Finished { .. }) {
+            return row;
+        }
+        if let Some(state) = self
+            .shared
+            .live
+            .get(&row.dispatch.id)
+            .and_then(|live| live.state())
+        {
+            if let DispatchState::Running { attempt, .. } = &state {
+                row.attempts = row.attempts.max(*attempt);
+            }
+            row.state = state;
+        }
+        row
+    }
+
+    /// Dispatches matching `filter` that `caller` may see: anyone sees its own principal's;
+    /// an operator sees every principal's in the namespaces it operates.
+    pub async fn list(
+        &self,
+        caller: &CallerIdentity,
+        mut filter: DispatchFilter,
+    ) -> Result<Vec<StoredDispatch>, LookupError> {
+        let operator = caller.has_role(crate::Role::Operator);
+        if !operator {
+            if filter
+                .principal
+                .as_ref()
+                .is_some_and(|p| *p != caller.principal)
+            {
+                return Ok(Vec::new());
+            }
+            filter.principal = Some(caller.principal.clone());
+        }
+        let rows = self.shared.store.list(&filter).await?;
+        Ok(rows
+            .into_iter()
+            .filter(|row| may_see(caller, &row.dispatch))
+            .map(|row| self.merge_live(row))
+            .collect())
+    }
+
+    /// Cancels `id`: it ends `Cancelled` (its worker, if one holds it, is sent a cancel) and
+    /// that outcome is recorded. A finished dispatch keeps its outcome.
+    pub async fn cancel(
+        &self,
+        caller: &CallerIdentity,
+        id: &DispatchId,
+    ) -> Result<(), LookupError> {
+        let row = self.visible(caller, id).await?;
+        if matches!(row.state, DispatchState::Finished { .. }) {
+            return Ok(());
+        }
+        if let Some(live) = self.shared.live.get(id) {
+            live.cancel.cancel();
+            return Ok(());
+        }
+        // No driver runs it here (submitted after a shutdown): record the cancel itself, once;
+        // a failing store is the caller's answer rather than a wait.
+        let cancelled = ActivityOutcome::Cancelled;
+        let stored = OutcomeRecord::from(&cancelled);
+        let outcome = match self
+            .shared
+            .store
+            .complete(id, &stored, SystemTime::now())
+            .await?
+        {
+            Completion::AlreadyFinished(first) => first.to_outcome(),
+            Completion::Recorded | Completion::Unknown => Some(cancelled),
+        };
+        self.shared.announce(&row.dispatch.principal, id, outcome);
+        Ok(())
+    }
+
+    /// The store's backlog per pool address.
+    pub async fn census(&self) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
+        self.shared.store.census(SystemTime::now()).await
+    }
+
+    /// Stops: new submissions are recorded but not started, watchers end, waiters stop
+    /// waiting, the retention loop ends, and drivers stop retrying a failing store. Drivers
+    /// still record an outcome their dispatch reaches; a dispatch ended by the dispatcher's
+    /// own shutdown is not recorded and runs again at the next start. Call it before
+    /// [`Dispatcher::shutdown`].
+    pub fn shutdown(&self) {
+        self.shared.stopping.cancel();
+        self.shared.watchers.close();
+    }
+
+    /// Waits until every driver has ended (after [`shutdown`](Self::shutdown) and the
+    /// dispatcher's shutdown): nothing more will be written to the store.
+    pub async fn drivers_ended(&self) {
+        let mut drivers = self.shared.drivers.subscribe();
+        let _ = drivers.wait_for(|running| *running == 0).await;
+    }
+}
+
+/// The recorded outcome of a finished row.
+fn finished(row: &StoredDispatch) -> Result<Option<ActivityOutcome>, LookupError> {
+    let DispatchState::Finished { outcome, .. } = &row.state else {
+        return Ok(None);
+    };
+    match outcome.to_outcome() {
+        Some(outcome) => Ok(Some(outcome)),
+        None => Err(LookupError::Store(DispatchStoreError::Unavailable {
+            detail: format!(
+                "outcome kind {:?} of dispatch {} is unknown to this version",
+                outcome.kind, row.dispatch.id
+            ),
+        })),
+    }
+}
+
+/// Deletes finished dispatches past their retention, at start and every
+/// `purge_interval`, until shutdown.
+async fn purge_loop(shared: Arc<Shared>, config: DurableConfig) {
+    let interval = config.purge_interval.max(Duration::from_millis(1));
+    loop {
+        let before = SystemTime::now()
+            .checked_sub(config.outcome_retention)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        match shared.store.purge(before).await {
+            Ok(0) => {}
+            Ok(purged) => tracing::debug!(purged, "finished dispatches past retention deleted"),
+            Err(error) => {
+                tracing::warn!(%error, "finished dispatches not purged; trying again later")
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = shared.stopping.cancelled() => return,
+        }
+    }
+}

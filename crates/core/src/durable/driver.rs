@@ -1,0 +1,234 @@
+//! The driver of one durable dispatch: runs it through the one dispatcher, keeps the store's
+//! row in step (parked, running), and records its one outcome.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use super::dispatcher::Shared;
+use super::live::Live;
+use super::record::{Completion, DispatchId, DispatchState, OutcomeRecord, StoredDispatch};
+use crate::address::WorkerId;
+use crate::backoff::Backoff;
+use crate::dispatcher::DispatchHooks;
+use crate::outcome::{ActivityOutcome, ActivityRequest};
+use crate::registration::CallerIdentity;
+use crate::registry::UnservedReason;
+use crate::role::Role;
+
+/// Pauses between attempts to record an outcome while the store fails.
+const RECORD_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_secs(5),
+};
+
+/// What the dispatcher told the driver, to write to the store in order.
+enum Note {
+    Parked(UnservedReason),
+    Delivered(WorkerId, u32),
+}
+
+/// The outcome of a dispatch a restart finds past its deadline at `now`; `None` while it
+/// still has time. One that a worker ever held timed out; one no worker took is unserved.
+pub(super) fn expired(row: &StoredDispatch, now: SystemTime) -> Option<ActivityOutcome> {
+    if now < row.dispatch.deadline {
+        return None;
+    }
+    let held = row.attempts > 0 || matches!(row.state, DispatchState::Running { .. });
+    Some(if held {
+        ActivityOutcome::TimedOut
+    } else {
+        ActivityOutcome::Unserved {
+            reason: UnservedReason::NoWorkers,
+            detail: "the gateway restarted after the dispatch's deadline had passed; no \
+                     worker took it"
+                .to_owned(),
+        }
+    })
+}
+
+/// Runs `row` to its one outcome and records it; `resumed` for a row found at start (its
+/// deadline may have passed meanwhile).
+pub(super) async fn drive(
+    shared: Arc<Shared>,
+    row: StoredDispatch,
+    live: Arc<Live>,
+    resumed: bool,
+) {
+    let id = row.dispatch.id.clone();
+    let span = tracing::info_span!("durable_dispatch", dispatch_id = %id,
+        namespace = %row.dispatch.namespace, activity_type = %row.dispatch.activity_type);
+    async move {
+        let _running = shared.driver_started();
+        match run(&shared, &row, &live, resumed).await {
+            Some(outcome) => {
+                let recorded = record(&shared, &id, outcome).await;
+                shared.announce(&row.dispatch.principal, &id, recorded);
+            }
+            None => {
+                // Not an outcome: the gateway is going away, the dispatch resumes at the next
+                // start. Losing this release costs nothing a restart does not redo.
+                if let Err(error) = shared.store.release(&id, Duration::ZERO).await {
+                    tracing::debug!(%error, "release at shutdown not recorded");
+                }
+                shared.live.finish(&id, None);
+            }
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+/// The dispatch's outcome to record, or `None` when it ended because the gateway stops.
+async fn run(
+    shared: &Shared,
+    row: &StoredDispatch,
+    live: &Live,
+    resumed: bool,
+) -> Option<ActivityOutcome> {
+    let now = SystemTime::now();
+    if resumed && let Some(outcome) = expired(row, now) {
+        tracing::info!(
+            outcome = outcome.label(),
+            "deadline passed while the gateway was down"
+        );
+        return Some(outcome);
+    }
+    if let DispatchState::Queued {
+        not_before: Some(at),
+    } = row.state
+        && let Ok(delay) = at.duration_since(now)
+    {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = live.cancel.cancelled() => return Some(ActivityOutcome::Cancelled),
+            () = shared.stopping.cancelled() => return None,
+        }
+    }
+    if live.cancel.is_cancelled() {
+        return Some(ActivityOutcome::Cancelled);
+    }
+    let d = &row.dispatch;
+    let request = ActivityRequest {
+        namespace: d.namespace.clone(),
+        task_queue: d.task_queue.clone(),
+        activity_type: d.activity_type.clone(),
+        node: d.node.clone(),
+        input: d.input.clone(),
+        activity_id: None,
+        timeout: d
+            .deadline
+            .duration_since(SystemTime::now())
+            .unwrap_or_default(),
+    };
+    // The grant was checked when the dispatch was submitted; it runs as its principal.
+    let caller = CallerIdentity::granted(d.principal.clone(), [d.namespace.clone()])
+        .with_roles([Role::Producer]);
+    let (notes, mut heard) = mpsc::unbounded_channel();
+    let hooks = hooks(row.attempts, live, notes);
+    let mut dispatch = pin!(shared.dispatcher.dispatch_with(&caller, request, hooks));
+    let result = loop {
+        tokio::select! {
+            biased;
+            result = &mut dispatch => break result,
+            Some(note) = heard.recv() => write(shared, live, &d.id, note).await,
+        }
+    };
+    // What the dispatcher said last (a delivery just before the end) still counts: a claim
+    // lost here would hand the next start a repeated attempt number.
+    while let Ok(note) = heard.try_recv() {
+        write(shared, live, &d.id, note).await;
+    }
+    match result {
+        Ok(ActivityOutcome::ShuttingDown) => None,
+        Ok(outcome) => Some(outcome),
+        // Accepted, so it ends with an outcome: the refusal's sentence, final.
+        Err(refusal) => Some(ActivityOutcome::Failed {
+            message: refusal.to_string(),
+            retryable: false,
+        }),
+    }
+}
+
+fn hooks(attempts: u32, live: &Live, notes: mpsc::UnboundedSender<Note>) -> DispatchHooks {
+    let parked = notes.clone();
+    DispatchHooks {
+        attempt_offset: attempts,
+        on_delivered: Some(Arc::new(move |worker, attempt| {
+            let _ = notes.send(Note::Delivered(worker, attempt));
+        })),
+        on_parked: Some(Arc::new(move |reason| {
+            let _ = parked.send(Note::Parked(reason));
+        })),
+        durable: true,
+        cancel: Some(live.cancel.clone()),
+    }
+}
+
+/// Writes a note to the store. A lost note costs a stale state or a repeated attempt number
+/// after a crash, never an outcome: it is logged and dropped.
+async fn write(shared: &Shared, live: &Live, id: &DispatchId, note: Note) {
+    let written = match note {
+        Note::Parked(reason) => {
+            live.set_state(DispatchState::Parked {
+                reason: reason.as_str().to_owned(),
+            });
+            shared.store.park(id, reason.as_str()).await
+        }
+        Note::Delivered(worker, attempt) => {
+            live.set_state(DispatchState::Running { worker, attempt });
+            shared.store.claim(id, worker, attempt).await
+        }
+    };
+    if let Err(error) = written {
+        tracing::debug!(%error, "dispatch state not written to the store");
+    }
+}
+
+/// Records `outcome` as `id`'s one outcome, retrying while the store fails; returns the
+/// outcome that stands (the first one recorded), or `None` when the gateway stopped before it
+/// could be recorded (the dispatch then runs again after the restart).
+async fn record(
+    shared: &Shared,
+    id: &DispatchId,
+    outcome: ActivityOutcome,
+) -> Option<ActivityOutcome> {
+    let stored = OutcomeRecord::from(&outcome);
+    let mut failures: u32 = 0;
+    loop {
+        match shared.store.complete(id, &stored, SystemTime::now()).await {
+            Ok(Completion::Recorded) => {
+                tracing::debug!(outcome = outcome.label(), "outcome recorded");
+                return Some(outcome);
+            }
+            Ok(Completion::AlreadyFinished(first)) => {
+                tracing::debug!(kind = %first.kind, "an outcome was already recorded");
+                return Some(first.to_outcome().unwrap_or(outcome));
+            }
+            Ok(Completion::Unknown) => {
+                tracing::warn!(
+                    outcome = outcome.label(),
+                    "outcome not recorded: the dispatch is no longer in the store"
+                );
+                return Some(outcome);
+            }
+            Err(error) => {
+                if shared.stopping.is_cancelled() {
+                    tracing::warn!(%error,
+                        "outcome not recorded before shutdown; the dispatch runs again after the restart");
+                    return None;
+                }
+                tracing::warn!(%error, failures, "outcome not recorded yet; retrying");
+                let pause = RECORD_BACKOFF.delay(failures, &mut rand::rng());
+                failures = failures.saturating_add(1);
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = shared.stopping.cancelled() => {}
+                }
+            }
+        }
+    }
+}

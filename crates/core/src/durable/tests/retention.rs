@@ -1,0 +1,54 @@
+//! Finished dispatches are deleted after their retention; unfinished ones never are.
+
+use std::time::Duration;
+
+use crate::durable::{DispatchStore, DurableConfig};
+
+use super::fixture::*;
+
+#[tokio::test(start_paused = true)]
+async fn the_retention_loop_deletes_finished_dispatches_only() {
+    let config = DurableConfig {
+        outcome_retention: Duration::ZERO,
+        purge_interval: Duration::from_secs(60),
+        ..DurableConfig::default()
+    };
+    let gw = start_with(memory(), config).await;
+    let alice = producer("alice");
+    let mut worker = gw.setup.worker(1).await;
+    let finished = gw.submit(&alice, "finished").await;
+    let task = worker.task().await;
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("finished"))
+        .expect("pending");
+    let _ = gw
+        .durable
+        .await_outcome(&alice, &finished, Duration::from_secs(10))
+        .await;
+    let running = gw.submit(&alice, "running").await;
+    let _held = worker.task().await;
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(gw.store.get(&finished).await, Ok(None), "purged");
+    // Control: the unfinished one stays.
+    assert!(gw.store.get(&running).await.expect("reads").is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finished_dispatch_within_its_retention_is_kept() {
+    let gw = start(memory()).await;
+    let alice = producer("alice");
+    let mut worker = gw.setup.worker(1).await;
+    let finished = gw.submit(&alice, "finished").await;
+    let task = worker.task().await;
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("finished"))
+        .expect("pending");
+    let _ = gw
+        .durable
+        .await_outcome(&alice, &finished, Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(gw.store.get(&finished).await.expect("reads").is_some());
+}

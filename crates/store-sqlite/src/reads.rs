@@ -1,0 +1,183 @@
+//! Reads on their own connections, off the async runtime: WAL lets them run beside the writer
+//! and see only committed rows.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use rusqlite::{Connection, OptionalExtension, ToSql, params, params_from_iter};
+use switchyard_core::{
+    BacklogCensus, DispatchFilter, DispatchId, DispatchStoreError, StoredDispatch,
+};
+
+use crate::codec::{COLUMNS, RawRow, from_nanos};
+use crate::schema;
+use crate::writer::store_error;
+
+/// Reading connections kept open between reads, at most.
+const MAX_IDLE_READERS: usize = 4;
+
+/// Reading connections, opened on demand and kept for the next read.
+#[derive(Debug)]
+pub(crate) struct Readers {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Readers {
+    pub(crate) fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Runs `read` on a reading connection on tokio's blocking pool.
+    pub(crate) async fn run<T, F>(self: &Arc<Self>, read: F) -> Result<T, DispatchStoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, DispatchStoreError> + Send + 'static,
+    {
+        let readers = Arc::clone(self);
+        tokio::task::spawn_blocking(move || readers.run_blocking(read))
+            .await
+            .map_err(|err| DispatchStoreError::Unavailable {
+                detail: format!("a store read stopped: {err}"),
+            })?
+    }
+
+    fn run_blocking<T>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T, DispatchStoreError>,
+    ) -> Result<T, DispatchStoreError> {
+        let path = self.path.display().to_string();
+        let taken = self.lock().pop();
+        let conn = match taken {
+            Some(conn) => conn,
+            None => schema::open_reader(&self.path).map_err(|err| store_error(&path, &err))?,
+        };
+        let result = read(&conn);
+        let mut idle = self.lock();
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+        result
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Connection>> {
+        // A read that panicked leaves the list of idle connections intact.
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A failed read: the store is unavailable, and SQLite says why.
+fn sql(err: rusqlite::Error) -> DispatchStoreError {
+    DispatchStoreError::Unavailable {
+        detail: err.to_string(),
+    }
+}
+
+/// One dispatch by id.
+pub(crate) fn get(
+    conn: &Connection,
+    id: &DispatchId,
+) -> Result<Option<StoredDispatch>, DispatchStoreError> {
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM dispatches WHERE id = ?1"))
+        .map_err(sql)?
+        .query_row(params![id.as_str()], RawRow::read)
+        .optional()
+        .map_err(sql)?
+        .map(RawRow::into_stored)
+        .transpose()
+}
+
+/// Every unfinished dispatch, oldest submission first.
+pub(crate) fn unfinished(conn: &Connection) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+    rows(
+        conn,
+        &format!(
+            "SELECT {COLUMNS} FROM dispatches WHERE state <> 'finished' \
+             ORDER BY submitted_at_ns, seq"
+        ),
+        &[],
+    )
+}
+
+/// Dispatches matching `filter`, oldest submission first; `limit` 0 is no limit.
+pub(crate) fn list(
+    conn: &Connection,
+    filter: &DispatchFilter,
+) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+    let mut query = format!("SELECT {COLUMNS} FROM dispatches WHERE 1");
+    let mut values: Vec<&dyn ToSql> = Vec::new();
+    let equal_to = [
+        ("namespace", &filter.namespace),
+        ("task_queue", &filter.task_queue),
+        ("activity_type", &filter.activity_type),
+        ("state", &filter.state),
+        ("principal", &filter.principal),
+    ];
+    for (column, wanted) in equal_to {
+        if let Some(wanted) = wanted {
+            query.push_str(&format!(" AND {column} = ?"));
+            values.push(wanted);
+        }
+    }
+    query.push_str(" ORDER BY submitted_at_ns, seq");
+    let limit;
+    if filter.limit > 0 {
+        limit = filter.limit;
+        query.push_str(" LIMIT ?");
+        values.push(&limit);
+    }
+    rows(conn, &query, &values)
+}
+
+fn rows(
+    conn: &Connection,
+    query: &str,
+    values: &[&dyn ToSql],
+) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+    let mut statement = conn.prepare_cached(query).map_err(sql)?;
+    let raw = statement
+        .query_map(params_from_iter(values), RawRow::read)
+        .map_err(sql)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(sql)?;
+    raw.into_iter().map(RawRow::into_stored).collect()
+}
+
+/// Backlog per pool address at `now`.
+pub(crate) fn census(
+    conn: &Connection,
+    now: SystemTime,
+) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
+    let mut statement = conn
+        .prepare_cached(
+            "SELECT namespace, task_queue, activity_type, \
+             sum(state <> 'running'), sum(state = 'running'), \
+             min(CASE WHEN state <> 'running' THEN submitted_at_ns END) \
+             FROM dispatches WHERE state <> 'finished' \
+             GROUP BY namespace, task_queue, activity_type \
+             ORDER BY namespace, task_queue, activity_type",
+        )
+        .map_err(sql)?;
+    statement
+        .query_map([], |row| {
+            let oldest: Option<i64> = row.get(5)?;
+            Ok(BacklogCensus {
+                namespace: row.get(0)?,
+                task_queue: row.get(1)?,
+                activity_type: row.get(2)?,
+                waiting: row.get(3)?,
+                running: row.get(4)?,
+                oldest_waiting: oldest.map(|submitted| {
+                    now.duration_since(from_nanos(submitted))
+                        .unwrap_or(Duration::ZERO)
+                }),
+            })
+        })
+        .map_err(sql)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(sql)
+}

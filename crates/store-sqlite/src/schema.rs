@@ -1,0 +1,203 @@
+//! The store's file: its schema, its identity (`application_id`, `user_version`) and how each
+//! connection to it is set up.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+
+use crate::open_error::OpenError;
+use crate::options::Synchronous;
+
+/// `application_id` of a Switchyard store: "SWYD".
+pub(crate) const APPLICATION_ID: u32 = 0x5357_5944;
+
+/// The schema this build writes, and the newest it reads.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits for another's lock (a reader during a checkpoint) before it
+/// reports busy.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Schema version 1. Times are nanoseconds since the Unix epoch; `seq` is the submission
+/// order among equal `submitted_at_ns`. Every index but the idempotency one covers only
+/// unfinished rows, so finished outcomes kept for their retention cost nothing to the hot
+/// queries.
+const SCHEMA_V1: &str = "
+CREATE TABLE dispatches (
+    seq               INTEGER PRIMARY KEY,
+    id                TEXT    NOT NULL UNIQUE,
+    namespace         TEXT    NOT NULL,
+    task_queue        TEXT    NOT NULL,
+    activity_type     TEXT    NOT NULL,
+    node              TEXT,
+    input             BLOB    NOT NULL,
+    principal         TEXT    NOT NULL,
+    idempotency_key   TEXT,
+    submitted_at_ns   INTEGER NOT NULL,
+    deadline_ns       INTEGER NOT NULL,
+    state             TEXT    NOT NULL
+        CHECK (state IN ('queued', 'parked', 'running', 'finished')),
+    not_before_ns     INTEGER,
+    parked_reason     TEXT,
+    worker            INTEGER,
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    finished_at_ns    INTEGER,
+    outcome_kind      TEXT,
+    outcome_output    BLOB,
+    outcome_message   TEXT,
+    outcome_retryable INTEGER,
+    outcome_reason    TEXT,
+    outcome_attempts  INTEGER
+) STRICT;
+CREATE INDEX dispatches_unfinished ON dispatches (submitted_at_ns)
+    WHERE state <> 'finished';
+CREATE INDEX dispatches_pool
+    ON dispatches (namespace, task_queue, activity_type, state, submitted_at_ns)
+    WHERE state <> 'finished';
+CREATE UNIQUE INDEX dispatches_idempotency ON dispatches (namespace, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX dispatches_finished_at ON dispatches (finished_at_ns)
+    WHERE finished_at_ns IS NOT NULL;
+";
+
+/// What a file's header and catalogue say it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Identity {
+    /// Empty: make it a store.
+    Fresh,
+    /// A store this build reads.
+    Store,
+    /// Another application's database.
+    Foreign { found: u32 },
+    /// A store of a newer schema.
+    Newer { found: i64 },
+}
+
+/// Judges a file by its `application_id`, `user_version` and how many schema objects it has.
+fn identify(application_id: u32, user_version: i64, objects: i64) -> Identity {
+    match (application_id, user_version, objects) {
+        (0, 0, 0) => Identity::Fresh,
+        (APPLICATION_ID, version, _) if version > SCHEMA_VERSION => {
+            Identity::Newer { found: version }
+        }
+        (APPLICATION_ID, _, _) => Identity::Store,
+        (found, _, _) => Identity::Foreign { found },
+    }
+}
+
+/// Opens the writer's connection: checks what the file is, switches to WAL, creates the
+/// schema in a fresh file.
+pub(crate) fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Connection, OpenError> {
+    let fail = |err| classify(path, err);
+    let conn = Connection::open(path).map_err(fail)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(fail)?;
+    let application_id: i64 = conn
+        .pragma_query_value(None, "application_id", |row| row.get(0))
+        .map_err(fail)?;
+    let user_version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(fail)?;
+    let objects: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get(0))
+        .map_err(fail)?;
+    // SQLite keeps `application_id` as a signed 32-bit integer; ours is its bit pattern.
+    let application_id = application_id as u32;
+    let identity = identify(application_id, user_version, objects);
+    let display = path.display().to_string();
+    match identity {
+        Identity::Foreign { found } => {
+            return Err(OpenError::Foreign {
+                path: display,
+                found,
+                expected: APPLICATION_ID,
+            });
+        }
+        Identity::Newer { found } => {
+            return Err(OpenError::NewerSchema {
+                path: display,
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        Identity::Fresh | Identity::Store => {}
+    }
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
+        .map_err(fail)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(OpenError::Failed {
+            path: display,
+            detail: format!("SQLite refused the WAL journal (journal_mode is {mode})"),
+        });
+    }
+    conn.pragma_update(None, "synchronous", synchronous.label())
+        .map_err(fail)?;
+    if identity == Identity::Fresh {
+        create_schema(&conn).map_err(fail)?;
+    }
+    Ok(conn)
+}
+
+fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    tx.execute_batch(SCHEMA_V1)?;
+    // Bit pattern of the id as SQLite's signed 32-bit integer.
+    tx.pragma_update(None, "application_id", APPLICATION_ID as i32)?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()
+}
+
+/// Opens a reading connection to a store the writer has opened.
+pub(crate) fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "query_only", true)?;
+    Ok(conn)
+}
+
+/// Begins the writer's batch transaction.
+pub(crate) fn begin_batch(conn: &mut Connection) -> rusqlite::Result<rusqlite::Transaction<'_>> {
+    conn.transaction_with_behavior(TransactionBehavior::Immediate)
+}
+
+/// Maps SQLite's failure at open to the refusal that names what is wrong.
+pub(crate) fn classify(path: &Path, err: rusqlite::Error) -> OpenError {
+    let path = path.display().to_string();
+    let detail = err.to_string();
+    match err.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => {
+            OpenError::NotADatabase { path, detail }
+        }
+        Some(ErrorCode::CannotOpen | ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
+            OpenError::NotWritable { path, detail }
+        }
+        _ => OpenError::Failed { path, detail },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_judged_by_application_id_version_and_contents() {
+        assert_eq!(identify(0, 0, 0), Identity::Fresh);
+        assert_eq!(identify(APPLICATION_ID, 1, 5), Identity::Store);
+        assert_eq!(identify(APPLICATION_ID, 2, 5), Identity::Newer { found: 2 });
+        assert_eq!(identify(7, 0, 1), Identity::Foreign { found: 7 });
+        assert_eq!(
+            identify(0, 0, 1),
+            Identity::Foreign { found: 0 },
+            "another application's tables without an application_id"
+        );
+        assert_eq!(
+            identify(0, 3, 0),
+            Identity::Foreign { found: 0 },
+            "a user_version set by someone else"
+        );
+    }
+}

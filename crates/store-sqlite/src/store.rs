@@ -1,0 +1,305 @@
+//! [`SqliteStore`]: the [`DispatchStore`] on one SQLite file.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use switchyard_core::{
+    BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchStore, DispatchStoreError,
+    NewDispatch, OutcomeRecord, Recorded, StoredDispatch, WorkerId,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::backlog::Backlog;
+use crate::lock::{LockHolder, StoreLock};
+use crate::open_error::OpenError;
+use crate::ops::{Answer, Limits, Op};
+use crate::options::SqliteOptions;
+use crate::reads::{self, Readers};
+use crate::schema;
+use crate::writer::{BatchPolicy, Command, Writer};
+
+/// Commands the writer's channel holds, in batches: senders wait beyond that.
+const QUEUED_BATCHES: usize = 4;
+
+/// Finished rows one purge transaction deletes at most, so records interleave with a long
+/// purge.
+const PURGE_CHUNK: u64 = 4096;
+
+/// The embedded durable-dispatch store: one SQLite file in WAL mode, one writer thread that
+/// group-commits every write, reads on their own connections on tokio's blocking pool.
+///
+/// Opening takes `<path>.lock` (held until the store is dropped or the process dies), so a
+/// second gateway on the same file is refused with the first one's pid, host and start time.
+/// `record` and `complete` return after their batch committed, fsynced as
+/// [`SqliteOptions::synchronous`] says; `park`, `claim` and `release` go through the same
+/// writer. `extend` does nothing: a claim here lasts until its dispatch is completed or
+/// released, and a restart is what ends the claims of a dead gateway.
+///
+/// Dropping the store waits for the writer to commit what it holds.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use switchyard_core::{DispatchId, DispatchStore, NewDispatch, Recorded};
+/// use switchyard_store_sqlite::{SqliteOptions, SqliteStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// let store = SqliteStore::open(dir.path().join("dispatches.sqlite3"), SqliteOptions::default())?;
+/// let id = DispatchId::generate();
+/// let now = SystemTime::now();
+/// let recorded = store
+///     .record(NewDispatch {
+///         id: id.clone(),
+///         namespace: "default".into(),
+///         task_queue: "default".into(),
+///         activity_type: "resize".into(),
+///         node: None,
+///         input: "img-1".into(),
+///         principal: "producer".into(),
+///         idempotency_key: Some("img-1".into()),
+///         submitted_at: now,
+///         deadline: now + Duration::from_secs(60),
+///     })
+///     .await?;
+/// assert_eq!(recorded, Recorded::New(id.clone()));
+/// assert_eq!(store.unfinished().await?.len(), 1);
+/// # Ok(())
+/// # }
+/// ```
+pub struct SqliteStore {
+    path: PathBuf,
+    /// `None` once dropping: closing it stops the writer.
+    commands: Option<mpsc::Sender<Command>>,
+    writer: Option<JoinHandle<()>>,
+    readers: Arc<Readers>,
+    commits: Arc<AtomicU64>,
+    lock: StoreLock,
+}
+
+impl SqliteStore {
+    /// Opens the store at `path` (created with its directory if missing), blocking: call it
+    /// at startup or on a blocking thread.
+    pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, OpenError> {
+        let path = path.as_ref().to_path_buf();
+        let display = path.display().to_string();
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|err| OpenError::NotWritable {
+                path: display.clone(),
+                detail: format!("cannot create directory {}: {err}", dir.display()),
+            })?;
+        }
+        let lock = StoreLock::acquire(&path, SystemTime::now())?;
+        let conn = schema::open_writer(&path, options.synchronous)?;
+        let backlog = Backlog::load(&conn).map_err(|err| schema::classify(&path, err))?;
+        let commits = Arc::new(AtomicU64::new(0));
+        let policy = BatchPolicy {
+            max_batch: options.max_batch.max(1),
+            max_delay: options.max_delay,
+        };
+        let writer = Writer {
+            conn,
+            backlog,
+            limits: Limits {
+                max_queued_per_namespace: options.max_queued_per_namespace,
+                max_bytes: options.max_bytes,
+            },
+            policy,
+            path: display.clone(),
+            commits: Arc::clone(&commits),
+        };
+        let (commands, receiver) = mpsc::channel(policy.max_batch.saturating_mul(QUEUED_BATCHES));
+        let writer = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer.run(receiver))
+            .map_err(|err| OpenError::Failed {
+                path: display,
+                detail: format!("cannot start the writer thread: {err}"),
+            })?;
+        Ok(Self {
+            readers: Arc::new(Readers::new(path.clone())),
+            path,
+            commands: Some(commands),
+            writer: Some(writer),
+            commits,
+            lock,
+        })
+    }
+
+    /// The store's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// This process, as the store's lock file names it to a second opener.
+    pub fn lock_holder(&self) -> &LockHolder {
+        self.lock.holder()
+    }
+
+    /// Write transactions committed since open: with group commit, fewer than the writes.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Sends `op` to the writer and waits for its reply, which comes after its batch commits.
+    async fn write(&self, op: Op) -> Result<Answer, DispatchStoreError> {
+        let stopped = || DispatchStoreError::Unavailable {
+            detail: format!("the writer of store {} has stopped", self.path.display()),
+        };
+        let commands = self.commands.as_ref().ok_or_else(stopped)?;
+        let (reply, answer) = oneshot::channel();
+        let command = Command {
+            op,
+            reply,
+            sent: Instant::now(),
+        };
+        commands.send(command).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    async fn write_done(&self, op: Op) -> Result<(), DispatchStoreError> {
+        match self.write(op).await? {
+            Answer::Done => Ok(()),
+            other => Err(mismatched(&other)),
+        }
+    }
+}
+
+/// The writer answered a command with another command's kind of answer: a bug, reported
+/// rather than panicked on.
+fn mismatched(answer: &Answer) -> DispatchStoreError {
+    DispatchStoreError::Unavailable {
+        detail: format!("the store's writer gave a mismatched answer: {answer:?}"),
+    }
+}
+
+#[async_trait]
+impl DispatchStore for SqliteStore {
+    async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError> {
+        match self.write(Op::Record(dispatch)).await? {
+            Answer::Recorded(recorded) => Ok(recorded),
+            other => Err(mismatched(&other)),
+        }
+    }
+
+    async fn park(&self, id: &DispatchId, reason: &str) -> Result<(), DispatchStoreError> {
+        self.write_done(Op::Park {
+            id: id.clone(),
+            reason: reason.to_owned(),
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        id: &DispatchId,
+        worker: WorkerId,
+        attempt: u32,
+    ) -> Result<(), DispatchStoreError> {
+        self.write_done(Op::Claim {
+            id: id.clone(),
+            worker,
+            attempt,
+        })
+        .await
+    }
+
+    async fn extend(&self, _id: &DispatchId) -> Result<(), DispatchStoreError> {
+        Ok(())
+    }
+
+    async fn complete(
+        &self,
+        id: &DispatchId,
+        outcome: &OutcomeRecord,
+        at: SystemTime,
+    ) -> Result<Completion, DispatchStoreError> {
+        let op = Op::Complete {
+            id: id.clone(),
+            outcome: outcome.clone(),
+            at,
+        };
+        match self.write(op).await? {
+            Answer::Completion(completion) => Ok(completion),
+            other => Err(mismatched(&other)),
+        }
+    }
+
+    async fn release(&self, id: &DispatchId, delay: Duration) -> Result<(), DispatchStoreError> {
+        let not_before = (!delay.is_zero()).then(|| SystemTime::now() + delay);
+        self.write_done(Op::Release {
+            id: id.clone(),
+            not_before,
+        })
+        .await
+    }
+
+    async fn unfinished(&self) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+        self.readers.run(reads::unfinished).await
+    }
+
+    async fn get(&self, id: &DispatchId) -> Result<Option<StoredDispatch>, DispatchStoreError> {
+        let id = id.clone();
+        self.readers.run(move |conn| reads::get(conn, &id)).await
+    }
+
+    async fn list(
+        &self,
+        filter: &DispatchFilter,
+    ) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+        let filter = filter.clone();
+        self.readers
+            .run(move |conn| reads::list(conn, &filter))
+            .await
+    }
+
+    async fn census(&self, now: SystemTime) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
+        self.readers.run(move |conn| reads::census(conn, now)).await
+    }
+
+    async fn purge(&self, finished_before: SystemTime) -> Result<u64, DispatchStoreError> {
+        let mut deleted = 0;
+        loop {
+            let op = Op::Purge {
+                finished_before,
+                limit: PURGE_CHUNK,
+            };
+            match self.write(op).await? {
+                Answer::Purged(n) => {
+                    deleted += n;
+                    if n < PURGE_CHUNK {
+                        return Ok(deleted);
+                    }
+                }
+                other => return Err(mismatched(&other)),
+            }
+        }
+    }
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .field("commits", &self.commits())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.commands = None;
+        if let Some(writer) = self.writer.take() {
+            // The writer drains the closed channel, commits and closes its connection; the
+            // lock is released only after, so a next opener never meets a live writer.
+            let _ = writer.join();
+        }
+    }
+}

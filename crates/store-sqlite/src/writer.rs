@@ -1,0 +1,194 @@
+//! The writer thread: the one connection that writes, committing commands in batches.
+//!
+//! Group commit: the writer takes the first command, then more until it holds `max_batch` or
+//! `max_delay` has passed since the first was sent, applies them all in one transaction and
+//! commits it (one fsync), and only then replies to each. Under load the commands that arrive
+//! while a batch commits form the next one, so a batch costs one fsync however many
+//! submitters share it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, ErrorCode};
+use switchyard_core::DispatchStoreError;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::backlog::Backlog;
+use crate::ops::{Answer, Limits, Op, StepError};
+use crate::schema;
+
+/// The reply to one command.
+pub(crate) type Reply = Result<Answer, DispatchStoreError>;
+
+/// One write waiting for the writer.
+#[derive(Debug)]
+pub(crate) struct Command {
+    pub(crate) op: Op,
+    pub(crate) reply: oneshot::Sender<Reply>,
+    /// When it was sent: the batch's delay counts from its first command's.
+    pub(crate) sent: Instant,
+}
+
+/// When the writer stops gathering a batch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchPolicy {
+    pub(crate) max_batch: usize,
+    pub(crate) max_delay: Duration,
+}
+
+impl BatchPolicy {
+    /// Gathering stops with `len` commands in hand.
+    fn is_full(self, len: usize) -> bool {
+        len >= self.max_batch.max(1)
+    }
+
+    /// Gathering stops at this instant, for a batch whose first command was sent at `first`.
+    fn deadline(self, first: Instant) -> Instant {
+        first + self.max_delay
+    }
+}
+
+/// The writer's state, owned by its thread.
+pub(crate) struct Writer {
+    pub(crate) conn: Connection,
+    pub(crate) backlog: Backlog,
+    pub(crate) limits: Limits,
+    pub(crate) policy: BatchPolicy,
+    /// The store's file, for `DiskFull`.
+    pub(crate) path: String,
+    /// Transactions committed, shared with the store.
+    pub(crate) commits: Arc<AtomicU64>,
+}
+
+impl Writer {
+    /// Serves commands until every sender is gone; the connection closes on return.
+    pub(crate) fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(err) => {
+                tracing::error!(%err, "dispatch store writer cannot start its timer");
+                return;
+            }
+        };
+        runtime.block_on(async {
+            while let Some(first) = commands.recv().await {
+                let deadline = tokio::time::Instant::from_std(self.policy.deadline(first.sent));
+                let mut batch = vec![first];
+                while !self.policy.is_full(batch.len()) {
+                    let next = match commands.try_recv() {
+                        Ok(command) => Some(command),
+                        Err(mpsc::error::TryRecvError::Empty) => {
+                            tokio::time::timeout_at(deadline, commands.recv())
+                                .await
+                                .ok()
+                                .flatten()
+                        }
+                        Err(mpsc::error::TryRecvError::Disconnected) => None,
+                    };
+                    match next {
+                        Some(command) => batch.push(command),
+                        None => break,
+                    }
+                }
+                self.commit_batch(batch);
+            }
+        });
+    }
+
+    /// Applies `batch` in one transaction, commits, then replies to each command.
+    fn commit_batch(&mut self, batch: Vec<Command>) {
+        let (ops, replies): (Vec<Op>, Vec<oneshot::Sender<Reply>>) =
+            batch.into_iter().map(|c| (c.op, c.reply)).unzip();
+        let results = match self.apply(&ops) {
+            Ok(results) => {
+                self.backlog.commit();
+                self.commits.fetch_add(1, Ordering::Relaxed);
+                results
+            }
+            Err(err) => {
+                self.backlog.roll_back();
+                let err = store_error(&self.path, &err);
+                tracing::warn!(%err, commands = ops.len(), "dispatch store batch rolled back");
+                ops.iter().map(|_| Err(err.clone())).collect()
+            }
+        };
+        for (reply, result) in replies.into_iter().zip(results) {
+            // A caller that stopped waiting needs no answer.
+            let _ = reply.send(result);
+        }
+    }
+
+    fn apply(&mut self, ops: &[Op]) -> rusqlite::Result<Vec<Reply>> {
+        let tx = schema::begin_batch(&mut self.conn)?;
+        let mut results = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op.apply(&tx, &mut self.backlog, self.limits) {
+                Ok(answer) => results.push(Ok(answer)),
+                Err(StepError::Refused(refusal)) => results.push(Err(refusal)),
+                Err(StepError::Sql(err)) => return Err(err),
+            }
+        }
+        tx.commit()?;
+        Ok(results)
+    }
+}
+
+/// SQLite's failure as the store's: a full file system is `DiskFull`, the rest `Unavailable`.
+pub(crate) fn store_error(path: &str, err: &rusqlite::Error) -> DispatchStoreError {
+    if err.sqlite_error_code() == Some(ErrorCode::DiskFull) {
+        DispatchStoreError::DiskFull {
+            path: path.to_owned(),
+        }
+    } else {
+        DispatchStoreError::Unavailable {
+            detail: err.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_ends_at_max_batch_or_max_delay_after_its_first_command() {
+        let policy = BatchPolicy {
+            max_batch: 3,
+            max_delay: Duration::from_millis(2),
+        };
+        assert!(!policy.is_full(2));
+        assert!(policy.is_full(3));
+        let first = Instant::now();
+        assert_eq!(policy.deadline(first), first + Duration::from_millis(2));
+        let zero = BatchPolicy {
+            max_batch: 0,
+            ..policy
+        };
+        assert!(!zero.is_full(0), "max_batch 0 is taken as 1");
+        assert!(zero.is_full(1));
+    }
+
+    #[test]
+    fn only_a_full_file_system_is_disk_full() {
+        let full = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            None,
+        );
+        assert_eq!(
+            store_error("/s", &full),
+            DispatchStoreError::DiskFull { path: "/s".into() }
+        );
+        let io = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+            None,
+        );
+        assert!(matches!(
+            store_error("/s", &io),
+            DispatchStoreError::Unavailable { .. }
+        ));
+    }
+}
