@@ -189,8 +189,7 @@ async fn crash_and_recover(dispatches: u64, kills: usize) -> String {
     let mut workers = Vec::new();
     for _ in 0..WORKERS {
         workers.push(
-            TestWorker::connect(&site, ACTIVITY, CAPACITY, Arc::clone(&ledger), service_time)
-                .await,
+            TestWorker::connect(&site, ACTIVITY, CAPACITY, Arc::clone(&ledger), service_time).await,
         );
     }
     let seen = Arc::new(Seen {
@@ -246,7 +245,11 @@ async fn crash_and_recover(dispatches: u64, kills: usize) -> String {
     // Every tag: one id, one outcome, completed with its input.
     let ids = seen.ids.lock().unwrap().clone();
     let outcomes = seen.outcomes.lock().unwrap().clone();
-    assert_eq!(ids.len() as u64, dispatches, "every submission acknowledged");
+    assert_eq!(
+        ids.len() as u64,
+        dispatches,
+        "every submission acknowledged"
+    );
     assert_eq!(outcomes.len() as u64, dispatches, "no dispatch lost");
     let distinct: HashSet<&String> = ids.values().collect();
     assert_eq!(distinct.len(), ids.len(), "one id per tag");
@@ -293,12 +296,9 @@ async fn crash_and_recover(dispatches: u64, kills: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_sigkills_lose_no_dispatch_and_rerun_only_what_was_running() {
-    let summary = tokio::time::timeout(
-        Duration::from_secs(600),
-        crash_and_recover(2_000, 3),
-    )
-    .await
-    .expect("the crash scenario is bounded");
+    let summary = tokio::time::timeout(Duration::from_secs(600), crash_and_recover(2_000, 3))
+        .await
+        .expect("the crash scenario is bounded");
     eprintln!("{summary}");
 }
 
@@ -308,11 +308,8 @@ async fn long_ten_sigkills_over_20_000_dispatches() {
         eprintln!("skipped: set SWITCHYARD_LONG_TESTS=1");
         return;
     }
-    let summary = tokio::time::timeout(
-        Duration::from_secs(1_800),
-        crash_and_recover(20_000, 10),
-    )
-    .await
-    .expect("the crash scenario is bounded");
+    let summary = tokio::time::timeout(Duration::from_secs(1_800), crash_and_recover(20_000, 10))
+        .await
+        .expect("the crash scenario is bounded");
     eprintln!("{summary}");
 }

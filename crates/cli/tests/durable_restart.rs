@@ -16,7 +16,9 @@ mod harness;
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{Ledger, Site, TestWorker, completed_output, free_port, serve_command, tagged};
+use harness::{
+    Ledger, Process, Site, TestWorker, completed_output, free_port, serve_command, tagged,
+};
 
 const ACTIVITY: &str = "restart-echo";
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -76,32 +78,35 @@ async fn one_idempotency_key_before_and_after_a_sigkill_is_one_dispatch_run_once
     assert_eq!(finished.id, first.id);
     assert!(finished.existing);
     let later = producer.submit(ACTIVITY, 9, None, TIMEOUT).await.unwrap();
-    producer.await_outcome(&later.id, WAIT).await.unwrap().unwrap();
+    producer
+        .await_outcome(&later.id, WAIT)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(ledger.executions(7), 1, "one key, one execution");
     assert_eq!(ledger.executions(8), 1);
     assert_eq!(ledger.executions(9), 1);
     worker.stop().await;
 }
 
-/// Submits a dispatch no worker serves, kills the gateway, restarts it; returns what
-/// `GetDispatch` says of the dispatch afterwards.
-async fn parked_dispatch_after_a_sigkill(site: &Site) -> Result<String, tonic::Status> {
+/// Submits a dispatch no worker serves, kills the gateway, restarts it; returns the restarted
+/// gateway and the dispatch's id if `GetDispatch` still knows it, else its status.
+async fn parked_dispatch_after_a_sigkill(site: &Site) -> (Process, Result<String, tonic::Status>) {
     let mut gateway = site.serve().await;
     let mut producer = site.producer().await.unwrap();
     let submitted = producer.submit(ACTIVITY, 1, None, TIMEOUT).await.unwrap();
     gateway.kill_9();
-    let _gateway = site.serve().await;
+    let gateway = site.serve().await;
     let mut producer = site.producer().await.unwrap();
-    producer.get(&submitted.id).await?;
-    Ok(submitted.id)
+    let known = producer.get(&submitted.id).await.map(|_| submitted.id);
+    (gateway, known)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkill_keeps_accepted_dispatches_in_sqlite_and_loses_them_in_memory() {
     let sqlite = Site::new();
-    let id = parked_dispatch_after_a_sigkill(&sqlite)
-        .await
-        .expect("the SQLite store kept the dispatch");
+    let (_gateway, id) = parked_dispatch_after_a_sigkill(&sqlite).await;
+    let id = id.expect("the SQLite store kept the dispatch");
     // It runs once a worker comes.
     let ledger = Arc::new(Ledger::default());
     let worker = TestWorker::connect(&sqlite, ACTIVITY, 1, Arc::clone(&ledger), instant).await;
@@ -113,7 +118,7 @@ async fn a_sigkill_keeps_accepted_dispatches_in_sqlite_and_loses_them_in_memory(
 
     // Control: the memory store forgets it with the process.
     let memory = Site::with_store(r#"backend = "memory""#);
-    let lost = parked_dispatch_after_a_sigkill(&memory).await;
+    let (_gateway, lost) = parked_dispatch_after_a_sigkill(&memory).await;
     assert_eq!(
         lost.map_err(|status| status.code()),
         Err(tonic::Code::NotFound),
@@ -138,20 +143,21 @@ async fn a_second_gateway_on_the_same_data_directory_refuses_naming_the_lock_hol
         stderr.contains(&refusal),
         "the refusal names the store and the holder ({refusal}...): {stderr}"
     );
-    // Control: once the first has stopped, the same second configuration starts.
-    assert!(first.terminate().await.success());
+    // Control: once the first is gone (killed: its lock is not left behind), the same second
+    // configuration starts.
+    first.kill_9();
     let mut second = serve_command(&site.sibling_config(free_port()));
     second.line_containing("grpc").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_from_a_newer_version_is_refused_naming_both_versions() {
+    // SIGKILL rather than SIGTERM to stop each gateway: `serve` prints its banner before it
+    // listens for SIGTERM, so a SIGTERM right after the banner can find no handler yet.
     let site = Site::new();
-    let mut gateway = site.serve().await;
-    assert!(gateway.terminate().await.success());
+    site.serve().await.kill_9();
     // Control: the store as this version left it opens again.
-    let mut gateway = site.serve().await;
-    assert!(gateway.terminate().await.success());
+    site.serve().await.kill_9();
 
     let ours: i64 = {
         let store = rusqlite::Connection::open(site.store_file()).unwrap();

@@ -238,10 +238,8 @@ pub(crate) async fn unary(args: &BenchArgs, target: &Target) -> Result<Run, Fail
                 let request = wire_request(&input_of(&args, &input, id), timeout, args.durable);
                 let sent = Instant::now();
                 let reply = tokio::time::timeout(deadline, api.dispatch(request))
-                        .await
-                        .map_err(|_| {
-                            Failure::runtime(format!("no dispatch reply for {deadline:?}"))
-                        })?;
+                    .await
+                    .map_err(|_| Failure::runtime(format!("no dispatch reply for {deadline:?}")))?;
                 let label = match &reply {
                     Ok(reply) => wire_label(reply.get_ref().outcome.as_ref()),
                     Err(_) => "refused",

@@ -138,7 +138,8 @@ pub(crate) async fn run(args: &BenchArgs, target: &Target) -> Result<Run, Failur
                     Some(Event::Outcome(outcome)) => outcome,
                     Some(Event::Missed(missed)) => {
                         let _ = ended.send(Err(Failure::runtime(format!(
-                            "the outcome watch missed {} outcomes", missed.count
+                            "the outcome watch missed {} outcomes",
+                            missed.count
                         ))));
                         return;
                     }

@@ -3,7 +3,13 @@
 //! the wire, and SDK workers in the test process whose handlers count, per input tag, how often
 //! they ran.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
-#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic, dead_code, unreachable_pub)]
+#![allow(
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::panic,
+    dead_code,
+    unreachable_pub
+)]
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -47,6 +53,8 @@ pub struct Process {
     child: Child,
     stdout: mpsc::UnboundedReceiver<String>,
     stderr: Arc<Mutex<Vec<String>>>,
+    /// Reads stderr until the process closes it.
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Process {
@@ -74,7 +82,7 @@ impl Process {
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let err = child.stderr.take().unwrap();
         let collected = Arc::clone(&stderr);
-        std::thread::spawn(move || {
+        let stderr_reader = std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 collected.lock().unwrap().push(line);
             }
@@ -83,6 +91,7 @@ impl Process {
             child,
             stdout,
             stderr,
+            stderr_reader: Some(stderr_reader),
         }
     }
 
@@ -133,11 +142,18 @@ impl Process {
         self.exit().await
     }
 
-    /// Waits for the process to exit, polling (a `Child` has no async wait).
+    /// Waits for the process to exit, polling (a `Child` has no async wait), and for the
+    /// last of its stderr to be read.
     pub async fn exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
+                if let Some(reader) = self.stderr_reader.take() {
+                    tokio::task::spawn_blocking(move || reader.join())
+                        .await
+                        .unwrap()
+                        .unwrap();
+                }
                 return status;
             }
             assert!(Instant::now() < deadline, "the process did not exit");
@@ -348,8 +364,8 @@ impl TestWorker {
             .activity(activity, move |ctx: ActivityContext, input: Bytes| {
                 let ledger = Arc::clone(&ledger);
                 async move {
-                    let tag = tag_of(&input)
-                        .ok_or_else(|| ActivityError::fatal("untagged input"))?;
+                    let tag =
+                        tag_of(&input).ok_or_else(|| ActivityError::fatal("untagged input"))?;
                     ledger.record(
                         tag,
                         Run {
