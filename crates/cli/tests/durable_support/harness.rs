@@ -242,15 +242,22 @@ impl Site {
     }
 }
 
-/// Spawns `switchyard serve --config CONFIG` without waiting for anything.
+/// Spawns `switchyard serve --config CONFIG` without waiting for anything. The gateway reads
+/// `SWITCHYARD_*` variables as configuration (and refuses unknown ones, such as the test
+/// switch `SWITCHYARD_LONG_TESTS`): it gets none of the test's.
 pub fn serve_command(config: &Path) -> Process {
-    Process::spawn(
-        Command::new(switchyard())
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
-            .env_remove("RUST_LOG"),
-    )
+    let mut command = Command::new(switchyard());
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env_remove("RUST_LOG");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SWITCHYARD_") {
+            command.env_remove(name);
+        }
+    }
+    Process::spawn(&mut command)
 }
 
 fn write_config(path: &Path, port: u16, data_dir: &Path, store: &str) {
