@@ -96,6 +96,7 @@ async fn load(args: &BenchArgs, target: &Target) -> Result<String, Failure> {
     let executions = fleet.executions();
     fleet.stop().await;
     let run = run?;
+    let stored_dispatches = target.finished_durable_dispatches().await;
     let mut report = LoadReport::new(args, elapsed, &run.latency, run.outcomes, peaks, served);
     report.executions = executions;
     report.cpu_us_per_dispatch =
@@ -103,6 +104,7 @@ async fn load(args: &BenchArgs, target: &Target) -> Result<String, Failure> {
     report.gateway_peak_rss_bytes = target.peak_rss_bytes();
     report.rss_includes_bench = target.shares_process();
     report.load_average_1m = system::load_average();
+    report.stored_dispatches = stored_dispatches;
     serde_json::to_string(&report).map_err(|error| Failure::runtime(error.to_string()))
 }
 

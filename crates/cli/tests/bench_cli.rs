@@ -118,6 +118,17 @@ fn load_run_with(transport: &str, via: &str, extra: &[&str]) {
     );
     assert_eq!(report["rss_includes_bench"], true);
     assert!(report.get("cpu_us_per_dispatch").is_some());
+    // Durable runs leave their dispatches in the gateway's store; ephemeral runs (the control)
+    // leave none.
+    let stored = if extra.contains(&"--durable") {
+        TASKS
+    } else {
+        0
+    };
+    assert_eq!(
+        report["stored_dispatches"], stored,
+        "finished dispatches in the store"
+    );
 }
 
 #[test]

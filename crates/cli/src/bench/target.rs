@@ -19,6 +19,9 @@ use super::{NAMESPACE, system};
 use crate::cmd::Failure;
 use crate::cmd::worker::read_ca;
 
+/// Most dispatches one `ListDispatches` call returns.
+pub(crate) const MAX_LISTED: u32 = 1000;
+
 /// The producer API client the bench uses.
 pub(crate) type Api = GatewayClient<InterceptedService<Channel, Bearer>>;
 
@@ -223,6 +226,23 @@ impl Target {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// How many finished durable dispatches of namespace `bench` the gateway's store lists
+    /// (at most [`MAX_LISTED`]); `None` when the listing is refused (it needs the operator
+    /// role) or fails.
+    pub(crate) async fn finished_durable_dispatches(&self) -> Option<u64> {
+        let mut api = self.api().await.ok()?;
+        let listed = api
+            .list_dispatches(pb::ListDispatchesRequest {
+                namespace: NAMESPACE.to_owned(),
+                state: "finished".to_owned(),
+                limit: MAX_LISTED,
+                ..pb::ListDispatchesRequest::default()
+            })
+            .await
+            .ok()?;
+        u64::try_from(listed.into_inner().dispatches.len()).ok()
     }
 
     /// Peak resident memory of the gateway's process, when it can be read.
