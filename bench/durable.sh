@@ -14,7 +14,7 @@
 #
 # Knobs (environment): WORKERS (4), CAPACITY (64), OUTSTANDING (256), TASKS (100000),
 # PAYLOAD (64), SERVICE_TIME_US (0), ROUNDS (3), NATS_PORT (14222).
-# Binaries: $CARGO_TARGET_DIR/release (or target/release) must hold `switchyard` and
+# Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard` and
 # `switchyard-jetstream-baseline`:
 #   cargo build --release --locked -p switchyard
 #   (cd bench/jetstream && cargo build --release --locked)   # same CARGO_TARGET_DIR
@@ -22,7 +22,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+BIN=${BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 SWITCHYARD=$BIN/switchyard
 BASELINE=$BIN/switchyard-jetstream-baseline
 WORKERS=${WORKERS:-4}
