@@ -8,6 +8,8 @@
 #     publish with ack -> pull consume -> ack -> reply),
 #   - `switchyard bench --durable --via stream` (DispatchStream, durable per request),
 #   - `switchyard bench --durable --via submit` (Submit + WatchOutcomes),
+#   - `switchyard bench --durable --via stream --store sqlite-normal` and `--store memory`
+#     (where the durable path's time goes: the fsync, the file, or neither),
 #   - `switchyard bench --via stream` (ephemeral, the same knobs, for reference),
 # and prints one Markdown row per configuration: the median of each figure with its min-max.
 # Every run's JSON goes to bench/results/durable-<config>-<round>.json.
@@ -79,13 +81,18 @@ echo "nats-server $(nats-server --version | awk '{print $2}'), JetStream store i
 KNOBS=(--workers "$WORKERS" --capacity "$CAPACITY" --outstanding "$OUTSTANDING"
        --tasks "$TASKS" --payload "$PAYLOAD" --service-time-us "$SERVICE_TIME_US")
 mkdir -p "$RESULTS"
-CONFIGS=(jetstream durable-stream durable-submit ephemeral-stream)
+CONFIGS=(jetstream durable-stream durable-submit durable-stream-normal durable-stream-memory
+         ephemeral-stream)
 for round in $(seq "$ROUNDS"); do
     for config in "${CONFIGS[@]}"; do
         case $config in
             jetstream) command=("$BASELINE" --server "127.0.0.1:$NATS_PORT" "${KNOBS[@]}") ;;
             durable-stream) command=("$SWITCHYARD" bench --durable --via stream "${KNOBS[@]}") ;;
             durable-submit) command=("$SWITCHYARD" bench --durable --via submit "${KNOBS[@]}") ;;
+            durable-stream-normal) command=("$SWITCHYARD" bench --durable --via stream
+                                            --store sqlite-normal "${KNOBS[@]}") ;;
+            durable-stream-memory) command=("$SWITCHYARD" bench --durable --via stream
+                                            --store memory "${KNOBS[@]}") ;;
             ephemeral-stream) command=("$SWITCHYARD" bench --via stream "${KNOBS[@]}") ;;
         esac
         echo "round $round: ${command[*]}" >&2

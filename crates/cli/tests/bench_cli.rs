@@ -177,6 +177,11 @@ fn durable_via_submit_completes_every_dispatch_once() {
 }
 
 #[test]
+fn durable_on_the_memory_store_completes_every_dispatch_once() {
+    load_run_with("grpc", "stream", &["--durable", "--store", "memory"]);
+}
+
+#[test]
 fn durable_via_unary_completes_every_dispatch_once() {
     load_run_with("mixed", "unary", &["--durable"]);
 }

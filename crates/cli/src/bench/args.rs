@@ -91,6 +91,20 @@ impl RedundancyArg {
     }
 }
 
+/// The in-process gateway's dispatch store (`[store]`) for `--durable` runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum StoreArg {
+    /// SQLite, `synchronous = full` (the default: every acknowledged write survives power loss).
+    #[default]
+    Sqlite,
+    /// SQLite, `synchronous = normal` (survives a process crash, not power loss).
+    SqliteNormal,
+    /// Process memory (durable dispatches do not survive a restart): the durable path's cost
+    /// without the file.
+    Memory,
+}
+
 /// `switchyard bench`.
 #[derive(Args, Debug, Clone, Serialize)]
 pub(crate) struct BenchArgs {
@@ -174,6 +188,9 @@ pub(crate) struct BenchArgs {
     /// `durable` on each request; `--via submit` uses `Submit` and `WatchOutcomes`.
     #[arg(long)]
     pub(crate) durable: bool,
+    /// The in-process gateway's dispatch store (a gateway at --connect uses its own).
+    #[arg(long, value_enum, default_value_t = StoreArg::Sqlite)]
+    pub(crate) store: StoreArg,
 }
 
 impl BenchArgs {

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use switchyard_core::Core;
-use switchyard_gateway::{ConfigDuration, CongestionName, Gateway};
+use switchyard_gateway::{
+    ConfigDuration, CongestionName, Gateway, StoreBackendName, SynchronousName,
+};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -14,7 +16,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
-use super::args::{BenchArgs, Congestion, RedundancyArg, Scenario};
+use super::args::{BenchArgs, Congestion, RedundancyArg, Scenario, StoreArg};
 use super::{NAMESPACE, system};
 use crate::cmd::Failure;
 use crate::cmd::worker::read_ca;
@@ -112,6 +114,11 @@ impl Target {
             Congestion::Cubic => CongestionName::Cubic,
             Congestion::Bbr => CongestionName::Bbr,
             Congestion::Newreno => CongestionName::Newreno,
+        };
+        (config.store.backend, config.store.synchronous) = match args.store {
+            StoreArg::Sqlite => (StoreBackendName::Sqlite, SynchronousName::Full),
+            StoreArg::SqliteNormal => (StoreBackendName::Sqlite, SynchronousName::Normal),
+            StoreArg::Memory => (StoreBackendName::Memory, SynchronousName::Full),
         };
         config.quic.redundancy = match args.redundancy {
             RedundancyArg::Off => switchyard_gateway::RedundancyName::Off,
