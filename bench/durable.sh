@@ -19,7 +19,7 @@
 # Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard` and
 # `switchyard-jetstream-baseline`:
 #   cargo build --release --locked -p switchyard
-#   (cd bench/jetstream && cargo build --release --locked)   # same CARGO_TARGET_DIR
+#   (cd bench/jetstream && CARGO_TARGET_DIR=../../target cargo build --release --locked)
 # Bounded: every run has a 600 s timeout; nats-server is stopped on exit.
 set -euo pipefail
 
