@@ -100,7 +100,9 @@ impl Caller {
     /// After a failed call made during `epoch`: waits for the next restart to be serving.
     async fn wait_restart(&mut self, epoch: u64, error: &tonic::Status) {
         self.producer = None;
-        let restarted = tokio::time::timeout(PATIENCE, self.epoch.wait_for(|e| *e > epoch)).await;
+        // A restart includes re-awaiting every outcome seen so far (up to 20,000 calls).
+        let restarted =
+            tokio::time::timeout(PATIENCE * 5, self.epoch.wait_for(|e| *e > epoch)).await;
         assert!(
             matches!(restarted, Ok(Ok(_))),
             "a call failed with no restart to follow: {error:?}"
