@@ -1,7 +1,8 @@
 //! The durable-dispatch commands against a running `switchyard serve`: `submit` prints an id
 //! (the same one for a repeated idempotency key), `outcome` says the dispatch is pending
 //! (exit 4) until a `switchyard worker` arrives and then prints it completed (exit 0),
-//! `dispatches` lists it with its state, and a malformed `--pool` is a usage error (exit 2).
+//! `dispatches` lists it with its state, a second `serve` on the same store refuses to start
+//! naming the holder (exit 2), and a malformed `--pool` is a usage error (exit 2).
 //! The real binary in processes of its own, loopback only, a temporary data directory.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
@@ -151,6 +152,21 @@ fn submit_outcome_and_dispatches_follow_a_durable_dispatch() {
     // Control: a state filter that matches nothing lists only the header.
     let none = client(&addr, dir, &["dispatches", "--state", "parked"]);
     assert_eq!(stdout(&none).lines().count(), 1, "{}", stdout(&none));
+
+    // A second gateway on the same store refuses to start, naming the holder: exit 2.
+    let second = switchyard()
+        .args(["serve", "--grpc-listen", "127.0.0.1:0", "--no-quic"])
+        .args(["--ops-listen", "127.0.0.1:0", "--log-filter", "off"])
+        .arg("--data-dir")
+        .arg(dir)
+        .output()
+        .expect("a second serve runs");
+    assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
+    let refusal = stderr(&second);
+    assert!(
+        refusal.contains("dispatches.sqlite3: locked by another gateway (pid "),
+        "{refusal}"
+    );
 
     let bad = client(&addr, dir, &["dispatches", "--pool", "/default"]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
