@@ -669,3 +669,36 @@ async fn a_dispatch_running_at_shutdown_is_not_ended_and_runs_again_after_the_re
     assert_eq!(completed(&heard), Some(&b"held"[..]), "{heard:?}");
     second.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_dispatch_goes_on_when_its_caller_goes_away() {
+    let (gateway, scripted) = gateway(|_| {}).await;
+    let mut a = client(&gateway, "a").await;
+    let call = a.dispatch(pb::DispatchRequest {
+        durable: Some(true),
+        ..request("orphan")
+    });
+    // The producer gives up before any worker exists.
+    let gone = tokio::time::timeout(Duration::from_millis(300), call).await;
+    assert!(gone.is_err(), "the call was still waiting: {gone:?}");
+    let mut ops = client(&gateway, "ops").await;
+    // The submission commits on its own task even when the call is gone mid-commit.
+    let id = within("the orphaned dispatch to be listed", async {
+        loop {
+            let listed = ops
+                .list_dispatches(pb::ListDispatchesRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            if let [only] = listed.dispatches.as_slice() {
+                return only.dispatch_id.clone();
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let executions = counting_worker(&scripted).await;
+    let heard = await_outcome(&mut a, &id, 10_000).await;
+    assert_eq!(completed(&heard), Some(&b"orphan"[..]), "{heard:?}");
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
