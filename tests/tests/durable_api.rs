@@ -596,3 +596,109 @@ async fn a_gateway_restarted_on_the_same_store_finishes_what_the_first_queued() 
     assert_eq!(executions.load(Ordering::SeqCst), 1);
     second.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_running_at_shutdown_is_not_ended_and_runs_again_after_the_restart() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut config = test_config(data_dir.path());
+        principals(&mut config);
+        config.shutdown.drain_timeout = ConfigDuration::millis(200);
+        config
+    };
+    let scripted = ScriptedTransport::default();
+    let first = Gateway::builder(config())
+        .transport(scripted.clone())
+        .start()
+        .await
+        .expect("starts");
+    // A worker that takes the task and never answers it.
+    let holder = scripted
+        .connect(
+            &CallerIdentity::granted("w", [NS]),
+            registration(&[NS], &[ACTIVITY], Some(1)),
+            true,
+        )
+        .await
+        .expect("admitted");
+    let (_control, mut tasks, _handle) = holder.answer_pings_in_background();
+    let ca = std::fs::read_to_string(first.tls().dev_ca_path().unwrap()).unwrap();
+    let token = Some("token-of-principal-a");
+    let mut a = api_client_at(first.addr("grpc").unwrap(), &ca, token)
+        .await
+        .unwrap();
+    let id = submit(&mut a, request("held")).await.dispatch_id;
+    let held = within("the first delivery", tasks.recv()).await.unwrap();
+    assert_eq!(held.attempt, 1);
+    drop(a);
+    // The drain timeout passes with the task still held: core ends it `shutting_down`.
+    first.shutdown().await;
+
+    let scripted = ScriptedTransport::default();
+    let second = Gateway::builder(config())
+        .transport(scripted.clone())
+        .start()
+        .await
+        .expect("restarts on the same store");
+    let mut a = api_client_at(second.addr("grpc").unwrap(), &ca, token)
+        .await
+        .unwrap();
+    let info = get(&mut a, &id).await.unwrap();
+    assert!(
+        !matches!(info.state, Some(State::Finished(_))),
+        "the shutdown's ending was recorded: {info:?}"
+    );
+    let worker = scripted
+        .connect(
+            &CallerIdentity::granted("w", [NS]),
+            registration(&[NS], &[ACTIVITY], Some(1)),
+            true,
+        )
+        .await
+        .expect("admitted");
+    let (control, mut tasks, _handle) = worker.answer_pings_in_background();
+    let again = within("the delivery after the restart", tasks.recv())
+        .await
+        .unwrap();
+    assert_eq!(
+        again.attempt, 2,
+        "the attempt number is counted across the restart"
+    );
+    control.complete(again.task_id, again.input);
+    let heard = await_outcome(&mut a, &id, 10_000).await;
+    assert_eq!(completed(&heard), Some(&b"held"[..]), "{heard:?}");
+    second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_dispatch_goes_on_when_its_caller_goes_away() {
+    let (gateway, scripted) = gateway(|_| {}).await;
+    let mut a = client(&gateway, "a").await;
+    let call = a.dispatch(pb::DispatchRequest {
+        durable: Some(true),
+        ..request("orphan")
+    });
+    // The producer gives up before any worker exists.
+    let gone = tokio::time::timeout(Duration::from_millis(300), call).await;
+    assert!(gone.is_err(), "the call was still waiting: {gone:?}");
+    let mut ops = client(&gateway, "ops").await;
+    // The submission commits on its own task even when the call is gone mid-commit.
+    let id = within("the orphaned dispatch to be listed", async {
+        loop {
+            let listed = ops
+                .list_dispatches(pb::ListDispatchesRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            if let [only] = listed.dispatches.as_slice() {
+                return only.dispatch_id.clone();
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let executions = counting_worker(&scripted).await;
+    let heard = await_outcome(&mut a, &id, 10_000).await;
+    assert_eq!(completed(&heard), Some(&b"orphan"[..]), "{heard:?}");
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
+}

@@ -14,6 +14,11 @@
 //! [`release`](DispatchStore::release), [`census`](DispatchStore::census), plus the reads a
 //! restart and the operator API need. Ephemeral dispatches that find a worker at once never
 //! touch it.
+//!
+//! [`DurableDispatcher`] runs durable dispatches over any store: one driver per unfinished
+//! dispatch through [`Dispatcher::dispatch_with`](crate::Dispatcher::dispatch_with), the
+//! outcome recorded before anyone hears it. [`MemoryDispatchStore`] is the store that keeps
+//! nothing across a restart (`store.backend = "memory"`, tests).
 
 mod dispatcher;
 mod driver;

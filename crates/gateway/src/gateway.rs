@@ -49,7 +49,7 @@ pub enum StartError {
     #[error("{0}")]
     Tls(#[from] TlsError),
     /// The dispatch store could not be opened (the message names its path and why).
-    #[error("dispatch store: {0}")]
+    #[error("{0}")]
     Store(#[from] OpenError),
     /// The dispatch store opened but its unfinished dispatches could not be read back.
     #[error("dispatch store: cannot resume the unfinished durable dispatches: {0}")]

@@ -4,9 +4,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use switchyard_core::{DispatchStore, DurableConfig, MemoryDispatchStore, MemoryStoreLimits};
-use switchyard_store_sqlite::{OpenError, SqliteOptions, SqliteStore, Synchronous};
+use switchyard_store_sqlite::{OpenError, SqliteOptions, SqliteStore};
 
-use crate::config::{StoreBackendName, StoreSection, SynchronousName};
+use crate::config::{StoreBackendName, StoreSection};
 
 /// Opens the store `section` names; the SQLite file defaults to `dispatches.sqlite3` in
 /// `data_dir` (the store creates its directory when missing).
@@ -38,10 +38,7 @@ pub(crate) async fn open(
 /// The SQLite store's options for `section`; group commit keeps the library's defaults.
 pub(crate) fn sqlite_options(section: &StoreSection) -> SqliteOptions {
     SqliteOptions {
-        synchronous: match section.synchronous {
-            SynchronousName::Full => Synchronous::Full,
-            SynchronousName::Normal => Synchronous::Normal,
-        },
+        synchronous: section.synchronous.library(),
         max_queued_per_namespace: section.max_queued_per_namespace,
         max_bytes: section.max_bytes,
         ..SqliteOptions::default()

@@ -203,7 +203,7 @@ fn check_key(key: &str) -> Result<(), DispatchStoreError> {
         "empty".to_owned()
     } else if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
         format!(
-            "{} bytes, longer than the limit of {MAX_IDEMPOTENCY_KEY_BYTES}",
+            "{} bytes, more than the limit of {MAX_IDEMPOTENCY_KEY_BYTES}",
             key.len()
         )
     } else {
@@ -214,10 +214,11 @@ fn check_key(key: &str) -> Result<(), DispatchStoreError> {
 
 /// Bytes of the store's pages in use: pages freed by deletes are reused, so they count as free.
 fn bytes_in_use(conn: &Connection) -> rusqlite::Result<u64> {
-    let pages: u64 = conn.pragma_query_value(None, "page_count", |row| row.get(0))?;
-    let free: u64 = conn.pragma_query_value(None, "freelist_count", |row| row.get(0))?;
-    let page_size: u64 = conn.pragma_query_value(None, "page_size", |row| row.get(0))?;
-    Ok(pages.saturating_sub(free).saturating_mul(page_size))
+    conn.prepare_cached(
+        "SELECT (c.page_count - f.freelist_count) * s.page_size \
+         FROM pragma_page_count() c, pragma_freelist_count() f, pragma_page_size() s",
+    )?
+    .query_row([], |row| row.get(0))
 }
 
 fn complete(
@@ -297,7 +298,7 @@ mod tests {
         let long = check_key(&"k".repeat(MAX_IDEMPOTENCY_KEY_BYTES + 1));
         assert_eq!(
             long.map_err(|e| e.to_string()),
-            Err("idempotency_key: 257 bytes, longer than the limit of 256".into())
+            Err("idempotency_key: 257 bytes, more than the limit of 256".into())
         );
     }
 }

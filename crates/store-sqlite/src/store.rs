@@ -40,7 +40,9 @@ const PURGE_CHUNK: u64 = 4096;
 /// writer. `extend` does nothing: a claim here lasts until its dispatch is completed or
 /// released, and a restart is what ends the claims of a dead gateway.
 ///
-/// Dropping the store waits for the writer to commit what it holds.
+/// Dropping the store waits for the writer to commit what it holds. Commits happen on the
+/// writer's own thread, which tokio's paused test clock does not see: a test with paused time
+/// may find its clock advanced while it waits for a commit.
 ///
 /// # Examples
 ///

@@ -152,7 +152,131 @@ pub(crate) fn store_error(path: &str, err: &rusqlite::Error) -> DispatchStoreErr
 
 #[cfg(test)]
 mod tests {
+    use std::time::SystemTime;
+
+    use bytes::Bytes;
+    use switchyard_core::{DispatchId, NewDispatch, Recorded};
+
     use super::*;
+    use crate::options::Synchronous;
+
+    fn writer(dir: &std::path::Path, max_queued_per_namespace: u64) -> Writer {
+        let path = dir.join("s.sqlite3");
+        let conn = schema::open_writer(&path, Synchronous::Full).expect("open");
+        Writer {
+            backlog: Backlog::load(&conn).expect("backlog"),
+            conn,
+            limits: Limits {
+                max_queued_per_namespace,
+                max_bytes: 1 << 30,
+            },
+            policy: BatchPolicy {
+                max_batch: 16,
+                max_delay: Duration::ZERO,
+            },
+            path: path.display().to_string(),
+            commits: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn record(namespace: &str) -> (Command, oneshot::Receiver<Reply>) {
+        let now = SystemTime::now();
+        let (reply, answer) = oneshot::channel();
+        let op = Op::Record(NewDispatch {
+            id: DispatchId::generate(),
+            namespace: namespace.into(),
+            task_queue: "q".into(),
+            activity_type: "a".into(),
+            node: None,
+            input: Bytes::from_static(b"in"),
+            principal: "p".into(),
+            idempotency_key: None,
+            submitted_at: now,
+            deadline: now,
+        });
+        let sent = Instant::now();
+        (Command { op, reply, sent }, answer)
+    }
+
+    fn answer(mut answer: oneshot::Receiver<Reply>) -> Reply {
+        answer.try_recv().expect("replied")
+    }
+
+    fn rows(writer: &Writer) -> i64 {
+        writer
+            .conn
+            .query_row("SELECT count(*) FROM dispatches", [], |row| row.get(0))
+            .expect("count")
+    }
+
+    #[test]
+    fn one_batch_is_one_transaction_and_a_refusal_in_it_undoes_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut writer = writer(dir.path(), 2);
+        let (commands, answers): (Vec<_>, Vec<_>) = (0..3).map(|_| record("ns")).unzip();
+        writer.commit_batch(commands);
+        let replies: Vec<_> = answers.into_iter().map(answer).collect();
+        assert!(matches!(replies[0], Ok(Answer::Recorded(Recorded::New(_)))));
+        assert!(matches!(replies[1], Ok(Answer::Recorded(Recorded::New(_)))));
+        assert!(
+            matches!(
+                replies[2],
+                Err(DispatchStoreError::QueueFull { limit: 2, .. })
+            ),
+            "the third in one batch sees the two before it: {:?}",
+            replies[2]
+        );
+        assert_eq!(
+            writer.commits.load(Ordering::Relaxed),
+            1,
+            "one commit for three"
+        );
+        assert_eq!(rows(&writer), 2);
+        assert_eq!(writer.backlog.unfinished("ns"), 2);
+    }
+
+    #[test]
+    fn a_failing_command_rolls_the_whole_batch_back_and_the_next_batch_works() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut writer = writer(dir.path(), 10);
+        writer
+            .conn
+            .execute_batch(
+                "CREATE TEMP TRIGGER refuse_boom BEFORE INSERT ON main.dispatches \
+                 WHEN NEW.namespace = 'boom' BEGIN SELECT RAISE(ABORT, 'boom refused'); END;",
+            )
+            .expect("trigger");
+        let (good, good_answer) = record("ns");
+        let (bad, bad_answer) = record("boom");
+        writer.commit_batch(vec![good, bad]);
+        for reply in [answer(good_answer), answer(bad_answer)] {
+            assert!(
+                matches!(&reply, Err(DispatchStoreError::Unavailable { detail }) if detail.contains("boom refused")),
+                "{reply:?}"
+            );
+        }
+        assert_eq!(
+            rows(&writer),
+            0,
+            "the batch's first record was committed anyway"
+        );
+        assert_eq!(
+            writer.backlog.unfinished("ns"),
+            0,
+            "a rolled-back record still counted"
+        );
+        assert_eq!(writer.commits.load(Ordering::Relaxed), 0);
+
+        // Control: the same kind of record alone commits.
+        let (good, good_answer) = record("ns");
+        writer.commit_batch(vec![good]);
+        assert!(matches!(
+            answer(good_answer),
+            Ok(Answer::Recorded(Recorded::New(_)))
+        ));
+        assert_eq!(rows(&writer), 1);
+        assert_eq!(writer.backlog.unfinished("ns"), 1);
+    }
 
     #[test]
     fn a_batch_ends_at_max_batch_or_max_delay_after_its_first_command() {

@@ -106,3 +106,25 @@ async fn the_queue_bound_counts_what_was_recorded_before_a_reopen() {
     let other = store.record(fixtures::dispatch("other", "x")).await;
     assert!(matches!(other, Ok(Recorded::New(_))), "{other:?}");
 }
+
+#[tokio::test]
+async fn an_idempotency_key_is_remembered_across_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = fixtures::open(dir.path());
+    let first = fixtures::keyed("ns", "order-1");
+    store.record(first.clone()).await.expect("record");
+    drop(store);
+
+    let store = fixtures::open(dir.path());
+    let repeat = fixtures::keyed("ns", "order-1");
+    assert_eq!(
+        store.record(repeat).await,
+        Ok(Recorded::Existing(first.id.clone()))
+    );
+    // Control: another key after the reopen is a new dispatch.
+    let other = fixtures::keyed("ns", "order-2");
+    assert_eq!(
+        store.record(other.clone()).await,
+        Ok(Recorded::New(other.id))
+    );
+}

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::driver::drive;
-use super::live::LiveBook;
+use super::live::{Live, LiveBook};
 use super::record::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, NewDispatch,
     OutcomeRecord, Recorded, StoredDispatch,
@@ -100,19 +100,54 @@ pub(super) struct Shared {
     drivers: watch::Sender<usize>,
 }
 
-/// Counts one running driver until dropped.
-pub(super) struct DriverRunning<'a>(&'a watch::Sender<usize>);
+/// Counts one driver, from its spawn until its task ends or is dropped unrun.
+pub(super) struct DriverRunning(pub(super) Arc<Shared>);
 
-impl Drop for DriverRunning<'_> {
+impl Drop for DriverRunning {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        self.0.drivers.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
 impl Shared {
-    pub(super) fn driver_started(&self) -> DriverRunning<'_> {
+    /// Starts the driver of `row`, tracked as `live`.
+    fn spawn_driver(self: &Arc<Self>, row: StoredDispatch, live: Arc<Live>, resumed: bool) {
         self.drivers.send_modify(|n| *n += 1);
-        DriverRunning(&self.drivers)
+        let running = DriverRunning(Arc::clone(self));
+        tokio::spawn(drive(running, row, live, resumed));
+    }
+
+    /// Records `dispatch` and starts its driver (none after a shutdown: it runs at the next
+    /// start).
+    async fn record(
+        self: Arc<Self>,
+        dispatch: NewDispatch,
+    ) -> Result<Submitted, DispatchStoreError> {
+        // Tracked before it is recorded: whoever learns the id (this caller, or another one
+        // repeating its idempotency key) finds a live dispatch to wait on.
+        let live = (!self.stopping.is_cancelled()).then(|| self.live.insert(dispatch.id.clone()));
+        let id = match self.store.record(dispatch.clone()).await {
+            Ok(Recorded::New(id)) => id,
+            refused_or_existing => {
+                if live.is_some() {
+                    self.live.finish(&dispatch.id, None);
+                }
+                let id = refused_or_existing?.id().clone();
+                return Ok(Submitted { id, existing: true });
+            }
+        };
+        if let Some(live) = live {
+            let row = StoredDispatch {
+                dispatch,
+                state: DispatchState::Queued { not_before: None },
+                attempts: 0,
+            };
+            self.spawn_driver(row, live, false);
+        }
+        Ok(Submitted {
+            id,
+            existing: false,
+        })
     }
 
     /// Hands `id`'s recorded outcome to its waiters and its principal's watchers (`None`:
@@ -219,7 +254,7 @@ impl DurableDispatcher {
             })
             .collect();
         for (row, live) in resumed {
-            tokio::spawn(drive(Arc::clone(&shared), row, live, true));
+            shared.spawn_driver(row, live, true);
         }
         tokio::spawn(purge_loop(Arc::clone(&shared), config));
         Ok(Self { shared })
@@ -256,29 +291,16 @@ impl DurableDispatcher {
         };
         let span = tracing::debug_span!("durable_submit", dispatch_id = %dispatch.id,
             namespace = %dispatch.namespace);
-        let recorded = self
-            .shared
-            .store
-            .record(dispatch.clone())
-            .instrument(span)
-            .await?;
-        match recorded {
-            Recorded::Existing(id) => Ok(Submitted { id, existing: true }),
-            Recorded::New(id) => {
-                if !self.shared.stopping.is_cancelled() {
-                    let live = self.shared.live.insert(id.clone());
-                    let row = StoredDispatch {
-                        dispatch,
-                        state: DispatchState::Queued { not_before: None },
-                        attempts: 0,
-                    };
-                    tokio::spawn(drive(Arc::clone(&self.shared), row, live, false));
-                }
-                Ok(Submitted {
-                    id,
-                    existing: false,
-                })
-            }
+        // On its own task: a caller that goes away while the store commits must not leave a
+        // recorded dispatch without its driver.
+        let shared = Arc::clone(&self.shared);
+        let submitting =
+            tokio::spawn(async move { shared.record(dispatch).await }.instrument(span));
+        match submitting.await {
+            Ok(submitted) => Ok(submitted?),
+            Err(error) => Err(SubmitError::Store(DispatchStoreError::Unavailable {
+                detail: format!("the submission ended before it was recorded: {error}"),
+            })),
         }
     }
 

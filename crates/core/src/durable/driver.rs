@@ -1,14 +1,16 @@
 //! The driver of one durable dispatch: runs it through the one dispatcher, keeps the store's
 //! row in step (parked, running), and records its one outcome.
 
-use std::pin::pin;
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::dispatcher::Shared;
+use super::dispatcher::{DriverRunning, Shared};
 use super::live::Live;
 use super::record::{Completion, DispatchId, DispatchState, OutcomeRecord, StoredDispatch};
 use crate::address::WorkerId;
@@ -25,10 +27,49 @@ const RECORD_BACKOFF: Backoff = Backoff {
     max: Duration::from_secs(5),
 };
 
+/// How often a running dispatch's claim is extended ([`DispatchStore::extend`]).
+///
+/// [`DispatchStore::extend`]: super::DispatchStore::extend
+const EXTEND_EVERY: Duration = Duration::from_secs(30);
+
+/// Sleeps until `at`, or for ever when there is no `at`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A note write being made.
+type Writing<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// Runs `writing` to its end, or waits for ever when there is none.
+async fn run_some(writing: &mut Option<Writing<'_>>) {
+    match writing {
+        Some(writing) => writing.await,
+        None => std::future::pending().await,
+    }
+}
+
 /// What the dispatcher told the driver, to write to the store in order.
 enum Note {
     Parked(UnservedReason),
     Delivered(WorkerId, u32),
+}
+
+impl Note {
+    /// Where the note says the dispatch stands.
+    fn state(&self) -> DispatchState {
+        match self {
+            Self::Parked(reason) => DispatchState::Parked {
+                reason: reason.as_str().to_owned(),
+            },
+            Self::Delivered(worker, attempt) => DispatchState::Running {
+                worker: *worker,
+                attempt: *attempt,
+            },
+        }
+    }
 }
 
 /// The outcome of a dispatch a restart finds past its deadline at `now`; `None` while it
@@ -53,7 +94,7 @@ pub(super) fn expired(row: &StoredDispatch, now: SystemTime) -> Option<ActivityO
 /// Runs `row` to its one outcome and records it; `resumed` for a row found at start (its
 /// deadline may have passed meanwhile).
 pub(super) async fn drive(
-    shared: Arc<Shared>,
+    running: DriverRunning,
     row: StoredDispatch,
     live: Arc<Live>,
     resumed: bool,
@@ -62,10 +103,10 @@ pub(super) async fn drive(
     let span = tracing::info_span!("durable_dispatch", dispatch_id = %id,
         namespace = %row.dispatch.namespace, activity_type = %row.dispatch.activity_type);
     async move {
-        let _running = shared.driver_started();
-        match run(&shared, &row, &live, resumed).await {
+        let shared = &running.0;
+        match run(shared, &row, &live, resumed).await {
             Some(outcome) => {
-                let recorded = record(&shared, &id, outcome).await;
+                let recorded = record(shared, &id, outcome).await;
                 shared.announce(&row.dispatch.principal, &id, recorded);
             }
             None => {
@@ -130,19 +171,33 @@ async fn run(
     let (notes, mut heard) = mpsc::unbounded_channel();
     let hooks = hooks(row.attempts, live, notes);
     let mut dispatch = pin!(shared.dispatcher.dispatch_with(&caller, request, hooks));
+    // While a worker holds it, its claim is kept alive for stores that lease claims.
+    let mut extend_at: Option<Instant> = None;
+    // One note is written at a time, in order, while the dispatch goes on: a worker's answer
+    // never waits for the store to take a note.
+    let mut writing: Option<Writing<'_>> = None;
     let result = loop {
         tokio::select! {
             biased;
             result = &mut dispatch => break result,
-            Some(note) = heard.recv() => write(shared, live, &d.id, note).await,
+            () = run_some(&mut writing), if writing.is_some() => writing = None,
+            Some(note) = heard.recv(), if writing.is_none() => {
+                extend_at = match note {
+                    Note::Delivered(..) => Some(Instant::now() + EXTEND_EVERY),
+                    Note::Parked(_) => None,
+                };
+                live.set_state(note.state());
+                writing = Some(Box::pin(write(shared, &d.id, note)));
+            }
+            () = sleep_until_some(extend_at) => {
+                extend_at = Some(Instant::now() + EXTEND_EVERY);
+                if let Err(error) = shared.store.extend(&d.id).await {
+                    tracing::debug!(%error, "claim not extended");
+                }
+            }
         }
     };
-    // What the dispatcher said last (a delivery just before the end) still counts: a claim
-    // lost here would hand the next start a repeated attempt number.
-    while let Ok(note) = heard.try_recv() {
-        write(shared, live, &d.id, note).await;
-    }
-    match result {
+    let outcome = match result {
         Ok(ActivityOutcome::ShuttingDown) => None,
         Ok(outcome) => Some(outcome),
         // Accepted, so it ends with an outcome: the refusal's sentence, final.
@@ -150,7 +205,21 @@ async fn run(
             message: refusal.to_string(),
             retryable: false,
         }),
+    };
+    if outcome.is_some() {
+        // Finished: its state notes matter no more, and its outcome does not wait for them
+        // (a store ignores a note that lands after the outcome).
+        return outcome;
     }
+    // Not finished: the last delivery's claim still counts, or the next start would repeat
+    // its attempt number.
+    if let Some(writing) = writing {
+        writing.await;
+    }
+    while let Ok(note) = heard.try_recv() {
+        write(shared, &d.id, note).await;
+    }
+    None
 }
 
 fn hooks(attempts: u32, live: &Live, notes: mpsc::UnboundedSender<Note>) -> DispatchHooks {
@@ -170,18 +239,10 @@ fn hooks(attempts: u32, live: &Live, notes: mpsc::UnboundedSender<Note>) -> Disp
 
 /// Writes a note to the store. A lost note costs a stale state or a repeated attempt number
 /// after a crash, never an outcome: it is logged and dropped.
-async fn write(shared: &Shared, live: &Live, id: &DispatchId, note: Note) {
+async fn write(shared: &Shared, id: &DispatchId, note: Note) {
     let written = match note {
-        Note::Parked(reason) => {
-            live.set_state(DispatchState::Parked {
-                reason: reason.as_str().to_owned(),
-            });
-            shared.store.park(id, reason.as_str()).await
-        }
-        Note::Delivered(worker, attempt) => {
-            live.set_state(DispatchState::Running { worker, attempt });
-            shared.store.claim(id, worker, attempt).await
-        }
+        Note::Parked(reason) => shared.store.park(id, reason.as_str()).await,
+        Note::Delivered(worker, attempt) => shared.store.claim(id, worker, attempt).await,
     };
     if let Err(error) = written {
         tracing::debug!(%error, "dispatch state not written to the store");

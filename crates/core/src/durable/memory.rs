@@ -506,10 +506,11 @@ mod tests {
             Ok(Recorded::New(_))
         ));
         let long = "k".repeat(crate::durable::MAX_IDEMPOTENCY_KEY_BYTES + 1);
-        assert!(matches!(
-            store.record(dispatch("a", "x", Some(&long))).await,
-            Err(DispatchStoreError::InvalidKey { .. })
-        ));
+        let refused = store.record(dispatch("a", "x", Some(&long))).await;
+        assert_eq!(
+            refused.map_err(|e| e.to_string()),
+            Err("idempotency_key: 257 bytes, longer than the limit of 256".to_owned())
+        );
         assert!(matches!(
             store.record(dispatch("a", "x", Some(""))).await,
             Err(DispatchStoreError::InvalidKey { .. })

@@ -20,7 +20,7 @@ pub fn check_idempotency_key(key: &str) -> Result<(), super::DispatchStoreError>
         "empty".to_owned()
     } else if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
         format!(
-            "{} bytes, more than the limit of {MAX_IDEMPOTENCY_KEY_BYTES}",
+            "{} bytes, longer than the limit of {MAX_IDEMPOTENCY_KEY_BYTES}",
             key.len()
         )
     } else {

@@ -17,7 +17,9 @@ use crate::address::WorkerId;
 /// (and, as configured, of the machine); the others ([`park`](Self::park),
 /// [`claim`](Self::claim), [`extend`](Self::extend), [`release`](Self::release)) may be lost by
 /// a crash, which costs at most a repeated attempt number or a parked reason. Implementations
-/// batch writes (group commit); every method may be called from many tasks at once.
+/// batch writes (group commit); every method may be called from many tasks at once. A state
+/// note (`park`, `claim`, `release`) for a finished dispatch changes nothing: one may land
+/// after the outcome.
 ///
 /// The dispatcher keeps what is running in memory and uses the store for what must outlive
 /// it, so a store that leases claims (a replicated log with acknowledgement deadlines) keeps

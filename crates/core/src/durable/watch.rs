@@ -80,10 +80,14 @@ impl Watchers {
     pub(super) fn subscribe(&self, principal: &str) -> OutcomeWatch {
         let mut channels = self.lock();
         let receiver = match channels.as_mut() {
-            Some(channels) => channels
-                .entry(principal.to_owned())
-                .or_insert_with(|| broadcast::Sender::new(self.capacity))
-                .subscribe(),
+            Some(channels) => {
+                // Principals whose watchers all left, and who had no outcome since.
+                channels.retain(|_, sender| sender.receiver_count() > 0);
+                channels
+                    .entry(principal.to_owned())
+                    .or_insert_with(|| broadcast::Sender::new(self.capacity))
+                    .subscribe()
+            }
             // A sender dropped at once: the watch ends on its first read.
             None => broadcast::Sender::new(1).subscribe(),
         };

@@ -59,8 +59,8 @@ pub struct GatewayApi {
 
 impl GatewayApi {
     /// The API over `core` and `durable` (the durable dispatcher started over the same core's
-    /// dispatcher), authenticating callers against `principals`. Every dispatch is ephemeral
-    /// unless its request says `durable`; [`GatewayApi::durability`] sets the defaults.
+    /// dispatcher), authenticating callers against `principals`. A dispatch is ephemeral
+    /// unless its request says `durable` (the gateway applies the configured defaults).
     pub fn new(
         core: Core,
         durable: DurableDispatcher,

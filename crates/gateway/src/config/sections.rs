@@ -5,8 +5,9 @@
 //! default that can be listed and overridden from the environment.
 //!
 //! A key that configures a library setting takes its default from that library's `Default`
-//! (`GrpcServerConfig`, the QUIC `QuicServerConfig`, core's `DispatchConfig`, `LivenessConfig`
-//! and registry ceiling, the producer API's `ApiConfig`), so the two cannot drift; the few
+//! (`GrpcServerConfig`, the QUIC `QuicServerConfig`, core's `DispatchConfig`, `LivenessConfig`,
+//! `DurableConfig` and registry ceiling, the producer API's `ApiConfig`, the SQLite store's
+//! `SqliteOptions`), so the two cannot drift; the few
 //! the gateway sets differently on purpose are listed, with why, in `config/overrides.rs`,
 //! whose test fails on any other difference.
 
@@ -15,8 +16,9 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{
     DEFAULT_MAX_CONCURRENCY_LIMIT, DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_MAX_WORKERS_PER_PRINCIPAL,
-    DEFAULT_NAMESPACE_IDLE_EXPIRY, DispatchConfig, LivenessConfig, Role,
+    DEFAULT_NAMESPACE_IDLE_EXPIRY, DispatchConfig, DurableConfig, LivenessConfig, Role,
 };
+use switchyard_store_sqlite::{SqliteOptions, Synchronous};
 use switchyard_transport_grpc::GrpcServerConfig;
 use switchyard_transport_quic::{CongestionControl, QuicServerConfig, Redundancy, RetryPolicy};
 
@@ -548,22 +550,19 @@ pub struct StoreSection {
     pub max_bytes: u64,
 }
 
-/// `store.max_queued_per_namespace`'s default.
-pub(crate) const DEFAULT_MAX_QUEUED_PER_NAMESPACE: u64 = 100_000;
-/// `store.max_bytes`'s default: 1 GiB.
-pub(crate) const DEFAULT_STORE_MAX_BYTES: u64 = 1 << 30;
 /// The store's file name in the data directory when `store.path` is empty.
 pub const DEFAULT_STORE_FILE: &str = "dispatches.sqlite3";
 
 impl Default for StoreSection {
     fn default() -> Self {
+        let sqlite = SqliteOptions::default();
         Self {
             backend: StoreBackendName::Sqlite,
             path: String::new(),
-            synchronous: SynchronousName::Full,
-            outcome_retention: ConfigDuration::secs(24 * 3600),
-            max_queued_per_namespace: DEFAULT_MAX_QUEUED_PER_NAMESPACE,
-            max_bytes: DEFAULT_STORE_MAX_BYTES,
+            synchronous: SynchronousName::from_library(sqlite.synchronous),
+            outcome_retention: ConfigDuration(DurableConfig::default().outcome_retention),
+            max_queued_per_namespace: sqlite.max_queued_per_namespace,
+            max_bytes: sqlite.max_bytes,
         }
     }
 }
@@ -601,6 +600,25 @@ pub enum SynchronousName {
     /// fsync at WAL checkpoints only: survives a process crash, may lose the last commits
     /// on power loss.
     Normal,
+}
+
+impl SynchronousName {
+    /// The key's value for the library's mode (one the gateway has no name for reads as
+    /// `full`; the defaults test catches a library default changing to one).
+    fn from_library(synchronous: Synchronous) -> Self {
+        match synchronous {
+            Synchronous::Normal => Self::Normal,
+            _ => Self::Full,
+        }
+    }
+
+    /// The library's mode for the key's value.
+    pub(crate) fn library(self) -> Synchronous {
+        match self {
+            Self::Full => Synchronous::Full,
+            Self::Normal => Synchronous::Normal,
+        }
+    }
 }
 
 impl Default for DispatchSection {

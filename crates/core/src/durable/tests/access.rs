@@ -100,14 +100,11 @@ async fn a_cancel_ends_the_dispatch_cancelled_and_tells_its_worker() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn get_reports_parked_then_running_from_the_dispatcher() {
-    let gw = start(memory()).await;
+async fn get_reports_parked_then_running_from_the_dispatcher_ahead_of_the_store() {
+    let gw = start_lagging(memory()).await;
     let alice = producer("alice");
     let id = gw.submit(&alice, "where").await;
-    gw.setup.parked(1).await;
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    gw.until_state(&alice, &id, "parked").await;
     let parked = gw.durable.get(&alice, &id).await.expect("visible");
     assert_eq!(
         parked.state,
@@ -117,9 +114,7 @@ async fn get_reports_parked_then_running_from_the_dispatcher() {
     );
     let mut worker = gw.setup.worker(1).await;
     let task = worker.task().await;
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    gw.until_state(&alice, &id, "running").await;
     let running = gw.durable.get(&alice, &id).await.expect("visible");
     assert_eq!(
         running.state,
@@ -129,6 +124,8 @@ async fn get_reports_parked_then_running_from_the_dispatcher() {
         }
     );
     assert_eq!(running.attempts, 1);
+    // Control: the store's own row never heard; `get` merged what the dispatcher said.
+    assert_eq!(gw.row(&id).await.state.label(), "queued");
     gw.setup
         .dispatcher
         .complete(worker.id, task.task_id, success("here"))

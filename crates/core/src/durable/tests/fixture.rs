@@ -1,12 +1,15 @@
 //! A durable dispatcher over a memory store, on the dispatcher tests' registry and workers.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
 
+use crate::address::WorkerId;
 use crate::dispatcher::tests::fixture::{self, Setup};
 use crate::durable::{
-    DispatchId, DispatchStore, DurableConfig, DurableDispatcher, MemoryDispatchStore,
-    MemoryStoreLimits, StoredDispatch,
+    BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchStore, DispatchStoreError,
+    DurableConfig, DurableDispatcher, MemoryDispatchStore, MemoryStoreLimits, NewDispatch,
+    OutcomeRecord, Recorded, StoredDispatch,
 };
 use crate::outcome::ActivityRequest;
 use crate::registration::CallerIdentity;
@@ -19,6 +22,8 @@ pub(super) struct Gateway {
     pub(super) setup: Setup,
     pub(super) store: Arc<MemoryDispatchStore>,
     pub(super) durable: DurableDispatcher,
+    /// Claims extended, when the store is wrapped (see [`start_slow`]).
+    pub(super) extends: Arc<AtomicUsize>,
 }
 
 pub(super) fn memory() -> Arc<MemoryDispatchStore> {
@@ -39,6 +44,50 @@ pub(super) async fn start_on(setup: Setup, store: Arc<MemoryDispatchStore>) -> G
     start_on_with(setup, store, DurableConfig::default()).await
 }
 
+/// A gateway whose store loses every state note (`park`, `claim`): its rows lag behind
+/// the dispatcher, as a store's may.
+pub(super) async fn start_lagging(store: Arc<MemoryDispatchStore>) -> Gateway {
+    start_wrapped(store, true, false, false).await
+}
+
+/// A gateway whose store takes a turn of the scheduler before it records, as a store that
+/// commits on another thread does.
+pub(super) async fn start_slow(store: Arc<MemoryDispatchStore>) -> Gateway {
+    start_wrapped(store, false, true, false).await
+}
+
+/// A gateway whose store never finishes a claim.
+pub(super) async fn start_stalling(store: Arc<MemoryDispatchStore>) -> Gateway {
+    start_wrapped(store, false, false, true).await
+}
+
+async fn start_wrapped(
+    store: Arc<MemoryDispatchStore>,
+    drop_notes: bool,
+    slow_record: bool,
+    stall_claims: bool,
+) -> Gateway {
+    let setup = fixture::setup();
+    let extends = Arc::new(AtomicUsize::new(0));
+    let lagging = Arc::new(Wrapped {
+        inner: Arc::clone(&store),
+        drop_notes,
+        slow_record,
+        stall_claims,
+        extends: Arc::clone(&extends),
+    });
+    let durable =
+        DurableDispatcher::start(setup.dispatcher.clone(), lagging, DurableConfig::default())
+            .await
+            .expect("the memory store reads");
+    Gateway {
+        setup,
+        store,
+        durable,
+        extends,
+    }
+}
+
 async fn start_on_with(
     setup: Setup,
     store: Arc<MemoryDispatchStore>,
@@ -55,6 +104,7 @@ async fn start_on_with(
         setup,
         store,
         durable,
+        extends: Arc::default(),
     }
 }
 
@@ -91,11 +141,110 @@ impl Gateway {
             .expect("the dispatch is recorded")
     }
 
+    /// Lets the drivers run until `get` reports `id` in `state` (bounded; paused time stays
+    /// put).
+    pub(super) async fn until_state(&self, caller: &CallerIdentity, id: &DispatchId, state: &str) {
+        for _ in 0..1000 {
+            let row = self.durable.get(caller, id).await.expect("visible");
+            if row.state.label() == state {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("dispatch {id} never reached {state}");
+    }
+
+    /// Lets the drivers write what they heard until the store's row of `id` is `state`
+    /// (bounded).
+    pub(super) async fn until_row(&self, id: &DispatchId, state: &str) {
+        for _ in 0..1000 {
+            if self.row(id).await.state.label() == state {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("dispatch {id}'s row never reached {state}");
+    }
+
     /// Stops like a gateway going away: the durable dispatcher, then the dispatcher with no
     /// grace, then waits for every driver to end.
     pub(super) async fn stop(self) {
         self.durable.shutdown();
         self.setup.dispatcher.shutdown(Duration::ZERO).await;
         self.durable.drivers_ended().await;
+    }
+}
+
+/// A memory store that may drop `park` and `claim`, and may yield before it records.
+#[derive(Debug)]
+struct Wrapped {
+    inner: Arc<MemoryDispatchStore>,
+    drop_notes: bool,
+    slow_record: bool,
+    /// Claims never finish.
+    stall_claims: bool,
+    extends: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl DispatchStore for Wrapped {
+    async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError> {
+        if self.slow_record {
+            tokio::task::yield_now().await;
+        }
+        self.inner.record(dispatch).await
+    }
+    async fn park(&self, id: &DispatchId, reason: &str) -> Result<(), DispatchStoreError> {
+        if self.drop_notes {
+            return Ok(());
+        }
+        self.inner.park(id, reason).await
+    }
+    async fn claim(
+        &self,
+        id: &DispatchId,
+        worker: WorkerId,
+        attempt: u32,
+    ) -> Result<(), DispatchStoreError> {
+        if self.stall_claims {
+            std::future::pending::<()>().await;
+        }
+        if self.drop_notes {
+            return Ok(());
+        }
+        self.inner.claim(id, worker, attempt).await
+    }
+    async fn extend(&self, id: &DispatchId) -> Result<(), DispatchStoreError> {
+        self.extends.fetch_add(1, Ordering::Relaxed);
+        self.inner.extend(id).await
+    }
+    async fn complete(
+        &self,
+        id: &DispatchId,
+        outcome: &OutcomeRecord,
+        at: SystemTime,
+    ) -> Result<Completion, DispatchStoreError> {
+        self.inner.complete(id, outcome, at).await
+    }
+    async fn release(&self, id: &DispatchId, delay: Duration) -> Result<(), DispatchStoreError> {
+        self.inner.release(id, delay).await
+    }
+    async fn unfinished(&self) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+        self.inner.unfinished().await
+    }
+    async fn get(&self, id: &DispatchId) -> Result<Option<StoredDispatch>, DispatchStoreError> {
+        self.inner.get(id).await
+    }
+    async fn list(
+        &self,
+        filter: &DispatchFilter,
+    ) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+        self.inner.list(filter).await
+    }
+    async fn census(&self, now: SystemTime) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
+        self.inner.census(now).await
+    }
+    async fn purge(&self, before: SystemTime) -> Result<u64, DispatchStoreError> {
+        self.inner.purge(before).await
     }
 }

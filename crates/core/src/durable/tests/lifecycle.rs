@@ -153,3 +153,77 @@ async fn a_refusal_after_acceptance_is_recorded_as_a_final_failure() {
     );
     assert!(worker.sent().is_empty(), "nothing reached the worker");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_submission_whose_caller_goes_away_while_it_is_recorded_still_runs() {
+    let gw = start_slow(memory()).await;
+    let alice = producer("alice");
+    {
+        let submit = gw.durable.submit(&alice, work("orphan"), None);
+        tokio::pin!(submit);
+        // One poll: the store has not committed yet; then the caller is gone.
+        assert!(futures::poll!(submit.as_mut()).is_pending());
+    }
+    let mut worker = gw.setup.worker(1).await;
+    let task = worker.task().await;
+    assert_eq!(
+        &task.input[..],
+        b"orphan",
+        "the recorded dispatch has its driver"
+    );
+    let listed = gw
+        .durable
+        .list(&alice, crate::durable::DispatchFilter::default())
+        .await
+        .expect("listed");
+    assert_eq!(listed.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_dispatchs_claim_is_extended_while_its_worker_holds_it() {
+    let gw = start_slow(memory()).await;
+    let alice = producer("alice");
+    let id = gw
+        .durable
+        .submit(&alice, request("long", Duration::from_secs(600)), None)
+        .await
+        .expect("recorded")
+        .id;
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    // Control: parked, nobody holds it, nothing to extend.
+    assert_eq!(gw.extends.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let mut worker = gw.setup.worker(1).await;
+    let task = worker.task().await;
+    tokio::time::sleep(Duration::from_secs(65)).await;
+    assert_eq!(gw.extends.load(std::sync::atomic::Ordering::Relaxed), 2);
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("long"))
+        .expect("pending");
+    assert_eq!(
+        gw.durable
+            .await_outcome(&alice, &id, Duration::from_secs(10))
+            .await,
+        Ok(Some(completed("long")))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_outcome_does_not_wait_for_a_state_note_the_store_is_slow_to_take() {
+    let gw = start_stalling(memory()).await;
+    let alice = producer("alice");
+    let id = gw.submit(&alice, "quick").await;
+    let mut worker = gw.setup.worker(1).await;
+    let task = worker.task().await;
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("quick"))
+        .expect("pending");
+    assert_eq!(
+        gw.durable
+            .await_outcome(&alice, &id, Duration::from_secs(10))
+            .await,
+        Ok(Some(completed("quick"))),
+        "the claim never finishes; the outcome is recorded anyway"
+    );
+}

@@ -11,17 +11,6 @@ use crate::registry::UnservedReason;
 
 use super::fixture::*;
 
-/// Lets the drivers write what they heard until `id`'s row is `state` (bounded).
-async fn until_row(gw: &Gateway, id: &DispatchId, state: &str) {
-    for _ in 0..1000 {
-        if gw.row(id).await.state.label() == state {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    panic!("dispatch {id} never reached {state}");
-}
-
 #[tokio::test(start_paused = true)]
 async fn after_a_restart_queued_ones_run_and_running_ones_run_again_with_the_next_attempt() {
     let store = memory();
@@ -42,7 +31,7 @@ async fn after_a_restart_queued_ones_run_and_running_ones_run_again_with_the_nex
     );
     let running = gw.submit(&alice, "running").await;
     assert_eq!(worker.task().await.attempt, 1);
-    until_row(&gw, &running, "running").await;
+    gw.until_row(&running, "running").await;
     let queued = gw.submit(&alice, "queued").await;
     gw.setup.parked(1).await;
     gw.stop().await;

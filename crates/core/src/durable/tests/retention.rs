@@ -1,4 +1,5 @@
-//! Finished dispatches are deleted after their retention; unfinished ones never are.
+//! Finished dispatches are deleted after their retention, unfinished ones never are; the
+//! backlog census counts the unfinished ones.
 
 use std::time::Duration;
 
@@ -51,4 +52,31 @@ async fn a_finished_dispatch_within_its_retention_is_kept() {
         .await;
     tokio::time::sleep(Duration::from_secs(600)).await;
     assert!(gw.store.get(&finished).await.expect("reads").is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_census_counts_the_backlog_waiting_then_running() {
+    let gw = start(memory()).await;
+    let alice = producer("alice");
+    let id = gw.submit(&alice, "backlog").await;
+    gw.until_row(&id, "parked").await;
+    let census = gw.durable.census().await.expect("reads");
+    assert_eq!(census.len(), 1);
+    assert_eq!((census[0].waiting, census[0].running), (1, 0));
+    assert_eq!(census[0].namespace, NS);
+    let mut worker = gw.setup.worker(1).await;
+    let task = worker.task().await;
+    gw.until_row(&id, "running").await;
+    let census = gw.durable.census().await.expect("reads");
+    assert_eq!((census[0].waiting, census[0].running), (0, 1));
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("done"))
+        .expect("pending");
+    let _ = gw
+        .durable
+        .await_outcome(&alice, &id, Duration::from_secs(10))
+        .await;
+    // Control: a finished dispatch is no backlog.
+    assert!(gw.durable.census().await.expect("reads").is_empty());
 }
