@@ -10,7 +10,7 @@
 //! `--durable` makes every dispatch durable: recorded in the gateway's store before it runs,
 //! its outcome recorded before it is returned (`--via stream` and `unary` set `durable` on each
 //! request; `--via submit` submits and reads outcomes from `WatchOutcomes`, see
-//! `bench/submit.rs`).
+//! `bench/submit.rs`); `--store` picks the in-process gateway's store.
 //!
 //! `--scenario tenant-fairness` measures what parked work in one tenant's pool costs another
 //! tenant's dispatch rate (see `bench/fairness.rs`).
