@@ -92,18 +92,21 @@ impl GatewayApi {
         let caller = self.caller(request, DISPATCH, "WatchOutcomes")?;
         let watch = self.durable.watch(&caller);
         let outcomes = futures::stream::unfold(watch, |mut watch| async move {
-            let reply = match watch.next().await? {
-                WatchEvent::Outcome { id, outcome: ended } => pb::WatchOutcomesReply {
-                    dispatch_id: id.to_string(),
-                    event: Some(Event::Outcome(outcome::outcome(ended))),
-                },
-                WatchEvent::Lagged { missed } => pb::WatchOutcomesReply {
-                    dispatch_id: String::new(),
-                    event: Some(Event::Missed(pb::OutcomesMissed { count: missed })),
-                },
-                _ => pb::WatchOutcomesReply::default(),
-            };
-            Some((Ok(reply), watch))
+            loop {
+                let reply = match watch.next().await? {
+                    WatchEvent::Outcome { id, outcome: ended } => pb::WatchOutcomesReply {
+                        dispatch_id: id.to_string(),
+                        event: Some(Event::Outcome(outcome::outcome(ended))),
+                    },
+                    WatchEvent::Lagged { missed } => pb::WatchOutcomesReply {
+                        dispatch_id: String::new(),
+                        event: Some(Event::Missed(pb::OutcomesMissed { count: missed })),
+                    },
+                    // An event this build has no message for is not sent.
+                    _ => continue,
+                };
+                return Some((Ok(reply), watch));
+            }
         });
         Ok(Response::new(Box::pin(
             outcomes.take_until(self.closing.clone().cancelled_owned()),
