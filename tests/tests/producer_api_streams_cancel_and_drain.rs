@@ -149,6 +149,7 @@ async fn cancel_ends_the_dispatch_and_tells_the_worker() {
         .cancel(pb::CancelDispatchRequest {
             namespace: "cancel".to_owned(),
             activity_id: "job-2".to_owned(),
+            ..pb::CancelDispatchRequest::default()
         })
         .await
         .unwrap_err();
@@ -157,6 +158,7 @@ async fn cancel_ends_the_dispatch_and_tells_the_worker() {
         .cancel(pb::CancelDispatchRequest {
             namespace: "cancel".to_owned(),
             activity_id: "job-1".to_owned(),
+            ..pb::CancelDispatchRequest::default()
         })
         .await
         .expect("cancelled");

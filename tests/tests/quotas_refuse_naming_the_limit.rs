@@ -79,6 +79,7 @@ async fn a_dispatch_past_the_parked_quota_is_resource_exhausted_naming_the_key()
             .cancel(pb::CancelDispatchRequest {
                 namespace: NS.to_owned(),
                 activity_id: id.to_owned(),
+                ..pb::CancelDispatchRequest::default()
             })
             .await
             .expect("cancelled");

@@ -50,6 +50,7 @@ async fn a_result_instead_of_a_cancel_ack_frees_the_slot_and_is_not_refused() {
         .cancel(pb::CancelDispatchRequest {
             namespace: NS.to_owned(),
             activity_id: "job-1".to_owned(),
+            ..pb::CancelDispatchRequest::default()
         })
         .await
         .expect("cancelled");

@@ -99,6 +99,7 @@ fn cancel(activity_id: &str) -> pb::CancelDispatchRequest {
     pb::CancelDispatchRequest {
         namespace: SHARED.to_owned(),
         activity_id: activity_id.to_owned(),
+        ..pb::CancelDispatchRequest::default()
     }
 }
 

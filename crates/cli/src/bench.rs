@@ -7,6 +7,11 @@
 //! one JSON object on stdout. Everything is bounded: N and K are capped, every wait has a
 //! deadline, and each dispatch carries a timeout.
 //!
+//! `--durable` makes every dispatch durable: recorded in the gateway's store before it runs,
+//! its outcome recorded before it is returned (`--via stream` and `unary` set `durable` on each
+//! request; `--via submit` submits and reads outcomes from `WatchOutcomes`, see
+//! `bench/submit.rs`); `--store` picks the in-process gateway's store.
+//!
 //! `--scenario tenant-fairness` measures what parked work in one tenant's pool costs another
 //! tenant's dispatch rate (see `bench/fairness.rs`).
 //!
@@ -19,6 +24,7 @@ mod executions;
 mod fairness;
 mod idle;
 mod report;
+mod submit;
 mod system;
 mod target;
 mod workers;
@@ -81,6 +87,7 @@ async fn load(args: &BenchArgs, target: &Target) -> Result<String, Failure> {
         Via::Stream => drive::stream(args, target).await,
         Via::Unary => drive::unary(args, target).await,
         Via::Core => drive::core(args, target).await,
+        Via::Submit => submit::run(args, target).await,
     };
     let elapsed = started.elapsed();
     let cpu_after = system::busy_ticks();
@@ -89,6 +96,7 @@ async fn load(args: &BenchArgs, target: &Target) -> Result<String, Failure> {
     let executions = fleet.executions();
     fleet.stop().await;
     let run = run?;
+    let stored_dispatches = target.finished_durable_dispatches().await;
     let mut report = LoadReport::new(args, elapsed, &run.latency, run.outcomes, peaks, served);
     report.executions = executions;
     report.cpu_us_per_dispatch =
@@ -96,6 +104,7 @@ async fn load(args: &BenchArgs, target: &Target) -> Result<String, Failure> {
     report.gateway_peak_rss_bytes = target.peak_rss_bytes();
     report.rss_includes_bench = target.shares_process();
     report.load_average_1m = system::load_average();
+    report.stored_dispatches = stored_dispatches;
     serde_json::to_string(&report).map_err(|error| Failure::runtime(error.to_string()))
 }
 

@@ -3,6 +3,7 @@
 pub(crate) mod behaviour;
 pub(crate) mod client;
 pub(crate) mod demo;
+pub(crate) mod durable;
 pub(crate) mod inspect;
 pub(crate) mod serve;
 pub(crate) mod table;
@@ -18,6 +19,8 @@ pub(crate) const EXIT_RUNTIME: u8 = 1;
 pub(crate) const EXIT_USAGE: u8 = 2;
 /// Exit code: `dispatch` ran but the activity did not complete successfully.
 pub(crate) const EXIT_NOT_COMPLETED: u8 = 3;
+/// Exit code: `outcome` found the durable dispatch not finished within `--wait`.
+pub(crate) const EXIT_PENDING: u8 = 4;
 
 /// A command that did not succeed, with the code the process exits with.
 #[derive(Debug)]

@@ -2,8 +2,9 @@
 //! producer/operator API.
 //!
 //! Exit codes: 0 success; 1 failure at run time (cannot connect, call refused, gateway
-//! failed); 2 usage or configuration error; 3 `dispatch` ran but the activity did not complete
-//! successfully (failed, timed out, cancelled, unserved, transport lost, shutting down).
+//! failed); 2 usage or configuration error; 3 `dispatch` (or `outcome`) ran but the activity did
+//! not complete successfully (failed, timed out, cancelled, unserved, transport lost, shutting
+//! down); 4 `outcome` found the durable dispatch not finished within `--wait`.
 #![forbid(unsafe_code)]
 
 mod bench;
@@ -14,6 +15,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use cmd::demo::DemoArgs;
+use cmd::durable::{DispatchesArgs, OutcomeArgs, SubmitArgs};
 use cmd::inspect::{DispatchArgs, DrainArgs, EventsArgs, PoolArgs, UnservedArgs, WorkersArgs};
 use cmd::serve::ServeArgs;
 use cmd::worker::WorkerArgs;
@@ -30,7 +32,8 @@ Exit codes:
   0  success
   1  failure at run time (cannot connect, call refused, gateway failed)
   2  usage or configuration error
-  3  `dispatch` ran but the activity did not complete successfully
+  3  `dispatch` or `outcome`: the activity did not complete successfully
+  4  `outcome`: the durable dispatch has no outcome yet (not finished within --wait)
 
 Default ports (all on 127.0.0.1): 7700 TCP producer API + gRPC workers, 7701 UDP QUIC workers,
 7702 TCP operations HTTP. Configuration keys and their SWITCHYARD_... variables are listed in
@@ -54,6 +57,13 @@ enum Command {
     Worker(WorkerArgs),
     /// Run one activity and print its outcome (exit code 3 when it did not complete).
     Dispatch(DispatchArgs),
+    /// Record a durable dispatch (it survives a gateway restart) and print its id at once.
+    Submit(SubmitArgs),
+    /// Print a durable dispatch's outcome (exit code 3 when it did not complete, 4 when it has
+    /// none yet).
+    Outcome(OutcomeArgs),
+    /// List durable dispatches, filtered by pool and state.
+    Dispatches(DispatchesArgs),
     /// List the connected workers.
     Workers(WorkersArgs),
     /// Show a pool's census and why each worker can or cannot take an activity.
@@ -87,6 +97,9 @@ fn main() -> ExitCode {
             Command::Demo(args) => cmd::demo::demo(args).await,
             Command::Worker(args) => cmd::worker::worker(args).await,
             Command::Dispatch(args) => cmd::inspect::dispatch(args).await,
+            Command::Submit(args) => cmd::durable::submit(args).await,
+            Command::Outcome(args) => cmd::durable::outcome(args).await,
+            Command::Dispatches(args) => cmd::durable::dispatches(args).await,
             Command::Workers(args) => cmd::inspect::workers(args).await,
             Command::Pool(args) => cmd::inspect::pool(args).await,
             Command::Unserved(args) => cmd::inspect::unserved(args).await,

@@ -62,6 +62,11 @@ fn load_run_with(transport: &str, via: &str, extra: &[&str]) {
     args.extend_from_slice(extra);
     let report = bench(&args);
     assert_eq!(report["mode"], "load");
+    assert_eq!(
+        report["parameters"]["durable"],
+        extra.contains(&"--durable"),
+        "the report says whether the dispatches were durable"
+    );
     assert_eq!(report["parameters"]["transport"], transport);
     assert_eq!(report["parameters"]["via"], via);
     assert_eq!(report["parameters"]["tasks"], TASKS);
@@ -113,6 +118,17 @@ fn load_run_with(transport: &str, via: &str, extra: &[&str]) {
     );
     assert_eq!(report["rss_includes_bench"], true);
     assert!(report.get("cpu_us_per_dispatch").is_some());
+    // Durable runs leave their dispatches in the gateway's store; ephemeral runs (the control)
+    // leave none.
+    let stored = if extra.contains(&"--durable") {
+        TASKS
+    } else {
+        0
+    };
+    assert_eq!(
+        report["stored_dispatches"], stored,
+        "finished dispatches in the store"
+    );
 }
 
 #[test]
@@ -148,6 +164,36 @@ fn quic_via_core_completes_every_dispatch() {
 #[test]
 fn mixed_via_unary_completes_every_dispatch() {
     load_run("mixed", "unary");
+}
+
+#[test]
+fn durable_via_stream_completes_every_dispatch_once() {
+    load_run_with("grpc", "stream", &["--durable"]);
+}
+
+#[test]
+fn durable_via_submit_completes_every_dispatch_once() {
+    load_run_with("grpc", "submit", &["--durable"]);
+}
+
+#[test]
+fn durable_on_the_memory_store_completes_every_dispatch_once() {
+    load_run_with("grpc", "stream", &["--durable", "--store", "memory"]);
+}
+
+#[test]
+fn durable_via_unary_completes_every_dispatch_once() {
+    load_run_with("mixed", "unary", &["--durable"]);
+}
+
+#[test]
+fn via_submit_without_durable_is_refused_as_a_usage_error() {
+    let output = Command::new(switchyard())
+        .args(["bench", "--via", "submit"])
+        .output()
+        .expect("switchyard runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--via submit needs --durable"));
 }
 
 #[test]

@@ -19,10 +19,11 @@ use std::path::Path;
 pub use duration::{ConfigDuration, DurationSyntax};
 pub use error::ConfigError;
 pub use sections::{
-    CongestionName, DispatchSection, GatewayConfig, GrpcSection, LivenessSection, LogFormat,
-    LogSection, NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection,
-    PrincipalSection, QuicSection, RedundancyName, ReflectionName, RegistrySection, RetryName,
-    RoleName, ShutdownSection, TlsSection,
+    CongestionName, DEFAULT_STORE_FILE, DispatchSection, DurabilityName, GatewayConfig,
+    GrpcSection, LivenessSection, LogFormat, LogSection, NamespacePolicyName, NamespaceSection,
+    NamespacesSection, OpsSection, PrincipalSection, QuicSection, RedundancyName, ReflectionName,
+    RegistrySection, RetryName, RoleName, ShutdownSection, StoreBackendName, StoreSection,
+    SynchronousName, TlsSection,
 };
 
 /// Prefix of every configuration environment variable.

@@ -4,10 +4,14 @@
 //! admission gate, one dispatcher, one prober) from configuration, the principal table, the TLS
 //! material, the operations listener, and the transports — the built-in gRPC (with the producer
 //! API) and QUIC ones from configuration, plus any added with [`GatewayBuilder::transport`], all
-//! started through the same [`Transport`] trait. [`Gateway::shutdown`] takes no new worker,
-//! tells every worker the gateway is stopping and waits up to `shutdown.drain_timeout` for the
-//! tasks in flight (producers still get an answer: new dispatches end `ShuttingDown`), ends
-//! what remains `ShuttingDown`, and only then closes the transports' listeners.
+//! started through the same [`Transport`] trait. Beside the core it opens the dispatch store
+//! (`[store]`) and starts the [`DurableDispatcher`] over the core's dispatcher, which resumes
+//! the durable dispatches a previous run left unfinished. [`Gateway::shutdown`] takes no new
+//! worker, stops the durable dispatcher from recording (so a durable dispatch the shutdown
+//! ends is not recorded `ShuttingDown` but resumes at the next start), tells every worker the
+//! gateway is stopping and waits up to `shutdown.drain_timeout` for the tasks in flight
+//! (producers still get an answer: new dispatches end `ShuttingDown`), ends what remains
+//! `ShuttingDown`, and only then closes the transports' listeners and lets go of the store.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -16,15 +20,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_core::{
-    Core, CoreConfig, DispatchConfig, InMemoryNamespaceStore, LivenessConfig, NamespacePolicy,
-    NamespaceRecord, NamespaceStore, Node, Placement, Registry,
+    Core, CoreConfig, DispatchConfig, DispatchStore, DispatchStoreError, DurableDispatcher,
+    InMemoryNamespaceStore, LivenessConfig, NamespacePolicy, NamespaceRecord, NamespaceStore, Node,
+    Placement, Registry,
 };
+use switchyard_store_sqlite::OpenError;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::ApiConfig;
+use crate::api::{ApiConfig, DurabilityDefaults};
 use crate::auth::Principals;
-use crate::config::{GatewayConfig, NamespacePolicyName, NamespaceSection};
+use crate::config::{GatewayConfig, NamespacePolicyName, NamespaceSection, StoreBackendName};
 use crate::grpc_server::GrpcTransport;
 use crate::ops;
 use crate::quic::QuicTransport;
@@ -42,6 +48,12 @@ pub enum StartError {
     /// TLS material could not be loaded or generated.
     #[error("{0}")]
     Tls(#[from] TlsError),
+    /// The dispatch store could not be opened (the message names its path and why).
+    #[error("{0}")]
+    Store(#[from] OpenError),
+    /// The dispatch store opened but its unfinished dispatches could not be read back.
+    #[error("dispatch store: cannot resume the unfinished durable dispatches: {0}")]
+    Resume(DispatchStoreError),
     /// The operations listener could not bind.
     #[error("operations listener: {0}")]
     Ops(TransportError),
@@ -122,7 +134,30 @@ impl GatewayBuilder {
             .max_concurrency_limit(config.registry.max_concurrency_limit)
             .max_namespaces(config.registry.max_namespaces)
             .namespace_idle_expiry(config.registry.namespace_idle_expiry.get());
+        let dispatch_store = crate::store::open(&config.store, &data_dir).await?;
+        let store_path = (config.store.backend == StoreBackendName::Sqlite)
+            .then(|| config.store.resolved_path(&data_dir));
         let core = Core::start(registry, core_config(&config));
+        let durable = match DurableDispatcher::start(
+            core.dispatcher().clone(),
+            Arc::clone(&dispatch_store),
+            crate::store::durable_config(&config.store),
+        )
+        .await
+        {
+            Ok(durable) => durable,
+            Err(error) => {
+                core.shutdown(Duration::ZERO).await;
+                return Err(StartError::Resume(error));
+            }
+        };
+        let backlog = ops::Backlog::default();
+        let backlog_stop = CancellationToken::new();
+        tokio::spawn(backlog.clone().refresh(
+            durable.clone(),
+            ops::BACKLOG_REFRESH,
+            backlog_stop.clone(),
+        ));
         let readiness = Readiness::default();
         let stop_accepting = CancellationToken::new();
         let close = CancellationToken::new();
@@ -141,21 +176,29 @@ impl GatewayBuilder {
         let mut ops_task = None;
         ops::warn_if_remote(&config.ops);
         if config.ops.enabled {
-            let listener = ops::bind(config.ops.listen)
-                .await
-                .map_err(StartError::Ops)?;
+            let listener = match ops::bind(config.ops.listen).await {
+                Ok(listener) => listener,
+                Err(error) => {
+                    durable.shutdown();
+                    backlog_stop.cancel();
+                    core.shutdown(Duration::ZERO).await;
+                    return Err(StartError::Ops(error));
+                }
+            };
             ops_addr = listener.local_addr().ok();
             ops_task = Some(tokio::spawn(ops::serve(
                 listener,
                 &config.ops,
                 core.clone(),
                 readiness.clone(),
+                backlog,
                 ops_stop.clone(),
             )));
         }
 
         let context = TransportContext {
             core: core.clone(),
+            durable: durable.clone(),
             principals: Arc::clone(&principals),
             tls: Arc::clone(&tls),
             stop_accepting: stop_accepting.clone(),
@@ -163,6 +206,10 @@ impl GatewayBuilder {
         };
         let mut gateway = Gateway {
             core,
+            durable,
+            dispatch_store,
+            store_path,
+            backlog_stop,
             principals,
             tls,
             data_dir,
@@ -251,10 +298,10 @@ pub(crate) fn api_settings(config: &GatewayConfig) -> ApiConfig {
 }
 
 fn builtin_transports(config: &GatewayConfig) -> Vec<Box<dyn Transport>> {
-    let mut transports: Vec<Box<dyn Transport>> = vec![Box::new(GrpcTransport::new(
-        config.grpc.clone(),
-        api_settings(config),
-    ))];
+    let mut transports: Vec<Box<dyn Transport>> = vec![Box::new(
+        GrpcTransport::new(config.grpc.clone(), api_settings(config))
+            .with_durability(DurabilityDefaults::from_config(config)),
+    )];
     if config.quic.enabled {
         transports.push(Box::new(QuicTransport::new(config.quic.clone())));
     }
@@ -264,6 +311,10 @@ fn builtin_transports(config: &GatewayConfig) -> Vec<Box<dyn Transport>> {
 /// A running gateway; see the module documentation.
 pub struct Gateway {
     core: Core,
+    durable: DurableDispatcher,
+    dispatch_store: Arc<dyn DispatchStore>,
+    store_path: Option<PathBuf>,
+    backlog_stop: CancellationToken,
     principals: Arc<Principals>,
     tls: Arc<TlsMaterial>,
     data_dir: PathBuf,
@@ -301,6 +352,16 @@ impl Gateway {
     /// The process-wide core every transport shares.
     pub fn core(&self) -> &Core {
         &self.core
+    }
+
+    /// The durable dispatcher, over the core's dispatcher and the dispatch store.
+    pub fn durable(&self) -> &DurableDispatcher {
+        &self.durable
+    }
+
+    /// The dispatch store's file; `None` with `store.backend = "memory"`.
+    pub fn store_path(&self) -> Option<&std::path::Path> {
+        self.store_path.as_deref()
     }
 
     /// The principal table.
@@ -378,7 +439,17 @@ impl Gateway {
         );
         self.readiness.shutting_down();
         self.stop_accepting.cancel();
+        // Before core's shutdown: a durable dispatch core ends `ShuttingDown` is then left
+        // unfinished in the store (it resumes at the next start) instead of recorded.
+        self.durable.shutdown();
         self.core.shutdown(self.drain_timeout).await;
+        if tokio::time::timeout(STOP_GRACE, self.durable.drivers_ended())
+            .await
+            .is_err()
+        {
+            tracing::warn!("durable dispatch drivers did not end within the grace");
+        }
+        self.backlog_stop.cancel();
         self.close.cancel();
         let stopped = tokio::time::timeout(STOP_GRACE, async {
             while let Some(joined) = self.serving.join_next().await {
@@ -396,6 +467,31 @@ impl Gateway {
         if let Some(task) = self.ops_task.take() {
             let _ = tokio::time::timeout(STOP_GRACE, task).await;
         }
+        release_store(self.dispatch_store, self.durable).await;
         tracing::info!("gateway stopped");
+    }
+}
+
+/// How often shutdown looks whether the last user of the dispatch store has let go.
+const RELEASE_POLL: Duration = Duration::from_millis(10);
+
+/// Drops the gateway's hold on the dispatch store and waits, up to [`STOP_GRACE`], until no
+/// one else holds it either (connections the transports abandon may hold the producer API a
+/// moment longer), so that the store's file lock is free when `shutdown` returns and a gateway
+/// started next on the same file opens it.
+async fn release_store(store: Arc<dyn DispatchStore>, durable: DurableDispatcher) {
+    drop(durable);
+    let released = tokio::time::timeout(STOP_GRACE, async {
+        // The store has no close signal to wait on; its holders are tasks ending on their own.
+        while Arc::strong_count(&store) > 1 {
+            tokio::time::sleep(RELEASE_POLL).await;
+        }
+    })
+    .await;
+    if released.is_err() {
+        tracing::warn!(
+            "the dispatch store is still held after the grace; it closes with the \
+            process"
+        );
     }
 }

@@ -24,7 +24,7 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use switchyard_transport_grpc::{AcceptConfig, GrpcServerConfig, WorkerService, limited_incoming};
 
-use crate::api::{ApiConfig, GatewayApi, OversizedAsExhausted};
+use crate::api::{ApiConfig, DurabilityDefaults, GatewayApi, OversizedAsExhausted};
 use crate::config::GrpcSection;
 use crate::tls::TlsMaterial;
 use crate::transport::{
@@ -42,12 +42,24 @@ pub(crate) const DEFAULT_MAX_HEALTH_WATCHERS: usize = 1024;
 pub struct GrpcTransport {
     section: GrpcSection,
     api: ApiConfig,
+    durability: DurabilityDefaults,
 }
 
 impl GrpcTransport {
-    /// A transport serving `section` with the producer API configured by `api`.
+    /// A transport serving `section` with the producer API configured by `api`; a dispatch
+    /// that leaves `durable` unset is ephemeral.
     pub fn new(section: GrpcSection, api: ApiConfig) -> Self {
-        Self { section, api }
+        Self {
+            section,
+            api,
+            durability: DurabilityDefaults::default(),
+        }
+    }
+
+    /// Makes a dispatch that leaves `durable` unset durable as the configuration says.
+    pub(crate) fn with_durability(mut self, durability: DurabilityDefaults) -> Self {
+        self.durability = durability;
+        self
     }
 }
 
@@ -125,9 +137,11 @@ impl Transport for GrpcTransport {
         let max_input = context.core.dispatcher().max_input_bytes();
         let api = GatewayApi::new(
             context.core.clone(),
+            context.durable.clone(),
             Arc::clone(&context.principals),
             self.api,
         )
+        .durability(self.durability)
         .ending_on(context.close.clone())
         .into_service()
         .max_decoding_message_size(crate::limits::api_decode_limit(

@@ -1,6 +1,6 @@
 //! The Switchyard gateway, embeddable: one process-wide core shared by every worker transport,
-//! the producer and operator gRPC API, configuration, development TLS material and the
-//! operations HTTP listener.
+//! the producer and operator gRPC API, the dispatch store behind durable dispatches,
+//! configuration, development TLS material and the operations HTTP listener.
 //!
 //! [`Gateway::builder`] assembles the same gateway `switchyard serve` runs. Transports, the
 //! built-in gRPC and QUIC ones included, are started through the one [`Transport`] trait; an
@@ -29,17 +29,19 @@ mod logging;
 mod ops;
 mod quic;
 mod readiness;
+mod store;
 mod tls;
 mod transport;
 
 pub use api::{ApiConfig, GatewayApi};
 pub use auth::Principals;
 pub use config::{
-    CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionName, DispatchSection, DurationSyntax,
-    ENV_PREFIX, GatewayConfig, GrpcSection, LivenessSection, LogFormat, LogSection,
-    NamespacePolicyName, NamespaceSection, NamespacesSection, OpsSection, Override,
-    PrincipalSection, QuicSection, RedundancyName, ReflectionName, RegistrySection, RetryName,
-    RoleName, ShutdownSection, TlsSection, env_var_for, keys as config_keys,
+    CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionName, DEFAULT_STORE_FILE,
+    DispatchSection, DurabilityName, DurationSyntax, ENV_PREFIX, GatewayConfig, GrpcSection,
+    LivenessSection, LogFormat, LogSection, NamespacePolicyName, NamespaceSection,
+    NamespacesSection, OpsSection, Override, PrincipalSection, QuicSection, RedundancyName,
+    ReflectionName, RegistrySection, RetryName, RoleName, ShutdownSection, StoreBackendName,
+    StoreSection, SynchronousName, TlsSection, env_var_for, keys as config_keys,
 };
 pub use gateway::{Gateway, GatewayBuilder, StartError};
 pub use grpc_server::GrpcTransport;

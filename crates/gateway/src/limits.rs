@@ -46,6 +46,8 @@ pub(crate) fn api_decode_limit(max_message_size: usize, max_input: usize) -> usi
             input: bytes::Bytes::new(),
             activity_id: longest_name(),
             timeout_ms: u64::MAX,
+            durable: Some(true),
+            idempotency_key: "k".repeat(switchyard_core::MAX_IDEMPOTENCY_KEY_BYTES),
         }),
     };
     let framing = request.encoded_len() + input_field_bound(max_input);
@@ -182,6 +184,8 @@ mod tests {
                 input: vec![7; max_input].into(),
                 activity_id: longest_name(),
                 timeout_ms: u64::MAX,
+                durable: Some(true),
+                idempotency_key: "k".repeat(switchyard_core::MAX_IDEMPOTENCY_KEY_BYTES),
             }),
         };
         assert!(request.encoded_len() <= limit);

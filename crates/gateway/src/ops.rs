@@ -5,6 +5,7 @@
 //! connection is counted against `ops.max_connections` at accept and closed when its headers
 //! take longer than `ops.header_read_timeout` or it moves nothing for `ops.idle_timeout`.
 
+mod backlog;
 mod connections;
 mod idle;
 mod metrics;
@@ -24,6 +25,7 @@ use switchyard_transport_grpc::{AcceptConfig, ConnectionLimits, limited_incoming
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use backlog::{Backlog, REFRESH as BACKLOG_REFRESH};
 pub(crate) use metrics::recorder as install_metrics_recorder;
 
 use crate::config::OpsSection;
@@ -34,6 +36,7 @@ use crate::transport::TransportError;
 struct OpsState {
     core: Core,
     readiness: Readiness,
+    backlog: Backlog,
 }
 
 /// Binds the operations listener.
@@ -50,6 +53,7 @@ pub(crate) fn serve(
     section: &OpsSection,
     core: Core,
     readiness: Readiness,
+    backlog: Backlog,
     stop: CancellationToken,
 ) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
     let app = Router::new()
@@ -59,7 +63,11 @@ pub(crate) fn serve(
         .route("/v1/workers", get(workers))
         .route("/v1/pools", get(pools_json))
         .route("/v1/unserved", get(unserved))
-        .with_state(OpsState { core, readiness });
+        .with_state(OpsState {
+            core,
+            readiness,
+            backlog,
+        });
     let incoming = limited_incoming(
         listener,
         AcceptConfig {
@@ -107,7 +115,7 @@ async fn metrics_text(State(state): State<OpsState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics::render(&state.core),
+        metrics::render(&state.core, &state.backlog),
     )
         .into_response()
 }

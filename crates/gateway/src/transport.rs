@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use switchyard_core::Core;
+use switchyard_core::{Core, DurableDispatcher};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Principals;
@@ -25,6 +25,9 @@ use crate::tls::TlsMaterial;
 pub struct TransportContext {
     /// The process-wide core: the one registry, admission gate, dispatcher and prober.
     pub core: Core,
+    /// The durable dispatcher over the core's dispatcher and the dispatch store, for a
+    /// transport that serves producers durable dispatches.
+    pub durable: DurableDispatcher,
     /// The principal table workers and producers authenticate against.
     pub principals: Arc<Principals>,
     /// The gateway's server certificate, key and optional client CA.

@@ -53,6 +53,9 @@ pub(crate) enum Via {
     Stream,
     /// Straight into core's dispatcher, no producer API (in-process gateway only).
     Core,
+    /// `Submit` calls, P at once, each outcome read from one `WatchOutcomes` stream (with
+    /// `--durable` only).
+    Submit,
 }
 
 /// QUIC congestion controller of the in-process gateway and of the bench's QUIC workers.
@@ -97,6 +100,20 @@ impl RedundancyArg {
             Self::Datagram => switchyard_transport_quic::Redundancy::Datagram,
         }
     }
+}
+
+/// The in-process gateway's dispatch store (`[store]`) for `--durable` runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum StoreArg {
+    /// SQLite, `synchronous = full` (the default: every acknowledged write survives power loss).
+    #[default]
+    Sqlite,
+    /// SQLite, `synchronous = normal` (survives a process crash, not power loss).
+    SqliteNormal,
+    /// Process memory (durable dispatches do not survive a restart): the durable path's cost
+    /// without the file.
+    Memory,
 }
 
 /// `switchyard bench`.
@@ -178,6 +195,14 @@ pub(crate) struct BenchArgs {
     /// gateway's `quic.redundancy` (a gateway at --connect decides with its own).
     #[arg(long, value_enum, default_value_t = RedundancyArg::Off)]
     pub(crate) redundancy: RedundancyArg,
+    /// Durable dispatches: each is recorded in the gateway's store (fsynced) before it runs and
+    /// its outcome recorded before it is returned. `--via stream` and `--via unary` set
+    /// `durable` on each request; `--via submit` uses `Submit` and `WatchOutcomes`.
+    #[arg(long)]
+    pub(crate) durable: bool,
+    /// The in-process gateway's dispatch store (a gateway at --connect uses its own).
+    #[arg(long, value_enum, default_value_t = StoreArg::Sqlite)]
+    pub(crate) store: StoreArg,
 }
 
 impl BenchArgs {
@@ -215,6 +240,19 @@ impl BenchArgs {
                 "--service-time-us {}: at most {MAX_SERVICE_TIME_US}",
                 self.service_time_us
             )));
+        }
+        if self.via == Via::Submit && !self.durable {
+            return Err(Failure::usage("--via submit needs --durable"));
+        }
+        if self.durable && self.via == Via::Core {
+            return Err(Failure::usage(
+                "--durable needs the producer API: --via stream, unary or submit, not core",
+            ));
+        }
+        if self.durable && self.scenario == Scenario::TenantFairness {
+            return Err(Failure::usage(
+                "--durable measures the load run; --scenario tenant-fairness is ephemeral",
+            ));
         }
         if self.via == Via::Core && self.connect.is_some() {
             return Err(Failure::usage(

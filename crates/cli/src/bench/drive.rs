@@ -27,12 +27,12 @@ use crate::cmd::Failure;
 const REPLY_GRACE: Duration = Duration::from_secs(30);
 
 /// The producer's deadline of each dispatch (`--dispatch-timeout-secs`).
-fn dispatch_timeout(args: &BenchArgs) -> Duration {
+pub(crate) fn dispatch_timeout(args: &BenchArgs) -> Duration {
     Duration::from_secs(args.dispatch_timeout_secs)
 }
 
 /// How long the bench waits for one reply before it gives up on the run.
-fn reply_deadline(args: &BenchArgs) -> Duration {
+pub(crate) fn reply_deadline(args: &BenchArgs) -> Duration {
     dispatch_timeout(args) + REPLY_GRACE
 }
 
@@ -48,7 +48,7 @@ pub(crate) struct Run {
 }
 
 impl Run {
-    fn new() -> Result<Self, Failure> {
+    pub(crate) fn new() -> Result<Self, Failure> {
         Ok(Self {
             latency: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)
                 .map_err(|error| Failure::runtime(format!("histogram: {error}")))?,
@@ -56,7 +56,7 @@ impl Run {
         })
     }
 
-    fn record(&mut self, latency: Duration, label: &'static str) {
+    pub(crate) fn record(&mut self, latency: Duration, label: &'static str) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         let _ = self.latency.record(micros.clamp(1, MAX_LATENCY_US));
         *self.outcomes.entry(label).or_default() += 1;
@@ -74,7 +74,7 @@ impl Run {
 }
 
 /// The label of a wire outcome, matching core's `ActivityOutcome::label`.
-fn wire_label(outcome: Option<&pb::DispatchOutcome>) -> &'static str {
+pub(crate) fn wire_label(outcome: Option<&pb::DispatchOutcome>) -> &'static str {
     match outcome.and_then(|outcome| outcome.outcome.as_ref()) {
         Some(Outcome::Completed(_)) => "completed",
         Some(Outcome::Failed(_)) => "failed",
@@ -87,17 +87,31 @@ fn wire_label(outcome: Option<&pb::DispatchOutcome>) -> &'static str {
     }
 }
 
-fn payload(args: &BenchArgs) -> Bytes {
+pub(crate) fn payload(args: &BenchArgs) -> Bytes {
     Bytes::from(vec![0x5a; args.payload])
 }
 
-fn wire_request(input: &Bytes, timeout: Duration) -> pb::DispatchRequest {
+/// The request of one dispatch; `durable` asks the gateway to record it before it runs.
+pub(crate) fn wire_request(input: &Bytes, timeout: Duration, durable: bool) -> pb::DispatchRequest {
     pb::DispatchRequest {
         namespace: NAMESPACE.to_owned(),
         activity_type: ACTIVITY.to_owned(),
         input: input.clone(),
         timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        // Unset follows the namespace's default, which is ephemeral unless configured.
+        durable: durable.then_some(true),
         ..pb::DispatchRequest::default()
+    }
+}
+
+/// The input of dispatch number `id`: tagged with the number when the workers count runs by
+/// it (workers in another process, or durable dispatches, which a restart may run again), else
+/// the untouched payload (the in-process ephemeral runs keep their figures).
+pub(crate) fn input_of(args: &BenchArgs, input: &Bytes, id: u64) -> Bytes {
+    if args.external_workers || args.durable {
+        super::executions::tag(input, id)
+    } else {
+        input.clone()
     }
 }
 
@@ -144,15 +158,13 @@ pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Fai
     let times = Arc::new(SendTimes::new(args.tasks));
     let slots = Arc::new(Semaphore::new(outstanding));
     let sender = {
-        let (times, slots, input, tasks, timeout, tagged) = (
+        let (times, slots, input, tasks, timeout, args) = (
             Arc::clone(&times),
             Arc::clone(&slots),
             payload(args),
             u64::from(args.tasks),
             dispatch_timeout(args),
-            // Workers in another process count a dispatch run twice by its number (the
-            // in-process loopback runs keep the untouched input, and their figures).
-            args.external_workers,
+            args.clone(),
         );
         tokio::spawn(async move {
             for id in 0..tasks {
@@ -163,11 +175,11 @@ pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Fai
                 times.mark(id);
                 let request = pb::DispatchStreamRequest {
                     correlation_id: id,
-                    request: Some(if tagged {
-                        wire_request(&super::executions::tag(&input, id), timeout)
-                    } else {
-                        wire_request(&input, timeout)
-                    }),
+                    request: Some(wire_request(
+                        &input_of(&args, &input, id),
+                        timeout,
+                        args.durable,
+                    )),
                 };
                 if requests.send(request).await.is_err() {
                     return;
@@ -214,17 +226,20 @@ pub(crate) async fn unary(args: &BenchArgs, target: &Target) -> Result<Run, Fail
     let input = payload(args);
     let (timeout, deadline) = (dispatch_timeout(args), reply_deadline(args));
     let callers = (0..args.outstanding).map(|_| {
-        let (mut api, next, input) = (api.clone(), Arc::clone(&next), input.clone());
+        let (mut api, next, input, args) =
+            (api.clone(), Arc::clone(&next), input.clone(), args.clone());
         tokio::spawn(async move {
             let mut run = Run::new()?;
-            while next.fetch_add(1, Ordering::Relaxed) < tasks {
+            loop {
+                let id = next.fetch_add(1, Ordering::Relaxed);
+                if id >= tasks {
+                    break;
+                }
+                let request = wire_request(&input_of(&args, &input, id), timeout, args.durable);
                 let sent = Instant::now();
-                let reply =
-                    tokio::time::timeout(deadline, api.dispatch(wire_request(&input, timeout)))
-                        .await
-                        .map_err(|_| {
-                            Failure::runtime(format!("no dispatch reply for {deadline:?}"))
-                        })?;
+                let reply = tokio::time::timeout(deadline, api.dispatch(request))
+                    .await
+                    .map_err(|_| Failure::runtime(format!("no dispatch reply for {deadline:?}")))?;
                 let label = match &reply {
                     Ok(reply) => wire_label(reply.get_ref().outcome.as_ref()),
                     Err(_) => "refused",
@@ -280,7 +295,7 @@ pub(crate) async fn core(args: &BenchArgs, target: &Target) -> Result<Run, Failu
     collect(callers.collect()).await
 }
 
-async fn collect(
+pub(crate) async fn collect(
     callers: Vec<tokio::task::JoinHandle<Result<Run, Failure>>>,
 ) -> Result<Run, Failure> {
     let mut total = Run::new()?;

@@ -47,6 +47,9 @@ pub(crate) struct LoadReport<'a> {
     pub(crate) cpu_us_per_dispatch: Option<f64>,
     /// One-minute load average when the run ended (the machine may be shared).
     pub(crate) load_average_1m: Option<f64>,
+    /// Finished durable dispatches the gateway's store lists for the bench's namespace after
+    /// the run, counted up to 1,000 (0 for an ephemeral run; null when the listing failed).
+    pub(crate) stored_dispatches: Option<u64>,
 }
 
 impl<'a> LoadReport<'a> {
@@ -79,6 +82,7 @@ impl<'a> LoadReport<'a> {
             rss_includes_bench: false,
             cpu_us_per_dispatch: None,
             load_average_1m: None,
+            stored_dispatches: None,
         }
     }
 }

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use switchyard_core::Core;
-use switchyard_gateway::{ConfigDuration, CongestionName, Gateway};
+use switchyard_gateway::{
+    ConfigDuration, CongestionName, Gateway, StoreBackendName, SynchronousName,
+};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_client::GatewayClient;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -14,10 +16,13 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
-use super::args::{BenchArgs, Congestion, RedundancyArg, Scenario};
+use super::args::{BenchArgs, Congestion, RedundancyArg, Scenario, StoreArg};
 use super::{NAMESPACE, system};
 use crate::cmd::Failure;
 use crate::cmd::worker::read_ca;
+
+/// Most dispatches one `ListDispatches` call returns.
+pub(crate) const MAX_LISTED: u32 = 1000;
 
 /// The producer API client the bench uses.
 pub(crate) type Api = GatewayClient<InterceptedService<Channel, Bearer>>;
@@ -109,6 +114,11 @@ impl Target {
             Congestion::Cubic => CongestionName::Cubic,
             Congestion::Bbr => CongestionName::Bbr,
             Congestion::Newreno => CongestionName::Newreno,
+        };
+        (config.store.backend, config.store.synchronous) = match args.store {
+            StoreArg::Sqlite => (StoreBackendName::Sqlite, SynchronousName::Full),
+            StoreArg::SqliteNormal => (StoreBackendName::Sqlite, SynchronousName::Normal),
+            StoreArg::Memory => (StoreBackendName::Memory, SynchronousName::Full),
         };
         config.quic.redundancy = match args.redundancy {
             RedundancyArg::Off => switchyard_gateway::RedundancyName::Off,
@@ -223,6 +233,23 @@ impl Target {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// How many finished durable dispatches of namespace `bench` the gateway's store lists
+    /// (at most [`MAX_LISTED`]); `None` when the listing is refused (it needs the operator
+    /// role) or fails.
+    pub(crate) async fn finished_durable_dispatches(&self) -> Option<u64> {
+        let mut api = self.api().await.ok()?;
+        let listed = api
+            .list_dispatches(pb::ListDispatchesRequest {
+                namespace: NAMESPACE.to_owned(),
+                state: "finished".to_owned(),
+                limit: MAX_LISTED,
+                ..pb::ListDispatchesRequest::default()
+            })
+            .await
+            .ok()?;
+        u64::try_from(listed.into_inner().dispatches.len()).ok()
     }
 
     /// Peak resident memory of the gateway's process, when it can be read.

@@ -1,4 +1,5 @@
-//! Client subcommands: `dispatch`, `workers`, `pool`, `unserved`, `drain`, `events`.
+//! Client subcommands: `dispatch`, `workers`, `pool`, `unserved`, `drain`, `events` (the
+//! durable-dispatch ones are in `durable.rs`).
 
 use bytes::Bytes;
 use clap::Args;
@@ -32,6 +33,10 @@ pub(crate) struct DispatchArgs {
     /// How long to wait for the outcome (`250ms`, `10s`, `5m`) [default: the gateway's]
     #[arg(long)]
     pub(crate) timeout: Option<ConfigDuration>,
+    /// Record the dispatch in the gateway's dispatch store first, so it survives a gateway
+    /// restart [default: the namespace's durability]
+    #[arg(long)]
+    pub(crate) durable: bool,
     #[command(flatten)]
     pub(crate) client: ClientArgs,
 }
@@ -93,7 +98,7 @@ pub(crate) struct EventsArgs {
     pub(crate) client: ClientArgs,
 }
 
-fn millis(duration: Option<ConfigDuration>) -> u64 {
+pub(crate) fn millis(duration: Option<ConfigDuration>) -> u64 {
     duration.map_or(0, |d| {
         u64::try_from(d.get().as_millis()).unwrap_or(u64::MAX)
     })
@@ -110,11 +115,19 @@ pub(crate) async fn dispatch(args: DispatchArgs) -> Result<(), Failure> {
             input: Bytes::from(args.input),
             activity_id: args.activity_id.unwrap_or_default(),
             timeout_ms: millis(args.timeout),
+            durable: args.durable.then_some(true),
+            idempotency_key: String::new(),
         })
         .await
         .map_err(|status| Failure::status(&status))?
         .into_inner();
-    match reply.outcome.and_then(|o| o.outcome) {
+    report(reply.outcome.and_then(|o| o.outcome))
+}
+
+/// Prints a dispatch's outcome: `completed: OUTPUT` on stdout and success, anything else a
+/// [`Failure::not_completed`] saying how it ended.
+pub(crate) fn report(outcome: Option<Outcome>) -> Result<(), Failure> {
+    match outcome {
         Some(Outcome::Completed(done)) => {
             println!("completed: {}", String::from_utf8_lossy(&done.output));
             Ok(())
@@ -262,6 +275,14 @@ pub(crate) async fn pool(args: PoolArgs) -> Result<(), Failure> {
             described.parked, described.oldest_parked_ms
         );
     }
+    if described.backlog_waiting > 0 || described.backlog_running > 0 {
+        println!(
+            "durable backlog: {} waiting, {} running, oldest waiting {} ms",
+            described.backlog_waiting,
+            described.backlog_running,
+            described.backlog_oldest_waiting_ms
+        );
+    }
     let rows: Vec<Vec<String>> = explained
         .workers
         .iter()
@@ -325,6 +346,38 @@ pub(crate) async fn unserved(args: UnservedArgs) -> Result<(), Failure> {
             &rows
         )
     );
+    if !reply.backlog.is_empty() {
+        let rows: Vec<Vec<String>> = reply
+            .backlog
+            .iter()
+            .map(|b| {
+                vec![
+                    b.namespace.clone(),
+                    b.task_queue.clone(),
+                    b.activity_type.clone(),
+                    b.waiting.to_string(),
+                    b.running.to_string(),
+                    format!("{}ms", b.oldest_waiting_ms),
+                ]
+            })
+            .collect();
+        println!();
+        println!("durable backlog (dispatch store):");
+        print!(
+            "{}",
+            render(
+                &[
+                    "NAMESPACE",
+                    "QUEUE",
+                    "ACTIVITY",
+                    "WAITING",
+                    "RUNNING",
+                    "OLDEST"
+                ],
+                &rows
+            )
+        );
+    }
     Ok(())
 }
 

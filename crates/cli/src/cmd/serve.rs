@@ -101,11 +101,13 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
         .map_err(|error| Failure::runtime(error.to_string()))
 }
 
-/// A start that failed: TLS material the configuration points at that cannot be used is a
-/// configuration error (exit 2, the message names the key); anything else is a run-time one.
+/// A start that failed: TLS material or a dispatch store the configuration points at that
+/// cannot be used is a configuration error (exit 2, the message names the key or the path);
+/// anything else is a run-time one.
 fn start_failure(error: StartError) -> Failure {
     match error {
         StartError::Tls(error) => Failure::usage(error.to_string()),
+        error @ StartError::Store(_) => Failure::usage(error.to_string()),
         other => Failure::runtime(other.to_string()),
     }
 }
@@ -120,6 +122,10 @@ pub(crate) fn print_banner(gateway: &Gateway) {
         println!(
             "  ops    http://{ops}  (/healthz /readyz /metrics /v1/workers /v1/pools /v1/unserved)"
         );
+    }
+    match gateway.store_path() {
+        Some(path) => println!("  store  {} (durable dispatches)", path.display()),
+        None => println!("  store  memory: durable dispatches do not survive a restart"),
     }
     let tls = gateway.tls();
     match tls.dev_ca_path() {

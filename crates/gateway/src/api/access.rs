@@ -3,8 +3,9 @@
 //!
 //! | RPC | needs |
 //! |---|---|
-//! | `Dispatch`, `DispatchStream` | `producer` |
+//! | `Dispatch`, `DispatchStream`, `Submit`, `WatchOutcomes` | `producer` |
 //! | `Cancel` | `producer` (its own dispatches) or `operator` (any in its namespaces) |
+//! | `AwaitOutcome`, `GetDispatch`, `ListDispatches` | `producer` (its own durable dispatches) or `operator` (any in its namespaces) |
 //! | `ListWorkers`, `DescribePool`, `ExplainPool`, `UnservedQueues` | `producer` or `operator` |
 //! | `Drain`, `WatchEvents` | `operator` |
 //!
@@ -26,6 +27,9 @@ use tonic::Status;
 pub(crate) const DISPATCH: &[Role] = &[Role::Producer];
 /// `Cancel`: a producer reaches its own dispatches, an operator every dispatch it may see.
 pub(crate) const CANCEL: &[Role] = &[Role::Producer, Role::Operator];
+/// Reading durable dispatches: `AwaitOutcome`, `GetDispatch`, `ListDispatches`; a producer
+/// reaches its own, an operator every one in the namespaces it operates (core's rule).
+pub(crate) const LOOKUP: &[Role] = &[Role::Producer, Role::Operator];
 /// Read-only views: `ListWorkers`, `DescribePool`, `ExplainPool`, `UnservedQueues`.
 pub(crate) const VIEW: &[Role] = &[Role::Producer, Role::Operator];
 /// Acting on workers and watching the fleet: `Drain`, `WatchEvents`.
@@ -158,7 +162,7 @@ mod tests {
         assert!(require_role(&producer, DISPATCH, "Dispatch").is_ok());
         assert!(require_role(&producer, OPERATE, "Drain").is_err());
         let admin = CallerIdentity::granted("root", ["a"]);
-        for roles in [DISPATCH, CANCEL, VIEW, OPERATE] {
+        for roles in [DISPATCH, CANCEL, LOOKUP, VIEW, OPERATE] {
             assert!(require_role(&admin, roles, "any").is_ok());
         }
     }

@@ -1,9 +1,14 @@
 //! The one mapping between a dispatch on the wire and in core: request in, outcome or refusal
-//! out. `Dispatch` and `DispatchStream` both go through here.
+//! out. `Dispatch`, `DispatchStream` and the durable-dispatch RPCs all go through here: a
+//! dispatcher's refusal, a dispatch store's refusal or failure, and a durable lookup's
+//! `NotFound` each become a status in one place.
 
 use std::time::Duration;
 
-use switchyard_core::{ActivityOutcome, ActivityRequest, CancelError, DispatchError};
+use switchyard_core::{
+    ActivityOutcome, ActivityRequest, CancelError, DispatchError, DispatchId, DispatchStoreError,
+    LookupError, SubmitError,
+};
 use switchyard_proto::v1 as pb;
 use tonic::{Code, Status};
 
@@ -24,6 +29,18 @@ pub(crate) fn request(wire: pb::DispatchRequest, default_timeout: Duration) -> A
             Duration::from_millis(wire.timeout_ms)
         },
     }
+}
+
+/// The core request and the idempotency key (empty means none) of a durable submission.
+pub(crate) fn durable_request(
+    mut wire: pb::DispatchRequest,
+    default_timeout: Duration,
+) -> (ActivityRequest, Option<String>) {
+    let key = std::mem::take(&mut wire.idempotency_key);
+    (
+        request(wire, default_timeout),
+        (!key.is_empty()).then_some(key),
+    )
 }
 
 /// The wire outcome of a dispatch: every core outcome is an OK reply with one field set.
@@ -84,6 +101,52 @@ pub(crate) fn oversized_request(status: &Status, max_input: usize) -> Option<Sta
             "request too large for the producer API ({}); an input may be at most {max_input} \
              bytes",
             status.message()
+        ))
+    })
+}
+
+/// The status of a dispatch store's refusal or failure: a bound reached or a full disk is
+/// `RESOURCE_EXHAUSTED` with the store's sentence (which names the key), a bad idempotency
+/// key `INVALID_ARGUMENT`, a store that cannot be read or written `UNAVAILABLE`.
+pub(crate) fn store_refusal(error: &DispatchStoreError) -> Status {
+    let code = match error {
+        DispatchStoreError::QueueFull { .. }
+        | DispatchStoreError::StoreFull { .. }
+        | DispatchStoreError::DiskFull { .. } => Code::ResourceExhausted,
+        DispatchStoreError::InvalidKey { .. } => Code::InvalidArgument,
+        DispatchStoreError::Unavailable { .. } => Code::Unavailable,
+        _ => Code::Unavailable,
+    };
+    Status::new(code, error.to_string())
+}
+
+/// The status of a refused durable submission: the refusal of `Dispatch`, or the store's.
+pub(crate) fn submit_refusal(error: &SubmitError) -> Status {
+    match error {
+        SubmitError::Dispatch(error) => refusal(error),
+        SubmitError::Store(error) => store_refusal(error),
+        other => Status::unavailable(other.to_string()),
+    }
+}
+
+/// The status of a durable dispatch that could not be read or cancelled: `NOT_FOUND` (also for
+/// another principal's id, so existence is not revealed), or the store's failure.
+pub(crate) fn lookup_refusal(error: &LookupError) -> Status {
+    match error {
+        LookupError::NotFound { .. } => Status::not_found(error.to_string()),
+        LookupError::Store(error) => store_refusal(error),
+        other => Status::unavailable(other.to_string()),
+    }
+}
+
+/// The dispatch id a producer sent, or `INVALID_ARGUMENT` naming the field.
+pub(crate) fn dispatch_id(text: &str) -> Result<DispatchId, Status> {
+    if text.is_empty() {
+        return Err(Status::invalid_argument("dispatch_id is empty"));
+    }
+    DispatchId::parse(text).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "dispatch_id {text:?} is not a dispatch id (32 lowercase hex digits)"
         ))
     })
 }
@@ -170,6 +233,92 @@ mod tests {
         });
         assert_eq!(too_large.code(), Code::ResourceExhausted);
         assert!(too_large.message().contains("limit of 10 bytes"));
+    }
+
+    #[test]
+    fn store_refusals_are_exhausted_invalid_or_unavailable_with_the_stores_sentence() {
+        let queue = store_refusal(&DispatchStoreError::QueueFull {
+            namespace: "billing".to_owned(),
+            limit: 3,
+        });
+        assert_eq!(queue.code(), Code::ResourceExhausted);
+        assert_eq!(
+            queue.message(),
+            "`store.max_queued_per_namespace` (3) reached for namespace \"billing\""
+        );
+        let bytes = store_refusal(&DispatchStoreError::StoreFull { size: 9, limit: 8 });
+        assert_eq!(bytes.code(), Code::ResourceExhausted);
+        assert!(
+            bytes.message().contains("`store.max_bytes` (8)"),
+            "{}",
+            bytes.message()
+        );
+        let disk = store_refusal(&DispatchStoreError::DiskFull {
+            path: "/data/dispatches.sqlite3".to_owned(),
+        });
+        assert_eq!(disk.code(), Code::ResourceExhausted);
+        assert!(disk.message().contains("/data/dispatches.sqlite3"));
+        let key = store_refusal(&DispatchStoreError::InvalidKey {
+            problem: "longer than 256 bytes".to_owned(),
+        });
+        assert_eq!(key.code(), Code::InvalidArgument);
+        assert!(key.message().starts_with("idempotency_key"));
+        // Control: a store that fails is not a refusal of the request: UNAVAILABLE, retryable.
+        let down = store_refusal(&DispatchStoreError::Unavailable {
+            detail: "writer closed".to_owned(),
+        });
+        assert_eq!(down.code(), Code::Unavailable);
+    }
+
+    #[test]
+    fn durable_refusals_keep_the_dispatchers_and_the_stores_statuses() {
+        let invalid = submit_refusal(&SubmitError::Dispatch(DispatchError::Invalid {
+            field: "activity_type",
+            problem: "empty".to_owned(),
+        }));
+        assert_eq!(invalid.code(), Code::InvalidArgument);
+        let full = submit_refusal(&SubmitError::Store(DispatchStoreError::QueueFull {
+            namespace: "ns".to_owned(),
+            limit: 1,
+        }));
+        assert_eq!(full.code(), Code::ResourceExhausted);
+        assert!(full.message().contains("store.max_queued_per_namespace"));
+        let id = DispatchId::generate();
+        let missing = lookup_refusal(&LookupError::NotFound { id: id.clone() });
+        assert_eq!(missing.code(), Code::NotFound);
+        assert!(missing.message().contains(id.as_str()));
+        let down = lookup_refusal(&LookupError::Store(DispatchStoreError::Unavailable {
+            detail: "reader gone".to_owned(),
+        }));
+        assert_eq!(down.code(), Code::Unavailable);
+        // Ids: a well-formed one parses; empty and malformed ones name the field.
+        assert_eq!(dispatch_id(id.as_str()).unwrap(), id);
+        for bad in ["", "xyz", &"A".repeat(32)] {
+            let refused = dispatch_id(bad).unwrap_err();
+            assert_eq!(refused.code(), Code::InvalidArgument);
+            assert!(
+                refused.message().starts_with("dispatch_id"),
+                "{}",
+                refused.message()
+            );
+        }
+    }
+
+    #[test]
+    fn a_durable_request_carries_its_key_and_an_empty_key_is_none() {
+        let (request, key) = durable_request(
+            pb::DispatchRequest {
+                namespace: "ns".to_owned(),
+                activity_type: "echo".to_owned(),
+                idempotency_key: "order-7".to_owned(),
+                ..pb::DispatchRequest::default()
+            },
+            Duration::from_secs(7),
+        );
+        assert_eq!(key.as_deref(), Some("order-7"));
+        assert_eq!(request.timeout, Duration::from_secs(7));
+        let (_, none) = durable_request(pb::DispatchRequest::default(), Duration::from_secs(7));
+        assert_eq!(none, None);
     }
 
     #[test]

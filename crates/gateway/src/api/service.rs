@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use switchyard_core::{CallerIdentity, Core, WorkerId, normalise_task_queue};
+use switchyard_core::{CallerIdentity, Core, DurableDispatcher, WorkerId, normalise_task_queue};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::gateway_server::{Gateway as GatewayRpc, GatewayServer};
 use tokio::sync::broadcast::error::RecvError;
@@ -13,6 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::access::{self, CANCEL, DISPATCH, OPERATE, VIEW};
+use super::durability::DurabilityDefaults;
+use super::run::Runner;
 use super::stream::StreamLimits;
 use super::{caller, convert, drain, outcome, stream};
 use crate::auth::Principals;
@@ -43,24 +45,54 @@ impl Default for ApiConfig {
     }
 }
 
-/// The producer and operator API: implements the generated `Gateway` service over [`Core`].
+/// The producer and operator API: implements the generated `Gateway` service over [`Core`]
+/// and its [`DurableDispatcher`].
 #[derive(Clone, Debug)]
 pub struct GatewayApi {
-    core: Core,
+    pub(super) core: Core,
+    pub(super) durable: DurableDispatcher,
+    runner: Arc<Runner>,
     principals: Arc<Principals>,
-    settings: ApiConfig,
-    closing: CancellationToken,
+    pub(super) settings: ApiConfig,
+    pub(super) closing: CancellationToken,
 }
 
 impl GatewayApi {
-    /// The API over `core`, authenticating callers against `principals`.
-    pub fn new(core: Core, principals: Arc<Principals>, settings: ApiConfig) -> Self {
+    /// The API over `core` and `durable` (the durable dispatcher started over the same core's
+    /// dispatcher), authenticating callers against `principals`. A dispatch is ephemeral
+    /// unless its request says `durable` (the gateway applies the configured defaults).
+    pub fn new(
+        core: Core,
+        durable: DurableDispatcher,
+        principals: Arc<Principals>,
+        settings: ApiConfig,
+    ) -> Self {
+        let runner = Arc::new(Runner::new(
+            core.dispatcher().clone(),
+            durable.clone(),
+            DurabilityDefaults::default(),
+            settings.default_timeout,
+        ));
         Self {
             core,
+            durable,
+            runner,
             principals,
             settings,
             closing: CancellationToken::new(),
         }
+    }
+
+    /// Makes a dispatch that leaves `durable` unset durable as `config` says
+    /// (`namespaces.known[].durability`, else `dispatch.durability`).
+    pub(crate) fn durability(mut self, defaults: DurabilityDefaults) -> Self {
+        self.runner = Arc::new(Runner::new(
+            self.core.dispatcher().clone(),
+            self.durable.clone(),
+            defaults,
+            self.settings.default_timeout,
+        ));
+        self
     }
 
     /// Ends the API's long-lived streams (`DispatchStream`, `Drain`, `WatchEvents`) when
@@ -76,7 +108,7 @@ impl GatewayApi {
     }
 
     /// The caller of `request`, once it is known to hold one of `roles` for `rpc`.
-    fn caller<T>(
+    pub(super) fn caller<T>(
         &self,
         request: &Request<T>,
         roles: &[switchyard_core::Role],
@@ -96,7 +128,7 @@ fn require(field: &str, value: &str) -> Result<(), Status> {
     }
 }
 
-fn require_grant(caller: &CallerIdentity, namespace: &str) -> Result<(), Status> {
+pub(super) fn require_grant(caller: &CallerIdentity, namespace: &str) -> Result<(), Status> {
     if caller.grant.allows(namespace) {
         Ok(())
     } else {
@@ -111,7 +143,7 @@ fn node(label: &str) -> Option<&str> {
     (!label.is_empty()).then_some(label)
 }
 
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+pub(super) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl GatewayRpc for GatewayApi {
@@ -120,13 +152,7 @@ impl GatewayRpc for GatewayApi {
         request: Request<pb::DispatchRequest>,
     ) -> Result<Response<pb::DispatchReply>, Status> {
         let caller = self.caller(&request, DISPATCH, "Dispatch")?;
-        let request = outcome::request(request.into_inner(), self.settings.default_timeout);
-        let ended = self
-            .core
-            .dispatcher()
-            .dispatch(&caller, request)
-            .await
-            .map_err(|error| outcome::refusal(&error))?;
+        let ended = self.runner.run(&caller, request.into_inner()).await?;
         Ok(Response::new(pb::DispatchReply {
             outcome: Some(outcome::outcome(ended)),
         }))
@@ -143,10 +169,9 @@ impl GatewayRpc for GatewayApi {
             max_in_flight: self.settings.max_in_flight_per_stream,
             max_outstanding: self.settings.max_stream_outstanding,
             slow_consumer_timeout: self.settings.slow_consumer_timeout,
-            default_timeout: self.settings.default_timeout,
         };
         Ok(Response::new(stream::start(
-            self.core.dispatcher().clone(),
+            Arc::clone(&self.runner),
             caller,
             request.into_inner(),
             limits,
@@ -160,6 +185,9 @@ impl GatewayRpc for GatewayApi {
     ) -> Result<Response<pb::CancelDispatchReply>, Status> {
         let caller = self.caller(&request, CANCEL, "Cancel")?;
         let request = request.into_inner();
+        if !request.dispatch_id.is_empty() {
+            return self.cancel_by_id(&caller, &request).await;
+        }
         require("namespace", &request.namespace)?;
         require("activity_id", &request.activity_id)?;
         self.core
@@ -198,6 +226,9 @@ impl GatewayRpc for GatewayApi {
                     && address.node.as_deref() == node(&request.node)
             });
         let reason = census.classify();
+        let backlog = self
+            .pool_backlog(&request.namespace, task_queue, &request.activity_type)
+            .await?;
         Ok(Response::new(pb::DescribePoolReply {
             census: Some(convert::census(&census)),
             served: reason.is_none(),
@@ -209,6 +240,9 @@ impl GatewayRpc for GatewayApi {
                 .as_ref()
                 .map_or(0, |queue| u32::try_from(queue.waiting).unwrap_or(u32::MAX)),
             oldest_parked_ms: parked.map_or(0, |queue| convert::millis(queue.oldest_wait)),
+            backlog_waiting: backlog.waiting,
+            backlog_running: backlog.running,
+            backlog_oldest_waiting_ms: backlog.oldest_waiting_ms,
         }))
     }
 
@@ -225,7 +259,8 @@ impl GatewayRpc for GatewayApi {
             .filter(|queue| caller.grant.allows(&queue.address.namespace))
             .map(convert::unserved_queue)
             .collect();
-        Ok(Response::new(pb::UnservedQueuesReply { queues }))
+        let backlog = self.backlog_of(&caller).await?;
+        Ok(Response::new(pb::UnservedQueuesReply { queues, backlog }))
     }
 
     async fn explain_pool(
@@ -329,6 +364,43 @@ impl GatewayRpc for GatewayApi {
             deadline,
             self.closing.clone(),
         )))
+    }
+
+    async fn submit(
+        &self,
+        request: Request<pb::DispatchRequest>,
+    ) -> Result<Response<pb::SubmitReply>, Status> {
+        self.submit_rpc(request).await
+    }
+
+    async fn await_outcome(
+        &self,
+        request: Request<pb::AwaitOutcomeRequest>,
+    ) -> Result<Response<pb::AwaitOutcomeReply>, Status> {
+        self.await_outcome_rpc(request).await
+    }
+
+    type WatchOutcomesStream = BoxStream<pb::WatchOutcomesReply>;
+
+    async fn watch_outcomes(
+        &self,
+        request: Request<pb::WatchOutcomesRequest>,
+    ) -> Result<Response<Self::WatchOutcomesStream>, Status> {
+        self.watch_outcomes_rpc(&request)
+    }
+
+    async fn get_dispatch(
+        &self,
+        request: Request<pb::GetDispatchRequest>,
+    ) -> Result<Response<pb::GetDispatchReply>, Status> {
+        self.get_dispatch_rpc(request).await
+    }
+
+    async fn list_dispatches(
+        &self,
+        request: Request<pb::ListDispatchesRequest>,
+    ) -> Result<Response<pb::ListDispatchesReply>, Status> {
+        self.list_dispatches_rpc(request).await
     }
 
     type WatchEventsStream = BoxStream<pb::GatewayEvent>;

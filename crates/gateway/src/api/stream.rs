@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
-use switchyard_core::{CallerIdentity, Dispatcher};
+use switchyard_core::CallerIdentity;
 use switchyard_proto::v1 as pb;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -31,6 +31,7 @@ use tonic::{Code, Status, Streaming};
 use tracing::Instrument;
 
 use super::outcome;
+use super::run::Runner;
 
 type Reply = Result<pb::DispatchStreamReply, Status>;
 
@@ -113,13 +114,12 @@ pub(crate) struct StreamLimits {
     pub(crate) max_outstanding: usize,
     /// How long the stream may sit at `max_outstanding` with no reply taken.
     pub(crate) slow_consumer_timeout: Duration,
-    /// Timeout of a request that asks for none.
-    pub(crate) default_timeout: Duration,
 }
 
-/// Starts the driver of one stream and returns its replies.
+/// Starts the driver of one stream and returns its replies; each request runs through
+/// `runner`, ephemeral or durable as it says.
 pub(crate) fn start(
-    dispatcher: Dispatcher,
+    runner: Arc<Runner>,
     caller: CallerIdentity,
     inbound: Streaming<pb::DispatchStreamRequest>,
     limits: StreamLimits,
@@ -134,7 +134,7 @@ pub(crate) fn start(
     let taken = Arc::new(Notify::new());
     let span = tracing::debug_span!("dispatch_stream", principal = %caller.principal);
     let driver = Driver {
-        dispatcher,
+        runner,
         caller: Arc::new(caller),
         limits,
         replies,
@@ -146,7 +146,7 @@ pub(crate) fn start(
 }
 
 struct Driver {
-    dispatcher: Dispatcher,
+    runner: Arc<Runner>,
     caller: Arc<CallerIdentity>,
     limits: StreamLimits,
     replies: mpsc::Sender<Reply>,
@@ -190,7 +190,7 @@ impl Driver {
         closing: CancellationToken,
     ) {
         let Self {
-            dispatcher,
+            runner,
             caller,
             limits,
             replies,
@@ -227,11 +227,10 @@ impl Driver {
                                 ),
                                 Some(request) => {
                                     correlation_ids.insert(correlation_id);
-                                    let dispatcher = dispatcher.clone();
+                                    let runner = Arc::clone(runner);
                                     let caller = Arc::clone(caller);
-                                    let request = outcome::request(request, limits.default_timeout);
                                     running.push(async move {
-                                        (correlation_id, dispatcher.dispatch(&caller, request).await)
+                                        (correlation_id, runner.run(&caller, request).await)
                                     });
                                     None
                                 }
@@ -246,7 +245,10 @@ impl Driver {
                             continue;
                         }
                         Err(status) => {
-                            match outcome::oversized_request(&status, dispatcher.max_input_bytes()) {
+                            match outcome::oversized_request(
+                                &status,
+                                runner.dispatcher().max_input_bytes(),
+                            ) {
                                 Some(refusal) => {
                                     let _ = replies.send(Err(refusal)).await;
                                 }
@@ -265,7 +267,7 @@ impl Driver {
                                 outcome::outcome(ended),
                             )),
                         },
-                        Err(error) => refused(correlation_id, &outcome::refusal(&error)),
+                        Err(status) => refused(correlation_id, &status),
                     }
                 }
                 // The producer took a reply: there may be room to read again.

@@ -4,8 +4,9 @@
 
 use switchyard_core::{
     DEFAULT_MAX_CONCURRENCY_LIMIT, DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_NAMESPACE_IDLE_EXPIRY,
-    DispatchConfig, LivenessConfig,
+    DispatchConfig, DurableConfig, LivenessConfig,
 };
+use switchyard_store_sqlite::SqliteOptions;
 use switchyard_transport_grpc::GrpcServerConfig;
 use switchyard_transport_quic::QuicServerConfig;
 
@@ -21,6 +22,8 @@ struct Libraries {
     dispatch: DispatchConfig,
     liveness: LivenessConfig,
     api: ApiConfig,
+    durable: DurableConfig,
+    sqlite: SqliteOptions,
     max_concurrency_limit: u32,
     max_namespaces: usize,
     namespace_idle_expiry: std::time::Duration,
@@ -34,6 +37,8 @@ impl Libraries {
             dispatch: DispatchConfig::default(),
             liveness: LivenessConfig::default(),
             api: ApiConfig::default(),
+            durable: DurableConfig::default(),
+            sqlite: SqliteOptions::default(),
             max_concurrency_limit: DEFAULT_MAX_CONCURRENCY_LIMIT,
             max_namespaces: DEFAULT_MAX_NAMESPACES_LIVE,
             namespace_idle_expiry: DEFAULT_NAMESPACE_IDLE_EXPIRY,
@@ -49,6 +54,8 @@ impl Libraries {
             dispatch: core.dispatch,
             liveness: core.liveness,
             api: crate::gateway::api_settings(config),
+            durable: crate::store::durable_config(&config.store),
+            sqlite: crate::store::sqlite_options(&config.store),
             max_concurrency_limit: config.registry.max_concurrency_limit,
             max_namespaces: config.registry.max_namespaces,
             namespace_idle_expiry: config.registry.namespace_idle_expiry.get(),

@@ -5,8 +5,9 @@
 //! default that can be listed and overridden from the environment.
 //!
 //! A key that configures a library setting takes its default from that library's `Default`
-//! (`GrpcServerConfig`, the QUIC `QuicServerConfig`, core's `DispatchConfig`, `LivenessConfig`
-//! and registry ceiling, the producer API's `ApiConfig`), so the two cannot drift; the few
+//! (`GrpcServerConfig`, the QUIC `QuicServerConfig`, core's `DispatchConfig`, `LivenessConfig`,
+//! `DurableConfig` and registry ceiling, the producer API's `ApiConfig`, the SQLite store's
+//! `SqliteOptions`), so the two cannot drift; the few
 //! the gateway sets differently on purpose are listed, with why, in `config/overrides.rs`,
 //! whose test fails on any other difference.
 
@@ -15,8 +16,9 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{
     DEFAULT_MAX_CONCURRENCY_LIMIT, DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_MAX_WORKERS_PER_PRINCIPAL,
-    DEFAULT_NAMESPACE_IDLE_EXPIRY, DispatchConfig, LivenessConfig, Role,
+    DEFAULT_NAMESPACE_IDLE_EXPIRY, DispatchConfig, DurableConfig, LivenessConfig, Role,
 };
+use switchyard_store_sqlite::{SqliteOptions, Synchronous};
 use switchyard_transport_grpc::GrpcServerConfig;
 use switchyard_transport_quic::{CongestionControl, QuicServerConfig, Redundancy, RetryPolicy};
 
@@ -50,6 +52,8 @@ pub struct GatewayConfig {
     pub registry: RegistrySection,
     /// Dispatch limits.
     pub dispatch: DispatchSection,
+    /// Where durable dispatches are kept.
+    pub store: StoreSection,
     /// Liveness probing of workers.
     pub liveness: LivenessSection,
     /// Graceful shutdown.
@@ -444,6 +448,9 @@ pub struct NamespaceSection {
     pub pinned: Vec<String>,
     /// Node labels the namespace prefers (advisory; not enforced).
     pub prefer: Vec<String>,
+    /// Whether a dispatch that does not say is durable; absent follows `dispatch.durability`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durability: Option<DurabilityName>,
 }
 
 /// `[registry]`: the admission gate's rules, the same on every transport.
@@ -502,6 +509,116 @@ pub struct DispatchSection {
     pub cancel_ack_timeout: ConfigDuration,
     /// Reclaimed tasks after which a worker is drained and deregistered as unresponsive.
     pub max_unresponsive_tasks: u32,
+    /// Whether a dispatch that does not say, in a namespace that does not say, is durable.
+    pub durability: DurabilityName,
+}
+
+/// Whether a dispatch is recorded in the dispatch store before it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityName {
+    /// Held in memory only: lost with the gateway process, never touches the store.
+    #[default]
+    Ephemeral,
+    /// Recorded before it is acknowledged; survives a gateway restart.
+    Durable,
+}
+
+impl DurabilityName {
+    /// True for `durable`.
+    pub fn is_durable(self) -> bool {
+        self == Self::Durable
+    }
+}
+
+/// `[store]`: the dispatch store holding durable dispatches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    /// `sqlite` (a file in the data directory) or `memory` (lost with the process).
+    pub backend: StoreBackendName,
+    /// The SQLite file; empty means `dispatches.sqlite3` in the data directory.
+    pub path: String,
+    /// When a commit reaches the disk: `full` (every acknowledged write survives power loss) or
+    /// `normal` (survives a process crash; the last commits may be lost with power).
+    pub synchronous: SynchronousName,
+    /// How long a finished dispatch's outcome is kept (and its idempotency key remembered).
+    pub outcome_retention: ConfigDuration,
+    /// Unfinished durable dispatches one namespace may have; one more is refused.
+    pub max_queued_per_namespace: u64,
+    /// Size the store may reach, in bytes; a submission past it is refused.
+    pub max_bytes: u64,
+}
+
+/// The store's file name in the data directory when `store.path` is empty.
+pub const DEFAULT_STORE_FILE: &str = "dispatches.sqlite3";
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        let sqlite = SqliteOptions::default();
+        Self {
+            backend: StoreBackendName::Sqlite,
+            path: String::new(),
+            synchronous: SynchronousName::from_library(sqlite.synchronous),
+            outcome_retention: ConfigDuration(DurableConfig::default().outcome_retention),
+            max_queued_per_namespace: sqlite.max_queued_per_namespace,
+            max_bytes: sqlite.max_bytes,
+        }
+    }
+}
+
+impl StoreSection {
+    /// The store file: `path`, else `dispatches.sqlite3` in `data_dir` (the directory the
+    /// gateway resolved from `tls.data_dir`).
+    pub fn resolved_path(&self, data_dir: &std::path::Path) -> std::path::PathBuf {
+        if self.path.is_empty() {
+            data_dir.join(DEFAULT_STORE_FILE)
+        } else {
+            std::path::PathBuf::from(&self.path)
+        }
+    }
+}
+
+/// Which dispatch store backs durable dispatches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackendName {
+    /// An embedded SQLite file (WAL journal, group commit).
+    #[default]
+    Sqlite,
+    /// Process memory: durable dispatches get ids and outcomes but do not survive a restart.
+    Memory,
+}
+
+/// `store.synchronous`: when a SQLite commit is on the disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SynchronousName {
+    /// fsync at every commit: an acknowledged write survives power loss.
+    #[default]
+    Full,
+    /// fsync at WAL checkpoints only: survives a process crash, may lose the last commits
+    /// on power loss.
+    Normal,
+}
+
+impl SynchronousName {
+    /// The key's value for the library's mode (one the gateway has no name for reads as
+    /// `full`; the defaults test catches a library default changing to one).
+    fn from_library(synchronous: Synchronous) -> Self {
+        match synchronous {
+            Synchronous::Normal => Self::Normal,
+            _ => Self::Full,
+        }
+    }
+
+    /// The library's mode for the key's value.
+    pub(crate) fn library(self) -> Synchronous {
+        match self {
+            Self::Full => Synchronous::Full,
+            Self::Normal => Synchronous::Normal,
+        }
+    }
 }
 
 impl Default for DispatchSection {
@@ -522,6 +639,7 @@ impl Default for DispatchSection {
             max_held_input_bytes_per_principal: core.max_held_input_bytes_per_principal,
             cancel_ack_timeout: ConfigDuration(core.cancel_ack_timeout),
             max_unresponsive_tasks: core.max_unresponsive_tasks,
+            durability: DurabilityName::Ephemeral,
         }
     }
 }

@@ -407,3 +407,114 @@ fn roles_parse_by_name_and_an_unknown_role_is_refused() {
         r#"[{ name = "a", token = "token-of-principal-a", namespaces = ["x"], roles = ["root"] }]"#;
     assert!(GatewayConfig::load(None, env(&[("SWITCHYARD_PRINCIPALS", unknown)]), &[]).is_err());
 }
+
+#[test]
+fn the_store_defaults_to_a_synchronous_sqlite_file_in_the_data_directory() {
+    let config = GatewayConfig::load(None, env(&[]), &[]).unwrap();
+    assert_eq!(config.store.backend, StoreBackendName::Sqlite);
+    assert_eq!(config.store.synchronous, SynchronousName::Full);
+    assert_eq!(config.store.outcome_retention, ConfigDuration::secs(86_400));
+    assert_eq!(config.dispatch.durability, DurabilityName::Ephemeral);
+    let data_dir = std::path::Path::new("/var/lib/switchyard");
+    assert_eq!(
+        config.store.resolved_path(data_dir),
+        data_dir.join("dispatches.sqlite3")
+    );
+    // Control: an explicit path wins over the data directory.
+    let moved = GatewayConfig::load(
+        None,
+        env(&[
+            ("SWITCHYARD_STORE_PATH", "/srv/store.db"),
+            ("SWITCHYARD_STORE_SYNCHRONOUS", "normal"),
+        ]),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        moved.store.resolved_path(data_dir),
+        PathBuf::from("/srv/store.db")
+    );
+    assert_eq!(moved.store.synchronous, SynchronousName::Normal);
+}
+
+#[test]
+fn unusable_store_settings_are_refused_naming_their_key() {
+    for (var, value, key) in [
+        (
+            "SWITCHYARD_STORE_OUTCOME_RETENTION",
+            "0s",
+            "store.outcome_retention",
+        ),
+        (
+            "SWITCHYARD_STORE_MAX_QUEUED_PER_NAMESPACE",
+            "0",
+            "store.max_queued_per_namespace",
+        ),
+        ("SWITCHYARD_STORE_MAX_BYTES", "0", "store.max_bytes"),
+        ("SWITCHYARD_STORE_BACKEND", "postgres", "store.backend"),
+        ("SWITCHYARD_STORE_SYNCHRONOUS", "off", "store.synchronous"),
+        (
+            "SWITCHYARD_DISPATCH_DURABILITY",
+            "sometimes",
+            "dispatch.durability",
+        ),
+    ] {
+        let error = GatewayConfig::load(None, env(&[(var, value)]), &[]).unwrap_err();
+        assert_eq!(invalid_key(&error), (key, var), "{var}={value}: {error}");
+    }
+    let error = GatewayConfig::load(
+        None,
+        env(&[
+            ("SWITCHYARD_STORE_BACKEND", "memory"),
+            ("SWITCHYARD_STORE_PATH", "/srv/store.db"),
+        ]),
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(invalid_key(&error).0, "store.path");
+    assert!(error.to_string().contains("\"memory\""), "{error}");
+    // Control: the memory backend alone, and each bound at 1, are accepted.
+    let config = GatewayConfig::load(
+        None,
+        env(&[
+            ("SWITCHYARD_STORE_BACKEND", "memory"),
+            ("SWITCHYARD_STORE_MAX_QUEUED_PER_NAMESPACE", "1"),
+            ("SWITCHYARD_STORE_MAX_BYTES", "1"),
+        ]),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(config.store.backend, StoreBackendName::Memory);
+}
+
+#[test]
+fn a_namespace_durability_is_read_and_absent_follows_the_dispatch_default() {
+    let path = file(
+        r#"
+        [dispatch]
+        durability = "durable"
+        [[namespaces.known]]
+        name = "billing"
+        durability = "ephemeral"
+        [[namespaces.known]]
+        name = "edge"
+        "#,
+    );
+    let config = GatewayConfig::load(Some(&path), env(&[]), &[]).unwrap();
+    assert_eq!(config.dispatch.durability, DurabilityName::Durable);
+    assert_eq!(
+        config.namespaces.known[0].durability,
+        Some(DurabilityName::Ephemeral)
+    );
+    assert_eq!(config.namespaces.known[1].durability, None);
+    // Control: an unknown value in an entry is refused, not read as the default.
+    let bad = file(
+        r#"
+        [[namespaces.known]]
+        name = "billing"
+        durability = "forever"
+        "#,
+    );
+    let error = GatewayConfig::load(Some(&bad), env(&[]), &[]).unwrap_err();
+    assert!(error.to_string().contains("namespaces.known"), "{error}");
+}

@@ -3,11 +3,12 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
-use super::{ConfigError, GatewayConfig};
+use super::{ConfigError, GatewayConfig, StoreBackendName};
 
 /// Refuses a configuration that is inconsistent or would expose the gateway unauthenticated.
 pub(super) fn validate(config: &GatewayConfig) -> Result<(), ConfigError> {
     positive(config)?;
+    store(config)?;
     principals(config)?;
     namespaces(config)?;
     tls(config)?;
@@ -193,6 +194,38 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             format!(
                 "{} must be longer than liveness.ping_interval {}",
                 config.liveness.heartbeat_window, config.liveness.ping_interval
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn store(config: &GatewayConfig) -> Result<(), ConfigError> {
+    let store = &config.store;
+    if store.outcome_retention.get().is_zero() {
+        return Err(ConfigError::invalid(
+            "store.outcome_retention",
+            "must be longer than 0s: an outcome must be readable after it is recorded".to_owned(),
+        ));
+    }
+    for (key, value) in [
+        (
+            "store.max_queued_per_namespace",
+            store.max_queued_per_namespace,
+        ),
+        ("store.max_bytes", store.max_bytes),
+    ] {
+        if value == 0 {
+            return Err(ConfigError::invalid(key, "must be at least 1".to_owned()));
+        }
+    }
+    if store.backend == StoreBackendName::Memory && !store.path.is_empty() {
+        return Err(ConfigError::invalid(
+            "store.path",
+            format!(
+                "is {:?} while store.backend is \"memory\", which keeps no file; remove the \
+                 path or use backend \"sqlite\"",
+                store.path
             ),
         ));
     }

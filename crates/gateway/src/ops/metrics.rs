@@ -1,5 +1,5 @@
 //! `/metrics`: core's counters and histograms through the Prometheus exporter, plus gauges
-//! computed from core at scrape time.
+//! computed from core at scrape time and the durable backlog from the store's last census.
 //!
 //! The per-pool, per-reason and per-namespace gauges are written at each scrape from the
 //! registry and the dispatcher rather than kept as recorder gauges, so a pool that disappears
@@ -12,8 +12,9 @@ use std::fmt::Write;
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use switchyard_core::Core;
+use switchyard_core::{BacklogCensus, Core};
 
+use super::backlog::Backlog;
 use super::pools::{PoolStats, parked_by_reason, pool_stats};
 
 /// Bucket bounds of `switchyard_dispatch_latency_seconds`, from sub-millisecond loopback
@@ -53,10 +54,48 @@ pub(crate) fn recorder() -> Option<&'static PrometheusHandle> {
 }
 
 /// The whole `/metrics` body.
-pub(crate) fn render(core: &Core) -> String {
+pub(crate) fn render(core: &Core, backlog: &Backlog) -> String {
     let mut text = recorder().map(PrometheusHandle::render).unwrap_or_default();
     scrape_gauges(core, &mut text);
+    backlog_gauges(&backlog.snapshot(), &mut text);
     text
+}
+
+/// The durable backlog per pool address, from the store's last census: a pool whose durable
+/// dispatches have all finished is no longer named.
+fn backlog_gauges(census: &[BacklogCensus], out: &mut String) {
+    header(
+        out,
+        "switchyard_backlog_dispatches",
+        "Unfinished durable dispatches in the dispatch store, by pool address and state \
+         (waiting: queued or parked; running: delivered to a worker).",
+    );
+    for pool in census {
+        for (state, count) in [("waiting", pool.waiting), ("running", pool.running)] {
+            let labels = [
+                ("namespace", pool.namespace.as_str()),
+                ("task_queue", pool.task_queue.as_str()),
+                ("activity_type", pool.activity_type.as_str()),
+                ("state", state),
+            ];
+            sample(out, "switchyard_backlog_dispatches", &labels, count as f64);
+        }
+    }
+    header(
+        out,
+        "switchyard_backlog_oldest_seconds",
+        "Age of the pool address's oldest waiting durable dispatch since its submission (0 \
+         when none waits).",
+    );
+    for pool in census {
+        let labels = [
+            ("namespace", pool.namespace.as_str()),
+            ("task_queue", pool.task_queue.as_str()),
+            ("activity_type", pool.activity_type.as_str()),
+        ];
+        let age = pool.oldest_waiting.map_or(0.0, |age| age.as_secs_f64());
+        sample(out, "switchyard_backlog_oldest_seconds", &labels, age);
+    }
 }
 
 fn scrape_gauges(core: &Core, out: &mut String) {
@@ -214,7 +253,7 @@ mod tests {
 
         // Control: before the expiry each namespace is still named, at 0.
         tokio::time::advance(Duration::from_secs(599)).await;
-        let before = render(&core);
+        let before = render(&core, &Backlog::default());
         assert_eq!(named(&before), 64, "{before}");
         assert!(
             before.contains(
@@ -223,8 +262,35 @@ mod tests {
         );
 
         tokio::time::advance(Duration::from_secs(1)).await;
-        let after = render(&core);
+        let after = render(&core, &Backlog::default());
         assert_eq!(named(&after), 0, "{after}");
+    }
+
+    #[test]
+    fn the_backlog_is_reported_per_pool_address_and_state() {
+        let census = [BacklogCensus {
+            namespace: "billing".to_owned(),
+            task_queue: "default".to_owned(),
+            activity_type: "charge".to_owned(),
+            waiting: 3,
+            running: 1,
+            oldest_waiting: Some(Duration::from_millis(2_500)),
+        }];
+        let mut out = String::new();
+        backlog_gauges(&census, &mut out);
+        let pool = "namespace=\"billing\",task_queue=\"default\",activity_type=\"charge\"";
+        for line in [
+            format!("switchyard_backlog_dispatches{{{pool},state=\"waiting\"}} 3"),
+            format!("switchyard_backlog_dispatches{{{pool},state=\"running\"}} 1"),
+            format!("switchyard_backlog_oldest_seconds{{{pool}}} 2.5"),
+        ] {
+            assert!(out.contains(&line), "{line} not in\n{out}");
+        }
+        // Control: with no unfinished durable dispatch, no pool is named (only the headers).
+        let mut empty = String::new();
+        backlog_gauges(&[], &mut empty);
+        assert!(!empty.contains("billing"));
+        assert!(empty.contains("# TYPE switchyard_backlog_dispatches gauge"));
     }
 
     #[test]

@@ -1,0 +1,92 @@
+//! [`Runner`]: how `Dispatch` and each `DispatchStream` item run, ephemeral or durable.
+//!
+//! An ephemeral dispatch goes straight to core's dispatcher. A durable one is submitted to the
+//! durable dispatcher (recorded before anything runs) and then awaited until its deadline, so
+//! the reply is the same one outcome `AwaitOutcome` would return, and the dispatch goes on
+//! when the caller goes away (dropping the await leaves its driver running).
+
+use std::time::Duration;
+
+use switchyard_core::{ActivityOutcome, CallerIdentity, Dispatcher, DurableDispatcher};
+use switchyard_proto::v1 as pb;
+use tonic::Status;
+
+use super::durability::DurabilityDefaults;
+use super::outcome;
+
+/// How long past its deadline a durable `Dispatch` waits for the outcome to be recorded: the
+/// driver records `timed_out` or `unserved` at the deadline, and the write takes a commit.
+const RECORD_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs the dispatches of `Dispatch` and `DispatchStream`.
+#[derive(Clone, Debug)]
+pub(crate) struct Runner {
+    dispatcher: Dispatcher,
+    durable: DurableDispatcher,
+    durability: DurabilityDefaults,
+    default_timeout: Duration,
+}
+
+impl Runner {
+    /// A runner over core's `dispatcher` and the gateway's `durable` dispatcher.
+    pub(crate) fn new(
+        dispatcher: Dispatcher,
+        durable: DurableDispatcher,
+        durability: DurabilityDefaults,
+        default_timeout: Duration,
+    ) -> Self {
+        Self {
+            dispatcher,
+            durable,
+            durability,
+            default_timeout,
+        }
+    }
+
+    /// Core's dispatcher.
+    pub(crate) fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    /// Runs `wire` to its one outcome, or refuses it with the status of `Dispatch`.
+    pub(crate) async fn run(
+        &self,
+        caller: &CallerIdentity,
+        wire: pb::DispatchRequest,
+    ) -> Result<ActivityOutcome, Status> {
+        if !self.durability.durable(&wire.namespace, wire.durable) {
+            if !wire.idempotency_key.is_empty() {
+                return Err(Status::invalid_argument(
+                    "idempotency_key is set on an ephemeral dispatch; an idempotency key needs \
+                     the dispatch store: set durable = true",
+                ));
+            }
+            let request = outcome::request(wire, self.default_timeout);
+            return self
+                .dispatcher
+                .dispatch(caller, request)
+                .await
+                .map_err(|error| outcome::refusal(&error));
+        }
+        let (request, key) = outcome::durable_request(wire, self.default_timeout);
+        let wait = request.timeout.min(self.dispatcher.max_timeout()) + RECORD_GRACE;
+        let submitted = self
+            .durable
+            .submit(caller, request, key)
+            .await
+            .map_err(|error| outcome::submit_refusal(&error))?;
+        let heard = self
+            .durable
+            .await_outcome(caller, &submitted.id, wait)
+            .await
+            .map_err(|error| outcome::lookup_refusal(&error))?;
+        heard.ok_or_else(|| {
+            Status::unavailable(format!(
+                "durable dispatch {} is recorded but has no outcome yet (the gateway is shutting \
+                 down, or the store is slow to record it); it runs on, also after a restart: \
+                 read its outcome with AwaitOutcome",
+                submitted.id
+            ))
+        })
+    }
+}
