@@ -50,7 +50,7 @@ from .outcome import (
     TransportLost,
     Unserved,
 )
-from .producer import DispatchRequest, DispatchResult, Producer
+from .producer import DispatchRequest, DispatchResult, Producer, Submitted
 from .worker import Worker
 
 __all__ = [
@@ -80,6 +80,7 @@ __all__ = [
     "ResourceExhausted",
     "RetryableError",
     "ShuttingDown",
+    "Submitted",
     "SwitchyardError",
     "TimedOut",
     "TransportLost",

@@ -39,10 +39,15 @@ class DispatchRequest:
     activity_id: str = ""
     #: Seconds to wait for the outcome; None means the gateway's default.
     timeout: float | None = None
+    #: Record it in the gateway's store first, so it survives a gateway restart; None follows
+    #: the namespace's default (`docs/durability.md`).
+    durable: bool | None = None
+    #: With `submit`: a repeated key within the retention window returns the first dispatch.
+    idempotency_key: str = ""
 
     def to_proto(self) -> gateway_pb2.DispatchRequest:
         """The wire request."""
-        return gateway_pb2.DispatchRequest(
+        request = gateway_pb2.DispatchRequest(
             namespace=self.namespace,
             task_queue=self.task_queue,
             activity_type=self.activity_type,
@@ -50,7 +55,22 @@ class DispatchRequest:
             input=self.input,
             activity_id=self.activity_id,
             timeout_ms=0 if self.timeout is None else max(1, round(self.timeout * 1000)),
+            idempotency_key=self.idempotency_key,
         )
+        if self.durable is not None:
+            request.durable = self.durable
+        return request
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What `submit` returns: the durable dispatch's id."""
+
+    #: The id to ask `await_outcome` and `get_dispatch` about (32 lowercase hex digits).
+    dispatch_id: str
+    #: True when the idempotency key had been used before: this is the first dispatch's id and
+    #: nothing new was recorded.
+    existing: bool
 
 
 @dataclass(frozen=True)
@@ -140,6 +160,50 @@ class Producer:
             "Dispatch", request.to_proto(), gateway_pb2.DispatchReply, deadline
         )
         return from_proto(reply.outcome)
+
+    async def submit(
+        self,
+        namespace: str,
+        activity_type: str,
+        input: bytes = b"",
+        *,
+        task_queue: str = "",
+        node: str = "",
+        timeout: float | None = None,
+        idempotency_key: str = "",
+    ) -> Submitted:
+        """Records a durable dispatch and returns its id once the gateway has committed it; the
+        outcome comes later, from `await_outcome` (any connection, also after a restart)."""
+        request = DispatchRequest(
+            namespace,
+            activity_type,
+            input,
+            task_queue,
+            node,
+            timeout=timeout,
+            idempotency_key=idempotency_key,
+        )
+        reply = await self._unary("Submit", request.to_proto(), gateway_pb2.SubmitReply, 30.0)
+        return Submitted(reply.dispatch_id, reply.existing)
+
+    async def await_outcome(self, dispatch_id: str, wait: float = 30.0) -> Outcome | None:
+        """The durable dispatch's one outcome, waiting up to `wait` seconds for it; None when it
+        has none yet (ask again)."""
+        request = gateway_pb2.AwaitOutcomeRequest(
+            dispatch_id=dispatch_id, wait_ms=max(0, round(wait * 1000))
+        )
+        reply = await self._unary(
+            "AwaitOutcome", request, gateway_pb2.AwaitOutcomeReply, wait + 30.0
+        )
+        if reply.WhichOneof("result") == "outcome":
+            return from_proto(reply.outcome)
+        return None
+
+    async def get_dispatch(self, dispatch_id: str) -> gateway_pb2.DispatchInfo:
+        """Where a durable dispatch stands: queued, parked (why), running (where) or finished."""
+        request = gateway_pb2.GetDispatchRequest(dispatch_id=dispatch_id)
+        reply = await self._unary("GetDispatch", request, gateway_pb2.GetDispatchReply, 30.0)
+        return reply.dispatch
 
     async def dispatch_many(
         self,
