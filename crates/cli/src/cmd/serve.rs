@@ -94,9 +94,10 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
         .start()
         .await
         .map_err(start_failure)?;
+    let stop = shutdown_signal();
     print_banner(&gateway);
     gateway
-        .run_until(shutdown_signal())
+        .run_until(stop)
         .await
         .map_err(|error| Failure::runtime(error.to_string()))
 }
@@ -145,27 +146,38 @@ pub(crate) fn print_banner(gateway: &Gateway) {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub(crate) async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when
+/// the future is first polled: a signal sent as soon as the banner is out (the banner is printed
+/// after the call) stops the gateway gracefully instead of killing it.
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
+    let streams = {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
+        (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        match streams {
+            (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}
+                    _ = int.recv() => {}
                 }
             }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; SIGINT only");
+            (term, int) => {
+                for error in [term.err(), int.err()].into_iter().flatten() {
+                    tracing::warn!(%error, "cannot listen for a shutdown signal");
+                }
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutdown signal received");
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-    tracing::info!("shutdown signal received");
 }
