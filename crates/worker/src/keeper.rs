@@ -134,18 +134,23 @@ impl TaskKeeper {
     /// Cancel-safe: a reply is taken only when it is returned.
     pub async fn next_reply(&self) -> TaskReply {
         loop {
-            {
-                let mut state = self.shared.lock();
-                if let Some(reply) = state.ready.pop_front() {
-                    if let (true, TaskReply::Result { task_id, .. }) = (state.keep_unacked, &reply)
-                    {
-                        state.unacked.insert(*task_id, reply.clone());
-                    }
-                    return reply;
-                }
+            if let Some(reply) = self.try_next_reply() {
+                return reply;
             }
             self.shared.ready.notified().await;
         }
+    }
+
+    /// The next reply to write if one is ready, without waiting; kept as
+    /// [`TaskKeeper::next_reply`] keeps it. A link that was woken for one reply takes the rest
+    /// this way, instead of waiting (and being woken) once per reply.
+    pub fn try_next_reply(&self) -> Option<TaskReply> {
+        let mut state = self.shared.lock();
+        let reply = state.ready.pop_front()?;
+        if let (true, TaskReply::Result { task_id, .. }) = (state.keep_unacked, &reply) {
+            state.unacked.insert(*task_id, reply.clone());
+        }
+        Some(reply)
     }
 
     /// True when no handler runs and no reply waits to be written: a drain is complete.
@@ -315,6 +320,28 @@ mod tests {
         // Control: the acknowledgement is what made it forget.
         assert!(keeper.resume_request(&grant()).unacked.is_empty());
         assert_eq!(keeper.held(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn try_next_reply_takes_what_is_ready_and_keeps_it_as_next_reply_does() {
+        let keeper = keeper();
+        keeper.keep_unacknowledged(true);
+        keeper.start(task(1, "echo"));
+        keeper.start(task(2, "echo"));
+        // Control: nothing is ready before the handlers ran.
+        assert_eq!(keeper.try_next_reply(), None);
+        while keeper.held() > keeper.shared.lock().ready.len() {
+            tokio::task::yield_now().await;
+        }
+        let mut taken = vec![keeper.try_next_reply(), keeper.try_next_reply()];
+        taken.sort_by_key(|reply| reply.as_ref().map(reply_task));
+        assert_eq!(taken, [Some(result(1)), Some(result(2))]);
+        assert_eq!(keeper.try_next_reply(), None, "each reply is taken once");
+        assert_eq!(
+            keeper.resume_request(&grant()).unacked,
+            ids(&[1, 2]),
+            "kept until acknowledged"
+        );
     }
 
     #[tokio::test(start_paused = true)]

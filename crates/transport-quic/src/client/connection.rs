@@ -183,48 +183,59 @@ impl QuicConnection {
         });
         let keeper = context.keeper;
         let mut replies = Replies::default();
+        // These waits are made once and renewed only when they resolve: the loop turns about
+        // once per batch of tasks, and a fresh `accept_bi()`, `cancelled()` or `changed()` each
+        // turn costs a lock and a waiter registration apiece.
+        let acceptor = self.conn.clone();
+        let accept = acceptor.accept_bi();
+        tokio::pin!(accept);
         let mut capacity = context.handle.capacity();
-        let drain = context.handle.drain_requested().clone();
+        let mut announce = Some(*capacity.borrow_and_update());
+        let resized = capacity_changed(capacity);
+        tokio::pin!(resized);
+        let mut capacity_followed = true;
+        let drain = context.handle.drain_requested().clone().cancelled_owned();
+        tokio::pin!(drain);
         let mut drain_sent = false;
-        let mut announce = true;
         let mut control_ended = false;
         let fault = loop {
-            if announce {
-                announce = false;
-                if let Err(fault) = self.announce(&mut capacity).await {
+            if let Some(max_concurrency) = announce.take() {
+                if let Err(fault) = self.announce(max_concurrency).await {
                     break fault;
                 }
             }
             let fault = tokio::select! {
-                accepted = self.conn.accept_bi() => match accepted {
-                    Ok((send, recv)) => {
-                        let stop = self.stop_lanes.token().clone();
-                        lane::spawn(self.conn.clone(), send, recv, Arc::clone(&lanes), stop);
-                        None
-                    }
-                    Err(_) => Some(Fault::Gone),
-                },
-                Some(event) = lane_events.recv() => {
-                    let ready = match event {
-                        LaneEvent::Task(route, task) => {
-                            let ready = replies.route(task.task_id, route);
-                            keeper.start(task);
-                            ready
-                        }
-                        LaneEvent::Held(route, task) => replies.route(task, route),
-                        LaneEvent::Cancel(task) => {
-                            keeper.cancel(task);
+                accepted = &mut accept => {
+                    accept.set(acceptor.accept_bi());
+                    match accepted {
+                        Ok((send, recv)) => {
+                            let stop = self.stop_lanes.token().clone();
+                            lane::spawn(self.conn.clone(), send, recv, Arc::clone(&lanes), stop);
                             None
                         }
-                    };
-                    ready.and_then(|(route, reply)| {
-                        lane::write_reply(&self.conn, &lanes, &route, reply).err()
-                    })
+                        Err(_) => Some(Fault::Gone),
+                    }
+                }
+                Some(event) = lane_events.recv() => {
+                    // What else the lanes queued meanwhile is taken in the same turn.
+                    let mut fault = self.lane_event(event, keeper, &mut replies, &lanes);
+                    while fault.is_none() {
+                        let Ok(event) = lane_events.try_recv() else { break };
+                        fault = self.lane_event(event, keeper, &mut replies, &lanes);
+                    }
+                    fault
                 }
                 reply = keeper.next_reply() => {
-                    replies.reply(reply).and_then(|(route, reply)| {
-                        lane::write_reply(&self.conn, &lanes, &route, reply).err()
-                    })
+                    // So are the replies that finished meanwhile.
+                    let mut next = Some(reply);
+                    let mut fault = None;
+                    while let Some(reply) = next {
+                        fault = replies.reply(reply).and_then(|(route, reply)| {
+                            lane::write_reply(&self.conn, &lanes, &route, reply).err()
+                        });
+                        next = if fault.is_none() { keeper.try_next_reply() } else { None };
+                    }
+                    fault
                 }
                 down = self.control_reader.next::<QuicControlDown>(), if !control_ended => match down {
                     Ok(Some(down)) => self.control(down, keeper).err(),
@@ -237,11 +248,16 @@ impl QuicConnection {
                     }
                     Err(error) => Some(Fault::read(error, &CONTROL)),
                 },
-                changed = capacity.changed() => {
-                    announce = changed.is_ok();
+                (changed, capacity) = &mut resized, if capacity_followed => {
+                    let mut capacity = capacity;
+                    capacity_followed = changed;
+                    if changed {
+                        announce = Some(*capacity.borrow_and_update());
+                    }
+                    resized.set(capacity_changed(capacity));
                     None
                 }
-                () = drain.cancelled(), if !drain_sent => {
+                () = &mut drain, if !drain_sent => {
                     drain_sent = true;
                     let request = QuicControlUp {
                         frame: Some(quic_control_up::Frame::DrainRequest(QuicDrainRequest {})),
@@ -258,8 +274,7 @@ impl QuicConnection {
 
     /// Grants the gateway one stream per slot, then tells it the capacity: in that order, so
     /// the lanes it opens for the new capacity find credit waiting.
-    async fn announce(&mut self, capacity: &mut watch::Receiver<u32>) -> Result<(), Fault> {
-        let max_concurrency = *capacity.borrow_and_update();
+    async fn announce(&mut self, max_concurrency: u32) -> Result<(), Fault> {
         self.conn
             .set_max_concurrent_bi_streams(VarInt::from_u32(max_concurrency));
         let frame = QuicControlUp {
@@ -269,6 +284,30 @@ impl QuicConnection {
         };
         tracing::debug!(worker = %self.worker, max_concurrency, "announcing capacity");
         write(&mut self.control_send, &frame, self.control_limit).await
+    }
+
+    /// Acts on what a lane read: a task starts on the keeper (its reply goes to its lane), a
+    /// held task learns its lane, a cancel reaches its handler.
+    fn lane_event(
+        &self,
+        event: LaneEvent,
+        keeper: &TaskKeeper,
+        replies: &mut Replies,
+        lanes: &LaneContext,
+    ) -> Option<Fault> {
+        let ready = match event {
+            LaneEvent::Task(route, task) => {
+                let ready = replies.route(task.task_id, route);
+                keeper.start(task);
+                ready
+            }
+            LaneEvent::Held(route, task) => replies.route(task, route),
+            LaneEvent::Cancel(task) => {
+                keeper.cancel(task);
+                None
+            }
+        };
+        ready.and_then(|(route, reply)| lane::write_reply(&self.conn, lanes, &route, reply).err())
     }
 
     fn control(&mut self, down: QuicControlDown, keeper: &TaskKeeper) -> Result<(), Fault> {
@@ -341,6 +380,13 @@ fn session(registered: &QuicRegistered) -> Option<SessionGrant> {
         secret: ResumeSecret::from_slice(&registered.resume_secret)?,
         grace: Duration::from_millis(u64::from(registered.reconnect_grace_ms)),
     })
+}
+
+/// Waits for the capacity to change; hands the receiver back, with false once the handle that
+/// sets it is gone.
+async fn capacity_changed(mut capacity: watch::Receiver<u32>) -> (bool, watch::Receiver<u32>) {
+    let changed = capacity.changed().await.is_ok();
+    (changed, capacity)
 }
 
 fn nonzero_or(value: u32, default: u32) -> u32 {
