@@ -139,7 +139,15 @@ pub(crate) async fn serve(
                 }),
             },
             reply = keeper.next_reply() => {
-                if !serving.report(reply).await {
+                // The replies that finished meanwhile go in the same turn, instead of one
+                // wake-up of this loop each.
+                let mut next = Some(reply);
+                let mut sent = true;
+                while let Some(reply) = next {
+                    sent = serving.report(reply).await;
+                    next = if sent { keeper.try_next_reply() } else { None };
+                }
+                if !sent {
                     break Some(lost("outbound stream closed"));
                 }
             }
