@@ -204,18 +204,11 @@ impl QuicConnection {
                     break fault;
                 }
             }
+            // In this order, and stopping at the first ready: a turn taken for a task or a
+            // reply polls nothing else. Neither can starve the rest, as the gateway sends no
+            // more tasks than the capacity before their replies went out.
             let fault = tokio::select! {
-                accepted = &mut accept => {
-                    accept.set(acceptor.accept_bi());
-                    match accepted {
-                        Ok((send, recv)) => {
-                            let stop = self.stop_lanes.token().clone();
-                            lane::spawn(self.conn.clone(), send, recv, Arc::clone(&lanes), stop);
-                            None
-                        }
-                        Err(_) => Some(Fault::Gone),
-                    }
-                }
+                biased;
                 Some(event) = lane_events.recv() => {
                     // What else the lanes queued meanwhile is taken in the same turn.
                     let mut fault = self.lane_event(event, keeper, &mut replies, &lanes);
@@ -236,6 +229,17 @@ impl QuicConnection {
                         next = if fault.is_none() { keeper.try_next_reply() } else { None };
                     }
                     fault
+                }
+                accepted = &mut accept => {
+                    accept.set(acceptor.accept_bi());
+                    match accepted {
+                        Ok((send, recv)) => {
+                            let stop = self.stop_lanes.token().clone();
+                            lane::spawn(self.conn.clone(), send, recv, Arc::clone(&lanes), stop);
+                            None
+                        }
+                        Err(_) => Some(Fault::Gone),
+                    }
                 }
                 down = self.control_reader.next::<QuicControlDown>(), if !control_ended => match down {
                     Ok(Some(down)) => self.control(down, keeper).err(),
