@@ -8,6 +8,10 @@
 //! loop resumes ([`TaskKeeper::resume_request`], then [`TaskKeeper::reconcile`] with what the
 //! gateway still holds), without one it lets go of everything ([`TaskKeeper::abandon`]).
 //!
+//! A link whose writes never wait may also install a [`ReplySink`]: a reply then goes out from
+//! the task that finished, without a turn of the link's loop, whenever nothing is queued ahead
+//! of it and the sink knows where it goes; otherwise it waits in the queue as before.
+//!
 //! Memory is bounded by the gateway: it holds at most the worker's capacity of tasks, and a
 //! result is kept only until the gateway's acknowledgement (or the next reconcile) names it.
 
@@ -28,6 +32,15 @@ pub struct TaskKeeper {
     shared: Arc<Shared>,
 }
 
+/// Writes a reply at once from the task that finished, for a link whose writes never wait.
+pub trait ReplySink: Send + Sync {
+    /// Writes `reply` now and returns true, or returns false (it then waits for
+    /// [`TaskKeeper::next_reply`]). Called with the keeper's lock held, so that an
+    /// acknowledgement cannot overtake the keeping of the result: it must not call back into
+    /// the keeper.
+    fn try_write(&self, reply: &TaskReply) -> bool;
+}
+
 struct Shared {
     state: Mutex<KeeperState>,
     /// Woken when a reply is queued.
@@ -44,6 +57,35 @@ struct KeeperState {
     unacked: HashMap<TaskId, TaskReply>,
     /// True while the connection has a session, so an unacknowledged result can be re-sent.
     keep_unacked: bool,
+    /// The current link's sink, if it installed one.
+    sink: Option<Arc<dyn ReplySink>>,
+}
+
+impl KeeperState {
+    /// A reply the link took (from the queue or through its sink): kept until acknowledged
+    /// while the connection has a session.
+    fn taken(&mut self, reply: TaskReply) {
+        if let (true, TaskReply::Result { task_id, .. }) = (self.keep_unacked, &reply) {
+            self.unacked.insert(*task_id, reply);
+        }
+    }
+
+    /// A finished task's reply: written through the sink when nothing is queued ahead of it,
+    /// else queued. Returns true when it was queued (the link must be woken).
+    fn finished(&mut self, reply: TaskReply) -> bool {
+        let written = self.ready.is_empty()
+            && self
+                .sink
+                .as_ref()
+                .is_some_and(|sink| sink.try_write(&reply));
+        if written {
+            self.taken(reply);
+            false
+        } else {
+            self.ready.push_back(reply);
+            true
+        }
+    }
 }
 
 struct Running {
@@ -103,8 +145,7 @@ impl TaskKeeper {
             let reply = running.await;
             let mut state = shared.lock();
             // Absent: the task was let go (not held after a resume, or abandoned).
-            if state.running.remove(&task_id).is_some() {
-                state.ready.push_back(reply);
+            if state.running.remove(&task_id).is_some() && state.finished(reply) {
                 drop(state);
                 shared.ready.notify_one();
             }
@@ -147,10 +188,14 @@ impl TaskKeeper {
     pub fn try_next_reply(&self) -> Option<TaskReply> {
         let mut state = self.shared.lock();
         let reply = state.ready.pop_front()?;
-        if let (true, TaskReply::Result { task_id, .. }) = (state.keep_unacked, &reply) {
-            state.unacked.insert(*task_id, reply.clone());
-        }
+        state.taken(reply.clone());
         Some(reply)
+    }
+
+    /// Installs the current link's [`ReplySink`] (`None` removes it); a link that installs one
+    /// removes it before it ends.
+    pub fn set_sink(&self, sink: Option<Arc<dyn ReplySink>>) {
+        self.shared.lock().sink = sink;
     }
 
     /// True when no handler runs and no reply waits to be written: a drain is complete.
@@ -342,6 +387,78 @@ mod tests {
             ids(&[1, 2]),
             "kept until acknowledged"
         );
+    }
+
+    /// A sink that takes replies while `open`, recording them.
+    #[derive(Default)]
+    struct Recorder {
+        open: std::sync::atomic::AtomicBool,
+        written: Mutex<Vec<TaskReply>>,
+    }
+
+    impl ReplySink for Recorder {
+        fn try_write(&self, reply: &TaskReply) -> bool {
+            let open = self.open.load(std::sync::atomic::Ordering::Relaxed);
+            if open {
+                self.written
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(reply.clone());
+            }
+            open
+        }
+    }
+
+    async fn settle(keeper: &TaskKeeper) {
+        while !keeper.shared.lock().running.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sink_writes_replies_at_once_and_keeps_results_until_acknowledged() {
+        let keeper = keeper();
+        keeper.keep_unacknowledged(true);
+        let sink = Arc::new(Recorder::default());
+        sink.open.store(true, std::sync::atomic::Ordering::Relaxed);
+        keeper.set_sink(Some(Arc::clone(&sink) as Arc<dyn ReplySink>));
+        keeper.start(task(1, "echo"));
+        settle(&keeper).await;
+        let written = sink.written.lock().map(|w| w.clone()).unwrap_or_default();
+        assert_eq!(written, [result(1)], "written by the sink");
+        assert_eq!(keeper.try_next_reply(), None, "not queued as well");
+        assert_eq!(keeper.resume_request(&grant()).unacked, ids(&[1]));
+
+        // Control: a sink that refuses, or none, leaves the reply in the queue.
+        sink.open.store(false, std::sync::atomic::Ordering::Relaxed);
+        keeper.start(task(2, "echo"));
+        settle(&keeper).await;
+        keeper.set_sink(None);
+        keeper.start(task(3, "echo"));
+        settle(&keeper).await;
+        assert_eq!(keeper.try_next_reply(), Some(result(2)));
+        assert_eq!(keeper.try_next_reply(), Some(result(3)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sink_never_overtakes_a_queued_reply() {
+        let keeper = keeper();
+        let sink = Arc::new(Recorder::default());
+        keeper.set_sink(Some(Arc::clone(&sink) as Arc<dyn ReplySink>));
+        keeper.start(task(1, "echo"));
+        settle(&keeper).await;
+        sink.open.store(true, std::sync::atomic::Ordering::Relaxed);
+        keeper.start(task(2, "echo"));
+        settle(&keeper).await;
+        // Task 1's reply waits in the queue, so task 2's queues behind it.
+        assert!(sink.written.lock().map(|w| w.is_empty()).unwrap_or(false));
+        assert_eq!(keeper.try_next_reply(), Some(result(1)));
+        assert_eq!(keeper.try_next_reply(), Some(result(2)));
+        // Control: with the queue empty, the open sink takes the next one.
+        keeper.start(task(3, "echo"));
+        settle(&keeper).await;
+        let written = sink.written.lock().map(|w| w.clone()).unwrap_or_default();
+        assert_eq!(written, [result(3)]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -330,7 +330,11 @@ mod tests {
                 task_id: TaskId::from_raw(8)
             }
         );
-        assert_eq!(ran.load(std::sync::atomic::Ordering::Relaxed), 0, "a permit was free");
+        assert_eq!(
+            ran.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "a permit was free"
+        );
         // Control: the same task uncancelled runs its handler at once.
         assert_eq!(runner.start(task(9, "count")).await, success(9, b"in"));
         assert_eq!(ran.load(std::sync::atomic::Ordering::Relaxed), 1);

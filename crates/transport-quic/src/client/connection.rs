@@ -2,7 +2,7 @@
 //! stream, and report how the connection ended.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use quinn::{ConnectionError, Endpoint, SendStream, VarInt};
@@ -11,7 +11,9 @@ use switchyard_proto::v1::{
     QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest,
     QuicRegister, QuicRegistered, QuicResume, quic_control_down, quic_control_up,
 };
-use switchyard_worker::{ConnectionContext, Registered, TaskKeeper, TaskReply, WorkerOptions};
+use switchyard_worker::{
+    ConnectionContext, Registered, ReplySink, TaskKeeper, TaskReply, WorkerOptions,
+};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -182,7 +184,17 @@ impl QuicConnection {
             copies,
         });
         let keeper = context.keeper;
-        let mut replies = Replies::default();
+        let replies = Arc::new(Mutex::new(Replies::default()));
+        // Replies whose lane is known go out from the task that finished; the rest (and all of
+        // them once this connection ends) wait for this loop or the next connection.
+        let _sink = SinkGuard::install(
+            keeper,
+            Arc::new(LaneReplies {
+                conn: self.conn.clone(),
+                lanes: Arc::clone(&lanes),
+                replies: Arc::clone(&replies),
+            }),
+        );
         // These waits are made once and renewed only when they resolve: the loop turns about
         // once per batch of tasks, and a fresh `accept_bi()`, `cancelled()` or `changed()` each
         // turn costs a lock and a waiter registration apiece.
@@ -211,10 +223,10 @@ impl QuicConnection {
                 biased;
                 Some(event) = lane_events.recv() => {
                     // What else the lanes queued meanwhile is taken in the same turn.
-                    let mut fault = self.lane_event(event, keeper, &mut replies, &lanes);
+                    let mut fault = self.lane_event(event, keeper, &replies, &lanes);
                     while fault.is_none() {
                         let Ok(event) = lane_events.try_recv() else { break };
-                        fault = self.lane_event(event, keeper, &mut replies, &lanes);
+                        fault = self.lane_event(event, keeper, &replies, &lanes);
                     }
                     fault
                 }
@@ -223,7 +235,8 @@ impl QuicConnection {
                     let mut next = Some(reply);
                     let mut fault = None;
                     while let Some(reply) = next {
-                        fault = replies.reply(reply).and_then(|(route, reply)| {
+                        let routed = lock(&replies).reply(reply);
+                        fault = routed.and_then(|(route, reply)| {
                             lane::write_reply(&self.conn, &lanes, &route, reply).err()
                         });
                         next = if fault.is_none() { keeper.try_next_reply() } else { None };
@@ -296,16 +309,18 @@ impl QuicConnection {
         &self,
         event: LaneEvent,
         keeper: &TaskKeeper,
-        replies: &mut Replies,
+        replies: &Mutex<Replies>,
         lanes: &LaneContext,
     ) -> Option<Fault> {
         let ready = match event {
             LaneEvent::Task(route, task) => {
-                let ready = replies.route(task.task_id, route);
+                // The route is known before the task starts (its reply may come at once), and
+                // the lock is let go first: the keeper writes replies under its own lock.
+                let ready = lock(replies).route(task.task_id, route);
                 keeper.start(task);
                 ready
             }
-            LaneEvent::Held(route, task) => replies.route(task, route),
+            LaneEvent::Held(route, task) => lock(replies).route(task, route),
             LaneEvent::Cancel(task) => {
                 keeper.cancel(task);
                 None
@@ -370,6 +385,53 @@ impl Replies {
                 None
             }
         }
+    }
+}
+
+fn lock(replies: &Mutex<Replies>) -> MutexGuard<'_, Replies> {
+    // Map operations cannot panic part-way.
+    replies.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The connection's [`ReplySink`]: writes a finished task's reply on its lane, when its lane is
+/// known, from the task that finished.
+struct LaneReplies {
+    conn: quinn::Connection,
+    lanes: Arc<LaneContext>,
+    replies: Arc<Mutex<Replies>>,
+}
+
+impl ReplySink for LaneReplies {
+    fn try_write(&self, reply: &TaskReply) -> bool {
+        let task = match reply {
+            TaskReply::Result { task_id, .. } | TaskReply::CancelAck { task_id } => *task_id,
+        };
+        let mut replies = lock(&self.replies);
+        let Some(route) = replies.routes.remove(&task) else {
+            return false;
+        };
+        if lane::write_reply(&self.conn, &self.lanes, &route, reply.clone()).is_ok() {
+            return true;
+        }
+        // The connection's loop meets the fault again when it writes the queued reply.
+        replies.routes.insert(task, route);
+        false
+    }
+}
+
+/// Keeps the connection's sink installed in the keeper for as long as it serves.
+struct SinkGuard<'a>(&'a TaskKeeper);
+
+impl<'a> SinkGuard<'a> {
+    fn install(keeper: &'a TaskKeeper, sink: Arc<dyn ReplySink>) -> Self {
+        keeper.set_sink(Some(sink));
+        Self(keeper)
+    }
+}
+
+impl Drop for SinkGuard<'_> {
+    fn drop(&mut self) {
+        self.0.set_sink(None);
     }
 }
 
