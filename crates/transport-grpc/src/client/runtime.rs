@@ -72,15 +72,23 @@ pub(crate) async fn serve(
             break None;
         }
         tokio::select! {
-            () = &mut drain_requested, if !drain_sent => {
-                drain_sent = true;
-                tracing::info!(worker = ack.worker_id, "asking the gateway to drain this worker");
-                let request = worker_frame::Frame::DrainRequest(WorkerDrainRequest {});
-                if !serving.send(request).await {
+            // Replies first, then frames, stopping at the first ready branch: a turn taken for
+            // either polls nothing else. Neither starves the other: the gateway sends no more
+            // tasks than the capacity before their replies went out.
+            biased;
+            reply = keeper.next_reply() => {
+                // The replies that finished meanwhile go in the same turn, instead of one
+                // wake-up of this loop each.
+                let mut next = Some(reply);
+                let mut sent = true;
+                while let Some(reply) = next {
+                    sent = serving.report(reply).await;
+                    next = if sent { keeper.try_next_reply() } else { None };
+                }
+                if !sent {
                     break Some(lost("outbound stream closed"));
                 }
             }
-            Some(max_concurrency) = resized.next() => announce = Some(max_concurrency),
             frame = inbound.message() => match frame {
                 Ok(Some(frame)) => match frame.frame {
                     Some(Frame::Task(task)) => keeper.start(wire::activity_task(task)),
@@ -138,19 +146,15 @@ pub(crate) async fn serve(
                     other => ConnectionEnd::Failed(other),
                 }),
             },
-            reply = keeper.next_reply() => {
-                // The replies that finished meanwhile go in the same turn, instead of one
-                // wake-up of this loop each.
-                let mut next = Some(reply);
-                let mut sent = true;
-                while let Some(reply) = next {
-                    sent = serving.report(reply).await;
-                    next = if sent { keeper.try_next_reply() } else { None };
-                }
-                if !sent {
+            () = &mut drain_requested, if !drain_sent => {
+                drain_sent = true;
+                tracing::info!(worker = ack.worker_id, "asking the gateway to drain this worker");
+                let request = worker_frame::Frame::DrainRequest(WorkerDrainRequest {});
+                if !serving.send(request).await {
                     break Some(lost("outbound stream closed"));
                 }
             }
+            Some(max_concurrency) = resized.next() => announce = Some(max_concurrency),
         }
     };
     if let Some(end) = end {
