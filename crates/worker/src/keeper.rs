@@ -28,8 +28,21 @@ use crate::{TaskReply, TaskRunner};
 /// Owns a worker's tasks across connections: the handlers still running, the replies not yet
 /// written and the results not yet acknowledged.
 pub struct TaskKeeper {
+    tasks: TaskStarter,
+}
+
+/// Starts and cancels tasks of a [`TaskKeeper`], for a link that reads its frames on tasks of
+/// its own (QUIC lanes): cloneable, and it owns nothing, so dropping it lets go of no task.
+#[derive(Clone)]
+pub struct TaskStarter {
     runner: TaskRunner,
     shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for TaskStarter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskStarter").finish_non_exhaustive()
+    }
 }
 
 /// Writes a reply at once from the task that finished, for a link whose writes never wait.
@@ -102,7 +115,7 @@ impl Running {
 
 impl std::fmt::Debug for TaskKeeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = self.shared.lock();
+        let state = self.tasks.shared.lock();
         f.debug_struct("TaskKeeper")
             .field("running", &state.running.len())
             .field("ready", &state.ready.len())
@@ -121,16 +134,157 @@ impl TaskKeeper {
     /// A keeper starting tasks on `runner`.
     pub fn new(runner: TaskRunner) -> Self {
         Self {
-            runner,
-            shared: Arc::new(Shared {
-                state: Mutex::new(KeeperState::default()),
-                ready: Notify::new(),
-            }),
+            tasks: TaskStarter {
+                runner,
+                shared: Arc::new(Shared {
+                    state: Mutex::new(KeeperState::default()),
+                    ready: Notify::new(),
+                }),
+            },
         }
+    }
+
+    /// A starter of this keeper's tasks, for lanes read on their own tasks.
+    pub fn starter(&self) -> TaskStarter {
+        self.tasks.clone()
     }
 
     /// Starts `task` on its own runtime task; its reply comes out of
     /// [`TaskKeeper::next_reply`]. A task already held is not started twice.
+    pub fn start(&self, task: ActivityTask) {
+        self.tasks.start(task);
+    }
+
+    /// Fires the handler's cancellation token of `task`, if it still runs; it then answers
+    /// with a cancel acknowledgement.
+    pub fn cancel(&self, task: TaskId) {
+        self.tasks.cancel(task);
+    }
+
+    /// The gateway processed the results of `tasks`: forget them.
+    pub fn acknowledged(&self, tasks: impl IntoIterator<Item = TaskId>) {
+        let mut state = self.tasks.shared.lock();
+        for task in tasks {
+            state.unacked.remove(&task);
+        }
+    }
+
+    /// The next reply to write, in order; waits for one. A result is kept as unacknowledged
+    /// (while the connection has a session) until [`TaskKeeper::acknowledged`] names it.
+    /// Cancel-safe: a reply is taken only when it is returned.
+    pub async fn next_reply(&self) -> TaskReply {
+        loop {
+            if let Some(reply) = self.try_next_reply() {
+                return reply;
+            }
+            self.tasks.shared.ready.notified().await;
+        }
+    }
+
+    /// The next reply to write if one is ready, without waiting; kept as
+    /// [`TaskKeeper::next_reply`] keeps it. A link that was woken for one reply takes the rest
+    /// this way, instead of waiting (and being woken) once per reply.
+    pub fn try_next_reply(&self) -> Option<TaskReply> {
+        let mut state = self.tasks.shared.lock();
+        let reply = state.ready.pop_front()?;
+        state.taken(reply.clone());
+        Some(reply)
+    }
+
+    /// Installs the current link's [`ReplySink`] (`None` removes it); a link that installs one
+    /// removes it before it ends.
+    pub fn set_sink(&self, sink: Option<Arc<dyn ReplySink>>) {
+        self.tasks.shared.lock().sink = sink;
+    }
+
+    /// True when no handler runs and no reply waits to be written: a drain is complete.
+    pub fn is_idle(&self) -> bool {
+        let state = self.tasks.shared.lock();
+        state.running.is_empty() && state.ready.is_empty()
+    }
+
+    /// Whether results written from now on are kept until acknowledged (the connection has a
+    /// session); set by the runtime for each connection.
+    pub(crate) fn keep_unacknowledged(&self, keep: bool) {
+        let mut state = self.tasks.shared.lock();
+        state.keep_unacked = keep;
+        if !keep {
+            state.unacked.clear();
+        }
+    }
+
+    /// The resume frame's content for `grant`: the tasks still running (and finished but not
+    /// yet written) and the results written but not acknowledged.
+    pub fn resume_request(&self, grant: &SessionGrant) -> ResumeRequest {
+        let state = self.tasks.shared.lock();
+        let mut running: Vec<TaskId> = state.running.keys().copied().collect();
+        running.extend(state.ready.iter().map(reply_task));
+        running.sort_unstable();
+        let mut unacked: Vec<TaskId> = state.unacked.keys().copied().collect();
+        unacked.sort_unstable();
+        ResumeRequest {
+            session_id: grant.session_id,
+            secret: grant.secret.as_bytes().to_vec(),
+            running,
+            unacked,
+        }
+    }
+
+    /// Applies a resume's acknowledgement: the gateway still waits on `held`. Every other task
+    /// is let go (its handler cancelled, its reply dropped); unacknowledged results of held
+    /// tasks are queued to be written again, ahead of the rest.
+    pub fn reconcile(&self, held: &[TaskId]) {
+        let held: HashSet<TaskId> = held.iter().copied().collect();
+        let mut state = self.tasks.shared.lock();
+        state.running.retain(|task, running| {
+            let keep = held.contains(task);
+            if !keep {
+                running.stop();
+            }
+            keep
+        });
+        state
+            .ready
+            .retain(|reply| held.contains(&reply_task(reply)));
+        let mut resend: Vec<TaskReply> = state
+            .unacked
+            .drain()
+            .filter(|(task, _)| held.contains(task))
+            .map(|(_, reply)| reply)
+            .collect();
+        resend.sort_unstable_by_key(reply_task);
+        for reply in resend.into_iter().rev() {
+            state.ready.push_front(reply);
+        }
+        let ready = !state.ready.is_empty();
+        drop(state);
+        if ready {
+            self.tasks.shared.ready.notify_one();
+        }
+    }
+
+    /// Lets go of every task: handlers cancelled and stopped, replies and results dropped (a
+    /// fresh registration, or the worker stopping; the gateway dispatches them again).
+    pub fn abandon(&self) {
+        let mut state = self.tasks.shared.lock();
+        for running in state.running.values() {
+            running.stop();
+        }
+        state.running.clear();
+        state.ready.clear();
+        state.unacked.clear();
+    }
+
+    /// Tasks held in any form: running, waiting to be written, or unacknowledged.
+    pub fn held(&self) -> usize {
+        let state = self.tasks.shared.lock();
+        state.running.len() + state.ready.len() + state.unacked.len()
+    }
+}
+
+impl TaskStarter {
+    /// Starts `task` on its own runtime task; its reply comes out of
+    /// [`TaskKeeper::next_reply`] (or its sink). A task already held is not started twice.
     pub fn start(&self, task: ActivityTask) {
         let running = self.runner.start(task);
         let task_id = running.task_id();
@@ -160,126 +314,6 @@ impl TaskKeeper {
         if let Some(running) = self.shared.lock().running.get(&task) {
             running.canceller.cancel();
         }
-    }
-
-    /// The gateway processed the results of `tasks`: forget them.
-    pub fn acknowledged(&self, tasks: impl IntoIterator<Item = TaskId>) {
-        let mut state = self.shared.lock();
-        for task in tasks {
-            state.unacked.remove(&task);
-        }
-    }
-
-    /// The next reply to write, in order; waits for one. A result is kept as unacknowledged
-    /// (while the connection has a session) until [`TaskKeeper::acknowledged`] names it.
-    /// Cancel-safe: a reply is taken only when it is returned.
-    pub async fn next_reply(&self) -> TaskReply {
-        loop {
-            if let Some(reply) = self.try_next_reply() {
-                return reply;
-            }
-            self.shared.ready.notified().await;
-        }
-    }
-
-    /// The next reply to write if one is ready, without waiting; kept as
-    /// [`TaskKeeper::next_reply`] keeps it. A link that was woken for one reply takes the rest
-    /// this way, instead of waiting (and being woken) once per reply.
-    pub fn try_next_reply(&self) -> Option<TaskReply> {
-        let mut state = self.shared.lock();
-        let reply = state.ready.pop_front()?;
-        state.taken(reply.clone());
-        Some(reply)
-    }
-
-    /// Installs the current link's [`ReplySink`] (`None` removes it); a link that installs one
-    /// removes it before it ends.
-    pub fn set_sink(&self, sink: Option<Arc<dyn ReplySink>>) {
-        self.shared.lock().sink = sink;
-    }
-
-    /// True when no handler runs and no reply waits to be written: a drain is complete.
-    pub fn is_idle(&self) -> bool {
-        let state = self.shared.lock();
-        state.running.is_empty() && state.ready.is_empty()
-    }
-
-    /// Whether results written from now on are kept until acknowledged (the connection has a
-    /// session); set by the runtime for each connection.
-    pub(crate) fn keep_unacknowledged(&self, keep: bool) {
-        let mut state = self.shared.lock();
-        state.keep_unacked = keep;
-        if !keep {
-            state.unacked.clear();
-        }
-    }
-
-    /// The resume frame's content for `grant`: the tasks still running (and finished but not
-    /// yet written) and the results written but not acknowledged.
-    pub fn resume_request(&self, grant: &SessionGrant) -> ResumeRequest {
-        let state = self.shared.lock();
-        let mut running: Vec<TaskId> = state.running.keys().copied().collect();
-        running.extend(state.ready.iter().map(reply_task));
-        running.sort_unstable();
-        let mut unacked: Vec<TaskId> = state.unacked.keys().copied().collect();
-        unacked.sort_unstable();
-        ResumeRequest {
-            session_id: grant.session_id,
-            secret: grant.secret.as_bytes().to_vec(),
-            running,
-            unacked,
-        }
-    }
-
-    /// Applies a resume's acknowledgement: the gateway still waits on `held`. Every other task
-    /// is let go (its handler cancelled, its reply dropped); unacknowledged results of held
-    /// tasks are queued to be written again, ahead of the rest.
-    pub fn reconcile(&self, held: &[TaskId]) {
-        let held: HashSet<TaskId> = held.iter().copied().collect();
-        let mut state = self.shared.lock();
-        state.running.retain(|task, running| {
-            let keep = held.contains(task);
-            if !keep {
-                running.stop();
-            }
-            keep
-        });
-        state
-            .ready
-            .retain(|reply| held.contains(&reply_task(reply)));
-        let mut resend: Vec<TaskReply> = state
-            .unacked
-            .drain()
-            .filter(|(task, _)| held.contains(task))
-            .map(|(_, reply)| reply)
-            .collect();
-        resend.sort_unstable_by_key(reply_task);
-        for reply in resend.into_iter().rev() {
-            state.ready.push_front(reply);
-        }
-        let ready = !state.ready.is_empty();
-        drop(state);
-        if ready {
-            self.shared.ready.notify_one();
-        }
-    }
-
-    /// Lets go of every task: handlers cancelled and stopped, replies and results dropped (a
-    /// fresh registration, or the worker stopping; the gateway dispatches them again).
-    pub fn abandon(&self) {
-        let mut state = self.shared.lock();
-        for running in state.running.values() {
-            running.stop();
-        }
-        state.running.clear();
-        state.ready.clear();
-        state.unacked.clear();
-    }
-
-    /// Tasks held in any form: running, waiting to be written, or unacknowledged.
-    pub fn held(&self) -> usize {
-        let state = self.shared.lock();
-        state.running.len() + state.ready.len() + state.unacked.len()
     }
 }
 
@@ -375,7 +409,7 @@ mod tests {
         keeper.start(task(2, "echo"));
         // Control: nothing is ready before the handlers ran.
         assert_eq!(keeper.try_next_reply(), None);
-        while keeper.held() > keeper.shared.lock().ready.len() {
+        while keeper.held() > keeper.tasks.shared.lock().ready.len() {
             tokio::task::yield_now().await;
         }
         let mut taken = vec![keeper.try_next_reply(), keeper.try_next_reply()];
@@ -410,7 +444,7 @@ mod tests {
     }
 
     async fn settle(keeper: &TaskKeeper) {
-        while !keeper.shared.lock().running.is_empty() {
+        while !keeper.tasks.shared.lock().running.is_empty() {
             tokio::task::yield_now().await;
         }
     }
@@ -459,6 +493,26 @@ mod tests {
         settle(&keeper).await;
         let written = sink.written.lock().map(|w| w.clone()).unwrap_or_default();
         assert_eq!(written, [result(3)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_starter_starts_and_cancels_the_keeper_s_tasks_and_owns_none() {
+        let keeper = keeper();
+        let starter = keeper.starter();
+        starter.start(task(1, "slow"));
+        starter.start(task(2, "slow"));
+        drop(starter);
+        tokio::task::yield_now().await;
+        assert_eq!(keeper.held(), 2, "dropping the starter let go of nothing");
+        keeper.starter().cancel(TaskId::from_raw(1));
+        assert_eq!(
+            keeper.next_reply().await,
+            TaskReply::CancelAck {
+                task_id: TaskId::from_raw(1)
+            }
+        );
+        // Control: the task not cancelled runs to its result.
+        assert_eq!(keeper.next_reply().await, result(2));
     }
 
     #[tokio::test(start_paused = true)]

@@ -14,10 +14,10 @@ use switchyard_proto::v1::{
 use switchyard_worker::{
     ConnectionContext, Registered, ReplySink, TaskKeeper, TaskReply, WorkerOptions,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::lane::{self, LaneContext, LaneCopyRouter, LaneEvent, Route};
+use super::lane::{self, LaneContext, LaneCopyRouter, Route};
 use super::{DialConfig, QuicLinkError};
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
@@ -170,7 +170,8 @@ impl QuicConnection {
             );
             copies
         });
-        let (events, mut lane_events) = mpsc::unbounded_channel();
+        let keeper = context.keeper;
+        let replies = Arc::new(Mutex::new(Replies::default()));
         let lanes = Arc::new(LaneContext {
             outbox: Outbox::spawn(Arc::new(move |fault| {
                 if let Fault::Close { code, reason } = fault {
@@ -179,12 +180,11 @@ impl QuicConnection {
                 }
             })),
             worker: self.worker,
-            events,
+            tasks: context.keeper.starter(),
+            replies: Arc::clone(&replies),
             frame_limit: self.lane_limit,
             copies,
         });
-        let keeper = context.keeper;
-        let replies = Arc::new(Mutex::new(Replies::default()));
         // Replies whose lane is known go out from the task that finished; the rest (and all of
         // them once this connection ends) wait for this loop or the next connection.
         let _sink = SinkGuard::install(
@@ -192,12 +192,12 @@ impl QuicConnection {
             Arc::new(LaneReplies {
                 conn: self.conn.clone(),
                 lanes: Arc::clone(&lanes),
-                replies: Arc::clone(&replies),
             }),
         );
-        // These waits are made once and renewed only when they resolve: the loop turns about
-        // once per batch of tasks, and a fresh `accept_bi()`, `cancelled()` or `changed()` each
-        // turn costs a lock and a waiter registration apiece.
+        // The lanes start their tasks themselves and most replies go out through the sink, so
+        // this loop turns only for the rest. Its waits are made once and renewed only when they
+        // resolve: a fresh `accept_bi()`, `cancelled()` or `changed()` each turn costs a lock
+        // and a waiter registration apiece.
         let acceptor = self.conn.clone();
         let accept = acceptor.accept_bi();
         tokio::pin!(accept);
@@ -216,22 +216,13 @@ impl QuicConnection {
                     break fault;
                 }
             }
-            // In this order, and stopping at the first ready: a turn taken for a task or a
-            // reply polls nothing else. Neither can starve the rest, as the gateway sends no
-            // more tasks than the capacity before their replies went out.
+            // In this order, and stopping at the first ready: a turn taken for a reply polls
+            // nothing else. Replies cannot starve the rest, as the gateway sends no more tasks
+            // than the capacity before their replies went out.
             let fault = tokio::select! {
                 biased;
-                Some(event) = lane_events.recv() => {
-                    // What else the lanes queued meanwhile is taken in the same turn.
-                    let mut fault = self.lane_event(event, keeper, &replies, &lanes);
-                    while fault.is_none() {
-                        let Ok(event) = lane_events.try_recv() else { break };
-                        fault = self.lane_event(event, keeper, &replies, &lanes);
-                    }
-                    fault
-                }
                 reply = keeper.next_reply() => {
-                    // So are the replies that finished meanwhile.
+                    // The replies that finished meanwhile go in the same turn.
                     let mut next = Some(reply);
                     let mut fault = None;
                     while let Some(reply) = next {
@@ -303,32 +294,6 @@ impl QuicConnection {
         write(&mut self.control_send, &frame, self.control_limit).await
     }
 
-    /// Acts on what a lane read: a task starts on the keeper (its reply goes to its lane), a
-    /// held task learns its lane, a cancel reaches its handler.
-    fn lane_event(
-        &self,
-        event: LaneEvent,
-        keeper: &TaskKeeper,
-        replies: &Mutex<Replies>,
-        lanes: &LaneContext,
-    ) -> Option<Fault> {
-        let ready = match event {
-            LaneEvent::Task(route, task) => {
-                // The route is known before the task starts (its reply may come at once), and
-                // the lock is let go first: the keeper writes replies under its own lock.
-                let ready = lock(replies).route(task.task_id, route);
-                keeper.start(task);
-                ready
-            }
-            LaneEvent::Held(route, task) => lock(replies).route(task, route),
-            LaneEvent::Cancel(task) => {
-                keeper.cancel(task);
-                None
-            }
-        };
-        ready.and_then(|(route, reply)| lane::write_reply(&self.conn, lanes, &route, reply).err())
-    }
-
     fn control(&mut self, down: QuicControlDown, keeper: &TaskKeeper) -> Result<(), Fault> {
         match down.frame {
             Some(quic_control_down::Frame::ResultsAck(ack)) => {
@@ -356,14 +321,14 @@ impl QuicConnection {
 /// The lanes of the connection's tasks, and the replies that came before their lane was
 /// known (a re-sent result whose `held` frame is still on its way).
 #[derive(Default)]
-struct Replies {
+pub(crate) struct Replies {
     routes: HashMap<TaskId, Route>,
     waiting: HashMap<TaskId, TaskReply>,
 }
 
 impl Replies {
     /// `task` answers on `route`; returns its reply if it was waiting for it.
-    fn route(&mut self, task: TaskId, route: Route) -> Option<(Route, TaskReply)> {
+    pub(crate) fn route(&mut self, task: TaskId, route: Route) -> Option<(Route, TaskReply)> {
         match self.waiting.remove(&task) {
             Some(reply) => Some((route, reply)),
             None => {
@@ -388,7 +353,7 @@ impl Replies {
     }
 }
 
-fn lock(replies: &Mutex<Replies>) -> MutexGuard<'_, Replies> {
+pub(crate) fn lock(replies: &Mutex<Replies>) -> MutexGuard<'_, Replies> {
     // Map operations cannot panic part-way.
     replies.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -398,7 +363,6 @@ fn lock(replies: &Mutex<Replies>) -> MutexGuard<'_, Replies> {
 struct LaneReplies {
     conn: quinn::Connection,
     lanes: Arc<LaneContext>,
-    replies: Arc<Mutex<Replies>>,
 }
 
 impl ReplySink for LaneReplies {
@@ -406,7 +370,7 @@ impl ReplySink for LaneReplies {
         let task = match reply {
             TaskReply::Result { task_id, .. } | TaskReply::CancelAck { task_id } => *task_id,
         };
-        let mut replies = lock(&self.replies);
+        let mut replies = lock(&self.lanes.replies);
         let Some(route) = replies.routes.remove(&task) else {
             return false;
         };
