@@ -191,10 +191,11 @@ impl TaskKeeper {
         Some(reply)
     }
 
-    /// Installs the current link's [`ReplySink`] (`None` removes it); a link that installs one
-    /// removes it before it ends.
-    pub fn set_sink(&self, sink: Option<Arc<dyn ReplySink>>) {
-        self.tasks.shared.lock().sink = sink;
+    /// Installs the current link's [`ReplySink`] until the returned guard is dropped (at the
+    /// latest when the link's `serve` ends, so no reply goes to a connection that is gone).
+    pub fn install_sink(&self, sink: Arc<dyn ReplySink>) -> SinkGuard<'_> {
+        self.tasks.shared.lock().sink = Some(sink);
+        SinkGuard(self)
     }
 
     /// True when no handler runs and no reply waits to be written: a drain is complete.
@@ -279,6 +280,22 @@ impl TaskKeeper {
     pub fn held(&self) -> usize {
         let state = self.tasks.shared.lock();
         state.running.len() + state.ready.len() + state.unacked.len()
+    }
+}
+
+/// Keeps a link's [`ReplySink`] installed in its [`TaskKeeper`]; dropping it removes the sink.
+#[must_use = "the sink is removed when the guard is dropped"]
+pub struct SinkGuard<'a>(&'a TaskKeeper);
+
+impl std::fmt::Debug for SinkGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkGuard").finish_non_exhaustive()
+    }
+}
+
+impl Drop for SinkGuard<'_> {
+    fn drop(&mut self) {
+        self.0.tasks.shared.lock().sink = None;
     }
 }
 
@@ -455,7 +472,7 @@ mod tests {
         keeper.keep_unacknowledged(true);
         let sink = Arc::new(Recorder::default());
         sink.open.store(true, std::sync::atomic::Ordering::Relaxed);
-        keeper.set_sink(Some(Arc::clone(&sink) as Arc<dyn ReplySink>));
+        let installed = keeper.install_sink(Arc::clone(&sink) as Arc<dyn ReplySink>);
         keeper.start(task(1, "echo"));
         settle(&keeper).await;
         let written = sink.written.lock().map(|w| w.clone()).unwrap_or_default();
@@ -463,11 +480,13 @@ mod tests {
         assert_eq!(keeper.try_next_reply(), None, "not queued as well");
         assert_eq!(keeper.resume_request(&grant()).unacked, ids(&[1]));
 
-        // Control: a sink that refuses, or none, leaves the reply in the queue.
+        // Control: a sink that refuses, or one removed (even if it would take it), leaves the
+        // reply in the queue.
         sink.open.store(false, std::sync::atomic::Ordering::Relaxed);
         keeper.start(task(2, "echo"));
         settle(&keeper).await;
-        keeper.set_sink(None);
+        drop(installed);
+        sink.open.store(true, std::sync::atomic::Ordering::Relaxed);
         keeper.start(task(3, "echo"));
         settle(&keeper).await;
         assert_eq!(keeper.try_next_reply(), Some(result(2)));
@@ -478,7 +497,7 @@ mod tests {
     async fn a_sink_never_overtakes_a_queued_reply() {
         let keeper = keeper();
         let sink = Arc::new(Recorder::default());
-        keeper.set_sink(Some(Arc::clone(&sink) as Arc<dyn ReplySink>));
+        let _installed = keeper.install_sink(Arc::clone(&sink) as Arc<dyn ReplySink>);
         keeper.start(task(1, "echo"));
         settle(&keeper).await;
         sink.open.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -1,5 +1,7 @@
 //! One registered stream on the worker side: run tasks, answer pings, honour cancels and drain.
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use prost::Message;
 use switchyard_core::{TaskId, TaskResult};
@@ -7,7 +9,7 @@ use switchyard_proto::v1::{
     self, ActivityResult, CancelAck, CapacityUpdate, Failure, Pong, WorkerDrainRequest,
     WorkerFrame, activity_result, drain_request, gateway_frame::Frame, worker_frame,
 };
-use switchyard_worker::{ConnectionContext, ConnectionEnd, TaskReply};
+use switchyard_worker::{ConnectionContext, ConnectionEnd, ReplySink, TaskReply};
 use tokio::sync::mpsc;
 
 use super::DialConfig;
@@ -18,8 +20,10 @@ use crate::wire;
 ///
 /// Tasks go to the worker's [`TaskKeeper`](switchyard_worker::TaskKeeper), which runs each handler on its own runtime task
 /// under the runner's permit and outlives the stream: after a lost stream the runtime resumes
-/// the session (the handlers keep running) or lets them go. Replies come back through this loop
-/// from the keeper, which therefore knows when a drain is complete.
+/// the session (the handlers keep running) or lets them go. A reply goes onto the stream from
+/// the task that finished while the stream has room (the keeper's sink), else through this
+/// loop; during a drain every reply comes through this loop, which therefore knows when the
+/// drain is complete.
 pub(crate) async fn serve(
     stream: Stream,
     settings: &DialConfig,
@@ -35,6 +39,10 @@ pub(crate) async fn serve(
         outbound,
         max_frame_bytes: frame_limit(&ack, settings),
     };
+    let mut sink = Some(keeper.install_sink(Arc::new(StreamReplies {
+        outbound: serving.outbound.clone(),
+        max_frame_bytes: serving.max_frame_bytes,
+    })));
     let lost = |reason: &str| ConnectionEnd::ComeBack {
         reason: reason.to_owned(),
         shutting_down: false,
@@ -106,6 +114,8 @@ pub(crate) async fn serve(
                         keeper.acknowledged(ack.task_ids.into_iter().map(TaskId::from_raw));
                     }
                     Some(Frame::Drain(drain)) => {
+                        // From now on every reply wakes this loop, which sees the last one.
+                        sink = None;
                         let in_flight = keeper.held();
                         draining = Some(match drain.reason() {
                             drain_request::Reason::ShuttingDown => {
@@ -161,7 +171,9 @@ pub(crate) async fn serve(
         // The runtime decides whether the tasks outlive the stream (a session) or go.
         return end;
     }
-    // Half-close, then let the gateway end the stream after it deregisters the worker.
+    // Half-close (no sender of the stream may be left), then let the gateway end the stream
+    // after it deregisters the worker.
+    drop(sink);
     drop(serving);
     let closing = async { while let Ok(Some(_)) = inbound.message().await {} };
     if tokio::time::timeout(settings.keepalive_timeout, closing)
@@ -194,12 +206,8 @@ impl Serving {
     /// Sends a finished task's result, or its cancel acknowledgement. Returns false when the
     /// stream is gone.
     async fn report(&self, reply: TaskReply) -> bool {
-        let size = WorkerFrame {
-            frame: Some(frame(reply.clone())),
-        }
-        .encoded_len();
-        let reply = reply.within_limit(size, self.max_frame_bytes);
-        self.send(frame(reply)).await
+        let frame = reply_frame(reply, self.max_frame_bytes);
+        self.outbound.send(frame).await.is_ok()
     }
 
     async fn send(&self, frame: worker_frame::Frame) -> bool {
@@ -207,6 +215,33 @@ impl Serving {
             .send(WorkerFrame { frame: Some(frame) })
             .await
             .is_ok()
+    }
+}
+
+/// The stream's [`ReplySink`]: puts a finished task's reply on the stream from the task itself
+/// while the stream has room; a full stream leaves it to the loop, which waits for room.
+struct StreamReplies {
+    outbound: mpsc::Sender<WorkerFrame>,
+    max_frame_bytes: usize,
+}
+
+impl ReplySink for StreamReplies {
+    fn try_write(&self, reply: &TaskReply) -> bool {
+        let frame = reply_frame(reply.clone(), self.max_frame_bytes);
+        self.outbound.try_send(frame).is_ok()
+    }
+}
+
+/// The frame of a finished task's reply; a result too large for the gateway becomes the
+/// runtime's failure saying so.
+fn reply_frame(reply: TaskReply, max_frame_bytes: usize) -> WorkerFrame {
+    let size = WorkerFrame {
+        frame: Some(frame(reply.clone())),
+    }
+    .encoded_len();
+    let reply = reply.within_limit(size, max_frame_bytes);
+    WorkerFrame {
+        frame: Some(frame(reply)),
     }
 }
 

@@ -187,13 +187,10 @@ impl QuicConnection {
         });
         // Replies whose lane is known go out from the task that finished; the rest (and all of
         // them once this connection ends) wait for this loop or the next connection.
-        let _sink = SinkGuard::install(
-            keeper,
-            Arc::new(LaneReplies {
-                conn: self.conn.clone(),
-                lanes: Arc::clone(&lanes),
-            }),
-        );
+        let _sink = keeper.install_sink(Arc::new(LaneReplies {
+            conn: self.conn.clone(),
+            lanes: Arc::clone(&lanes),
+        }));
         // The lanes start their tasks themselves and most replies go out through the sink, so
         // this loop turns only for the rest. Its waits are made once and renewed only when they
         // resolve: a fresh `accept_bi()`, `cancelled()` or `changed()` each turn costs a lock
@@ -380,22 +377,6 @@ impl ReplySink for LaneReplies {
         // The connection's loop meets the fault again when it writes the queued reply.
         replies.routes.insert(task, route);
         false
-    }
-}
-
-/// Keeps the connection's sink installed in the keeper for as long as it serves.
-struct SinkGuard<'a>(&'a TaskKeeper);
-
-impl<'a> SinkGuard<'a> {
-    fn install(keeper: &'a TaskKeeper, sink: Arc<dyn ReplySink>) -> Self {
-        keeper.set_sink(Some(sink));
-        Self(keeper)
-    }
-}
-
-impl Drop for SinkGuard<'_> {
-    fn drop(&mut self) {
-        self.0.set_sink(None);
     }
 }
 
