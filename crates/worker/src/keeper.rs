@@ -15,6 +15,7 @@
 //! Memory is bounded by the gateway: it holds at most the worker's capacity of tasks, and a
 //! result is kept only until the gateway's acknowledgement (or the next reconcile) names it.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -309,9 +310,9 @@ impl TaskStarter {
         let shared = Arc::clone(&self.shared);
         // Held under the lock while spawning, so a handler finishing at once finds its entry.
         let mut state = self.shared.lock();
-        if state.running.contains_key(&task_id) {
+        let Entry::Vacant(entry) = state.running.entry(task_id) else {
             return;
-        }
+        };
         let abort = tokio::spawn(async move {
             let reply = running.await;
             let mut state = shared.lock();
@@ -322,7 +323,7 @@ impl TaskStarter {
             }
         })
         .abort_handle();
-        state.running.insert(task_id, Running { canceller, abort });
+        entry.insert(Running { canceller, abort });
     }
 
     /// Fires the handler's cancellation token of `task`, if it still runs; it then answers
