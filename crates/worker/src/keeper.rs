@@ -17,14 +17,17 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 
 use switchyard_core::{ActivityTask, ResumeRequest, SessionGrant, TaskId};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{TaskReply, TaskRunner};
+use crate::{RunningTask, TaskReply, TaskRunner};
 
 /// Owns a worker's tasks across connections: the handlers still running, the replies not yet
 /// written and the results not yet acknowledged.
@@ -104,13 +107,16 @@ impl KeeperState {
 
 struct Running {
     canceller: CancellationToken,
-    abort: AbortHandle,
+    /// `None` while the task runs inline in its reader ([`InlineTask`]).
+    abort: Option<AbortHandle>,
 }
 
 impl Running {
     fn stop(&self) {
         self.canceller.cancel();
-        self.abort.abort();
+        if let Some(abort) = &self.abort {
+            abort.abort();
+        }
     }
 }
 
@@ -128,6 +134,70 @@ impl std::fmt::Debug for TaskKeeper {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, KeeperState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The handler of `task_id` finished with `reply`.
+    fn finish(&self, task_id: TaskId, reply: TaskReply) {
+        let mut state = self.lock();
+        // Absent: the task was let go (not held after a resume, or abandoned).
+        if state.running.remove(&task_id).is_some() && state.finished(reply) {
+            drop(state);
+            self.ready.notify_one();
+        }
+    }
+}
+
+/// A task of the keeper run inline by its reader (see [`TaskStarter::start_inline`]); resolves
+/// once its reply was handed on.
+pub struct InlineTask {
+    task_id: TaskId,
+    running: Option<RunningTask>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for InlineTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InlineTask")
+            .field("task_id", &self.task_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for InlineTask {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(running) = self.running.as_mut() else {
+            return Poll::Ready(());
+        };
+        let reply = std::task::ready!(Pin::new(running).poll(cx));
+        self.running = None;
+        self.shared.finish(self.task_id, reply);
+        Poll::Ready(())
+    }
+}
+
+impl Drop for InlineTask {
+    fn drop(&mut self) {
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        // Outside a runtime (it is shutting down) the handler cannot go on anyway.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut state = self.shared.lock();
+        // Absent: the task was let go meanwhile; dropping `running` stops it.
+        let Some(entry) = state.running.get_mut(&self.task_id) else {
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let task_id = self.task_id;
+        let abort = runtime.spawn(async move {
+            let reply = running.await;
+            shared.finish(task_id, reply);
+        });
+        entry.abort = Some(abort.abort_handle());
     }
 }
 
@@ -315,15 +385,37 @@ impl TaskStarter {
         };
         let abort = tokio::spawn(async move {
             let reply = running.await;
-            let mut state = shared.lock();
-            // Absent: the task was let go (not held after a resume, or abandoned).
-            if state.running.remove(&task_id).is_some() && state.finished(reply) {
-                drop(state);
-                shared.ready.notify_one();
-            }
+            shared.finish(task_id, reply);
         })
         .abort_handle();
-        entry.insert(Running { canceller, abort });
+        entry.insert(Running {
+            canceller,
+            abort: Some(abort),
+        });
+    }
+
+    /// Starts `task` to run inline in the caller, which polls the returned [`InlineTask`]: no
+    /// runtime task of its own while the caller lives, and its reply goes out as a spawned
+    /// task's would. Dropping it unfinished moves what is left onto a runtime task, so the
+    /// handler outlives its reader as every task of the keeper does. `None` when the task is
+    /// already held (it is not started twice).
+    pub fn start_inline(&self, task: ActivityTask) -> Option<InlineTask> {
+        let running = self.runner.start(task);
+        let task_id = running.task_id();
+        let canceller = running.canceller();
+        let mut state = self.shared.lock();
+        let Entry::Vacant(entry) = state.running.entry(task_id) else {
+            return None;
+        };
+        entry.insert(Running {
+            canceller,
+            abort: None,
+        });
+        Some(InlineTask {
+            task_id,
+            running: Some(running),
+            shared: Arc::clone(&self.shared),
+        })
     }
 
     /// Fires the handler's cancellation token of `task`, if it still runs; it then answers
@@ -533,6 +625,40 @@ mod tests {
         );
         // Control: the task not cancelled runs to its result.
         assert_eq!(keeper.next_reply().await, result(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_inline_task_answers_like_any_other_and_outlives_its_reader() {
+        let keeper = keeper();
+        let starter = keeper.starter();
+        let inline = starter.start_inline(task(1, "echo"));
+        assert!(
+            starter.start_inline(task(1, "echo")).is_none(),
+            "not started twice"
+        );
+        if let Some(inline) = inline {
+            inline.await;
+        }
+        assert_eq!(
+            keeper.try_next_reply(),
+            Some(result(1)),
+            "run by its reader"
+        );
+
+        // Its reader ends while the handler runs: the handler goes on, on a task of its own.
+        let inline = starter.start_inline(task(2, "slow"));
+        tokio::task::yield_now().await;
+        drop(inline);
+        let carried_on = tokio::time::timeout(Duration::from_secs(5), keeper.next_reply()).await;
+        assert_eq!(carried_on.ok(), Some(result(2)));
+
+        // Control: a task let go before its reader ends is not carried on.
+        let inline = starter.start_inline(task(3, "slow"));
+        keeper.abandon();
+        drop(inline);
+        let none = tokio::time::timeout(Duration::from_secs(5), keeper.next_reply()).await;
+        assert!(none.is_err(), "task 3 was let go: {none:?}");
+        assert_eq!(keeper.held(), 0);
     }
 
     #[tokio::test(start_paused = true)]

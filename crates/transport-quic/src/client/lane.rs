@@ -12,7 +12,7 @@ use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicDatagramDown, QuicDatagramUp, QuicLaneDown, QuicLaneUp,
     QuicPing, QuicPong, QuicResult, QuicTask, quic_lane_down, quic_lane_up, quic_result,
 };
-use switchyard_worker::{TaskReply, TaskStarter};
+use switchyard_worker::{InlineTask, TaskReply, TaskStarter};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -226,8 +226,16 @@ async fn serve(
         lane: index,
         seq,
     };
+    // The lane's task runs here, inline, while the lane lives: a task of its own per task would
+    // cost a spawn and a wake-up each. Should the lane end first, it moves onto a task of its
+    // own (see `InlineTask`), so no handler stops with its lane.
+    let mut inline: Option<InlineTask> = None;
     loop {
         let event = tokio::select! {
+            () = run_inline(&mut inline), if inline.is_some() => {
+                inline = None;
+                None
+            }
             down = frames.next::<QuicLaneDown>() => {
                 let down = down.map_err(|error| Fault::read(error, &name))?;
                 let Some(down) = down else {
@@ -282,20 +290,30 @@ async fn serve(
             }
         };
         if let Some(event) = event {
-            act(conn, context, event)?;
+            act(conn, context, event, &mut inline)?;
         }
     }
 }
 
 /// Acts on what the lane read: a task starts on the keeper (its route noted first, as its
 /// reply may come at once), a held task learns its route, a cancel reaches its handler.
-fn act(conn: &Connection, context: &LaneContext, event: LaneEvent) -> Result<(), Fault> {
+fn act(
+    conn: &Connection,
+    context: &LaneContext,
+    event: LaneEvent,
+    inline: &mut Option<InlineTask>,
+) -> Result<(), Fault> {
     // The replies' lock is let go before the keeper is called: the keeper writes replies
     // (through the connection's sink) under its own lock, and takes this one then.
     let ready = match event {
         LaneEvent::Task(route, task) => {
             let ready = lock(&context.replies).route(task.task_id, route);
-            context.tasks.start(task);
+            // The gateway sends a lane's next task only after the last one's reply; should one
+            // come early anyway, it gets a runtime task of its own.
+            match inline {
+                None => *inline = context.tasks.start_inline(task),
+                Some(_) => context.tasks.start(task),
+            }
             ready
         }
         LaneEvent::Held(route, task) => lock(&context.replies).route(task, route),
@@ -307,6 +325,14 @@ fn act(conn: &Connection, context: &LaneContext, event: LaneEvent) -> Result<(),
     match ready {
         Some((route, reply)) => write_reply(conn, context, &route, reply),
         None => Ok(()),
+    }
+}
+
+/// Runs the lane's inline task to its end; never resolves while there is none.
+async fn run_inline(inline: &mut Option<InlineTask>) {
+    match inline {
+        Some(task) => task.await,
+        None => std::future::pending().await,
     }
 }
 
