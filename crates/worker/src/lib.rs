@@ -89,7 +89,7 @@ mod setters;
 
 pub use error::{LinkError, WorkerError};
 pub use handle::WorkerHandle;
-pub use keeper::TaskKeeper;
+pub use keeper::{InlineTask, ReplySink, SinkGuard, TaskKeeper, TaskStarter};
 pub use link::{ConnectionContext, ConnectionEnd, Link, Registered};
 pub use options::WorkerOptions;
 pub use reconnect::Worker;

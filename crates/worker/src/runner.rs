@@ -87,9 +87,17 @@ impl TaskRunner {
                 let error = format!("activity type {:?} is not served here", task.activity_type);
                 return Some(failure(&ActivityError::fatal(error)));
             };
-            let permit = tokio::select! {
-                permit = permits.acquire_owned() => permit,
-                () = cancelled.cancelled() => return None,
+            if cancelled.is_cancelled() {
+                return None;
+            }
+            // A free permit is taken at once: no wait, and no cancellation waiter to register
+            // and drop again.
+            let permit = match Arc::clone(&permits).try_acquire_owned() {
+                Ok(permit) => Ok(permit),
+                Err(_) => tokio::select! {
+                    permit = permits.acquire_owned() => permit,
+                    () = cancelled.cancelled() => return None,
+                },
             };
             // The semaphore is never closed.
             let Ok(_permit) = permit else { return None };
@@ -301,6 +309,35 @@ mod tests {
         );
         // Control: an uncancelled task answers with its result.
         assert_eq!(runner.start(task(4, "echo")).await, success(4, b"in"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_cancelled_before_it_starts_never_runs_its_handler() {
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut activities: BTreeMap<String, Arc<dyn ActivityHandler>> = BTreeMap::new();
+        let counted = Arc::clone(&ran);
+        let count = move |_: ActivityContext, input: Bytes| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move { Ok(input) }
+        };
+        activities.insert("count".into(), Arc::new(count));
+        let runner = TaskRunner::new(activities, 4);
+        let cancelled = runner.start(task(8, "count"));
+        cancelled.cancel();
+        assert_eq!(
+            cancelled.await,
+            TaskReply::CancelAck {
+                task_id: TaskId::from_raw(8)
+            }
+        );
+        assert_eq!(
+            ran.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "a permit was free"
+        );
+        // Control: the same task uncancelled runs its handler at once.
+        assert_eq!(runner.start(task(9, "count")).await, success(9, b"in"));
+        assert_eq!(ran.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[tokio::test(start_paused = true)]

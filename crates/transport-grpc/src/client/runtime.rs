@@ -1,5 +1,7 @@
 //! One registered stream on the worker side: run tasks, answer pings, honour cancels and drain.
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use prost::Message;
 use switchyard_core::{TaskId, TaskResult};
@@ -7,7 +9,7 @@ use switchyard_proto::v1::{
     self, ActivityResult, CancelAck, CapacityUpdate, Failure, Pong, WorkerDrainRequest,
     WorkerFrame, activity_result, drain_request, gateway_frame::Frame, worker_frame,
 };
-use switchyard_worker::{ConnectionContext, ConnectionEnd, TaskReply};
+use switchyard_worker::{ConnectionContext, ConnectionEnd, ReplySink, TaskReply};
 use tokio::sync::mpsc;
 
 use super::DialConfig;
@@ -18,8 +20,10 @@ use crate::wire;
 ///
 /// Tasks go to the worker's [`TaskKeeper`](switchyard_worker::TaskKeeper), which runs each handler on its own runtime task
 /// under the runner's permit and outlives the stream: after a lost stream the runtime resumes
-/// the session (the handlers keep running) or lets them go. Replies come back through this loop
-/// from the keeper, which therefore knows when a drain is complete.
+/// the session (the handlers keep running) or lets them go. A reply goes onto the stream from
+/// the task that finished while the stream has room (the keeper's sink), else through this
+/// loop; during a drain every reply comes through this loop, which therefore knows when the
+/// drain is complete.
 pub(crate) async fn serve(
     stream: Stream,
     settings: &DialConfig,
@@ -35,6 +39,10 @@ pub(crate) async fn serve(
         outbound,
         max_frame_bytes: frame_limit(&ack, settings),
     };
+    let mut sink = Some(keeper.install_sink(Arc::new(StreamReplies {
+        outbound: serving.outbound.clone(),
+        max_frame_bytes: serving.max_frame_bytes,
+    })));
     let lost = |reason: &str| ConnectionEnd::ComeBack {
         reason: reason.to_owned(),
         shutting_down: false,
@@ -72,15 +80,23 @@ pub(crate) async fn serve(
             break None;
         }
         tokio::select! {
-            () = &mut drain_requested, if !drain_sent => {
-                drain_sent = true;
-                tracing::info!(worker = ack.worker_id, "asking the gateway to drain this worker");
-                let request = worker_frame::Frame::DrainRequest(WorkerDrainRequest {});
-                if !serving.send(request).await {
+            // Replies first, then frames, stopping at the first ready branch: a turn taken for
+            // either polls nothing else. Neither starves the other: the gateway sends no more
+            // tasks than the capacity before their replies went out.
+            biased;
+            reply = keeper.next_reply() => {
+                // The replies that finished meanwhile go in the same turn, instead of one
+                // wake-up of this loop each.
+                let mut next = Some(reply);
+                let mut sent = true;
+                while let Some(reply) = next {
+                    sent = serving.report(reply).await;
+                    next = if sent { keeper.try_next_reply() } else { None };
+                }
+                if !sent {
                     break Some(lost("outbound stream closed"));
                 }
             }
-            Some(max_concurrency) = resized.next() => announce = Some(max_concurrency),
             frame = inbound.message() => match frame {
                 Ok(Some(frame)) => match frame.frame {
                     Some(Frame::Task(task)) => keeper.start(wire::activity_task(task)),
@@ -98,6 +114,8 @@ pub(crate) async fn serve(
                         keeper.acknowledged(ack.task_ids.into_iter().map(TaskId::from_raw));
                     }
                     Some(Frame::Drain(drain)) => {
+                        // From now on every reply wakes this loop, which sees the last one.
+                        sink = None;
                         let in_flight = keeper.held();
                         draining = Some(match drain.reason() {
                             drain_request::Reason::ShuttingDown => {
@@ -138,18 +156,24 @@ pub(crate) async fn serve(
                     other => ConnectionEnd::Failed(other),
                 }),
             },
-            reply = keeper.next_reply() => {
-                if !serving.report(reply).await {
+            () = &mut drain_requested, if !drain_sent => {
+                drain_sent = true;
+                tracing::info!(worker = ack.worker_id, "asking the gateway to drain this worker");
+                let request = worker_frame::Frame::DrainRequest(WorkerDrainRequest {});
+                if !serving.send(request).await {
                     break Some(lost("outbound stream closed"));
                 }
             }
+            Some(max_concurrency) = resized.next() => announce = Some(max_concurrency),
         }
     };
     if let Some(end) = end {
         // The runtime decides whether the tasks outlive the stream (a session) or go.
         return end;
     }
-    // Half-close, then let the gateway end the stream after it deregisters the worker.
+    // Half-close (no sender of the stream may be left), then let the gateway end the stream
+    // after it deregisters the worker.
+    drop(sink);
     drop(serving);
     let closing = async { while let Ok(Some(_)) = inbound.message().await {} };
     if tokio::time::timeout(settings.keepalive_timeout, closing)
@@ -182,12 +206,8 @@ impl Serving {
     /// Sends a finished task's result, or its cancel acknowledgement. Returns false when the
     /// stream is gone.
     async fn report(&self, reply: TaskReply) -> bool {
-        let size = WorkerFrame {
-            frame: Some(frame(reply.clone())),
-        }
-        .encoded_len();
-        let reply = reply.within_limit(size, self.max_frame_bytes);
-        self.send(frame(reply)).await
+        let frame = reply_frame(reply, self.max_frame_bytes);
+        self.outbound.send(frame).await.is_ok()
     }
 
     async fn send(&self, frame: worker_frame::Frame) -> bool {
@@ -195,6 +215,33 @@ impl Serving {
             .send(WorkerFrame { frame: Some(frame) })
             .await
             .is_ok()
+    }
+}
+
+/// The stream's [`ReplySink`]: puts a finished task's reply on the stream from the task itself
+/// while the stream has room; a full stream leaves it to the loop, which waits for room.
+struct StreamReplies {
+    outbound: mpsc::Sender<WorkerFrame>,
+    max_frame_bytes: usize,
+}
+
+impl ReplySink for StreamReplies {
+    fn try_write(&self, reply: &TaskReply) -> bool {
+        let frame = reply_frame(reply.clone(), self.max_frame_bytes);
+        self.outbound.try_send(frame).is_ok()
+    }
+}
+
+/// The frame of a finished task's reply; a result too large for the gateway becomes the
+/// runtime's failure saying so.
+fn reply_frame(reply: TaskReply, max_frame_bytes: usize) -> WorkerFrame {
+    let size = WorkerFrame {
+        frame: Some(frame(reply.clone())),
+    }
+    .encoded_len();
+    let reply = reply.within_limit(size, max_frame_bytes);
+    WorkerFrame {
+        frame: Some(frame(reply)),
     }
 }
 

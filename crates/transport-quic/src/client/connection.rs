@@ -2,7 +2,7 @@
 //! stream, and report how the connection ended.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use quinn::{ConnectionError, Endpoint, SendStream, VarInt};
@@ -11,11 +11,13 @@ use switchyard_proto::v1::{
     QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest,
     QuicRegister, QuicRegistered, QuicResume, quic_control_down, quic_control_up,
 };
-use switchyard_worker::{ConnectionContext, Registered, TaskKeeper, TaskReply, WorkerOptions};
-use tokio::sync::{mpsc, watch};
+use switchyard_worker::{
+    ConnectionContext, Registered, ReplySink, TaskKeeper, TaskReply, WorkerOptions,
+};
+use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::lane::{self, LaneContext, LaneCopyRouter, LaneEvent, Route};
+use super::lane::{self, LaneContext, LaneCopyRouter, Route};
 use super::{DialConfig, QuicLinkError};
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, encode_frame};
@@ -168,7 +170,8 @@ impl QuicConnection {
             );
             copies
         });
-        let (events, mut lane_events) = mpsc::unbounded_channel();
+        let keeper = context.keeper;
+        let replies = Arc::new(Mutex::new(Replies::default()));
         let lanes = Arc::new(LaneContext {
             outbox: Outbox::spawn(Arc::new(move |fault| {
                 if let Fault::Close { code, reason } = fault {
@@ -177,54 +180,67 @@ impl QuicConnection {
                 }
             })),
             worker: self.worker,
-            events,
+            tasks: context.keeper.starter(),
+            replies: Arc::clone(&replies),
             frame_limit: self.lane_limit,
             copies,
         });
-        let keeper = context.keeper;
-        let mut replies = Replies::default();
+        // Replies whose lane is known go out from the task that finished; the rest (and all of
+        // them once this connection ends) wait for this loop or the next connection.
+        let _sink = keeper.install_sink(Arc::new(LaneReplies {
+            conn: self.conn.clone(),
+            lanes: Arc::clone(&lanes),
+        }));
+        // The lanes start their tasks themselves and most replies go out through the sink, so
+        // this loop turns only for the rest. Its waits are made once and renewed only when they
+        // resolve: a fresh `accept_bi()`, `cancelled()` or `changed()` each turn costs a lock
+        // and a waiter registration apiece.
+        let acceptor = self.conn.clone();
+        let accept = acceptor.accept_bi();
+        tokio::pin!(accept);
         let mut capacity = context.handle.capacity();
-        let drain = context.handle.drain_requested().clone();
+        let mut announce = Some(*capacity.borrow_and_update());
+        let resized = capacity_changed(capacity);
+        tokio::pin!(resized);
+        let mut capacity_followed = true;
+        let drain = context.handle.drain_requested().clone().cancelled_owned();
+        tokio::pin!(drain);
         let mut drain_sent = false;
-        let mut announce = true;
         let mut control_ended = false;
         let fault = loop {
-            if announce {
-                announce = false;
-                if let Err(fault) = self.announce(&mut capacity).await {
+            if let Some(max_concurrency) = announce.take() {
+                if let Err(fault) = self.announce(max_concurrency).await {
                     break fault;
                 }
             }
+            // In this order, and stopping at the first ready: a turn taken for a reply polls
+            // nothing else. Replies cannot starve the rest, as the gateway sends no more tasks
+            // than the capacity before their replies went out.
             let fault = tokio::select! {
-                accepted = self.conn.accept_bi() => match accepted {
-                    Ok((send, recv)) => {
-                        let stop = self.stop_lanes.token().clone();
-                        lane::spawn(self.conn.clone(), send, recv, Arc::clone(&lanes), stop);
-                        None
+                biased;
+                reply = keeper.next_reply() => {
+                    // The replies that finished meanwhile go in the same turn.
+                    let mut next = Some(reply);
+                    let mut fault = None;
+                    while let Some(reply) = next {
+                        let routed = lock(&replies).reply(reply);
+                        fault = routed.and_then(|(route, reply)| {
+                            lane::write_reply(&self.conn, &lanes, &route, reply).err()
+                        });
+                        next = if fault.is_none() { keeper.try_next_reply() } else { None };
                     }
-                    Err(_) => Some(Fault::Gone),
-                },
-                Some(event) = lane_events.recv() => {
-                    let ready = match event {
-                        LaneEvent::Task(route, task) => {
-                            let ready = replies.route(task.task_id, route);
-                            keeper.start(task);
-                            ready
-                        }
-                        LaneEvent::Held(route, task) => replies.route(task, route),
-                        LaneEvent::Cancel(task) => {
-                            keeper.cancel(task);
+                    fault
+                }
+                accepted = &mut accept => {
+                    accept.set(acceptor.accept_bi());
+                    match accepted {
+                        Ok((send, recv)) => {
+                            let stop = self.stop_lanes.token().clone();
+                            lane::spawn(self.conn.clone(), send, recv, Arc::clone(&lanes), stop);
                             None
                         }
-                    };
-                    ready.and_then(|(route, reply)| {
-                        lane::write_reply(&self.conn, &lanes, &route, reply).err()
-                    })
-                }
-                reply = keeper.next_reply() => {
-                    replies.reply(reply).and_then(|(route, reply)| {
-                        lane::write_reply(&self.conn, &lanes, &route, reply).err()
-                    })
+                        Err(_) => Some(Fault::Gone),
+                    }
                 }
                 down = self.control_reader.next::<QuicControlDown>(), if !control_ended => match down {
                     Ok(Some(down)) => self.control(down, keeper).err(),
@@ -237,11 +253,16 @@ impl QuicConnection {
                     }
                     Err(error) => Some(Fault::read(error, &CONTROL)),
                 },
-                changed = capacity.changed() => {
-                    announce = changed.is_ok();
+                (changed, capacity) = &mut resized, if capacity_followed => {
+                    let mut capacity = capacity;
+                    capacity_followed = changed;
+                    if changed {
+                        announce = Some(*capacity.borrow_and_update());
+                    }
+                    resized.set(capacity_changed(capacity));
                     None
                 }
-                () = drain.cancelled(), if !drain_sent => {
+                () = &mut drain, if !drain_sent => {
                     drain_sent = true;
                     let request = QuicControlUp {
                         frame: Some(quic_control_up::Frame::DrainRequest(QuicDrainRequest {})),
@@ -258,8 +279,7 @@ impl QuicConnection {
 
     /// Grants the gateway one stream per slot, then tells it the capacity: in that order, so
     /// the lanes it opens for the new capacity find credit waiting.
-    async fn announce(&mut self, capacity: &mut watch::Receiver<u32>) -> Result<(), Fault> {
-        let max_concurrency = *capacity.borrow_and_update();
+    async fn announce(&mut self, max_concurrency: u32) -> Result<(), Fault> {
         self.conn
             .set_max_concurrent_bi_streams(VarInt::from_u32(max_concurrency));
         let frame = QuicControlUp {
@@ -298,14 +318,14 @@ impl QuicConnection {
 /// The lanes of the connection's tasks, and the replies that came before their lane was
 /// known (a re-sent result whose `held` frame is still on its way).
 #[derive(Default)]
-struct Replies {
+pub(crate) struct Replies {
     routes: HashMap<TaskId, Route>,
     waiting: HashMap<TaskId, TaskReply>,
 }
 
 impl Replies {
     /// `task` answers on `route`; returns its reply if it was waiting for it.
-    fn route(&mut self, task: TaskId, route: Route) -> Option<(Route, TaskReply)> {
+    pub(crate) fn route(&mut self, task: TaskId, route: Route) -> Option<(Route, TaskReply)> {
         match self.waiting.remove(&task) {
             Some(reply) => Some((route, reply)),
             None => {
@@ -330,6 +350,36 @@ impl Replies {
     }
 }
 
+pub(crate) fn lock(replies: &Mutex<Replies>) -> MutexGuard<'_, Replies> {
+    // Map operations cannot panic part-way.
+    replies.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The connection's [`ReplySink`]: writes a finished task's reply on its lane, when its lane is
+/// known, from the task that finished.
+struct LaneReplies {
+    conn: quinn::Connection,
+    lanes: Arc<LaneContext>,
+}
+
+impl ReplySink for LaneReplies {
+    fn try_write(&self, reply: &TaskReply) -> bool {
+        let task = match reply {
+            TaskReply::Result { task_id, .. } | TaskReply::CancelAck { task_id } => *task_id,
+        };
+        let mut replies = lock(&self.lanes.replies);
+        let Some(route) = replies.routes.remove(&task) else {
+            return false;
+        };
+        if lane::write_reply(&self.conn, &self.lanes, &route, reply.clone()).is_ok() {
+            return true;
+        }
+        // The connection's loop meets the fault again when it writes the queued reply.
+        replies.routes.insert(task, route);
+        false
+    }
+}
+
 /// The session a `registered` grants; none unless it carries an id, a grace and a 32-byte
 /// secret.
 fn session(registered: &QuicRegistered) -> Option<SessionGrant> {
@@ -341,6 +391,13 @@ fn session(registered: &QuicRegistered) -> Option<SessionGrant> {
         secret: ResumeSecret::from_slice(&registered.resume_secret)?,
         grace: Duration::from_millis(u64::from(registered.reconnect_grace_ms)),
     })
+}
+
+/// Waits for the capacity to change; hands the receiver back, with false once the handle that
+/// sets it is gone.
+async fn capacity_changed(mut capacity: watch::Receiver<u32>) -> (bool, watch::Receiver<u32>) {
+    let changed = capacity.changed().await.is_ok();
+    (changed, capacity)
 }
 
 fn nonzero_or(value: u32, default: u32) -> u32 {

@@ -1,5 +1,6 @@
-//! The worker's side of one lane: reads tasks, held tasks and cancels for the connection to
-//! hand to the worker's keeper, answers pings at once, and carries the replies of its tasks.
+//! The worker's side of one lane: hands the tasks, held tasks and cancels it reads to the
+//! worker's keeper (straight from the lane's task), answers pings at once, and carries the
+//! replies of its tasks.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -11,11 +12,12 @@ use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicDatagramDown, QuicDatagramUp, QuicLaneDown, QuicLaneUp,
     QuicPing, QuicPong, QuicResult, QuicTask, quic_lane_down, quic_lane_up, quic_result,
 };
-use switchyard_worker::TaskReply;
+use switchyard_worker::{InlineTask, TaskReply, TaskStarter};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::connection::{Replies, lock};
 use crate::convert;
 use crate::fault::{Fault, close_connection};
 use crate::frame::{FrameReader, decode, encode_frame};
@@ -128,8 +130,10 @@ pub(crate) struct LaneContext {
     pub(crate) outbox: Outbox,
     /// The registration the lanes belong to, for logs.
     pub(crate) worker: switchyard_core::WorkerId,
-    /// Where the lanes hand the tasks, held tasks and cancels they read.
-    pub(crate) events: mpsc::UnboundedSender<LaneEvent>,
+    /// Starts and cancels the tasks the lanes read on the worker's keeper.
+    pub(crate) tasks: TaskStarter,
+    /// The lanes of the connection's tasks, and the replies waiting for theirs.
+    pub(crate) replies: Arc<Mutex<Replies>>,
     /// The gateway's `max_lane_frame_bytes`, in force in both directions.
     pub(crate) frame_limit: u32,
     /// The datagram copies of tasks, when the gateway enabled datagram redundancy.
@@ -147,8 +151,8 @@ pub(crate) struct Route {
     pub(crate) seq: u64,
 }
 
-/// What a lane read that the connection acts on (pings are answered by the lane itself).
-pub(crate) enum LaneEvent {
+/// What a lane read that the keeper acts on (pings are answered by the lane itself).
+enum LaneEvent {
     /// A task to start; its reply goes to `route`.
     Task(Route, switchyard_core::ActivityTask),
     /// After a resume: a task the worker already holds now answers on `route`.
@@ -172,7 +176,7 @@ pub(crate) fn spawn(
     tokio::spawn(
         async move {
             let served = tokio::select! {
-                served = serve(send, recv, &context) => served,
+                served = serve(&conn, send, recv, &context) => served,
                 () = stop.cancelled() => Err(Fault::Gone),
             };
             match served {
@@ -195,10 +199,16 @@ impl std::fmt::Display for LaneName {
     }
 }
 
-/// Reads a lane: tasks (by lane or by datagram copy, each started once) and held tasks go to
-/// the connection with their route, cancels too; pings are answered here. The tasks run on
-/// the worker's keeper, outside the lane, so a lane (or connection) ending stops none.
-async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Result<(), Fault> {
+/// Reads a lane: tasks (by lane or by datagram copy, each started once) start on the keeper
+/// with their route noted, held tasks learn their route, cancels reach their handler; pings are
+/// answered here. The tasks run on the worker's keeper, outside the lane, so a lane (or
+/// connection) ending stops none.
+async fn serve(
+    conn: &Connection,
+    send: SendStream,
+    recv: RecvStream,
+    context: &LaneContext,
+) -> Result<(), Fault> {
     let index = send.id().index();
     let name = LaneName(index);
     let out = StreamOut::new(send);
@@ -216,8 +226,16 @@ async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Res
         lane: index,
         seq,
     };
+    // The lane's task runs here, inline, while the lane lives: a task of its own per task would
+    // cost a spawn and a wake-up each. Should the lane end first, it moves onto a task of its
+    // own (see `InlineTask`), so no handler stops with its lane.
+    let mut inline: Option<InlineTask> = None;
     loop {
         let event = tokio::select! {
+            () = run_inline(&mut inline), if inline.is_some() => {
+                inline = None;
+                None
+            }
             down = frames.next::<QuicLaneDown>() => {
                 let down = down.map_err(|error| Fault::read(error, &name))?;
                 let Some(down) = down else {
@@ -272,10 +290,49 @@ async fn serve(send: SendStream, recv: RecvStream, context: &LaneContext) -> Res
             }
         };
         if let Some(event) = event {
-            if context.events.send(event).is_err() {
-                return Err(Fault::Gone);
-            }
+            act(conn, context, event, &mut inline)?;
         }
+    }
+}
+
+/// Acts on what the lane read: a task starts on the keeper (its route noted first, as its
+/// reply may come at once), a held task learns its route, a cancel reaches its handler.
+fn act(
+    conn: &Connection,
+    context: &LaneContext,
+    event: LaneEvent,
+    inline: &mut Option<InlineTask>,
+) -> Result<(), Fault> {
+    // The replies' lock is let go before the keeper is called: the keeper writes replies
+    // (through the connection's sink) under its own lock, and takes this one then.
+    let ready = match event {
+        LaneEvent::Task(route, task) => {
+            let ready = lock(&context.replies).route(task.task_id, route);
+            // The gateway sends a lane's next task only after the last one's reply; should one
+            // come early anyway, it gets a runtime task of its own.
+            match inline {
+                None => *inline = context.tasks.start_inline(task),
+                Some(_) => context.tasks.start(task),
+            }
+            ready
+        }
+        LaneEvent::Held(route, task) => lock(&context.replies).route(task, route),
+        LaneEvent::Cancel(task) => {
+            context.tasks.cancel(task);
+            None
+        }
+    };
+    match ready {
+        Some((route, reply)) => write_reply(conn, context, &route, reply),
+        None => Ok(()),
+    }
+}
+
+/// Runs the lane's inline task to its end; never resolves while there is none.
+async fn run_inline(inline: &mut Option<InlineTask>) {
+    match inline {
+        Some(task) => task.await,
+        None => std::future::pending().await,
     }
 }
 

@@ -30,12 +30,15 @@ pub(crate) struct AckBatch {
 }
 
 impl AckBatch {
-    /// Adds `task`, processed at `now`.
-    pub(crate) fn push(&mut self, task: TaskId, now: Instant) {
+    /// Adds `task`, processed at `now`. Returns true when this moved the time the next frame
+    /// is due (the first pending id starts the delay, the id that fills the batch makes it due
+    /// at once): only then does a writer waiting for [`AckBatch::due`] need waking.
+    pub(crate) fn push(&mut self, task: TaskId, now: Instant) -> bool {
         if self.ids.is_empty() {
             self.since = Some(now);
         }
         self.ids.push(task);
+        self.ids.len() == 1 || self.ids.len() == ACK_BATCH_IDS
     }
 
     /// When the next frame is due: at once with a full batch, [`ACK_BATCH_DELAY`] after the
@@ -73,10 +76,14 @@ impl Acks {
         self.batch.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records that the result of `task` was processed.
+    /// Records that the result of `task` was processed. The writer is woken only when the
+    /// due time moved, not once per result: a connection under load would otherwise wake it
+    /// (and rebuild its wait) for every result.
     pub(crate) fn processed(&self, task: TaskId) {
-        self.batch().push(task, Instant::now());
-        self.added.notify_one();
+        let due_moved = self.batch().push(task, Instant::now());
+        if due_moved {
+            self.added.notify_one();
+        }
     }
 
     /// Waits until a frame is due and returns its ids. Cancel-safe: the ids stay in the batch
@@ -170,6 +177,48 @@ mod tests {
         assert_eq!(lone, vec![t(500)]);
         // Control for the first frame: a lone id waited for the delay.
         assert_eq!(Instant::now(), start + ACK_BATCH_DELAY);
+    }
+
+    #[test]
+    fn only_the_first_and_the_filling_id_move_the_due_time() {
+        let start = Instant::now();
+        let mut batch = AckBatch::default();
+        let moved: Vec<bool> = (0..ACK_BATCH_IDS as u64 + 1)
+            .map(|n| batch.push(t(n), start))
+            .collect();
+        assert!(moved[0], "the first id starts the delay");
+        assert!(
+            moved[ACK_BATCH_IDS - 1],
+            "the id that fills the batch makes it due"
+        );
+        // Control: every other id leaves the due time where it was.
+        let others = moved.iter().filter(|moved| **moved).count();
+        assert_eq!(others, 2, "{moved:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_writer_waiting_out_the_delay_leaves_at_once_when_the_batch_fills() {
+        let acks = std::sync::Arc::new(Acks::default());
+        let start = Instant::now();
+        acks.processed(t(0));
+        let writer = tokio::spawn({
+            let acks = std::sync::Arc::clone(&acks);
+            async move { acks.next_frame().await }
+        });
+        // The writer starts waiting out the delay of the lone id.
+        tokio::task::yield_now().await;
+        assert!(!writer.is_finished());
+        for n in 1..ACK_BATCH_IDS as u64 {
+            acks.processed(t(n));
+        }
+        let frame = writer.await.unwrap_or_default();
+        assert_eq!(frame.len(), ACK_BATCH_IDS);
+        // Control: without the wake-up on the filling id it would leave after the delay.
+        assert_eq!(
+            Instant::now(),
+            start,
+            "woken by the full batch, not the timer"
+        );
     }
 
     #[tokio::test(start_paused = true)]
