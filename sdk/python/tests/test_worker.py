@@ -396,9 +396,17 @@ async def test_workers_in_one_process_do_not_share_a_connection(
         yield register
         await hold.wait()  # keep the request side open: a half-close would end the stream
 
+    async def silent() -> AsyncIterator[worker_pb2.WorkerFrame]:
+        # Sends nothing: the refusal comes as the stream opens, and a frame still being sent
+        # when it arrives would surface as the client's INTERNAL send failure instead.
+        await hold.wait()
+        nothing: list[worker_pb2.WorkerFrame] = []
+        for frame in nothing:
+            yield frame
+
     first = connect(frames(), metadata=metadata)
     await asyncio.wait_for(first.read(), PATIENCE)
-    second = connect(frames(), metadata=metadata)
+    second = connect(silent(), metadata=metadata)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await asyncio.wait_for(second.read(), PATIENCE)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
