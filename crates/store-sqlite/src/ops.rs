@@ -44,6 +44,8 @@ pub(crate) enum Op {
         outcome: OutcomeRecord,
         at: SystemTime,
     },
+    /// Writes nothing: answered once every command sent before it is committed.
+    Barrier,
     /// Deletes at most `limit` rows finished before `finished_before`.
     Purge {
         finished_before: SystemTime,
@@ -81,10 +83,14 @@ impl Op {
         &self,
         conn: &Connection,
         backlog: &mut Backlog,
+        size: &mut StoreSize,
         limits: Limits,
     ) -> Result<Answer, StepError> {
         match self {
-            Self::Record(dispatch) => record(conn, backlog, limits, dispatch).map(Answer::Recorded),
+            Self::Record(dispatch) => {
+                record(conn, backlog, size, limits, dispatch).map(Answer::Recorded)
+            }
+            Self::Barrier => Ok(Answer::Done),
             Self::Park { id, reason } => {
                 conn.prepare_cached(
                     "UPDATE dispatches SET state = 'parked', parked_reason = ?2, worker = NULL, \
@@ -136,6 +142,7 @@ impl Op {
 fn record(
     conn: &Connection,
     backlog: &mut Backlog,
+    size: &mut StoreSize,
     limits: Limits,
     dispatch: &NewDispatch,
 ) -> Result<Recorded, StepError> {
@@ -163,10 +170,11 @@ fn record(
             limit: limits.max_queued_per_namespace,
         }));
     }
-    let size = bytes_in_use(conn)?;
-    if size.saturating_add(dispatch.input.len() as u64) > limits.max_bytes {
+    let in_use = size.bytes(conn)?;
+    let input = dispatch.input.len() as u64;
+    if in_use.saturating_add(input) > limits.max_bytes {
         return Err(StepError::Refused(DispatchStoreError::StoreFull {
-            size,
+            size: in_use,
             limit: limits.max_bytes,
         }));
     }
@@ -194,7 +202,36 @@ fn record(
         return Ok(Recorded::Existing(dispatch.id.clone()));
     }
     backlog.add(&dispatch.namespace);
+    size.add(input);
     Ok(Recorded::New(dispatch.id.clone()))
+}
+
+/// The store's size as one batch sees it: read from SQLite at the batch's first record, then
+/// counted on by the inputs the batch records, so a batch asks SQLite once and not per record.
+#[derive(Debug, Default)]
+pub(crate) struct StoreSize {
+    in_use: Option<u64>,
+}
+
+impl StoreSize {
+    /// Bytes in use, the batch's records so far included.
+    fn bytes(&mut self, conn: &Connection) -> rusqlite::Result<u64> {
+        match self.in_use {
+            Some(in_use) => Ok(in_use),
+            None => {
+                let in_use = bytes_in_use(conn)?;
+                self.in_use = Some(in_use);
+                Ok(in_use)
+            }
+        }
+    }
+
+    /// A record of `input` bytes joined the batch.
+    fn add(&mut self, input: u64) {
+        if let Some(in_use) = &mut self.in_use {
+            *in_use = in_use.saturating_add(input);
+        }
+    }
 }
 
 /// Bytes of the store's pages in use: pages freed by deletes are reused, so they count as free.
