@@ -132,8 +132,11 @@ impl Shared {
         // Tracked before it is recorded: whoever learns the id (this caller, or another one
         // repeating its idempotency key) finds a live dispatch to wait on.
         let live = (!self.stopping.is_cancelled()).then(|| {
-            self.live
-                .insert(dispatch.id.clone(), &dispatch.principal, &dispatch.namespace)
+            self.live.insert(
+                dispatch.id.clone(),
+                &dispatch.principal,
+                &dispatch.namespace,
+            )
         });
         let id = match self.store.record(dispatch.clone()).await {
             Ok(Recorded::New(id)) => id,
@@ -318,7 +321,11 @@ impl DurableDispatcher {
         // commits must not leave a recorded dispatch without its driver.
         let shared = Arc::clone(&self.shared);
         let (submitted, answer) = oneshot::channel();
-        tokio::spawn(shared.record_and_drive(dispatch, submitted).instrument(span));
+        tokio::spawn(
+            shared
+                .record_and_drive(dispatch, submitted)
+                .instrument(span),
+        );
         match answer.await {
             Ok(submitted) => Ok(submitted?),
             Err(_) => Err(SubmitError::Store(DispatchStoreError::Unavailable {
