@@ -104,7 +104,10 @@ impl Inbox {
                 return None;
             }
             state.waiting = Waiting::ForAny;
-            state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+            state = self
+                .wake
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
         }
         if let Some(first) = state.commands.first() {
             let deadline = self.policy.deadline(first.sent);
@@ -173,8 +176,16 @@ mod tests {
         for _ in 0..5 {
             inbox.send(command()).await.expect("send");
         }
-        assert_eq!(inbox.take().map(|b| b.len()), Some(3), "capped at max_batch");
-        assert_eq!(inbox.take().map(|b| b.len()), Some(2), "the rest, in one go");
+        assert_eq!(
+            inbox.take().map(|b| b.len()),
+            Some(3),
+            "capped at max_batch"
+        );
+        assert_eq!(
+            inbox.take().map(|b| b.len()),
+            Some(2),
+            "the rest, in one go"
+        );
         inbox.close();
         assert!(inbox.take().is_none(), "closed and empty");
         assert!(inbox.send(command()).await.is_err(), "closed to senders");

@@ -250,55 +250,59 @@ fn complete(
     outcome: &OutcomeRecord,
     at: SystemTime,
 ) -> Result<Completion, StepError> {
-    let row = conn
+    // The common case, an unfinished row, in one statement; the row is read only when the
+    // update finds none to finish.
+    let finished: Option<String> = conn
         .prepare_cached(
-            "SELECT namespace, state, outcome_kind, outcome_output, outcome_message, \
-             outcome_retryable, outcome_reason, outcome_attempts FROM dispatches WHERE id = ?1",
+            "UPDATE dispatches SET state = 'finished', finished_at_ns = ?2, worker = NULL, \
+             parked_reason = NULL, not_before_ns = NULL, outcome_kind = ?3, \
+             outcome_output = ?4, outcome_message = ?5, outcome_retryable = ?6, \
+             outcome_reason = ?7, outcome_attempts = ?8 \
+             WHERE id = ?1 AND state <> 'finished' RETURNING namespace",
+        )?
+        .query_row(
+            params![
+                id.as_str(),
+                to_nanos(at),
+                outcome.kind,
+                outcome.output.as_ref(),
+                outcome.message,
+                outcome.retryable,
+                outcome.reason,
+                outcome.attempts,
+            ],
+            |row| row.get(0),
+        )
+        .optional()?;
+    if let Some(namespace) = finished {
+        backlog.remove(&namespace);
+        return Ok(Completion::Recorded);
+    }
+    let first = conn
+        .prepare_cached(
+            "SELECT outcome_kind, outcome_output, outcome_message, outcome_retryable, \
+             outcome_reason, outcome_attempts FROM dispatches WHERE id = ?1",
         )?
         .query_row(params![id.as_str()], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                RawOutcome {
-                    kind: row.get(2)?,
-                    output: row.get(3)?,
-                    message: row.get(4)?,
-                    retryable: row.get(5)?,
-                    reason: row.get(6)?,
-                    attempts: row.get(7)?,
-                },
-            ))
+            Ok(RawOutcome {
+                kind: row.get(0)?,
+                output: row.get(1)?,
+                message: row.get(2)?,
+                retryable: row.get(3)?,
+                reason: row.get(4)?,
+                attempts: row.get(5)?,
+            })
         })
         .optional()?;
-    let Some((namespace, state, first)) = row else {
+    let Some(first) = first else {
         return Ok(Completion::Unknown);
     };
-    if state == "finished" {
-        return first
-            .into_record()
-            .map(Completion::AlreadyFinished)
-            .map_err(|column| {
-                StepError::Refused(DispatchStoreError::Unavailable {
-                    detail: format!("dispatch {:?}: column {column} cannot be read", id.as_str()),
-                })
-            });
-    }
-    conn.prepare_cached(
-        "UPDATE dispatches SET state = 'finished', finished_at_ns = ?2, worker = NULL, \
-         parked_reason = NULL, not_before_ns = NULL, outcome_kind = ?3, outcome_output = ?4, \
-         outcome_message = ?5, outcome_retryable = ?6, outcome_reason = ?7, \
-         outcome_attempts = ?8 WHERE id = ?1",
-    )?
-    .execute(params![
-        id.as_str(),
-        to_nanos(at),
-        outcome.kind,
-        outcome.output.as_ref(),
-        outcome.message,
-        outcome.retryable,
-        outcome.reason,
-        outcome.attempts,
-    ])?;
-    backlog.remove(&namespace);
-    Ok(Completion::Recorded)
+    first
+        .into_record()
+        .map(Completion::AlreadyFinished)
+        .map_err(|column| {
+            StepError::Refused(DispatchStoreError::Unavailable {
+                detail: format!("dispatch {:?}: column {column} cannot be read", id.as_str()),
+            })
+        })
 }

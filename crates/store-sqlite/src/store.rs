@@ -170,10 +170,7 @@ impl SqliteStore {
             reply: Some(reply),
             sent: Instant::now(),
         };
-        self.inbox
-            .send(command)
-            .await
-            .map_err(|_| self.stopped())?;
+        self.inbox.send(command).await.map_err(|_| self.stopped())?;
         answer.await.map_err(|_| self.stopped())?
     }
 
