@@ -44,6 +44,8 @@ pub(crate) enum Op {
         outcome: OutcomeRecord,
         at: SystemTime,
     },
+    /// Writes nothing: answered once every command sent before it is committed.
+    Barrier,
     /// Deletes at most `limit` rows finished before `finished_before`.
     Purge {
         finished_before: SystemTime,
@@ -81,10 +83,14 @@ impl Op {
         &self,
         conn: &Connection,
         backlog: &mut Backlog,
+        size: &mut StoreSize,
         limits: Limits,
     ) -> Result<Answer, StepError> {
         match self {
-            Self::Record(dispatch) => record(conn, backlog, limits, dispatch).map(Answer::Recorded),
+            Self::Record(dispatch) => {
+                record(conn, backlog, size, limits, dispatch).map(Answer::Recorded)
+            }
+            Self::Barrier => Ok(Answer::Done),
             Self::Park { id, reason } => {
                 conn.prepare_cached(
                     "UPDATE dispatches SET state = 'parked', parked_reason = ?2, worker = NULL, \
@@ -136,6 +142,7 @@ impl Op {
 fn record(
     conn: &Connection,
     backlog: &mut Backlog,
+    size: &mut StoreSize,
     limits: Limits,
     dispatch: &NewDispatch,
 ) -> Result<Recorded, StepError> {
@@ -163,10 +170,11 @@ fn record(
             limit: limits.max_queued_per_namespace,
         }));
     }
-    let size = bytes_in_use(conn)?;
-    if size.saturating_add(dispatch.input.len() as u64) > limits.max_bytes {
+    let in_use = size.bytes(conn)?;
+    let input = dispatch.input.len() as u64;
+    if in_use.saturating_add(input) > limits.max_bytes {
         return Err(StepError::Refused(DispatchStoreError::StoreFull {
-            size,
+            size: in_use,
             limit: limits.max_bytes,
         }));
     }
@@ -194,7 +202,36 @@ fn record(
         return Ok(Recorded::Existing(dispatch.id.clone()));
     }
     backlog.add(&dispatch.namespace);
+    size.add(input);
     Ok(Recorded::New(dispatch.id.clone()))
+}
+
+/// The store's size as one batch sees it: read from SQLite at the batch's first record, then
+/// counted on by the inputs the batch records, so a batch asks SQLite once and not per record.
+#[derive(Debug, Default)]
+pub(crate) struct StoreSize {
+    in_use: Option<u64>,
+}
+
+impl StoreSize {
+    /// Bytes in use, the batch's records so far included.
+    fn bytes(&mut self, conn: &Connection) -> rusqlite::Result<u64> {
+        match self.in_use {
+            Some(in_use) => Ok(in_use),
+            None => {
+                let in_use = bytes_in_use(conn)?;
+                self.in_use = Some(in_use);
+                Ok(in_use)
+            }
+        }
+    }
+
+    /// A record of `input` bytes joined the batch.
+    fn add(&mut self, input: u64) {
+        if let Some(in_use) = &mut self.in_use {
+            *in_use = in_use.saturating_add(input);
+        }
+    }
 }
 
 /// Bytes of the store's pages in use: pages freed by deletes are reused, so they count as free.
@@ -213,55 +250,59 @@ fn complete(
     outcome: &OutcomeRecord,
     at: SystemTime,
 ) -> Result<Completion, StepError> {
-    let row = conn
+    // The common case, an unfinished row, in one statement; the row is read only when the
+    // update finds none to finish.
+    let finished: Option<String> = conn
         .prepare_cached(
-            "SELECT namespace, state, outcome_kind, outcome_output, outcome_message, \
-             outcome_retryable, outcome_reason, outcome_attempts FROM dispatches WHERE id = ?1",
+            "UPDATE dispatches SET state = 'finished', finished_at_ns = ?2, worker = NULL, \
+             parked_reason = NULL, not_before_ns = NULL, outcome_kind = ?3, \
+             outcome_output = ?4, outcome_message = ?5, outcome_retryable = ?6, \
+             outcome_reason = ?7, outcome_attempts = ?8 \
+             WHERE id = ?1 AND state <> 'finished' RETURNING namespace",
+        )?
+        .query_row(
+            params![
+                id.as_str(),
+                to_nanos(at),
+                outcome.kind,
+                outcome.output.as_ref(),
+                outcome.message,
+                outcome.retryable,
+                outcome.reason,
+                outcome.attempts,
+            ],
+            |row| row.get(0),
+        )
+        .optional()?;
+    if let Some(namespace) = finished {
+        backlog.remove(&namespace);
+        return Ok(Completion::Recorded);
+    }
+    let first = conn
+        .prepare_cached(
+            "SELECT outcome_kind, outcome_output, outcome_message, outcome_retryable, \
+             outcome_reason, outcome_attempts FROM dispatches WHERE id = ?1",
         )?
         .query_row(params![id.as_str()], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                RawOutcome {
-                    kind: row.get(2)?,
-                    output: row.get(3)?,
-                    message: row.get(4)?,
-                    retryable: row.get(5)?,
-                    reason: row.get(6)?,
-                    attempts: row.get(7)?,
-                },
-            ))
+            Ok(RawOutcome {
+                kind: row.get(0)?,
+                output: row.get(1)?,
+                message: row.get(2)?,
+                retryable: row.get(3)?,
+                reason: row.get(4)?,
+                attempts: row.get(5)?,
+            })
         })
         .optional()?;
-    let Some((namespace, state, first)) = row else {
+    let Some(first) = first else {
         return Ok(Completion::Unknown);
     };
-    if state == "finished" {
-        return first
-            .into_record()
-            .map(Completion::AlreadyFinished)
-            .map_err(|column| {
-                StepError::Refused(DispatchStoreError::Unavailable {
-                    detail: format!("dispatch {:?}: column {column} cannot be read", id.as_str()),
-                })
-            });
-    }
-    conn.prepare_cached(
-        "UPDATE dispatches SET state = 'finished', finished_at_ns = ?2, worker = NULL, \
-         parked_reason = NULL, not_before_ns = NULL, outcome_kind = ?3, outcome_output = ?4, \
-         outcome_message = ?5, outcome_retryable = ?6, outcome_reason = ?7, \
-         outcome_attempts = ?8 WHERE id = ?1",
-    )?
-    .execute(params![
-        id.as_str(),
-        to_nanos(at),
-        outcome.kind,
-        outcome.output.as_ref(),
-        outcome.message,
-        outcome.retryable,
-        outcome.reason,
-        outcome.attempts,
-    ])?;
-    backlog.remove(&namespace);
-    Ok(Completion::Recorded)
+    first
+        .into_record()
+        .map(Completion::AlreadyFinished)
+        .map_err(|column| {
+            StepError::Refused(DispatchStoreError::Unavailable {
+                detail: format!("dispatch {:?}: column {column} cannot be read", id.as_str()),
+            })
+        })
 }

@@ -12,9 +12,10 @@ use switchyard_core::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchStore, DispatchStoreError,
     NewDispatch, OutcomeRecord, Recorded, StoredDispatch, WorkerId,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::backlog::Backlog;
+use crate::inbox::Inbox;
 use crate::lock::{LockHolder, StoreLock};
 use crate::open_error::OpenError;
 use crate::ops::{Answer, Limits, Op};
@@ -36,8 +37,10 @@ const PURGE_CHUNK: u64 = 4096;
 /// Opening takes `<path>.lock` (held until the store is dropped or the process dies), so a
 /// second gateway on the same file is refused with the first one's pid, host and start time.
 /// `record` and `complete` return after their batch committed, fsynced as
-/// [`SqliteOptions::synchronous`] says; `park`, `claim` and `release` go through the same
-/// writer. `extend` does nothing: a claim here lasts until its dispatch is completed or
+/// [`SqliteOptions::synchronous`] says; `park`, `claim` and `release` are notes that return
+/// once queued on the same writer (committed in order with the writes sent before and after
+/// them, lost only by a crash, as [`DispatchStore`] allows). A read first waits for every
+/// write sent before it to be committed, so it sees them. `extend` does nothing: a claim here lasts until its dispatch is completed or
 /// released, and a restart is what ends the claims of a dead gateway.
 ///
 /// Dropping the store waits for the writer to commit what it holds. Commits happen on the
@@ -78,8 +81,8 @@ const PURGE_CHUNK: u64 = 4096;
 /// ```
 pub struct SqliteStore {
     path: PathBuf,
-    /// `None` once dropping: closing it stops the writer.
-    commands: Option<mpsc::Sender<Command>>,
+    /// The writer's commands; closing it stops the writer.
+    inbox: Arc<Inbox>,
     writer: Option<JoinHandle<()>>,
     readers: Arc<Readers>,
     commits: Arc<AtomicU64>,
@@ -113,14 +116,17 @@ impl SqliteStore {
                 max_queued_per_namespace: options.max_queued_per_namespace,
                 max_bytes: options.max_bytes,
             },
-            policy,
             path: display.clone(),
             commits: Arc::clone(&commits),
         };
-        let (commands, receiver) = mpsc::channel(policy.max_batch.saturating_mul(QUEUED_BATCHES));
+        let inbox = Arc::new(Inbox::new(
+            policy.max_batch.saturating_mul(QUEUED_BATCHES),
+            policy,
+        ));
+        let taken = Arc::clone(&inbox);
         let writer = std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || writer.run(receiver))
+            .spawn(move || writer.run(&taken))
             .map_err(|err| OpenError::Failed {
                 path: display,
                 detail: format!("cannot start the writer thread: {err}"),
@@ -128,7 +134,7 @@ impl SqliteStore {
         Ok(Self {
             readers: Arc::new(Readers::new(path.clone())),
             path,
-            commands: Some(commands),
+            inbox,
             writer: Some(writer),
             commits,
             lock,
@@ -150,20 +156,37 @@ impl SqliteStore {
         self.commits.load(Ordering::Relaxed)
     }
 
+    fn stopped(&self) -> DispatchStoreError {
+        DispatchStoreError::Unavailable {
+            detail: format!("the writer of store {} has stopped", self.path.display()),
+        }
+    }
+
     /// Sends `op` to the writer and waits for its reply, which comes after its batch commits.
     async fn write(&self, op: Op) -> Result<Answer, DispatchStoreError> {
-        let stopped = || DispatchStoreError::Unavailable {
-            detail: format!("the writer of store {} has stopped", self.path.display()),
-        };
-        let commands = self.commands.as_ref().ok_or_else(stopped)?;
         let (reply, answer) = oneshot::channel();
         let command = Command {
             op,
-            reply,
+            reply: Some(reply),
             sent: Instant::now(),
         };
-        commands.send(command).await.map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        self.inbox.send(command).await.map_err(|_| self.stopped())?;
+        answer.await.map_err(|_| self.stopped())?
+    }
+
+    /// Queues the state note `op` for the writer without waiting for its commit.
+    async fn note(&self, op: Op) -> Result<(), DispatchStoreError> {
+        let command = Command {
+            op,
+            reply: None,
+            sent: Instant::now(),
+        };
+        self.inbox.send(command).await.map_err(|_| self.stopped())
+    }
+
+    /// Waits until every write sent before this call is committed.
+    async fn settled(&self) -> Result<(), DispatchStoreError> {
+        self.write_done(Op::Barrier).await
     }
 
     async fn write_done(&self, op: Op) -> Result<(), DispatchStoreError> {
@@ -192,7 +215,7 @@ impl DispatchStore for SqliteStore {
     }
 
     async fn park(&self, id: &DispatchId, reason: &str) -> Result<(), DispatchStoreError> {
-        self.write_done(Op::Park {
+        self.note(Op::Park {
             id: id.clone(),
             reason: reason.to_owned(),
         })
@@ -205,7 +228,7 @@ impl DispatchStore for SqliteStore {
         worker: WorkerId,
         attempt: u32,
     ) -> Result<(), DispatchStoreError> {
-        self.write_done(Op::Claim {
+        self.note(Op::Claim {
             id: id.clone(),
             worker,
             attempt,
@@ -236,7 +259,7 @@ impl DispatchStore for SqliteStore {
 
     async fn release(&self, id: &DispatchId, delay: Duration) -> Result<(), DispatchStoreError> {
         let not_before = (!delay.is_zero()).then(|| SystemTime::now() + delay);
-        self.write_done(Op::Release {
+        self.note(Op::Release {
             id: id.clone(),
             not_before,
         })
@@ -244,10 +267,12 @@ impl DispatchStore for SqliteStore {
     }
 
     async fn unfinished(&self) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+        self.settled().await?;
         self.readers.run(reads::unfinished).await
     }
 
     async fn get(&self, id: &DispatchId) -> Result<Option<StoredDispatch>, DispatchStoreError> {
+        self.settled().await?;
         let id = id.clone();
         self.readers.run(move |conn| reads::get(conn, &id)).await
     }
@@ -256,6 +281,7 @@ impl DispatchStore for SqliteStore {
         &self,
         filter: &DispatchFilter,
     ) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
+        self.settled().await?;
         let filter = filter.clone();
         self.readers
             .run(move |conn| reads::list(conn, &filter))
@@ -263,6 +289,7 @@ impl DispatchStore for SqliteStore {
     }
 
     async fn census(&self, now: SystemTime) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
+        self.settled().await?;
         self.readers.run(move |conn| reads::census(conn, now)).await
     }
 
@@ -297,7 +324,7 @@ impl fmt::Debug for SqliteStore {
 
 impl Drop for SqliteStore {
     fn drop(&mut self) {
-        self.commands = None;
+        self.inbox.close();
         if let Some(writer) = self.writer.take() {
             // The writer drains the closed channel, commits and closes its connection; the
             // lock is released only after, so a next opener never meets a live writer.

@@ -1,10 +1,10 @@
 //! The writer thread: the one connection that writes, committing commands in batches.
 //!
-//! Group commit: the writer takes the first command, then more until it holds `max_batch` or
-//! `max_delay` has passed since the first was sent, applies them all in one transaction and
-//! commits it (one fsync), and only then replies to each. Under load the commands that arrive
-//! while a batch commits form the next one, so a batch costs one fsync however many
-//! submitters share it.
+//! Group commit: the writer takes every command queued (at most `max_batch`; with a
+//! `max_delay`, it first waits that long after the first was sent for more), applies them all
+//! in one transaction and commits it (one fsync), and only then replies to those that wait
+//! for a reply. Under load the commands that arrive while a batch commits form the next one,
+//! so a batch costs one fsync however many submitters share it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode};
 use switchyard_core::DispatchStoreError;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::backlog::Backlog;
-use crate::ops::{Answer, Limits, Op, StepError};
+use crate::inbox::Inbox;
+use crate::ops::{Answer, Limits, Op, StepError, StoreSize};
 use crate::schema;
 
 /// The reply to one command.
@@ -25,7 +26,8 @@ pub(crate) type Reply = Result<Answer, DispatchStoreError>;
 #[derive(Debug)]
 pub(crate) struct Command {
     pub(crate) op: Op,
-    pub(crate) reply: oneshot::Sender<Reply>,
+    /// Where the answer goes; `None` for a note nobody waits on.
+    pub(crate) reply: Option<oneshot::Sender<Reply>>,
     /// When it was sent: the batch's delay counts from its first command's.
     pub(crate) sent: Instant,
 }
@@ -39,12 +41,12 @@ pub(crate) struct BatchPolicy {
 
 impl BatchPolicy {
     /// Gathering stops with `len` commands in hand.
-    fn is_full(self, len: usize) -> bool {
+    pub(crate) fn is_full(self, len: usize) -> bool {
         len >= self.max_batch.max(1)
     }
 
     /// Gathering stops at this instant, for a batch whose first command was sent at `first`.
-    fn deadline(self, first: Instant) -> Instant {
+    pub(crate) fn deadline(self, first: Instant) -> Instant {
         first + self.max_delay
     }
 }
@@ -54,7 +56,6 @@ pub(crate) struct Writer {
     pub(crate) conn: Connection,
     pub(crate) backlog: Backlog,
     pub(crate) limits: Limits,
-    pub(crate) policy: BatchPolicy,
     /// The store's file, for `DiskFull`.
     pub(crate) path: String,
     /// Transactions committed, shared with the store.
@@ -62,47 +63,24 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Serves commands until every sender is gone; the connection closes on return.
-    pub(crate) fn run(mut self, mut commands: mpsc::Receiver<Command>) {
-        let runtime = match tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-        {
-            Ok(runtime) => runtime,
-            Err(err) => {
-                tracing::error!(%err, "dispatch store writer cannot start its timer");
-                return;
-            }
-        };
-        runtime.block_on(async {
-            while let Some(first) = commands.recv().await {
-                let deadline = tokio::time::Instant::from_std(self.policy.deadline(first.sent));
-                let mut batch = vec![first];
-                while !self.policy.is_full(batch.len()) {
-                    let next = match commands.try_recv() {
-                        Ok(command) => Some(command),
-                        Err(mpsc::error::TryRecvError::Empty) => {
-                            tokio::time::timeout_at(deadline, commands.recv())
-                                .await
-                                .ok()
-                                .flatten()
-                        }
-                        Err(mpsc::error::TryRecvError::Disconnected) => None,
-                    };
-                    match next {
-                        Some(command) => batch.push(command),
-                        None => break,
-                    }
-                }
-                self.commit_batch(batch);
-            }
-        });
+    /// Serves commands until the inbox is closed and empty; the connection closes on return.
+    pub(crate) fn run(mut self, inbox: &Inbox) {
+        while let Some(batch) = inbox.take() {
+            self.commit_batch(batch);
+        }
     }
 
     /// Applies `batch` in one transaction, commits, then replies to each command.
     fn commit_batch(&mut self, batch: Vec<Command>) {
-        let (ops, replies): (Vec<Op>, Vec<oneshot::Sender<Reply>>) =
+        let (ops, replies): (Vec<Op>, Vec<Option<oneshot::Sender<Reply>>>) =
             batch.into_iter().map(|c| (c.op, c.reply)).unzip();
+        if ops.iter().all(|op| matches!(op, Op::Barrier)) {
+            // Nothing to write: everything sent before these is committed already.
+            for reply in replies.into_iter().flatten() {
+                let _ = reply.send(Ok(Answer::Done));
+            }
+            return;
+        }
         let results = match self.apply(&ops) {
             Ok(results) => {
                 self.backlog.commit();
@@ -117,16 +95,26 @@ impl Writer {
             }
         };
         for (reply, result) in replies.into_iter().zip(results) {
-            // A caller that stopped waiting needs no answer.
-            let _ = reply.send(result);
+            match reply {
+                // A caller that stopped waiting needs no answer.
+                Some(reply) => {
+                    let _ = reply.send(result);
+                }
+                None => {
+                    if let Err(err) = result {
+                        tracing::debug!(%err, "dispatch state note not written");
+                    }
+                }
+            }
         }
     }
 
     fn apply(&mut self, ops: &[Op]) -> rusqlite::Result<Vec<Reply>> {
         let tx = schema::begin_batch(&mut self.conn)?;
         let mut results = Vec::with_capacity(ops.len());
+        let mut size = StoreSize::default();
         for op in ops {
-            match op.apply(&tx, &mut self.backlog, self.limits) {
+            match op.apply(&tx, &mut self.backlog, &mut size, self.limits) {
                 Ok(answer) => results.push(Ok(answer)),
                 Err(StepError::Refused(refusal)) => results.push(Err(refusal)),
                 Err(StepError::Sql(err)) => return Err(err),
@@ -170,10 +158,6 @@ mod tests {
                 max_queued_per_namespace,
                 max_bytes: 1 << 30,
             },
-            policy: BatchPolicy {
-                max_batch: 16,
-                max_delay: Duration::ZERO,
-            },
             path: path.display().to_string(),
             commits: Arc::new(AtomicU64::new(0)),
         }
@@ -182,6 +166,7 @@ mod tests {
     fn record(namespace: &str) -> (Command, oneshot::Receiver<Reply>) {
         let now = SystemTime::now();
         let (reply, answer) = oneshot::channel();
+        let reply = Some(reply);
         let op = Op::Record(NewDispatch {
             id: DispatchId::generate(),
             namespace: namespace.into(),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -85,7 +85,12 @@ pub enum LookupError {
 /// Whether `caller` may read and cancel `dispatch`: its submitting principal, or an operator
 /// (or admin) granted its namespace.
 pub(super) fn may_see(caller: &CallerIdentity, dispatch: &NewDispatch) -> bool {
-    dispatch.principal == caller.principal || caller.operates(&dispatch.namespace)
+    owns(caller, &dispatch.principal, &dispatch.namespace)
+}
+
+/// The rule of [`may_see`], on a dispatch's principal and namespace.
+fn owns(caller: &CallerIdentity, principal: &str, namespace: &str) -> bool {
+    principal == caller.principal || caller.operates(namespace)
 }
 
 /// What the handles and the drivers share.
@@ -117,37 +122,57 @@ impl Shared {
         tokio::spawn(drive(running, row, live, resumed));
     }
 
-    /// Records `dispatch` and starts its driver (none after a shutdown: it runs at the next
-    /// start).
-    async fn record(
+    /// Records `dispatch`, tells `submitted` how that went, then drives it on this task
+    /// (not after a shutdown: it runs at the next start).
+    async fn record_and_drive(
         self: Arc<Self>,
         dispatch: NewDispatch,
-    ) -> Result<Submitted, DispatchStoreError> {
+        submitted: oneshot::Sender<Result<Submitted, DispatchStoreError>>,
+    ) {
         // Tracked before it is recorded: whoever learns the id (this caller, or another one
         // repeating its idempotency key) finds a live dispatch to wait on.
-        let live = (!self.stopping.is_cancelled()).then(|| self.live.insert(dispatch.id.clone()));
+        let live = (!self.stopping.is_cancelled()).then(|| {
+            self.live.insert(
+                dispatch.id.clone(),
+                &dispatch.principal,
+                &dispatch.namespace,
+            )
+        });
         let id = match self.store.record(dispatch.clone()).await {
             Ok(Recorded::New(id)) => id,
             refused_or_existing => {
                 if live.is_some() {
                     self.live.finish(&dispatch.id, None);
                 }
-                let id = refused_or_existing?.id().clone();
-                return Ok(Submitted { id, existing: true });
+                let answer = refused_or_existing.map(|recorded| Submitted {
+                    id: recorded.id().clone(),
+                    existing: true,
+                });
+                let _ = submitted.send(answer);
+                return;
             }
         };
-        if let Some(live) = live {
-            let row = StoredDispatch {
-                dispatch,
-                state: DispatchState::Queued { not_before: None },
-                attempts: 0,
-            };
-            self.spawn_driver(row, live, false);
-        }
-        Ok(Submitted {
+        let Some(live) = live else {
+            let _ = submitted.send(Ok(Submitted {
+                id,
+                existing: false,
+            }));
+            return;
+        };
+        // Counted before the caller hears of it, as a spawned driver would be.
+        self.drivers.send_modify(|n| *n += 1);
+        let running = DriverRunning(Arc::clone(&self));
+        // A caller that went away still has its dispatch driven.
+        let _ = submitted.send(Ok(Submitted {
             id,
             existing: false,
-        })
+        }));
+        let row = StoredDispatch {
+            dispatch,
+            state: DispatchState::Queued { not_before: None },
+            attempts: 0,
+        };
+        drive(running, row, live, false).await;
     }
 
     /// Hands `id`'s recorded outcome to its waiters and its principal's watchers (`None`:
@@ -249,7 +274,8 @@ impl DurableDispatcher {
         let resumed: Vec<_> = unfinished
             .into_iter()
             .map(|row| {
-                let live = shared.live.insert(row.dispatch.id.clone());
+                let d = &row.dispatch;
+                let live = shared.live.insert(d.id.clone(), &d.principal, &d.namespace);
                 (row, live)
             })
             .collect();
@@ -291,15 +317,19 @@ impl DurableDispatcher {
         };
         let span = tracing::debug_span!("durable_submit", dispatch_id = %dispatch.id,
             namespace = %dispatch.namespace);
-        // On its own task: a caller that goes away while the store commits must not leave a
-        // recorded dispatch without its driver.
+        // On its own task, which then drives it: a caller that goes away while the store
+        // commits must not leave a recorded dispatch without its driver.
         let shared = Arc::clone(&self.shared);
-        let submitting =
-            tokio::spawn(async move { shared.record(dispatch).await }.instrument(span));
-        match submitting.await {
+        let (submitted, answer) = oneshot::channel();
+        tokio::spawn(
+            shared
+                .record_and_drive(dispatch, submitted)
+                .instrument(span),
+        );
+        match answer.await {
             Ok(submitted) => Ok(submitted?),
-            Err(error) => Err(SubmitError::Store(DispatchStoreError::Unavailable {
-                detail: format!("the submission ended before it was recorded: {error}"),
+            Err(_) => Err(SubmitError::Store(DispatchStoreError::Unavailable {
+                detail: "the submission ended before it was recorded".to_owned(),
             })),
         }
     }
@@ -324,14 +354,26 @@ impl DurableDispatcher {
         id: &DispatchId,
         wait: Duration,
     ) -> Result<Option<ActivityOutcome>, LookupError> {
-        let row = self.visible(caller, id).await?;
-        if let Some(outcome) = finished(&row)? {
-            return Ok(Some(outcome));
-        }
-        let Some(live) = self.shared.live.get(id) else {
-            // Its driver ended between the read and now, or none runs (after a shutdown).
-            let row = self.visible(caller, id).await?;
-            return finished(&row);
+        // A dispatch running here is waited on without reading the store: its driver announces
+        // the outcome only once it is recorded.
+        let live = match self.shared.live.get(id) {
+            Some(live) if owns(caller, &live.principal, &live.namespace) => live,
+            Some(_) => return Err(LookupError::NotFound { id: id.clone() }),
+            None => {
+                let row = self.visible(caller, id).await?;
+                if let Some(outcome) = finished(&row)? {
+                    return Ok(Some(outcome));
+                }
+                match self.shared.live.get(id) {
+                    Some(live) => live,
+                    // Its driver ended between the read and now, or none runs (after a
+                    // shutdown).
+                    None => {
+                        let row = self.visible(caller, id).await?;
+                        return finished(&row);
+                    }
+                }
+            }
         };
         let mut outcome = live.outcome();
         drop(live);

@@ -16,6 +16,10 @@ use crate::registry::shrink_after_drain;
 pub(super) struct Live {
     /// Fired by a cancel: the dispatch ends `Cancelled`.
     pub(super) cancel: CancellationToken,
+    /// The submitting principal, who may see it (with the namespace's operators).
+    pub(super) principal: String,
+    /// Its namespace.
+    pub(super) namespace: String,
     /// Parked or running, as the driver last heard from the dispatcher.
     state: Mutex<Option<DispatchState>>,
     /// The recorded outcome, once there is one.
@@ -23,9 +27,11 @@ pub(super) struct Live {
 }
 
 impl Live {
-    fn new() -> Self {
+    fn new(principal: String, namespace: String) -> Self {
         Self {
             cancel: CancellationToken::new(),
+            principal,
+            namespace,
             state: Mutex::new(None),
             outcome: watch::Sender::new(None),
         }
@@ -62,9 +68,10 @@ impl LiveBook {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts tracking `id` (before its driver runs, so a cancel never misses it).
-    pub(super) fn insert(&self, id: DispatchId) -> Arc<Live> {
-        let live = Arc::new(Live::new());
+    /// Starts tracking `id`, submitted by `principal` in `namespace` (before its driver runs,
+    /// so a cancel never misses it).
+    pub(super) fn insert(&self, id: DispatchId, principal: &str, namespace: &str) -> Arc<Live> {
+        let live = Arc::new(Live::new(principal.to_owned(), namespace.to_owned()));
         self.lock().insert(id, Arc::clone(&live));
         live
     }

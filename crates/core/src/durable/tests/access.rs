@@ -1,5 +1,6 @@
 //! Who sees, cancels and watches a durable dispatch; cancel; what `get` reports.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::delivery::{CancelReason, WorkerMessage};
@@ -237,5 +238,53 @@ async fn a_dispatch_submitted_after_shutdown_is_recorded_and_its_cancel_recorded
     assert_eq!(
         gw.durable.await_outcome(&alice, &id, Duration::ZERO).await,
         Ok(Some(ActivityOutcome::Cancelled))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn awaiting_a_dispatch_running_here_reads_no_row_and_still_hides_it_from_others() {
+    let gw = start_slow(memory()).await;
+    let alice = producer("alice");
+    let id = gw.submit(&alice, "parked, no worker").await;
+    assert_eq!(
+        gw.durable.await_outcome(&alice, &id, Duration::ZERO).await,
+        Ok(None)
+    );
+    assert_eq!(
+        gw.durable
+            .await_outcome(&producer("bob"), &id, Duration::ZERO)
+            .await,
+        Err(LookupError::NotFound { id: id.clone() }),
+        "another principal is told nothing of a live dispatch"
+    );
+    assert_eq!(
+        gw.gets.load(Ordering::Relaxed),
+        0,
+        "a live wait read the store"
+    );
+
+    // Control: once finished, the dispatch has no live entry and its outcome is read from the
+    // store, which the counter sees.
+    assert_eq!(gw.durable.cancel(&operator("ops"), &id).await, Ok(()));
+    let before = gw.gets.load(Ordering::Relaxed);
+    let mut outcome = None;
+    for _ in 0..100 {
+        outcome = gw
+            .durable
+            .await_outcome(&alice, &id, Duration::from_secs(10))
+            .await
+            .expect("alice sees it");
+        if outcome.is_some() {
+            break;
+        }
+    }
+    assert_eq!(outcome, Some(ActivityOutcome::Cancelled));
+    assert_eq!(
+        gw.durable.await_outcome(&alice, &id, Duration::ZERO).await,
+        Ok(Some(ActivityOutcome::Cancelled))
+    );
+    assert!(
+        gw.gets.load(Ordering::Relaxed) > before,
+        "a finished dispatch's outcome was not read from the store"
     );
 }

@@ -24,6 +24,8 @@ pub(super) struct Gateway {
     pub(super) durable: DurableDispatcher,
     /// Claims extended, when the store is wrapped (see [`start_slow`]).
     pub(super) extends: Arc<AtomicUsize>,
+    /// Rows read by id (`get`), when the store is wrapped.
+    pub(super) gets: Arc<AtomicUsize>,
 }
 
 pub(super) fn memory() -> Arc<MemoryDispatchStore> {
@@ -69,7 +71,9 @@ async fn start_wrapped(
 ) -> Gateway {
     let setup = fixture::setup();
     let extends = Arc::new(AtomicUsize::new(0));
+    let gets = Arc::new(AtomicUsize::new(0));
     let lagging = Arc::new(Wrapped {
+        gets: Arc::clone(&gets),
         inner: Arc::clone(&store),
         drop_notes,
         slow_record,
@@ -85,6 +89,7 @@ async fn start_wrapped(
         store,
         durable,
         extends,
+        gets,
     }
 }
 
@@ -105,6 +110,7 @@ async fn start_on_with(
         store,
         durable,
         extends: Arc::default(),
+        gets: Arc::default(),
     }
 }
 
@@ -184,6 +190,7 @@ struct Wrapped {
     /// Claims never finish.
     stall_claims: bool,
     extends: Arc<AtomicUsize>,
+    gets: Arc<AtomicUsize>,
 }
 
 #[async_trait::async_trait]
@@ -233,6 +240,7 @@ impl DispatchStore for Wrapped {
         self.inner.unfinished().await
     }
     async fn get(&self, id: &DispatchId) -> Result<Option<StoredDispatch>, DispatchStoreError> {
+        self.gets.fetch_add(1, Ordering::Relaxed);
         self.inner.get(id).await
     }
     async fn list(

@@ -1,0 +1,244 @@
+//! The writer's inbox: commands queued in order, taken by the writer a batch at a time.
+//!
+//! A sender wakes the writer only when it sleeps on an empty inbox (or waits for a batch to
+//! fill), never once per command: under load the writer finds everything queued while it
+//! committed and takes it in one go. Room is bounded; a sender waits (asynchronously) for it.
+
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use tokio::sync::Semaphore;
+
+use crate::writer::{BatchPolicy, Command};
+
+/// What the writer is blocked on, if anything: who must wake it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Waiting {
+    /// Working: nobody wakes it.
+    No,
+    /// Sleeping on an empty inbox: the next command wakes it.
+    ForAny,
+    /// Gathering a batch until its delay ends: a command that fills the batch wakes it.
+    ForFull,
+}
+
+#[derive(Debug)]
+struct State {
+    commands: Vec<Command>,
+    closed: bool,
+    waiting: Waiting,
+}
+
+/// The commands waiting for the writer.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    state: Mutex<State>,
+    wake: Condvar,
+    /// One permit per command the inbox has room for.
+    room: Semaphore,
+    policy: BatchPolicy,
+}
+
+/// The inbox was closed: the writer stopped.
+#[derive(Debug)]
+pub(crate) struct Closed;
+
+impl Inbox {
+    /// An inbox holding at most `capacity` commands, batched by `policy`.
+    pub(crate) fn new(capacity: usize, policy: BatchPolicy) -> Self {
+        Self {
+            state: Mutex::new(State {
+                commands: Vec::new(),
+                closed: false,
+                waiting: Waiting::No,
+            }),
+            wake: Condvar::new(),
+            room: Semaphore::new(capacity.max(1)),
+            policy,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is a queue and two flags, consistent after any panic.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `command` behind every command sent before it, waiting for room.
+    pub(crate) async fn send(&self, command: Command) -> Result<(), Closed> {
+        let permit = self.room.acquire().await.map_err(|_| Closed)?;
+        // Given back by the writer when it takes the command.
+        permit.forget();
+        let mut state = self.lock();
+        if state.closed {
+            return Err(Closed);
+        }
+        state.commands.push(command);
+        let wake = match state.waiting {
+            Waiting::No => false,
+            Waiting::ForAny => true,
+            Waiting::ForFull => self.policy.is_full(state.commands.len()),
+        };
+        if wake {
+            state.waiting = Waiting::No;
+            drop(state);
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Refuses further commands; the writer still takes those queued.
+    pub(crate) fn close(&self) {
+        let mut state = self.lock();
+        state.closed = true;
+        state.waiting = Waiting::No;
+        drop(state);
+        self.room.close();
+        self.wake.notify_one();
+    }
+
+    /// The next batch, blocking until there is one: `None` once closed and empty.
+    pub(crate) fn take(&self) -> Option<Vec<Command>> {
+        let mut state = self.lock();
+        while state.commands.is_empty() {
+            if state.closed {
+                return None;
+            }
+            state.waiting = Waiting::ForAny;
+            state = self
+                .wake
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if let Some(first) = state.commands.first() {
+            let deadline = self.policy.deadline(first.sent);
+            while !state.closed && !self.policy.is_full(state.commands.len()) {
+                let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                    break;
+                };
+                if left.is_zero() {
+                    break;
+                }
+                state.waiting = Waiting::ForFull;
+                state = self
+                    .wake
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+        }
+        state.waiting = Waiting::No;
+        let n = state.commands.len().min(self.policy.max_batch.max(1));
+        let batch: Vec<Command> = if n == state.commands.len() {
+            std::mem::take(&mut state.commands)
+        } else {
+            state.commands.drain(..n).collect()
+        };
+        drop(state);
+        self.room.add_permits(batch.len());
+        Some(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use switchyard_core::DispatchId;
+
+    use super::*;
+    use crate::ops::Op;
+
+    fn command() -> Command {
+        Command {
+            op: Op::Park {
+                id: DispatchId::generate(),
+                reason: "r".into(),
+            },
+            reply: None,
+            sent: Instant::now(),
+        }
+    }
+
+    fn inbox(max_batch: usize, max_delay: Duration) -> Inbox {
+        Inbox::new(
+            16,
+            BatchPolicy {
+                max_batch,
+                max_delay,
+            },
+        )
+    }
+
+    #[tokio::test]
+    async fn the_writer_takes_everything_queued_at_once_up_to_max_batch() {
+        let inbox = inbox(3, Duration::ZERO);
+        for _ in 0..5 {
+            inbox.send(command()).await.expect("send");
+        }
+        assert_eq!(
+            inbox.take().map(|b| b.len()),
+            Some(3),
+            "capped at max_batch"
+        );
+        assert_eq!(
+            inbox.take().map(|b| b.len()),
+            Some(2),
+            "the rest, in one go"
+        );
+        inbox.close();
+        assert!(inbox.take().is_none(), "closed and empty");
+        assert!(inbox.send(command()).await.is_err(), "closed to senders");
+    }
+
+    #[tokio::test]
+    async fn commands_queued_before_close_are_still_taken() {
+        let inbox = inbox(8, Duration::ZERO);
+        inbox.send(command()).await.expect("send");
+        inbox.close();
+        assert_eq!(inbox.take().map(|b| b.len()), Some(1));
+        assert!(inbox.take().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_sleeping_writer_is_woken_by_the_first_command_and_a_full_batch_ends_the_delay() {
+        let inbox = Arc::new(inbox(2, Duration::from_secs(3600)));
+        let writer = {
+            let inbox = Arc::clone(&inbox);
+            std::thread::spawn(move || inbox.take().map(|b| b.len()))
+        };
+        inbox.send(command()).await.expect("send");
+        inbox.send(command()).await.expect("send");
+        // Without the wake on a full batch this join would wait the hour's delay.
+        assert_eq!(writer.join().expect("writer thread"), Some(2));
+    }
+
+    #[tokio::test]
+    async fn room_taken_by_queued_commands_comes_back_when_the_writer_takes_them() {
+        let inbox = Inbox::new(
+            1,
+            BatchPolicy {
+                max_batch: 4,
+                max_delay: Duration::ZERO,
+            },
+        );
+        inbox.send(command()).await.expect("send");
+        let second = inbox.send(command());
+        tokio::pin!(second);
+        assert!(
+            futures_poll_once(second.as_mut()).await.is_none(),
+            "a full inbox lets a sender through"
+        );
+        assert_eq!(inbox.take().map(|b| b.len()), Some(1));
+        second.await.expect("room after the take");
+    }
+
+    /// Polls `future` once: `Some` when it finished.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(future: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            out = future => Some(out),
+            () = std::future::ready(()) => None,
+        }
+    }
+}
