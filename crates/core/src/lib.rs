@@ -18,6 +18,7 @@ mod durable;
 mod eligibility;
 mod events;
 mod handle;
+mod id_hash;
 mod liveness;
 mod metrics;
 mod namespace;
@@ -59,6 +60,7 @@ pub use durable::{
 pub use eligibility::{DispatchExclusion, Eligibility};
 pub use events::{DisconnectReason, WorkerEvent};
 pub use handle::{Core, CoreConfig};
+pub use id_hash::{IdBuildHasher, IdHasher, IdMap, IdSet};
 pub use liveness::{Liveness, LivenessConfig, LivenessTracker, TickActions};
 pub use metrics::{
     ADMISSION_LABELS, ADMISSION_REFUSALS_TOTAL, DEPARTURE_LABELS, DISPATCH_LATENCY_SECONDS,

@@ -16,13 +16,13 @@
 //! result is kept only until the gateway's acknowledgement (or the next reconcile) names it.
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
-use switchyard_core::{ActivityTask, ResumeRequest, SessionGrant, TaskId};
+use switchyard_core::{ActivityTask, IdMap, ResumeRequest, SessionGrant, TaskId};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
@@ -67,11 +67,11 @@ struct Shared {
 #[derive(Default)]
 struct KeeperState {
     /// Tasks whose handler has not finished.
-    running: HashMap<TaskId, Running>,
+    running: IdMap<TaskId, Running>,
     /// Replies finished and not yet taken by a link, in order (re-sent results first).
     ready: VecDeque<TaskReply>,
     /// Results taken by a link and not yet acknowledged, kept while `keep_unacked`.
-    unacked: HashMap<TaskId, TaskReply>,
+    unacked: IdMap<TaskId, TaskReply>,
     /// True while the connection has a session, so an unacknowledged result can be re-sent.
     keep_unacked: bool,
     /// The current link's sink, if it installed one.

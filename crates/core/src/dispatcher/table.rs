@@ -1,6 +1,6 @@
 //! Pending tasks: which worker holds what, and the one path a result takes back to its caller.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::address::WorkerId;
 use crate::delivery::{CancelReason, TaskId, TransportName, WorkerDelivery};
+use crate::id_hash::{IdMap, IdSet};
 use crate::outcome::{CompletionRefused, TaskResult};
 
 use crate::registry::{DispatchReservation, shrink_after_drain};
@@ -93,8 +94,8 @@ pub(crate) type Removed = Option<PendingTask>;
 
 #[derive(Default)]
 pub(crate) struct TaskTable {
-    pending: HashMap<TaskId, PendingTask>,
-    by_worker: HashMap<WorkerId, HashSet<TaskId>>,
+    pending: IdMap<TaskId, PendingTask>,
+    by_worker: IdMap<WorkerId, IdSet<TaskId>>,
 }
 
 impl TaskTable {

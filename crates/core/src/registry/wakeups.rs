@@ -155,7 +155,9 @@ impl Wakeups {
 }
 
 /// Gives back the memory of a map that a large drain left mostly empty.
-pub(crate) fn shrink_after_drain<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+pub(crate) fn shrink_after_drain<K: std::hash::Hash + Eq, V, S: std::hash::BuildHasher>(
+    map: &mut HashMap<K, V, S>,
+) {
     if map.capacity() > 64 && map.capacity() > map.len() * 4 {
         map.shrink_to_fit();
     }

@@ -1,12 +1,11 @@
 //! One connection of a worker: register, announce capacity, accept lanes, follow the control
 //! stream, and report how the connection ended.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use quinn::{ConnectionError, Endpoint, SendStream, VarInt};
-use switchyard_core::{ResumeRequest, ResumeSecret, SessionGrant, TaskId, WorkerId};
+use switchyard_core::{IdMap, ResumeRequest, ResumeSecret, SessionGrant, TaskId, WorkerId};
 use switchyard_proto::v1::{
     QuicCapabilities, QuicControlDown, QuicControlUp, QuicDrainReason, QuicDrainRequest,
     QuicRegister, QuicRegistered, QuicResume, quic_control_down, quic_control_up,
@@ -319,8 +318,8 @@ impl QuicConnection {
 /// known (a re-sent result whose `held` frame is still on its way).
 #[derive(Default)]
 pub(crate) struct Replies {
-    routes: HashMap<TaskId, Route>,
-    waiting: HashMap<TaskId, TaskReply>,
+    routes: IdMap<TaskId, Route>,
+    waiting: IdMap<TaskId, TaskReply>,
 }
 
 impl Replies {

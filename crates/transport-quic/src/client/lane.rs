@@ -2,12 +2,11 @@
 //! worker's keeper (straight from the lane's task), answers pings at once, and carries the
 //! replies of its tasks.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use prost::Message;
 use quinn::{Connection, RecvStream, SendStream};
-use switchyard_core::{TaskId, TaskResult};
+use switchyard_core::{IdMap, TaskId, TaskResult};
 use switchyard_proto::v1::{
     Failure, QuicCancel, QuicCancelAck, QuicDatagramDown, QuicDatagramUp, QuicLaneDown, QuicLaneUp,
     QuicPing, QuicPong, QuicResult, QuicTask, quic_lane_down, quic_lane_up, quic_result,
@@ -34,7 +33,7 @@ type TaskCopy = (u64, QuicTask);
 
 /// Routes datagram copies of tasks to the lanes being served, and counts them.
 pub(crate) struct LaneCopyRouter {
-    lanes: Mutex<HashMap<u64, mpsc::Sender<TaskCopy>>>,
+    lanes: Mutex<IdMap<u64, mpsc::Sender<TaskCopy>>>,
     counters: Arc<RedundancyCounters>,
 }
 
@@ -46,7 +45,7 @@ impl LaneCopyRouter {
         }
     }
 
-    fn lanes(&self) -> MutexGuard<'_, HashMap<u64, mpsc::Sender<TaskCopy>>> {
+    fn lanes(&self) -> MutexGuard<'_, IdMap<u64, mpsc::Sender<TaskCopy>>> {
         // Map operations cannot panic part-way.
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -12,10 +12,10 @@
 //! taken from a datagram whose lane copy is still due, and [`LaneTable::finish`] recognises
 //! that copy as a duplicate, even after the lane was retired.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use bytes::Bytes;
-use switchyard_core::{DeliveryError, TaskId};
+use switchyard_core::{DeliveryError, IdMap, TaskId};
 
 use crate::redundancy::MAX_ECHOES;
 
@@ -101,13 +101,13 @@ struct Lane<S> {
 
 /// The lane bookkeeping of one connection.
 pub(crate) struct LaneTable<S> {
-    lanes: HashMap<LaneId, Lane<S>>,
+    lanes: IdMap<LaneId, Lane<S>>,
     /// Every lane in opening order, for ping rotation.
     order: Vec<LaneId>,
     idle: Vec<LaneId>,
-    by_task: HashMap<TaskId, LaneId>,
+    by_task: IdMap<TaskId, LaneId>,
     /// The echoes of retired lanes, until their lane copies are read or the reader ends.
-    retired_echoes: HashMap<LaneId, VecDeque<TaskId>>,
+    retired_echoes: IdMap<LaneId, VecDeque<TaskId>>,
     target: usize,
     ping_cursor: usize,
     draining: bool,
@@ -118,11 +118,11 @@ impl<S: LaneSink> LaneTable<S> {
     /// An empty table wanting `target` lanes.
     pub(crate) fn new(target: u32) -> Self {
         Self {
-            lanes: HashMap::new(),
+            lanes: IdMap::default(),
             order: Vec::new(),
             idle: Vec::new(),
-            by_task: HashMap::new(),
-            retired_echoes: HashMap::new(),
+            by_task: IdMap::default(),
+            retired_echoes: IdMap::default(),
             target: target as usize,
             ping_cursor: 0,
             draining: false,
