@@ -143,6 +143,25 @@ async fn get(client: &mut ApiClient, id: &str) -> Result<pb::DispatchInfo, tonic
         .map(|reply| reply.into_inner().dispatch.expect("a dispatch"))
 }
 
+/// The gateway started again on `config`'s store, with a scripted transport for its workers
+/// and a client of `token`'s principal.
+async fn restart(
+    config: GatewayConfig,
+    ca: &str,
+    token: Option<&str>,
+) -> (Gateway, ScriptedTransport, ApiClient) {
+    let scripted = ScriptedTransport::default();
+    let gateway = Gateway::builder(config)
+        .transport(scripted.clone())
+        .start()
+        .await
+        .expect("restarts on the same store");
+    let client = api_client_at(gateway.addr("grpc").unwrap(), ca, token)
+        .await
+        .unwrap();
+    (gateway, scripted, client)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submission_runs_and_its_outcome_is_read_from_another_connection() {
     let (gateway, scripted) = gateway(|_| {}).await;
@@ -578,15 +597,7 @@ async fn a_gateway_restarted_on_the_same_store_finishes_what_the_first_queued() 
     drop(a);
     first.shutdown().await;
 
-    let scripted = ScriptedTransport::default();
-    let second = Gateway::builder(config())
-        .transport(scripted.clone())
-        .start()
-        .await
-        .expect("restarts on the same store");
-    let mut a = api_client_at(second.addr("grpc").unwrap(), &ca, token)
-        .await
-        .unwrap();
+    let (second, scripted, mut a) = restart(config(), &ca, token).await;
     // Control: before a worker arrives it is still waiting, not lost and not finished.
     let info = get(&mut a, &id).await.unwrap();
     assert!(!matches!(info.state, Some(State::Finished(_))), "{info:?}");
@@ -634,15 +645,7 @@ async fn a_dispatch_running_at_shutdown_is_not_ended_and_runs_again_after_the_re
     // The drain timeout passes with the task still held: core ends it `shutting_down`.
     first.shutdown().await;
 
-    let scripted = ScriptedTransport::default();
-    let second = Gateway::builder(config())
-        .transport(scripted.clone())
-        .start()
-        .await
-        .expect("restarts on the same store");
-    let mut a = api_client_at(second.addr("grpc").unwrap(), &ca, token)
-        .await
-        .unwrap();
+    let (second, scripted, mut a) = restart(config(), &ca, token).await;
     let info = get(&mut a, &id).await.unwrap();
     assert!(
         !matches!(info.state, Some(State::Finished(_))),
