@@ -13,6 +13,7 @@
 
 mod backlog;
 mod codec;
+mod fold;
 mod inbox;
 mod lock;
 mod open_error;

@@ -78,17 +78,19 @@ impl From<rusqlite::Error> for StepError {
 }
 
 impl Op {
-    /// Applies the write inside the open transaction `conn`.
+    /// Applies the write inside the open transaction `conn`; a `complete` also raises the
+    /// row's attempt count to `claimed` (the claims of its batch it superseded).
     pub(crate) fn apply(
         &self,
         conn: &Connection,
         backlog: &mut Backlog,
         size: &mut StoreSize,
         limits: Limits,
+        claimed: u32,
     ) -> Result<Answer, StepError> {
         match self {
             Self::Record(dispatch) => {
-                record(conn, backlog, size, limits, dispatch).map(Answer::Recorded)
+                record(conn, backlog, size, limits, dispatch, None).map(Answer::Recorded)
             }
             Self::Barrier => Ok(Answer::Done),
             Self::Park { id, reason } => {
@@ -121,7 +123,7 @@ impl Op {
                 Ok(Answer::Done)
             }
             Self::Complete { id, outcome, at } => {
-                complete(conn, backlog, id, outcome, *at).map(Answer::Completion)
+                complete(conn, backlog, id, outcome, *at, claimed).map(Answer::Completion)
             }
             Self::Purge {
                 finished_before,
@@ -139,12 +141,38 @@ impl Op {
     }
 }
 
-fn record(
+/// A record's outcome, when its `complete` is in the same batch: the row is inserted finished.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Finished<'a> {
+    pub(crate) outcome: &'a OutcomeRecord,
+    pub(crate) at: SystemTime,
+    /// The highest attempt its batch's claims gave.
+    pub(crate) attempts: u32,
+}
+
+impl<'a> Finished<'a> {
+    /// The outcome of `op`, a `complete`, with `attempts` claimed; `None` for another write.
+    pub(crate) fn of(op: &'a Op, attempts: u32) -> Option<Self> {
+        match op {
+            Op::Complete { outcome, at, .. } => Some(Self {
+                outcome,
+                at: *at,
+                attempts,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Records `dispatch`, inserted finished with `finished` (its backlog then unchanged), checking
+/// the idempotency key and the bounds as any record.
+pub(crate) fn record(
     conn: &Connection,
     backlog: &mut Backlog,
     size: &mut StoreSize,
     limits: Limits,
     dispatch: &NewDispatch,
+    finished: Option<Finished<'_>>,
 ) -> Result<Recorded, StepError> {
     if let Some(key) = &dispatch.idempotency_key {
         check_idempotency_key(key).map_err(StepError::Refused)?;
@@ -178,30 +206,68 @@ fn record(
             limit: limits.max_bytes,
         }));
     }
-    let inserted = conn
-        .prepare_cached(
-            "INSERT INTO dispatches (id, namespace, task_queue, activity_type, node, input, \
-             principal, idempotency_key, submitted_at_ns, deadline_ns, state) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'queued') \
-             ON CONFLICT (id) DO NOTHING",
-        )?
-        .execute(params![
-            dispatch.id.as_str(),
-            dispatch.namespace,
-            dispatch.task_queue,
-            dispatch.activity_type,
-            dispatch.node,
-            dispatch.input.as_ref(),
-            dispatch.principal,
-            dispatch.idempotency_key,
-            to_nanos(dispatch.submitted_at),
-            to_nanos(dispatch.deadline),
-        ])?;
+    let inserted = match finished {
+        None => conn
+            .prepare_cached(
+                "INSERT INTO dispatches (id, namespace, task_queue, activity_type, node, input, \
+                 principal, idempotency_key, submitted_at_ns, deadline_ns, state) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'queued') \
+                 ON CONFLICT (id) DO NOTHING",
+            )?
+            .execute(params![
+                dispatch.id.as_str(),
+                dispatch.namespace,
+                dispatch.task_queue,
+                dispatch.activity_type,
+                dispatch.node,
+                dispatch.input.as_ref(),
+                dispatch.principal,
+                dispatch.idempotency_key,
+                to_nanos(dispatch.submitted_at),
+                to_nanos(dispatch.deadline),
+            ])?,
+        Some(Finished {
+            outcome,
+            at,
+            attempts,
+        }) => conn
+            .prepare_cached(
+                "INSERT INTO dispatches (id, namespace, task_queue, activity_type, node, input, \
+                 principal, idempotency_key, submitted_at_ns, deadline_ns, state, attempts, \
+                 finished_at_ns, outcome_kind, outcome_output, outcome_message, \
+                 outcome_retryable, outcome_reason, outcome_attempts) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'finished', ?11, ?12, ?13, \
+                 ?14, ?15, ?16, ?17, ?18) \
+                 ON CONFLICT (id) DO NOTHING",
+            )?
+            .execute(params![
+                dispatch.id.as_str(),
+                dispatch.namespace,
+                dispatch.task_queue,
+                dispatch.activity_type,
+                dispatch.node,
+                dispatch.input.as_ref(),
+                dispatch.principal,
+                dispatch.idempotency_key,
+                to_nanos(dispatch.submitted_at),
+                to_nanos(dispatch.deadline),
+                attempts,
+                to_nanos(at),
+                outcome.kind,
+                outcome.output.as_ref(),
+                outcome.message,
+                outcome.retryable,
+                outcome.reason,
+                outcome.attempts,
+            ])?,
+    };
     if inserted == 0 {
         // The same id recorded again (a caller retrying after losing the reply).
         return Ok(Recorded::Existing(dispatch.id.clone()));
     }
-    backlog.add(&dispatch.namespace);
+    if finished.is_none() {
+        backlog.add(&dispatch.namespace);
+    }
     size.add(input);
     Ok(Recorded::New(dispatch.id.clone()))
 }
@@ -249,6 +315,7 @@ fn complete(
     id: &DispatchId,
     outcome: &OutcomeRecord,
     at: SystemTime,
+    claimed: u32,
 ) -> Result<Completion, StepError> {
     // The common case, an unfinished row, in one statement; the row is read only when the
     // update finds none to finish.
@@ -257,7 +324,7 @@ fn complete(
             "UPDATE dispatches SET state = 'finished', finished_at_ns = ?2, worker = NULL, \
              parked_reason = NULL, not_before_ns = NULL, outcome_kind = ?3, \
              outcome_output = ?4, outcome_message = ?5, outcome_retryable = ?6, \
-             outcome_reason = ?7, outcome_attempts = ?8 \
+             outcome_reason = ?7, outcome_attempts = ?8, attempts = max(attempts, ?9) \
              WHERE id = ?1 AND state <> 'finished' RETURNING namespace",
         )?
         .query_row(
@@ -270,6 +337,7 @@ fn complete(
                 outcome.retryable,
                 outcome.reason,
                 outcome.attempts,
+                claimed,
             ],
             |row| row.get(0),
         )

@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode};
-use switchyard_core::DispatchStoreError;
+use switchyard_core::{Completion, DispatchStoreError, Recorded};
 use tokio::sync::oneshot;
 
 use crate::backlog::Backlog;
+use crate::fold::{Plan, Step};
 use crate::inbox::Inbox;
-use crate::ops::{Answer, Limits, Op, StepError, StoreSize};
+use crate::ops::{self, Answer, Finished, Limits, Op, StepError, StoreSize};
 use crate::schema;
 
 /// The reply to one command.
@@ -111,10 +112,31 @@ impl Writer {
 
     fn apply(&mut self, ops: &[Op]) -> rusqlite::Result<Vec<Reply>> {
         let tx = schema::begin_batch(&mut self.conn)?;
+        let plan = Plan::new(ops);
         let mut results = Vec::with_capacity(ops.len());
+        // Per command: a record that inserted its row finished.
+        let mut inserted_finished = vec![false; ops.len()];
         let mut size = StoreSize::default();
-        for op in ops {
-            match op.apply(&tx, &mut self.backlog, &mut size, self.limits) {
+        for (i, op) in ops.iter().enumerate() {
+            let (backlog, limits) = (&mut self.backlog, self.limits);
+            let step = match (plan.step(i), op) {
+                (Step::Superseded, _) => Ok(Answer::Done),
+                (Step::RecordFinished { complete }, Op::Record(dispatch)) => {
+                    let finished = ops
+                        .get(complete)
+                        .and_then(|op| Finished::of(op, plan.claimed(complete)));
+                    let recorded = ops::record(&tx, backlog, &mut size, limits, dispatch, finished);
+                    if let Ok(Recorded::New(_)) = &recorded {
+                        inserted_finished[i] = finished.is_some();
+                    }
+                    recorded.map(Answer::Recorded)
+                }
+                (Step::CompleteFolded { record }, _) if inserted_finished[record] => {
+                    Ok(Answer::Completion(Completion::Recorded))
+                }
+                _ => op.apply(&tx, backlog, &mut size, limits, plan.claimed(i)),
+            };
+            match step {
                 Ok(answer) => results.push(Ok(answer)),
                 Err(StepError::Refused(refusal)) => results.push(Err(refusal)),
                 Err(StepError::Sql(err)) => return Err(err),
@@ -218,6 +240,162 @@ mod tests {
         );
         assert_eq!(rows(&writer), 2);
         assert_eq!(writer.backlog.unfinished("ns"), 2);
+    }
+
+    fn command(op: Op) -> (Command, oneshot::Receiver<Reply>) {
+        let (reply, answer) = oneshot::channel();
+        let sent = Instant::now();
+        (
+            Command {
+                op,
+                reply: Some(reply),
+                sent,
+            },
+            answer,
+        )
+    }
+
+    fn finish(id: &DispatchId) -> Op {
+        Op::Complete {
+            id: id.clone(),
+            outcome: switchyard_core::OutcomeRecord {
+                kind: "completed".into(),
+                output: Bytes::from_static(b"out"),
+                message: String::new(),
+                retryable: false,
+                reason: String::new(),
+                attempts: 0,
+            },
+            at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(9),
+        }
+    }
+
+    /// The columns of `id`'s row that a record, its claims and its complete decide.
+    fn row_of(
+        writer: &Writer,
+        id: &DispatchId,
+    ) -> (String, i64, Option<i64>, Option<String>, Option<Vec<u8>>) {
+        writer
+            .conn
+            .query_row(
+                "SELECT state, attempts, finished_at_ns, outcome_kind, outcome_output \
+                 FROM dispatches WHERE id = ?1",
+                [id.as_str()],
+                |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                    ))
+                },
+            )
+            .expect("row")
+    }
+
+    fn id_of(command: &Command) -> DispatchId {
+        match &command.op {
+            Op::Record(dispatch) => dispatch.id.clone(),
+            other => panic!("not a record: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_record_claimed_and_completed_in_one_batch_is_one_finished_row_like_three_batches_give() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut writer = writer(dir.path(), 10);
+        let claim = |id: &DispatchId| Op::Claim {
+            id: id.clone(),
+            worker: switchyard_core::WorkerId::from_raw(3),
+            attempt: 2,
+        };
+
+        let changes = |writer: &Writer| -> i64 {
+            writer
+                .conn
+                .query_row("SELECT total_changes()", [], |row| row.get(0))
+                .expect("total_changes")
+        };
+
+        // One batch: record, claim, complete.
+        let before = changes(&writer);
+        let (rec, rec_answer) = record("ns");
+        let folded = id_of(&rec);
+        let (cl, _) = command(claim(&folded));
+        let (done, done_answer) = command(finish(&folded));
+        writer.commit_batch(vec![rec, cl, done]);
+        assert!(matches!(
+            answer(rec_answer),
+            Ok(Answer::Recorded(Recorded::New(_)))
+        ));
+        assert!(matches!(
+            answer(done_answer),
+            Ok(Answer::Completion(Completion::Recorded))
+        ));
+        assert_eq!(
+            writer.backlog.unfinished("ns"),
+            0,
+            "a folded row is not backlog"
+        );
+        assert_eq!(changes(&writer) - before, 1, "one row written once");
+
+        // Control: the same three writes in three batches, as they were always written.
+        let before = changes(&writer);
+        let (rec, _) = record("ns");
+        let apart = id_of(&rec);
+        writer.commit_batch(vec![rec]);
+        assert_eq!(writer.backlog.unfinished("ns"), 1);
+        writer.commit_batch(vec![command(claim(&apart)).0]);
+        let (done, done_answer) = command(finish(&apart));
+        writer.commit_batch(vec![done]);
+        assert!(matches!(
+            answer(done_answer),
+            Ok(Answer::Completion(Completion::Recorded))
+        ));
+        assert_eq!(writer.backlog.unfinished("ns"), 0);
+        assert_eq!(changes(&writer) - before, 3, "an insert and two updates");
+
+        let row = row_of(&writer, &folded);
+        assert_eq!(
+            row,
+            row_of(&writer, &apart),
+            "folding changed the stored row"
+        );
+        assert_eq!(row.0, "finished");
+        assert_eq!(row.1, 2, "the superseded claim's attempt is kept");
+
+        // A second complete of the folded dispatch finds its outcome.
+        let (again, again_answer) = command(finish(&folded));
+        writer.commit_batch(vec![again]);
+        assert!(matches!(
+            answer(again_answer),
+            Ok(Answer::Completion(Completion::AlreadyFinished(_)))
+        ));
+    }
+
+    #[test]
+    fn a_refused_record_leaves_its_complete_in_the_batch_nothing_to_finish() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut writer = writer(dir.path(), 1);
+        let (first, _) = record("ns");
+        let (refused, refused_answer) = record("ns");
+        let id = id_of(&refused);
+        let (done, done_answer) = command(finish(&id));
+        writer.commit_batch(vec![first, refused, done]);
+        assert!(matches!(
+            answer(refused_answer),
+            Err(DispatchStoreError::QueueFull { limit: 1, .. })
+        ));
+        assert!(
+            matches!(
+                answer(done_answer),
+                Ok(Answer::Completion(Completion::Unknown))
+            ),
+            "a complete folded into a refused record still answers"
+        );
+        assert_eq!(rows(&writer), 1);
+        assert_eq!(writer.backlog.unfinished("ns"), 1);
     }
 
     #[test]
