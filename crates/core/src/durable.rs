@@ -22,6 +22,7 @@
 
 mod dispatcher;
 mod driver;
+mod early;
 mod live;
 mod memory;
 mod record;
@@ -30,7 +31,7 @@ mod store;
 mod tests;
 mod watch;
 
-pub use dispatcher::{DurableConfig, DurableDispatcher, LookupError, SubmitError, Submitted};
+pub use dispatcher::{Awaited, DurableConfig, DurableDispatcher, LookupError, SubmitError, Submitted};
 pub use memory::{MemoryDispatchStore, MemoryStoreLimits};
 pub use record::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState,

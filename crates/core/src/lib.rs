@@ -52,7 +52,7 @@ pub use dispatcher::{
     UnservedQueue,
 };
 pub use durable::{
-    BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, DispatchStore,
+    Awaited, BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, DispatchStore,
     DispatchStoreError, DurableConfig, DurableDispatcher, LookupError, MAX_IDEMPOTENCY_KEY_BYTES,
     MemoryDispatchStore, MemoryStoreLimits, NewDispatch, OutcomeRecord, OutcomeWatch, Recorded,
     StoredDispatch, SubmitError, Submitted, WatchEvent, check_idempotency_key,

@@ -311,6 +311,13 @@ impl DispatchStore for SqliteStore {
             }
         }
     }
+
+    /// Commands enter the writer's inbox as they are sent, and batches commit in that order;
+    /// a sender that finds the inbox full waits for room in turn (a fair semaphore), so of one
+    /// task's sends the one polled first is queued first.
+    fn orders_writes(&self) -> bool {
+        true
+    }
 }
 
 impl fmt::Debug for SqliteStore {

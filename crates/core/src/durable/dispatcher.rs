@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::driver::drive;
+use super::early::record_while_running;
 use super::live::{Live, LiveBook};
 use super::record::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, NewDispatch,
@@ -52,6 +53,16 @@ pub struct Submitted {
     /// True when the idempotency key was already used: `id` is the first dispatch's, and
     /// nothing new runs.
     pub existing: bool,
+}
+
+/// What [`DurableDispatcher::dispatch`] returns: the dispatch's id and its outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Awaited {
+    /// The dispatch's id.
+    pub id: DispatchId,
+    /// Its one outcome; `None` when it had none within the wait (or the gateway stops): it
+    /// runs on, also after a restart.
+    pub outcome: Option<ActivityOutcome>,
 }
 
 /// Why a submission was refused (nothing was recorded).
@@ -296,25 +307,10 @@ impl DurableDispatcher {
     pub async fn submit(
         &self,
         caller: &CallerIdentity,
-        mut request: ActivityRequest,
+        request: ActivityRequest,
         idempotency_key: Option<String>,
     ) -> Result<Submitted, SubmitError> {
-        request.activity_id = None;
-        self.shared.dispatcher.check(caller, &request)?;
-        let now = SystemTime::now();
-        let timeout = request.timeout.min(self.shared.dispatcher.max_timeout());
-        let dispatch = NewDispatch {
-            id: DispatchId::generate(),
-            namespace: request.namespace,
-            task_queue: normalise_task_queue(&request.task_queue).to_owned(),
-            activity_type: request.activity_type,
-            node: request.node.filter(|node| !node.is_empty()),
-            input: request.input,
-            principal: caller.principal.clone(),
-            idempotency_key,
-            submitted_at: now,
-            deadline: now + timeout,
-        };
+        let dispatch = self.new_dispatch(caller, request, idempotency_key)?;
         let span = tracing::debug_span!("durable_submit", dispatch_id = %dispatch.id,
             namespace = %dispatch.namespace);
         // On its own task, which then drives it: a caller that goes away while the store
@@ -326,12 +322,89 @@ impl DurableDispatcher {
                 .record_and_drive(dispatch, submitted)
                 .instrument(span),
         );
-        match answer.await {
-            Ok(submitted) => Ok(submitted?),
-            Err(_) => Err(SubmitError::Store(DispatchStoreError::Unavailable {
-                detail: "the submission ended before it was recorded".to_owned(),
-            })),
+        heard_submitted(answer).await
+    }
+
+    /// Runs a durable dispatch without an idempotency key to its outcome, waiting up to
+    /// `wait` for it once recorded: what a durable `Dispatch` does.
+    ///
+    /// The same as [`submit`](Self::submit) then [`await_outcome`](Self::await_outcome),
+    /// except that with a store that [orders its writes](DispatchStore::orders_writes) the
+    /// task is delivered while its record commits: nobody hears of the dispatch before its
+    /// outcome, which is announced only once the record and the outcome are committed. A
+    /// refused record is this call's error, and a worker already handed the task is sent a
+    /// cancel. After [`shutdown`](Self::shutdown) it is recorded, not run (`outcome` `None`).
+    pub async fn dispatch(
+        &self,
+        caller: &CallerIdentity,
+        request: ActivityRequest,
+        wait: Duration,
+    ) -> Result<Awaited, SubmitError> {
+        let dispatch = self.new_dispatch(caller, request, None)?;
+        let shared = &self.shared;
+        if shared.stopping.is_cancelled() {
+            let submitted = self.submit_new(dispatch).await?;
+            return Ok(Awaited {
+                id: submitted.id,
+                outcome: None,
+            });
         }
+        let span = tracing::debug_span!("durable_dispatch_early", dispatch_id = %dispatch.id,
+            namespace = %dispatch.namespace);
+        let live = shared
+            .live
+            .insert(dispatch.id.clone(), &dispatch.principal, &dispatch.namespace);
+        let mut outcome = live.outcome();
+        shared.drivers.send_modify(|n| *n += 1);
+        let running = DriverRunning(Arc::clone(shared));
+        let (submitted, answer) = oneshot::channel();
+        let early = shared.store.orders_writes();
+        tokio::spawn(
+            record_while_running(running, dispatch, live, early, submitted).instrument(span),
+        );
+        let submitted = heard_submitted(answer).await?;
+        let outcome = tokio::select! {
+            heard = tokio::time::timeout(wait, outcome.wait_for(Option::is_some)) => {
+                heard.ok().and_then(|heard| heard.ok().and_then(|o| o.clone()))
+            }
+            () = shared.stopping.cancelled() => None,
+        };
+        Ok(Awaited {
+            id: submitted.id,
+            outcome,
+        })
+    }
+
+    /// `request` as a dispatch to record, once it passes the dispatcher's checks.
+    fn new_dispatch(
+        &self,
+        caller: &CallerIdentity,
+        mut request: ActivityRequest,
+        idempotency_key: Option<String>,
+    ) -> Result<NewDispatch, SubmitError> {
+        request.activity_id = None;
+        self.shared.dispatcher.check(caller, &request)?;
+        let now = SystemTime::now();
+        let timeout = request.timeout.min(self.shared.dispatcher.max_timeout());
+        Ok(NewDispatch {
+            id: DispatchId::generate(),
+            namespace: request.namespace,
+            task_queue: normalise_task_queue(&request.task_queue).to_owned(),
+            activity_type: request.activity_type,
+            node: request.node.filter(|node| !node.is_empty()),
+            input: request.input,
+            principal: caller.principal.clone(),
+            idempotency_key,
+            submitted_at: now,
+            deadline: now + timeout,
+        })
+    }
+
+    /// Records `dispatch` after a shutdown: it runs at the next start.
+    async fn submit_new(&self, dispatch: NewDispatch) -> Result<Submitted, SubmitError> {
+        let (submitted, answer) = oneshot::channel();
+        tokio::spawn(Arc::clone(&self.shared).record_and_drive(dispatch, submitted));
+        heard_submitted(answer).await
     }
 
     /// `id`'s row, if `caller` may see it.
@@ -499,6 +572,18 @@ impl DurableDispatcher {
     pub async fn drivers_ended(&self) {
         let mut drivers = self.shared.drivers.subscribe();
         let _ = drivers.wait_for(|running| *running == 0).await;
+    }
+}
+
+/// What the task recording a submission answered.
+async fn heard_submitted(
+    answer: oneshot::Receiver<Result<Submitted, DispatchStoreError>>,
+) -> Result<Submitted, SubmitError> {
+    match answer.await {
+        Ok(submitted) => Ok(submitted?),
+        Err(_) => Err(SubmitError::Store(DispatchStoreError::Unavailable {
+            detail: "the submission ended before it was recorded".to_owned(),
+        })),
     }
 }
 

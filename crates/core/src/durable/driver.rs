@@ -124,7 +124,7 @@ pub(super) async fn drive(
 }
 
 /// The dispatch's outcome to record, or `None` when it ended because the gateway stops.
-async fn run(
+pub(super) async fn run(
     shared: &Shared,
     row: &StoredDispatch,
     live: &Live,
@@ -252,7 +252,7 @@ async fn write(shared: &Shared, id: &DispatchId, note: Note) {
 /// Records `outcome` as `id`'s one outcome, retrying while the store fails; returns the
 /// outcome that stands (the first one recorded), or `None` when the gateway stopped before it
 /// could be recorded (the dispatch then runs again after the restart).
-async fn record(
+pub(super) async fn record(
     shared: &Shared,
     id: &DispatchId,
     outcome: ActivityOutcome,

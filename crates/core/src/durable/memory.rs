@@ -336,6 +336,11 @@ impl DispatchStore for MemoryDispatchStore {
         shrink_after_drain(&mut rows.keys);
         Ok(u64::try_from(expired.len()).unwrap_or(u64::MAX))
     }
+
+    /// Every write finishes on its first poll.
+    fn orders_writes(&self) -> bool {
+        true
+    }
 }
 
 /// Whether `row` passes every field `filter` sets.

@@ -76,6 +76,16 @@ pub trait DispatchStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Deletes dispatches finished before `finished_before`; returns how many.
     async fn purge(&self, finished_before: SystemTime) -> Result<u64, DispatchStoreError>;
+
+    /// True when one task's writes are applied in the order that task first polled them (it
+    /// polls the earlier one first whenever both are woken), so a [`complete`](Self::complete)
+    /// called while the dispatch's [`record`](Self::record) is still committing lands after
+    /// the record. The durable dispatcher then delivers a durable `Dispatch` without an idempotency key while its
+    /// record commits (the outcome still waits for both). Default `false`: it delivers only
+    /// after the record returned.
+    fn orders_writes(&self) -> bool {
+        false
+    }
 }
 
 /// Why a store refused or failed an operation.

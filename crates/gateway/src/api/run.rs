@@ -1,9 +1,10 @@
 //! [`Runner`]: how `Dispatch` and each `DispatchStream` item run, ephemeral or durable.
 //!
-//! An ephemeral dispatch goes straight to core's dispatcher. A durable one is submitted to the
-//! durable dispatcher (recorded before anything runs) and then awaited until its deadline, so
-//! the reply is the same one outcome `AwaitOutcome` would return, and the dispatch goes on
-//! when the caller goes away (dropping the await leaves its driver running).
+//! An ephemeral dispatch goes straight to core's dispatcher. A durable one goes to the durable
+//! dispatcher (recorded before its outcome is told; with an idempotency key, before anything
+//! runs) and is awaited until its deadline, so the reply is the same one outcome
+//! `AwaitOutcome` would return, and the dispatch goes on when the caller goes away (dropping
+//! the await leaves its driver running).
 
 use std::time::Duration;
 
@@ -70,22 +71,37 @@ impl Runner {
         }
         let (request, key) = outcome::durable_request(wire, self.default_timeout);
         let wait = request.timeout.min(self.dispatcher.max_timeout()) + RECORD_GRACE;
-        let submitted = self
-            .durable
-            .submit(caller, request, key)
-            .await
-            .map_err(|error| outcome::submit_refusal(&error))?;
-        let heard = self
-            .durable
-            .await_outcome(caller, &submitted.id, wait)
-            .await
-            .map_err(|error| outcome::lookup_refusal(&error))?;
+        let (id, heard) = match key {
+            // Without a key nothing is said before the outcome: the task may go to a worker
+            // while its record commits.
+            None => {
+                let awaited = self
+                    .durable
+                    .dispatch(caller, request, wait)
+                    .await
+                    .map_err(|error| outcome::submit_refusal(&error))?;
+                (awaited.id, awaited.outcome)
+            }
+            Some(key) => {
+                let submitted = self
+                    .durable
+                    .submit(caller, request, Some(key))
+                    .await
+                    .map_err(|error| outcome::submit_refusal(&error))?;
+                let heard = self
+                    .durable
+                    .await_outcome(caller, &submitted.id, wait)
+                    .await
+                    .map_err(|error| outcome::lookup_refusal(&error))?;
+                (submitted.id, heard)
+            }
+        };
         heard.ok_or_else(|| {
             Status::unavailable(format!(
                 "durable dispatch {} is recorded but has no outcome yet (the gateway is shutting \
                  down, or the store is slow to record it); it runs on, also after a restart: \
                  read its outcome with AwaitOutcome",
-                submitted.id
+                id
             ))
         })
     }
