@@ -31,7 +31,9 @@ mod store;
 mod tests;
 mod watch;
 
-pub use dispatcher::{Awaited, DurableConfig, DurableDispatcher, LookupError, SubmitError, Submitted};
+pub use dispatcher::{
+    Awaited, DurableConfig, DurableDispatcher, LookupError, SubmitError, Submitted,
+};
 pub use memory::{MemoryDispatchStore, MemoryStoreLimits};
 pub use record::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState,

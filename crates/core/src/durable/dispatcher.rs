@@ -351,9 +351,11 @@ impl DurableDispatcher {
         }
         let span = tracing::debug_span!("durable_dispatch_early", dispatch_id = %dispatch.id,
             namespace = %dispatch.namespace);
-        let live = shared
-            .live
-            .insert(dispatch.id.clone(), &dispatch.principal, &dispatch.namespace);
+        let live = shared.live.insert(
+            dispatch.id.clone(),
+            &dispatch.principal,
+            &dispatch.namespace,
+        );
         let mut outcome = live.outcome();
         shared.drivers.send_modify(|n| *n += 1);
         let running = DriverRunning(Arc::clone(shared));

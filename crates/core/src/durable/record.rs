@@ -35,10 +35,21 @@ pub fn check_idempotency_key(key: &str) -> Result<(), super::DispatchStoreError>
 pub struct DispatchId(String);
 
 impl DispatchId {
-    /// A fresh random id.
+    /// A fresh id: the milliseconds since the Unix epoch in its first 12 hex digits, then 80
+    /// random bits. Ids of one process sort by creation time (to the millisecond), so a store
+    /// indexing them appends new ids at the end of its index instead of at random places.
     pub fn generate() -> Self {
-        let raw: u128 = rand::random();
-        Self(format!("{raw:032x}"))
+        Self::generate_at(SystemTime::now())
+    }
+
+    /// [`generate`](Self::generate) at `now`.
+    fn generate_at(now: SystemTime) -> Self {
+        let millis = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis());
+        let time = u64::try_from(millis).unwrap_or(u64::MAX) & 0xffff_ffff_ffff;
+        let random: u128 = rand::random::<u128>() >> 48;
+        Self(format!("{time:012x}{random:020x}"))
     }
 
     /// Parses an id given by a producer or read from a store; `None` unless it is 32 lowercase
@@ -288,6 +299,28 @@ pub struct BacklogCensus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_sort_by_the_millisecond_they_were_made_in() {
+        let start = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_764_000_000_000);
+        let ids: Vec<DispatchId> = (0..50u64)
+            .map(|ms| DispatchId::generate_at(start + std::time::Duration::from_millis(ms)))
+            .collect();
+        for id in &ids {
+            assert_eq!(DispatchId::parse(id.as_str()).as_ref(), Some(id));
+        }
+        assert!(
+            ids.windows(2).all(|pair| pair[0] < pair[1]),
+            "ids of later milliseconds sort later"
+        );
+        // Control: within one millisecond the rest is random, so ids still differ.
+        let same = [
+            DispatchId::generate_at(start),
+            DispatchId::generate_at(start),
+        ];
+        assert_ne!(same[0], same[1]);
+        assert_eq!(same[0].as_str()[..12], same[1].as_str()[..12]);
+    }
 
     #[test]
     fn ids_are_32_hex_digits_and_parse_back() {

@@ -3,6 +3,7 @@
 mod fixture;
 
 mod access;
+mod early;
 mod lifecycle;
 mod quota;
 mod restart;
