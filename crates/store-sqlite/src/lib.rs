@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod backlog;
+mod checkpoint;
 mod codec;
 mod fold;
 mod inbox;
