@@ -12,7 +12,6 @@
 #![forbid(unsafe_code)]
 
 mod backlog;
-mod checkpoint;
 mod codec;
 mod fold;
 mod inbox;

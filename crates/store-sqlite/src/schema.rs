@@ -165,18 +165,6 @@ pub(crate) fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-/// Opens the checkpointer's connection to a store the writer has opened.
-pub(crate) fn open_checkpointer(path: &Path) -> Result<Connection, OpenError> {
-    let fail = |err| classify(path, err);
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(fail)?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(fail)?;
-    Ok(conn)
-}
-
 /// Begins the writer's batch transaction.
 pub(crate) fn begin_batch(conn: &mut Connection) -> rusqlite::Result<rusqlite::Transaction<'_>> {
     conn.transaction_with_behavior(TransactionBehavior::Immediate)

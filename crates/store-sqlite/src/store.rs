@@ -15,7 +15,6 @@ use switchyard_core::{
 use tokio::sync::oneshot;
 
 use crate::backlog::Backlog;
-use crate::checkpoint::Checkpoints;
 use crate::inbox::Inbox;
 use crate::lock::{LockHolder, StoreLock};
 use crate::open_error::OpenError;
@@ -85,8 +84,6 @@ pub struct SqliteStore {
     /// The writer's commands; closing it stops the writer.
     inbox: Arc<Inbox>,
     writer: Option<JoinHandle<()>>,
-    checkpoints: Arc<Checkpoints>,
-    checkpointer: Option<JoinHandle<()>>,
     readers: Arc<Readers>,
     commits: Arc<AtomicU64>,
     lock: StoreLock,
@@ -106,10 +103,6 @@ impl SqliteStore {
         }
         let lock = StoreLock::acquire(&path, SystemTime::now())?;
         let conn = schema::open_writer(&path, options.synchronous)?;
-        // The checkpointer's thread checkpoints instead (see `checkpoint`).
-        conn.pragma_update(None, "wal_autocheckpoint", 0)
-            .map_err(|err| schema::classify(&path, err))?;
-        let checkpoint_conn = schema::open_checkpointer(&path)?;
         let backlog = Backlog::load(&conn).map_err(|err| schema::classify(&path, err))?;
         let commits = Arc::new(AtomicU64::new(0));
         let policy = BatchPolicy {
@@ -125,39 +118,24 @@ impl SqliteStore {
             },
             path: display.clone(),
             commits: Arc::clone(&commits),
-            checkpoints: Arc::default(),
         };
-        let checkpoints = Arc::clone(&writer.checkpoints);
         let inbox = Arc::new(Inbox::new(
             policy.max_batch.saturating_mul(QUEUED_BATCHES),
             policy,
         ));
-        let told = Arc::clone(&checkpoints);
-        let checkpointer = std::thread::Builder::new()
-            .name("store-checkpoint".into())
-            .spawn(move || told.run(&checkpoint_conn))
-            .map_err(|err| OpenError::Failed {
-                path: display.clone(),
-                detail: format!("cannot start the checkpoint thread: {err}"),
-            })?;
         let taken = Arc::clone(&inbox);
         let writer = std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || writer.run(&taken))
-            .map_err(|err| {
-                checkpoints.close();
-                OpenError::Failed {
-                    path: display,
-                    detail: format!("cannot start the writer thread: {err}"),
-                }
+            .map_err(|err| OpenError::Failed {
+                path: display,
+                detail: format!("cannot start the writer thread: {err}"),
             })?;
         Ok(Self {
             readers: Arc::new(Readers::new(path.clone())),
             path,
             inbox,
             writer: Some(writer),
-            checkpoints,
-            checkpointer: Some(checkpointer),
             commits,
             lock,
         })
@@ -358,10 +336,6 @@ impl Drop for SqliteStore {
             // The writer drains the closed channel, commits and closes its connection; the
             // lock is released only after, so a next opener never meets a live writer.
             let _ = writer.join();
-        }
-        self.checkpoints.close();
-        if let Some(checkpointer) = self.checkpointer.take() {
-            let _ = checkpointer.join();
         }
     }
 }

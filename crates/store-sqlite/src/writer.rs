@@ -15,7 +15,6 @@ use switchyard_core::{Completion, DispatchStoreError, Recorded};
 use tokio::sync::oneshot;
 
 use crate::backlog::Backlog;
-use crate::checkpoint::Checkpoints;
 use crate::fold::{Plan, Step};
 use crate::inbox::Inbox;
 use crate::ops::{self, Answer, Finished, Limits, Op, StepError, StoreSize};
@@ -62,8 +61,6 @@ pub(crate) struct Writer {
     pub(crate) path: String,
     /// Transactions committed, shared with the store.
     pub(crate) commits: Arc<AtomicU64>,
-    /// Told of each commit: the checkpointer's clock.
-    pub(crate) checkpoints: Arc<Checkpoints>,
 }
 
 impl Writer {
@@ -89,7 +86,6 @@ impl Writer {
             Ok(results) => {
                 self.backlog.commit();
                 self.commits.fetch_add(1, Ordering::Relaxed);
-                self.checkpoints.committed();
                 results
             }
             Err(err) => {
@@ -186,7 +182,6 @@ mod tests {
             },
             path: path.display().to_string(),
             commits: Arc::new(AtomicU64::new(0)),
-            checkpoints: Arc::default(),
         }
     }
 
