@@ -12,10 +12,11 @@
 #     (where the durable path's time goes: the fsync, the file, or neither),
 #   - `switchyard bench --via stream` (ephemeral, the same knobs, for reference),
 # and prints one Markdown row per configuration: the median of each figure with its min-max.
-# Every run's JSON goes to bench/results/durable-<config>-<round>.json.
+# Every run's JSON goes to $RESULTS/durable-<config>-<round>.json.
 #
 # Knobs (environment): WORKERS (4), CAPACITY (64), OUTSTANDING (256), TASKS (100000),
-# PAYLOAD (64), SERVICE_TIME_US (0), ROUNDS (3), NATS_PORT (14222).
+# PAYLOAD (64), SERVICE_TIME_US (0), ROUNDS (3), NATS_PORT (14222), RESULTS (where the JSON
+# goes; bench/results).
 # Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard` and
 # `switchyard-jetstream-baseline`:
 #   cargo build --release --locked -p switchyard
@@ -35,7 +36,7 @@ PAYLOAD=${PAYLOAD:-64}
 SERVICE_TIME_US=${SERVICE_TIME_US:-0}
 ROUNDS=${ROUNDS:-3}
 NATS_PORT=${NATS_PORT:-14222}
-RESULTS=$ROOT/bench/results
+RESULTS=${RESULTS:-$ROOT/bench/results}
 
 if ! command -v nats-server >/dev/null; then
     echo "nats-server is not installed (Debian: apt-get install -y nats-server)" >&2
