@@ -139,7 +139,7 @@ impl Browser {
                         "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                         "--no-first-run", "--disable-background-networking",
                         "--disable-component-update", "--disable-sync",
-                        "--window-size=1440,2000",
+                        "--window-size=1440,1300",
                         format!("--user-data-dir={}", profile.path().display()),
                     ],
                 },
@@ -322,6 +322,7 @@ impl Gateway {
         command
             .args(["worker", "--transport", transport])
             .args(["--activity", "echo=echo", "--activity", "resize=sleep:50"])
+            .args(["--activity", "flaky=fail"])
             .args(["--node", node, "--capacity", "4"]);
         if transport == "quic" {
             command.args(["--quic-addr", &format!("127.0.0.1:{}", self.quic)]);
@@ -448,15 +449,34 @@ async fn the_console_shows_what_the_api_says_and_follows_the_fleet_live() {
         .find(|w| w["transport"] == "quic")
         .map(|w| w["worker_id"].as_u64().unwrap())
         .unwrap();
-    // Some dispatches, so the pool's chart has something to draw.
-    for i in 0..12 {
-        let activity = if i % 3 == 0 { "resize" } else { "echo" };
+    // Some dispatches, so the pool's chart has something to draw: they land in the history.
+    // Control: none is there before.
+    let history = get_json(gateway.ops, "/v1/history").await;
+    assert_eq!(history["pools"], json!([]), "{history}");
+    for i in 0..15 {
+        let (activity, exit) = match i % 5 {
+            0 => ("resize", 0),
+            4 => ("flaky", 3),
+            _ => ("echo", 0),
+        };
         let status = gateway
             .cli(&["dispatch", "default", activity, "--input", "hello"])
             .status()
             .unwrap();
-        assert!(status.success(), "dispatch {i}");
+        assert_eq!(status.code(), Some(exit), "dispatch {i} of {activity}");
     }
+    let history = get_json(gateway.ops, "/v1/history").await;
+    let mut outcomes = std::collections::BTreeMap::<String, u64>::new();
+    for point in history["pools"][0]["points"].as_array().unwrap() {
+        for (outcome, n) in point["outcomes"].as_object().unwrap() {
+            *outcomes.entry(outcome.clone()).or_default() += n.as_u64().unwrap();
+        }
+    }
+    assert_eq!(history["pools"][0]["namespace"], "default");
+    assert_eq!(
+        outcomes,
+        [("completed".to_owned(), 12), ("failed".to_owned(), 3)].into()
+    );
 
     let browser = Browser::start().await;
     browser.goto(&format!("http://{}/", gateway.ops)).await;
@@ -482,6 +502,13 @@ async fn the_console_shows_what_the_api_says_and_follows_the_fleet_live() {
     let pools = pools_of(&get_json(gateway.ops, "/v1/pools").await);
     assert_eq!(pools.as_array().unwrap().len(), 1, "{pools}");
     wait_for_page(&browser, "the pools table", POOL_ROWS, &pools).await;
+    wait_for_page(
+        &browser,
+        "the pool's chart",
+        "return document.querySelectorAll('#pools tbody tr svg rect').length > 0;",
+        &json!(true),
+    )
+    .await;
 
     // A worker that connects appears without a reload. Control: it was not there before.
     let before = browser.run(WORKER_IDS, json!([])).await;

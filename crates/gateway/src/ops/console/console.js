@@ -5,6 +5,7 @@
 
 const REFRESH_MS = 2000;
 const HISTORY_MS = 5000;
+const WINDOW_S = 600;
 const PAGE_SIZE = 50;
 const MAX_EVENTS = 200;
 const SVG = "http://www.w3.org/2000/svg";
@@ -120,7 +121,10 @@ function chart(series) {
     root.append(text);
     return root;
   }
-  const slot = width / points.length;
+  // Always the whole window: a young history is drawn at the right, the past left empty.
+  const slots = Math.max(points.length, Math.round(WINDOW_S / state.bucketSeconds));
+  const offset = slots - points.length;
+  const slot = width / slots;
   const maxCount = Math.max(1, ...points.map((p) => p.dispatches));
   const maxLatency = Math.max(0.001, ...points.map((p) => p.p99_ms || 0));
   points.forEach((point, i) => {
@@ -129,7 +133,7 @@ function chart(series) {
       const h = (count / maxCount) * barsHeight;
       y -= h;
       root.append(svg("rect", {
-        x: (i * slot).toFixed(2), y: y.toFixed(2), width: Math.max(slot - 0.5, 0.5).toFixed(2),
+        x: ((offset + i) * slot).toFixed(2), y: y.toFixed(2), width: Math.max(slot - 0.5, 0.5).toFixed(2),
         height: h.toFixed(2), fill: OUTCOME_COLOURS[outcome] || "#999",
       }));
     }
@@ -139,10 +143,14 @@ function chart(series) {
     points.forEach((point, i) => {
       if (point[key] === null || point[key] === undefined) return;
       const y = height - 1 - (point[key] / maxLatency) * (height - barsHeight - 2);
-      coords.push(`${(i * slot + slot / 2).toFixed(1)},${y.toFixed(1)}`);
+      coords.push([(offset + i) * slot + slot / 2, y]);
     });
-    if (coords.length > 0) {
-      root.append(svg("polyline", { points: coords.join(" "), class: `line ${cls}` }));
+    if (coords.length > 1) {
+      const line = coords.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`).join(" ");
+      root.append(svg("polyline", { points: line, class: `line ${cls}` }));
+    }
+    for (const [x, y] of coords) {
+      root.append(svg("circle", { cx: x.toFixed(1), cy: y.toFixed(1), r: 1.6, class: `pt ${cls}` }));
     }
   }
   return root;
