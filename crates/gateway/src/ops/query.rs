@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use axum::http::Uri;
 
-/// Parameters read from one query string; later repeats of a name are ignored.
+/// Parameters read from one query string; the rest are ignored.
 const MAX_PARAMS: usize = 16;
 
-/// The decoded parameters of a query string.
+/// The decoded parameters of a query string; the first of a repeated name wins.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Query(BTreeMap<String, String>);
 
