@@ -304,6 +304,41 @@ mod tests {
         assert_eq!(again.status(), StatusCode::OK);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_replays_what_the_page_missed_and_ends_when_the_listener_stops() {
+        let feed = EventFeed::default();
+        published(&feed, 2);
+        let stop = CancellationToken::new();
+        let idle = Duration::from_secs(60);
+        let mut headers = HeaderMap::new();
+        headers.insert("last-event-id", "1".parse().unwrap());
+
+        let mut stream = feed
+            .serve(&headers, idle, stop.clone())
+            .into_body()
+            .into_data_stream();
+        let first = stream.next().await.unwrap().unwrap();
+        let text = String::from_utf8(first.to_vec()).unwrap();
+        assert!(
+            text.contains("\"seq\":2") && text.contains("id: 2"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("\"seq\":1"),
+            "seen before Last-Event-ID: {text}"
+        );
+
+        // Control: while the listener runs, the stream stays open.
+        let wait = Duration::from_secs(1);
+        assert!(tokio::time::timeout(wait, stream.next()).await.is_err());
+        stop.cancel();
+        let end = tokio::time::timeout(wait, stream.next()).await;
+        assert!(
+            matches!(end, Ok(None)),
+            "the stream ends when the listener stops"
+        );
+    }
+
     #[test]
     fn a_drain_reads_as_a_disconnection_drained() {
         let registry = Registry::builder().build();
