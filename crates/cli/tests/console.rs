@@ -287,9 +287,16 @@ impl Gateway {
             .unwrap();
         let stdout = child.stdout.take().unwrap();
         let process = Process(child);
+        // Read to the end on a thread of its own: a closed pipe would fail the gateway's next
+        // line of output.
+        let (lines, banner_lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
         let mut banner = String::new();
-        for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap();
+        while let Ok(line) = banner_lines.recv_timeout(PATIENCE) {
             banner.push_str(&line);
             banner.push('\n');
             if line.trim_start().starts_with("tls") {
