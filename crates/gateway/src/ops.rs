@@ -1,5 +1,6 @@
-//! The operations HTTP listener: `/healthz`, `/readyz`, `/metrics` and read-only JSON under
-//! `/v1/` (`workers`, `pools`, `unserved`).
+//! The operations HTTP listener: `/healthz`, `/readyz`, `/metrics`, read-only JSON under
+//! `/v1/` (`workers`, `pools`, `unserved`, `history`, `explain`, `about`), the worker events
+//! as server-sent events (`/v1/events`) and the console that shows them all at `/`.
 //!
 //! It carries no authentication and changes nothing; it binds loopback by default. Each
 //! connection is counted against `ops.max_connections` at accept and closed when its headers
@@ -7,16 +8,21 @@
 
 mod backlog;
 mod connections;
+mod console;
+mod events;
+mod history;
 mod idle;
 mod metrics;
 mod pools;
+mod query;
+mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
@@ -26,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use backlog::{Backlog, REFRESH as BACKLOG_REFRESH};
+pub(crate) use history::record as record_dispatch;
 pub(crate) use metrics::recorder as install_metrics_recorder;
 
 use crate::config::OpsSection;
@@ -37,6 +44,10 @@ struct OpsState {
     core: Core,
     readiness: Readiness,
     backlog: Backlog,
+    events: events::EventFeed,
+    about: console::About,
+    idle_timeout: std::time::Duration,
+    stop: CancellationToken,
 }
 
 /// Binds the operations listener.
@@ -46,8 +57,8 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, TransportError
         .map_err(|source| TransportError::Bind { addr, source })
 }
 
-/// Serves the operations endpoints on `listener`, within `section`'s limits, until `stop`
-/// fires.
+/// Serves the operations endpoints and the console on `listener`, within `section`'s limits,
+/// until `stop` fires.
 pub(crate) fn serve(
     listener: TcpListener,
     section: &OpsSection,
@@ -56,17 +67,33 @@ pub(crate) fn serve(
     backlog: Backlog,
     stop: CancellationToken,
 ) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
+    let ops_addr = listener
+        .local_addr()
+        .map_or_else(|_| section.listen.to_string(), |a| a.to_string());
+    let feed = events::EventFeed::default();
+    tokio::spawn(feed.clone().collect(core.registry().clone(), stop.clone()));
     let app = Router::new()
+        .route("/", get(console::index))
+        .route("/console.js", get(console::script))
+        .route("/console.css", get(console::styles))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .route("/v1/workers", get(workers))
         .route("/v1/pools", get(pools_json))
         .route("/v1/unserved", get(unserved))
+        .route("/v1/history", get(history_json))
+        .route("/v1/explain", get(explain))
+        .route("/v1/about", get(about))
+        .route("/v1/events", get(events_sse))
         .with_state(OpsState {
             core,
             readiness,
             backlog,
+            events: feed,
+            about: console::About::here(ops_addr),
+            idle_timeout: section.idle_timeout.get(),
+            stop: stop.clone(),
         });
     let incoming = limited_incoming(
         listener,
@@ -120,33 +147,31 @@ async fn metrics_text(State(state): State<OpsState>) -> Response {
         .into_response()
 }
 
-async fn workers(State(state): State<OpsState>) -> axum::Json<Value> {
-    let workers: Vec<Value> = state
-        .core
-        .registry()
-        .workers()
-        .iter()
-        .map(|s| {
-            let w = &s.worker;
-            json!({
-                "worker_id": w.id().get(),
-                "identity": w.identity(),
-                "principal": w.principal(),
-                "transport": w.transport().as_str(),
-                "namespaces": w.namespaces(),
-                "task_queue": w.task_queue(),
-                "node": w.node().map(|n| n.as_str()),
-                "activity_types": w.activity_types(),
-                "capacity": s.capacity,
-                "in_flight": s.in_flight,
-                "unresponsive_tasks": s.unresponsive,
-                "eligibility": s.eligibility.to_string(),
-                "suspended_for_ms": s.suspended_for.map(|left| left.as_millis() as u64),
-                "connected_since_unix_ms": crate::api::unix_ms(s.connected_at),
-            })
-        })
-        .collect();
-    axum::Json(json!({ "workers": workers }))
+async fn workers(State(state): State<OpsState>, uri: Uri) -> axum::Json<Value> {
+    let all = state.core.registry().workers();
+    axum::Json(workers::page(&all, &query::Query::of(&uri)))
+}
+
+async fn history_json() -> axum::Json<Value> {
+    axum::Json(json!({
+        "bucket_seconds": history::BUCKET.as_secs(),
+        "now_unix_ms": crate::api::unix_ms(std::time::SystemTime::now()),
+        "pools": history::snapshot(),
+    }))
+}
+
+async fn explain(State(state): State<OpsState>, uri: Uri) -> Response {
+    console::explain(state.core.registry(), &query::Query::of(&uri))
+}
+
+async fn about(State(state): State<OpsState>) -> axum::Json<Value> {
+    axum::Json(state.about.json())
+}
+
+async fn events_sse(State(state): State<OpsState>, headers: HeaderMap) -> Response {
+    state
+        .events
+        .serve(&headers, state.idle_timeout, state.stop.clone())
 }
 
 async fn pools_json(State(state): State<OpsState>) -> axum::Json<Value> {

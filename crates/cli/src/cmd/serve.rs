@@ -123,6 +123,7 @@ pub(crate) fn print_banner(gateway: &Gateway) {
         println!(
             "  ops    http://{ops}  (/healthz /readyz /metrics /v1/workers /v1/pools /v1/unserved)"
         );
+        println!("  console http://{ops}/  (read-only: pools, workers, unserved queues, events)");
     }
     match gateway.store_path() {
         Some(path) => println!("  store  {} (durable dispatches)", path.display()),

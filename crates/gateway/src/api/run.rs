@@ -49,8 +49,24 @@ impl Runner {
         &self.dispatcher
     }
 
-    /// Runs `wire` to its one outcome, or refuses it with the status of `Dispatch`.
+    /// Runs `wire` to its one outcome, or refuses it with the status of `Dispatch`; the
+    /// outcome goes into the console's pool history.
     pub(crate) async fn run(
+        &self,
+        caller: &CallerIdentity,
+        wire: pb::DispatchRequest,
+    ) -> Result<ActivityOutcome, Status> {
+        let pool = (wire.namespace.clone(), wire.task_queue.clone());
+        let started = tokio::time::Instant::now();
+        let result = self.run_to_outcome(caller, wire).await;
+        if let Ok(outcome) = &result {
+            let task_queue = switchyard_core::normalise_task_queue(&pool.1);
+            crate::ops::record_dispatch(&pool.0, task_queue, outcome.label(), started.elapsed());
+        }
+        result
+    }
+
+    async fn run_to_outcome(
         &self,
         caller: &CallerIdentity,
         wire: pb::DispatchRequest,

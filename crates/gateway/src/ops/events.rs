@@ -1,0 +1,354 @@
+//! `/v1/events`: core's worker events as server-sent events, for the console.
+//!
+//! One task ([`EventFeed::collect`]) turns each event into its JSON line once, keeps the last
+//! [`RECENT`] for a page that opens later, and fans it out to at most [`MAX_WATCHERS`] watchers,
+//! each with a buffer of [`WATCHER_BUFFER`] lines: a watcher that falls further behind is told
+//! how many it missed (`{"kind":"missed"}`) instead of holding memory for it. Every line
+//! carries a sequence number (`seq`, also the SSE `id`), so a page that reconnects with
+//! `Last-Event-ID` is not sent again what it has.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use switchyard_core::{DispatchExclusion, Registry, WorkerEvent};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{Semaphore, broadcast};
+use tokio_util::sync::CancellationToken;
+
+/// Events kept for a page that opens later.
+pub(crate) const RECENT: usize = 200;
+/// Event streams served at once; one more is answered 503.
+pub(crate) const MAX_WATCHERS: usize = 16;
+/// Lines one watcher may be behind before it is told it missed some.
+pub(crate) const WATCHER_BUFFER: usize = 256;
+/// Longest silence on an event stream: a comment keeps it inside `ops.idle_timeout`.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// One event line and its sequence number.
+#[derive(Clone, Debug)]
+struct Line {
+    seq: u64,
+    json: Arc<str>,
+}
+
+#[derive(Debug)]
+struct Feed {
+    next_seq: u64,
+    recent: VecDeque<Line>,
+    sender: broadcast::Sender<Line>,
+}
+
+/// The events served on `/v1/events`; see the module documentation.
+#[derive(Clone, Debug)]
+pub(crate) struct EventFeed {
+    feed: Arc<Mutex<Feed>>,
+    watchers: Arc<Semaphore>,
+}
+
+impl Default for EventFeed {
+    fn default() -> Self {
+        Self {
+            feed: Arc::new(Mutex::new(Feed {
+                next_seq: 1,
+                recent: VecDeque::with_capacity(RECENT),
+                sender: broadcast::channel(WATCHER_BUFFER).0,
+            })),
+            watchers: Arc::new(Semaphore::new(MAX_WATCHERS)),
+        }
+    }
+}
+
+impl EventFeed {
+    /// Publishes one event to the recent ring and every watcher.
+    fn publish(&self, mut event: Value) {
+        let mut feed = self.feed.lock().unwrap_or_else(PoisonError::into_inner);
+        let seq = feed.next_seq;
+        feed.next_seq += 1;
+        event["seq"] = json!(seq);
+        let line = Line {
+            seq,
+            json: Arc::from(event.to_string()),
+        };
+        if feed.recent.len() == RECENT {
+            feed.recent.pop_front();
+        }
+        feed.recent.push_back(line.clone());
+        // No watcher is not an error: the ring still keeps it.
+        let _ = feed.sender.send(line);
+    }
+
+    /// The recent lines after `after`, and a receiver of every later one: taken under one
+    /// lock, so nothing falls between them and nothing is sent twice.
+    fn subscribe(&self, after: u64) -> (Vec<Line>, broadcast::Receiver<Line>) {
+        let feed = self.feed.lock().unwrap_or_else(PoisonError::into_inner);
+        let recent = feed
+            .recent
+            .iter()
+            .filter(|line| line.seq > after)
+            .cloned()
+            .collect();
+        (recent, feed.sender.subscribe())
+    }
+
+    /// Publishes `registry`'s events until `stop` fires.
+    pub(crate) async fn collect(self, registry: Registry, stop: CancellationToken) {
+        let mut receiver = registry.subscribe_events();
+        loop {
+            let event = tokio::select! {
+                received = receiver.recv() => received,
+                () = stop.cancelled() => return,
+            };
+            match event {
+                Ok(event) => {
+                    if let Some(json) = event_json(&event, &registry, SystemTime::now()) {
+                        self.publish(json);
+                    }
+                }
+                Err(RecvError::Lagged(count)) => self.publish(missed(count, SystemTime::now())),
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
+
+    /// The `/v1/events` response: the recent events the page has not seen, then live ones,
+    /// until `stop` fires; 503 when [`MAX_WATCHERS`] streams are already served.
+    pub(crate) fn serve(
+        &self,
+        headers: &HeaderMap,
+        idle_timeout: Duration,
+        stop: CancellationToken,
+    ) -> Response {
+        let Ok(permit) = Arc::clone(&self.watchers).try_acquire_owned() else {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("too many event streams open (the limit is {MAX_WATCHERS})\n"),
+            )
+                .into_response();
+        };
+        let after = headers
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let (recent, receiver) = self.subscribe(after);
+        let live = futures::stream::unfold((receiver, permit), |(mut receiver, permit)| async {
+            let line = match receiver.recv().await {
+                Ok(line) => line,
+                Err(RecvError::Lagged(count)) => Line {
+                    seq: 0,
+                    json: Arc::from(missed(count, SystemTime::now()).to_string()),
+                },
+                Err(RecvError::Closed) => return None,
+            };
+            Some((line, (receiver, permit)))
+        });
+        let lines = futures::stream::iter(recent)
+            .chain(live)
+            .map(|line| {
+                let event = Event::default().data(&*line.json);
+                Ok::<_, Infallible>(if line.seq == 0 {
+                    event
+                } else {
+                    event.id(line.seq.to_string())
+                })
+            })
+            .take_until(stop.cancelled_owned());
+        let keep_alive = KEEP_ALIVE
+            .min(idle_timeout / 2)
+            .max(Duration::from_millis(100));
+        Sse::new(lines)
+            .keep_alive(KeepAlive::new().interval(keep_alive))
+            .into_response()
+    }
+}
+
+fn missed(count: u64, at: SystemTime) -> Value {
+    json!({
+        "kind": "missed",
+        "at_unix_ms": crate::api::unix_ms(at),
+        "count": count,
+        "detail": format!("{count} events missed: this page fell behind"),
+    })
+}
+
+/// An event as the console shows it, `None` for events it does not show.
+pub(crate) fn event_json(
+    event: &WorkerEvent,
+    registry: &Registry,
+    at: SystemTime,
+) -> Option<Value> {
+    let (worker, kind, detail) = match event {
+        WorkerEvent::Connected {
+            worker,
+            transport,
+            namespaces,
+            task_queue,
+            node,
+        } => {
+            let node = node.as_ref().map_or("no node", |n| n.as_str());
+            let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+            let detail = format!(
+                "over {transport}, node {node}, namespaces {}, task queue {task_queue}",
+                namespaces.join(",")
+            );
+            (*worker, "connected", detail)
+        }
+        WorkerEvent::Disconnected { worker, reason } => {
+            (*worker, "disconnected", reason.as_str().to_owned())
+        }
+        WorkerEvent::Excluded { worker, exclusion } => {
+            let why = match exclusion {
+                DispatchExclusion::OpeningProbation => "opening probation",
+                DispatchExclusion::ReachabilityLost => "reachability lost",
+            };
+            (*worker, "excluded", why.to_owned())
+        }
+        WorkerEvent::ProbationPassed { worker } => (
+            *worker,
+            "eligible",
+            "passed its opening probation".to_owned(),
+        ),
+        WorkerEvent::Recovered { worker } => (*worker, "recovered", "eligible again".to_owned()),
+        WorkerEvent::Suspended { worker, grace } => (
+            *worker,
+            "suspended",
+            format!("may resume within {} ms", grace.as_millis()),
+        ),
+        WorkerEvent::Resumed { worker } => (*worker, "resumed", "on a new connection".to_owned()),
+        WorkerEvent::CapacityAnnounced { worker, capacity } => {
+            (*worker, "capacity", format!("announced {capacity} slots"))
+        }
+        _ => return None,
+    };
+    let identity = registry
+        .worker(worker)
+        .map(|s| s.worker.identity().to_owned());
+    Some(json!({
+        "at_unix_ms": crate::api::unix_ms(at),
+        "worker_id": worker.get(),
+        "identity": identity,
+        "kind": kind,
+        "detail": detail,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_core::{DisconnectReason, WorkerId};
+
+    use super::*;
+
+    fn published(feed: &EventFeed, n: u64) {
+        for i in 0..n {
+            feed.publish(json!({ "kind": "test", "worker_id": i }));
+        }
+    }
+
+    #[test]
+    fn the_recent_ring_is_bounded_and_resumes_after_the_last_seen() {
+        let feed = EventFeed::default();
+        published(&feed, RECENT as u64 + 50);
+        let (all, _) = feed.subscribe(0);
+        assert_eq!(all.len(), RECENT);
+        assert_eq!(all[0].seq, 51, "the oldest 50 left the ring");
+        let (after, _) = feed.subscribe(RECENT as u64 + 45);
+        let seqs: Vec<u64> = after.iter().map(|l| l.seq).collect();
+        assert_eq!(
+            seqs,
+            (RECENT as u64 + 46..=RECENT as u64 + 50).collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_sees_every_later_event_once_and_a_slow_one_is_told_it_missed() {
+        let feed = EventFeed::default();
+        published(&feed, 3);
+        let (recent, mut receiver) = feed.subscribe(0);
+        assert_eq!(recent.len(), 3);
+        published(&feed, 1);
+        assert_eq!(
+            receiver.recv().await.unwrap().seq,
+            4,
+            "nothing between ring and live"
+        );
+        // A watcher that stops reading is bounded: past the buffer it lags.
+        published(&feed, WATCHER_BUFFER as u64 + 10);
+        assert!(matches!(receiver.recv().await, Err(RecvError::Lagged(10))));
+        // Control: one that keeps up lags nothing.
+        let (_, mut fresh) = feed.subscribe(u64::MAX);
+        published(&feed, 1);
+        assert!(fresh.recv().await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn no_more_than_max_watchers_streams_are_served() {
+        let feed = EventFeed::default();
+        let stop = CancellationToken::new();
+        let idle = Duration::from_secs(60);
+        let open: Vec<Response> = (0..MAX_WATCHERS)
+            .map(|_| feed.serve(&HeaderMap::new(), idle, stop.clone()))
+            .collect();
+        assert!(open.iter().all(|r| r.status() == StatusCode::OK));
+        let refused = feed.serve(&HeaderMap::new(), idle, stop.clone());
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Control: closing one stream gives its place back.
+        drop(open);
+        let again = feed.serve(&HeaderMap::new(), idle, stop);
+        assert_eq!(again.status(), StatusCode::OK);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_replays_what_the_page_missed_and_ends_when_the_listener_stops() {
+        let feed = EventFeed::default();
+        published(&feed, 2);
+        let stop = CancellationToken::new();
+        let idle = Duration::from_secs(60);
+        let mut headers = HeaderMap::new();
+        headers.insert("last-event-id", "1".parse().unwrap());
+
+        let mut stream = feed
+            .serve(&headers, idle, stop.clone())
+            .into_body()
+            .into_data_stream();
+        let first = stream.next().await.unwrap().unwrap();
+        let text = String::from_utf8(first.to_vec()).unwrap();
+        assert!(
+            text.contains("\"seq\":2") && text.contains("id: 2"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("\"seq\":1"),
+            "seen before Last-Event-ID: {text}"
+        );
+
+        // Control: while the listener runs, the stream stays open.
+        let wait = Duration::from_secs(1);
+        assert!(tokio::time::timeout(wait, stream.next()).await.is_err());
+        stop.cancel();
+        let end = tokio::time::timeout(wait, stream.next()).await;
+        assert!(
+            matches!(end, Ok(None)),
+            "the stream ends when the listener stops"
+        );
+    }
+
+    #[test]
+    fn a_drain_reads_as_a_disconnection_drained() {
+        let registry = Registry::builder().build();
+        let event = WorkerEvent::Disconnected {
+            worker: WorkerId::from_raw(9),
+            reason: DisconnectReason::Drained,
+        };
+        let json = event_json(&event, &registry, SystemTime::UNIX_EPOCH).unwrap();
+        assert_eq!(json["kind"], "disconnected");
+        assert_eq!(json["detail"], "drained");
+        assert_eq!(json["worker_id"], 9);
+    }
+}

@@ -1,0 +1,213 @@
+//! `/v1/workers`: the registered workers, filtered by node, transport and standing, one page
+//! at a time when asked (`offset`, `limit`), with the values the filters can take.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use switchyard_core::{Eligibility, WorkerSnapshot};
+
+use super::query::Query;
+
+/// The largest page `limit` may ask for.
+pub(crate) const MAX_PAGE: usize = 500;
+
+/// The `node` filter value that selects workers advertising no node.
+pub(crate) const NO_NODE: &str = "-";
+
+/// A short word for a worker's standing, the console's filter and colour.
+pub(crate) fn standing(eligibility: &Eligibility) -> &'static str {
+    match eligibility {
+        Eligibility::Eligible => "eligible",
+        Eligibility::AtCapacity { .. } => "at_capacity",
+        Eligibility::CapacityUnannounced => "capacity_unannounced",
+        Eligibility::AwaitingStreams { .. } => "awaiting_streams",
+        Eligibility::OnProbation => "probation",
+        Eligibility::Unreachable => "unreachable",
+        Eligibility::Draining => "draining",
+        Eligibility::Disconnected => "disconnected",
+        Eligibility::Suspended => "suspended",
+        Eligibility::ServesOtherActivity => "serves_other_activity",
+        Eligibility::OtherNode { .. } => "other_node",
+        _ => "other",
+    }
+}
+
+/// One worker as JSON.
+pub(crate) fn worker_json(s: &WorkerSnapshot) -> Value {
+    let w = &s.worker;
+    json!({
+        "worker_id": w.id().get(),
+        "identity": w.identity(),
+        "principal": w.principal(),
+        "transport": w.transport().as_str(),
+        "namespaces": w.namespaces(),
+        "task_queue": w.task_queue(),
+        "node": w.node().map(|n| n.as_str()),
+        "activity_types": w.activity_types(),
+        "capacity": s.capacity,
+        "in_flight": s.in_flight,
+        "unresponsive_tasks": s.unresponsive,
+        "eligibility": s.eligibility.to_string(),
+        "standing": standing(&s.eligibility),
+        "suspended_for_ms": s.suspended_for.map(|left| left.as_millis() as u64),
+        "connected_since_unix_ms": crate::api::unix_ms(s.connected_at),
+    })
+}
+
+fn matches(s: &WorkerSnapshot, query: &Query) -> bool {
+    let w = &s.worker;
+    let node = w.node().map_or(NO_NODE, |n| n.as_str());
+    query.get("node").is_none_or(|want| want == node)
+        && query
+            .get("transport")
+            .is_none_or(|want| want == w.transport().as_str())
+        && query
+            .get("standing")
+            .is_none_or(|want| want == standing(&s.eligibility))
+}
+
+/// The `/v1/workers` body for `snapshots` (ordered by id) and the request's `query`.
+///
+/// Without `offset` or `limit` every matching worker is listed, as before paging existed;
+/// with either, one page of at most [`MAX_PAGE`].
+pub(crate) fn page(snapshots: &[WorkerSnapshot], query: &Query) -> Value {
+    let mut nodes = BTreeMap::<&str, u64>::new();
+    let mut transports = BTreeMap::<&str, u64>::new();
+    let mut standings = BTreeMap::<&str, u64>::new();
+    for s in snapshots {
+        *nodes
+            .entry(s.worker.node().map_or(NO_NODE, |n| n.as_str()))
+            .or_default() += 1;
+        *transports.entry(s.worker.transport().as_str()).or_default() += 1;
+        *standings.entry(standing(&s.eligibility)).or_default() += 1;
+    }
+    let matching = snapshots.iter().filter(|s| matches(s, query));
+    let paged = query.get("offset").is_some() || query.get("limit").is_some();
+    let offset = query.number("offset").unwrap_or(0);
+    let limit = if paged {
+        query.number("limit").unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE)
+    } else {
+        usize::MAX
+    };
+    let mut total = 0usize;
+    let mut workers = Vec::new();
+    for (i, s) in matching.enumerate() {
+        total += 1;
+        if i >= offset && workers.len() < limit {
+            workers.push(worker_json(s));
+        }
+    }
+    json!({
+        "workers": workers,
+        "total": total,
+        "offset": offset,
+        "registered": snapshots.len(),
+        "nodes": nodes,
+        "transports": transports,
+        "standings": standings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use switchyard_core::{
+        CallerIdentity, Core, CoreConfig, DeliveryError, Registration, Registry, TransportName,
+        WorkerDelivery, WorkerMessage,
+    };
+
+    use super::*;
+
+    struct Leg(&'static str);
+
+    impl WorkerDelivery for Leg {
+        fn transport(&self) -> TransportName {
+            TransportName::from_static(self.0)
+        }
+        fn is_connected(&self) -> bool {
+            true
+        }
+        fn registration_carries_capacity(&self) -> bool {
+            true
+        }
+        fn deliver(&self, _: WorkerMessage) -> Result<(), DeliveryError> {
+            Ok(())
+        }
+    }
+
+    /// A core with `n` workers: even ones on gRPC at node `a`, odd ones on QUIC at no node.
+    async fn fleet(n: usize) -> (Core, Vec<switchyard_core::RegistrationToken>) {
+        let core = Core::start(Registry::builder(), CoreConfig::default());
+        let caller = CallerIdentity::trusted("ops");
+        let mut tokens = Vec::new();
+        for i in 0..n {
+            let registration = Registration {
+                namespaces: ["default".to_owned()].into(),
+                activity_types: ["work".to_owned()].into(),
+                max_concurrency: Some(2),
+                node: (i % 2 == 0)
+                    .then(|| switchyard_core::Node::new("a"))
+                    .flatten(),
+                ..Registration::default()
+            };
+            let leg = Arc::new(Leg(if i % 2 == 0 { "grpc" } else { "quic" }));
+            tokens.push(
+                core.registry()
+                    .admit(&caller, registration, leg)
+                    .await
+                    .unwrap(),
+            );
+        }
+        (core, tokens)
+    }
+
+    fn ids(body: &Value) -> Vec<u64> {
+        body["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["worker_id"].as_u64().unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn pages_are_bounded_and_filters_apply_before_paging() {
+        let (core, _tokens) = fleet(1_000).await;
+        let all = core.registry().workers();
+
+        let first = page(&all, &Query::parse("offset=0&limit=50"));
+        assert_eq!(ids(&first).len(), 50);
+        assert_eq!(first["total"], 1_000);
+        assert_eq!(first["transports"]["grpc"], 500);
+        assert_eq!(first["nodes"]["a"], 500);
+        assert_eq!(first["nodes"][NO_NODE], 500);
+
+        let huge = page(&all, &Query::parse("limit=100000"));
+        assert_eq!(ids(&huge).len(), MAX_PAGE);
+
+        let quic = page(&all, &Query::parse("transport=quic&offset=490&limit=50"));
+        assert_eq!(quic["total"], 500);
+        assert_eq!(ids(&quic).len(), 10, "the last 10 of 500");
+        let expected: Vec<u64> = all
+            .iter()
+            .filter(|s| s.worker.transport().as_str() == "quic")
+            .skip(490)
+            .map(|s| s.worker.id().get())
+            .collect();
+        assert_eq!(ids(&quic), expected);
+
+        let unlabelled = page(&all, &Query::parse(&format!("node={NO_NODE}&limit=5")));
+        assert_eq!(unlabelled["total"], 500);
+        assert!(
+            unlabelled["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|w| w["node"].is_null())
+        );
+
+        // Control: without paging parameters every worker is listed, as before.
+        assert_eq!(ids(&page(&all, &Query::default())).len(), 1_000);
+    }
+}
