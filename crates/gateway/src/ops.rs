@@ -57,7 +57,7 @@ pub(crate) fn serve(
     stop: CancellationToken,
 ) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
     let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .route("/v1/workers", get(workers))
@@ -102,11 +102,28 @@ pub(crate) fn warn_if_remote(section: &OpsSection) {
     }
 }
 
+async fn healthz(State(state): State<OpsState>) -> String {
+    with_cluster_line("ok\n".to_owned(), &state)
+}
+
 async fn readyz(State(state): State<OpsState>) -> Response {
     match state.readiness.check() {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+        Ok(()) => (StatusCode::OK, with_cluster_line("ready\n".to_owned(), &state)).into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            with_cluster_line(format!("{why}\n"), &state),
+        )
+            .into_response(),
     }
+}
+
+/// `body` followed by the cluster standing line, in cluster mode.
+fn with_cluster_line(mut body: String, state: &OpsState) -> String {
+    if let Some(line) = state.readiness.cluster_line() {
+        body.push_str(&line);
+        body.push('\n');
+    }
+    body
 }
 
 async fn metrics_text(State(state): State<OpsState>) -> Response {
