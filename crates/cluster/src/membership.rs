@@ -28,20 +28,37 @@ pub(crate) enum ClaimError {
 }
 
 /// Opens (creating if needed) the membership bucket.
+///
+/// The bucket's stream is made here rather than with `create_key_value`, which first reads
+/// the account info, a reply async-nats 0.42 cannot parse from a 2.9 server; the stream is
+/// the one `create_key_value` would make (one message per key, rollups, no deletes).
 pub(crate) async fn bucket(
     js: &jetstream::Context,
     name: &str,
     ttl: Duration,
 ) -> Result<kv::Store, String> {
-    js.create_key_value(kv::Config {
-        bucket: name.to_owned(),
-        history: 1,
+    let stream = jetstream::stream::Config {
+        name: format!("KV_{name}"),
+        subjects: vec![format!("$KV.{name}.>")],
+        max_messages_per_subject: 1,
+        max_bytes: -1,
+        max_messages: -1,
         max_age: ttl,
+        max_message_size: -1,
         storage: jetstream::stream::StorageType::File,
-        ..kv::Config::default()
-    })
-    .await
-    .map_err(|error| format!("membership bucket {name}: {error}"))
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        num_replicas: 1,
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..jetstream::stream::Config::default()
+    };
+    js.get_or_create_stream(stream)
+        .await
+        .map_err(|error| format!("membership bucket {name}: {error}"))?;
+    js.get_key_value(name)
+        .await
+        .map_err(|error| format!("membership bucket {name}: {error}"))
 }
 
 /// Claims `me.node`: creates the entry, or takes it over when it is this process's own

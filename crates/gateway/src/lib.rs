@@ -36,7 +36,7 @@ mod transport;
 pub use api::{ApiConfig, GatewayApi};
 pub use auth::Principals;
 pub use config::{
-    CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionName, DEFAULT_STORE_FILE,
+    CLIENT_ENV_VARS, ClusterSection, ConfigDuration, ConfigError, CongestionName, DEFAULT_STORE_FILE,
     DispatchSection, DurabilityName, DurationSyntax, ENV_PREFIX, GatewayConfig, GrpcSection,
     LivenessSection, LogFormat, LogSection, NamespacePolicyName, NamespaceSection,
     NamespacesSection, OpsSection, Override, PrincipalSection, QuicSection, RedundancyName,
