@@ -76,7 +76,9 @@ fn two_seconds(_: u64) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_on_a_reaches_a_worker_connected_only_to_c() {
-    let Some(nats) = NatsServer::start() else { return };
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
     let (a, b, c) = (
         node_site(&nats, "reach", "a"),
         node_site(&nats, "reach", "b"),
@@ -95,7 +97,11 @@ async fn a_producer_on_a_reaches_a_worker_connected_only_to_c() {
     for tag in 1..=5 {
         let outcome = dispatch(&a, ACTIVITY, tag, PATIENCE).await;
         assert_eq!(completed(&outcome), Some(&tagged(tag)[..]), "{outcome:?}");
-        assert_eq!(ledger.executions(tag), 1, "tag {tag} ran once, on C's worker");
+        assert_eq!(
+            ledger.executions(tag),
+            1,
+            "tag {tag} ran once, on C's worker"
+        );
     }
     // Control: a gateway without `[cluster]` never sees C's worker.
     let alone = Site::new();
@@ -112,7 +118,9 @@ async fn a_producer_on_a_reaches_a_worker_connected_only_to_c() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_spreads_over_workers_on_b_and_c() {
-    let Some(nats) = NatsServer::start() else { return };
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
     let (a, b, c) = (
         node_site(&nats, "spread", "a"),
         node_site(&nats, "spread", "b"),
@@ -154,7 +162,9 @@ async fn work_spreads_over_workers_on_b_and_c() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_mid_task_has_its_forwarded_tasks_dispatched_again() {
-    let Some(nats) = NatsServer::start() else { return };
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
     let (a, b, c) = (
         node_site(&nats, "kill", "a"),
         node_site(&nats, "kill", "b"),
@@ -191,15 +201,24 @@ async fn a_node_killed_mid_task_has_its_forwarded_tasks_dispatched_again() {
     // One task ran twice (on C, killed; again on B), the other once.
     let mut runs = [ledger.executions(0), ledger.executions(1)];
     runs.sort_unstable();
-    assert_eq!(runs, [1, 2], "the killed node's task ran again, the other did not");
+    assert_eq!(
+        runs,
+        [1, 2],
+        "the killed node's task ran again, the other did not"
+    );
     worker_b.stop().await;
     worker_c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_down_keeps_local_traffic_and_cross_node_traffic_resumes() {
-    let Some(mut nats) = NatsServer::start() else { return };
-    let (a, c) = (node_site(&nats, "outage", "a"), node_site(&nats, "outage", "c"));
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, c) = (
+        node_site(&nats, "outage", "a"),
+        node_site(&nats, "outage", "c"),
+    );
     let _a = a.serve().await;
     let _c = c.serve().await;
     let ledger = Arc::new(Ledger::default());
@@ -210,33 +229,49 @@ async fn nats_down_keeps_local_traffic_and_cross_node_traffic_resumes() {
     nats.kill();
     for tag in 10..20 {
         let outcome = dispatch(&a, "local-echo", tag, Duration::from_secs(5)).await;
-        assert_eq!(completed(&outcome), Some(&tagged(tag)[..]), "local, NATS down: {outcome:?}");
+        assert_eq!(
+            completed(&outcome),
+            Some(&tagged(tag)[..]),
+            "local, NATS down: {outcome:?}"
+        );
     }
     // Control: cross-node traffic does need NATS.
     let cut = dispatch(&a, ACTIVITY, 2, Duration::from_millis(1500)).await;
     assert!(completed(&cut).is_none(), "{cut:?}");
     nats.restart();
     let after = dispatch(&a, ACTIVITY, 3, PATIENCE).await;
-    assert_eq!(completed(&after), Some(&tagged(3)[..]), "cross-node after NATS restarts: {after:?}");
+    assert_eq!(
+        completed(&after),
+        Some(&tagged(3)[..]),
+        "cross-node after NATS restarts: {after:?}"
+    );
     local.stop().await;
     far.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_node_name_twice_is_refused_naming_the_first() {
-    let Some(nats) = NatsServer::start() else { return };
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
     let first = node_site(&nats, "twins", "twin");
     let _first = first.serve().await;
     let second = node_site(&nats, "twins", "twin");
     let mut refused = serve_command(&second.config);
     let status = refused.exit().await;
-    assert!(!status.success(), "the second node with the name must not start");
+    assert!(
+        !status.success(),
+        "the second node with the name must not start"
+    );
     let stderr = refused.stderr();
     assert!(
         stderr.contains("node name \"twin\" is held by a live node"),
         "{stderr}"
     );
-    assert!(stderr.contains(&format!("grpc 127.0.0.1:{}", first.port)), "names the first: {stderr}");
+    assert!(
+        stderr.contains(&format!("grpc 127.0.0.1:{}", first.port)),
+        "names the first: {stderr}"
+    );
     // Control: another name joins.
     let other = node_site(&nats, "twins", "other");
     let _other = other.serve().await;

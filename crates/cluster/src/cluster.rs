@@ -52,7 +52,9 @@ impl Cluster {
             .await?
             .connect(config.nats_url.as_str())
             .await
-            .map_err(|error| JoinError::Options(format!("nats_url {}: {error}", config.nats_url)))?;
+            .map_err(|error| {
+                JoinError::Options(format!("nats_url {}: {error}", config.nats_url))
+            })?;
         let js = async_nats::jetstream::new(client.clone());
         let names = Names::new(&config.name);
         let me = NodeInfo {
@@ -115,10 +117,13 @@ impl Cluster {
             status.clone(),
         );
         let mut tasks = JoinSet::new();
+        let shared_bucket = membership::Bucket {
+            js,
+            name: bucket,
+            ttl: config.member_ttl,
+        };
         tasks.spawn(membership::hold(
-            js.clone(),
-            bucket.clone(),
-            config.member_ttl,
+            shared_bucket.clone(),
             me,
             status.clone(),
             config.refresh_every,
@@ -127,15 +132,19 @@ impl Cluster {
         ));
         let joined = Arc::clone(&forwarder);
         tasks.spawn(membership::watch(
-            js,
-            bucket,
-            config.member_ttl,
+            shared_bucket,
             members,
             move || joined.node_joined(),
             stop.clone(),
         ));
-        tasks.spawn(forward::follow_outcomes(Arc::clone(&forwarder), stop.clone()));
-        tasks.spawn(forward::follow_capacity(Arc::clone(&forwarder), stop.clone()));
+        tasks.spawn(forward::follow_outcomes(
+            Arc::clone(&forwarder),
+            stop.clone(),
+        ));
+        tasks.spawn(forward::follow_capacity(
+            Arc::clone(&forwarder),
+            stop.clone(),
+        ));
         tasks.spawn(taker::follow_slots(Arc::clone(&taker), stop.clone()));
         tasks.spawn(taker::follow_cancels(taker, stop.clone()));
         if !dispatcher.set_overflow(Arc::new(ClusterOverflow(forwarder))) {
@@ -165,7 +174,10 @@ impl Cluster {
 
 /// The NATS connection options: retry the first connect in the background (a node starts
 /// without NATS), and report connection changes on `status`.
-async fn options(config: &ClusterConfig, status: ClusterStatus) -> Result<ConnectOptions, JoinError> {
+async fn options(
+    config: &ClusterConfig,
+    status: ClusterStatus,
+) -> Result<ConnectOptions, JoinError> {
     let mut options = ConnectOptions::new()
         .name(format!("switchyard {}/{}", config.name, config.node))
         .retry_on_initial_connect()

@@ -31,7 +31,11 @@ pub struct ClusterConfig {
 
 impl ClusterConfig {
     /// A configuration with the default timings and no TLS or credentials.
-    pub fn new(nats_url: impl Into<String>, name: impl Into<String>, node: impl Into<String>) -> Self {
+    pub fn new(
+        nats_url: impl Into<String>,
+        name: impl Into<String>,
+        node: impl Into<String>,
+    ) -> Self {
         Self {
             nats_url: nats_url.into(),
             name: name.into(),
@@ -55,7 +59,13 @@ pub fn default_node_name() -> String {
         .map(|name| {
             name.trim()
                 .chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
                 .collect::<String>()
         })
         .filter(|name| !name.is_empty())

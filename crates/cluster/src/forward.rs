@@ -144,7 +144,9 @@ impl Forwarder {
                 .client
                 .send_request(
                     subject.clone(),
-                    Request::new().payload(body.clone()).timeout(Some(OFFER_TIMEOUT)),
+                    Request::new()
+                        .payload(body.clone())
+                        .timeout(Some(OFFER_TIMEOUT)),
                 )
                 .await;
             let answer = match asked {

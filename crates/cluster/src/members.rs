@@ -24,7 +24,11 @@ pub struct NodeInfo {
 
 impl std::fmt::Display for NodeInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "instance {:016x}, started at {} ms", self.instance, self.started_unix_ms)?;
+        write!(
+            f,
+            "instance {:016x}, started at {} ms",
+            self.instance, self.started_unix_ms
+        )?;
         if let Some(grpc) = &self.grpc_addr {
             write!(f, ", grpc {grpc}")?;
         }

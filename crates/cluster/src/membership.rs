@@ -61,6 +61,20 @@ pub(crate) async fn bucket(
         .map_err(|error| format!("membership bucket {name}: {error}"))
 }
 
+/// Where the membership bucket lives, to open it again after an outage.
+#[derive(Clone)]
+pub(crate) struct Bucket {
+    pub(crate) js: jetstream::Context,
+    pub(crate) name: String,
+    pub(crate) ttl: Duration,
+}
+
+impl Bucket {
+    async fn open(&self) -> Result<kv::Store, String> {
+        bucket(&self.js, &self.name, self.ttl).await
+    }
+}
+
 /// Claims `me.node`: creates the entry, or takes it over when it is this process's own
 /// (same instance); refuses when another live process holds it. Returns the revision.
 pub(crate) async fn claim(store: &kv::Store, me: &NodeInfo) -> Result<u64, ClaimError> {
@@ -98,9 +112,7 @@ pub(crate) async fn claim(store: &kv::Store, me: &NodeInfo) -> Result<u64, Claim
 /// again (rejoining after an outage), reporting the standing on `status`. Deletes the entry
 /// on a clean stop so other nodes see the node gone at once.
 pub(crate) async fn hold(
-    js: jetstream::Context,
-    bucket_name: String,
-    ttl: Duration,
+    bucket: Bucket,
     me: NodeInfo,
     status: ClusterStatus,
     every: Duration,
@@ -117,7 +129,7 @@ pub(crate) async fn hold(
         }
         let kv = match &store {
             Some(kv) => kv.clone(),
-            None => match bucket(&js, &bucket_name, ttl).await {
+            None => match bucket.open().await {
                 Ok(kv) => store.insert(kv).clone(),
                 Err(reason) => {
                     status.set(Standing::Degraded(reason));
@@ -160,15 +172,14 @@ pub(crate) async fn hold(
 /// Follows every node's entry into `members` until `stop`; `joined` hears each node that
 /// appears (a new node may have free slots).
 pub(crate) async fn watch(
-    js: jetstream::Context,
-    bucket_name: String,
-    ttl: Duration,
+    bucket: Bucket,
     members: Arc<Mutex<Members>>,
     joined: impl Fn() + Send,
     stop: CancellationToken,
 ) {
     loop {
-        let watching = match bucket(&js, &bucket_name, ttl).await {
+        let ttl = bucket.ttl;
+        let watching = match bucket.open().await {
             Ok(kv) => kv.watch_all().await.map_err(|error| error.to_string()),
             Err(reason) => Err(reason),
         };

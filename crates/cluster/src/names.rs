@@ -28,7 +28,12 @@ pub fn check_name(name: &str) -> Result<(), String> {
 
 /// A pool's subject token: FNV-1a 64 of `namespace`, task queue, activity type and node pin,
 /// each followed by a zero byte, in hex. Stable across nodes and releases.
-pub fn pool_hash(namespace: &str, task_queue: &str, activity_type: &str, node: Option<&str>) -> String {
+pub fn pool_hash(
+    namespace: &str,
+    task_queue: &str,
+    activity_type: &str,
+    node: Option<&str>,
+) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for part in [namespace, task_queue, activity_type, node.unwrap_or("")] {
         for byte in part.bytes().chain(std::iter::once(0)) {

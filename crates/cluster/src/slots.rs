@@ -119,19 +119,37 @@ mod tests {
         let mut subs = Subscriptions::new(Duration::from_millis(500));
         let plan = subs.plan(&free(&[("p", 1), ("q", 0)]), start);
         assert_eq!(plan.subscribe, vec!["p".to_owned()], "q has no free slot");
-        assert!(subs.plan(&free(&[("p", 2)]), start).subscribe.is_empty(), "held once");
+        assert!(
+            subs.plan(&free(&[("p", 2)]), start).subscribe.is_empty(),
+            "held once"
+        );
         // Full: kept through the hold (hysteresis) ...
         let full = free(&[("p", 0)]);
-        assert_eq!(subs.plan(&full, start + Duration::from_millis(100)), Plan::default());
-        assert_eq!(subs.plan(&full, start + Duration::from_millis(400)), Plan::default());
+        assert_eq!(
+            subs.plan(&full, start + Duration::from_millis(100)),
+            Plan::default()
+        );
+        assert_eq!(
+            subs.plan(&full, start + Duration::from_millis(400)),
+            Plan::default()
+        );
         // ... a free slot within it resets the clock ...
-        assert_eq!(subs.plan(&free(&[("p", 1)]), start + Duration::from_millis(450)), Plan::default());
-        assert_eq!(subs.plan(&full, start + Duration::from_millis(500)), Plan::default());
+        assert_eq!(
+            subs.plan(&free(&[("p", 1)]), start + Duration::from_millis(450)),
+            Plan::default()
+        );
+        assert_eq!(
+            subs.plan(&full, start + Duration::from_millis(500)),
+            Plan::default()
+        );
         // ... and full for the whole hold drops it.
         let later = start + Duration::from_millis(500) + subs.hold();
         assert_eq!(subs.plan(&full, later).unsubscribe, vec!["p".to_owned()]);
         // Control: a free slot again subscribes again.
-        assert_eq!(subs.plan(&free(&[("p", 1)]), later).subscribe, vec!["p".to_owned()]);
+        assert_eq!(
+            subs.plan(&free(&[("p", 1)]), later).subscribe,
+            vec!["p".to_owned()]
+        );
     }
 
     #[test]

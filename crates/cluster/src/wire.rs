@@ -127,7 +127,10 @@ pub(crate) fn encode_end(forward: u64, end: &RemoteEnd) -> Bytes {
                     meta.reason = Some(reason.as_str().to_owned());
                     detail.as_bytes()
                 }
-                ActivityOutcome::TransportLost { transport, attempts } => {
+                ActivityOutcome::TransportLost {
+                    transport,
+                    attempts,
+                } => {
                     meta.transport = Some(transport.as_str().to_owned());
                     meta.attempts = *attempts;
                     &[]
@@ -204,7 +207,10 @@ mod tests {
     fn a_short_or_garbled_body_is_refused_not_trusted() {
         let body = encode_end(7, &RemoteEnd::Lost);
         assert_eq!(decode_end(&body.slice(..3)), Err(WireError::Truncated));
-        assert_eq!(decode_end(&body.slice(..body.len() - 1)).map(|_| ()), Err(WireError::Truncated));
+        assert_eq!(
+            decode_end(&body.slice(..body.len() - 1)).map(|_| ()),
+            Err(WireError::Truncated)
+        );
         let mut wrong = body.to_vec();
         wrong[0] = 0xff;
         assert_eq!(decode_end(&Bytes::from(wrong)), Err(WireError::Truncated));

@@ -108,7 +108,11 @@ async fn healthz(State(state): State<OpsState>) -> String {
 
 async fn readyz(State(state): State<OpsState>) -> Response {
     match state.readiness.check() {
-        Ok(()) => (StatusCode::OK, with_cluster_line("ready\n".to_owned(), &state)).into_response(),
+        Ok(()) => (
+            StatusCode::OK,
+            with_cluster_line("ready\n".to_owned(), &state),
+        )
+            .into_response(),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
             with_cluster_line(format!("{why}\n"), &state),

@@ -82,7 +82,8 @@ pub(super) fn validate(section: &ClusterSection) -> Result<(), ConfigError> {
             "set tls_cert and tls_key together or neither".to_owned(),
         ));
     }
-    if section.refresh_every.get().is_zero() || section.refresh_every.get() >= section.member_ttl.get()
+    if section.refresh_every.get().is_zero()
+        || section.refresh_every.get() >= section.member_ttl.get()
     {
         return Err(ConfigError::invalid(
             "cluster.refresh_every",
@@ -103,8 +104,11 @@ pub(crate) fn cluster_config(
     ops_addr: Option<String>,
 ) -> switchyard_cluster::ClusterConfig {
     let path = |p: &str| (!p.is_empty()).then(|| std::path::PathBuf::from(p));
-    let mut config =
-        switchyard_cluster::ClusterConfig::new(&section.nats_url, &section.name, section.node_name());
+    let mut config = switchyard_cluster::ClusterConfig::new(
+        &section.nats_url,
+        &section.name,
+        section.node_name(),
+    );
     config.credentials_file = path(&section.credentials_file);
     config.tls_ca_file = path(&section.tls_ca);
     config.tls_client = path(&section.tls_cert).zip(path(&section.tls_key));

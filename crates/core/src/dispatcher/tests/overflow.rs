@@ -152,7 +152,13 @@ async fn the_deadline_of_an_offer_nobody_took_says_no_capacity_in_cluster() {
         .await
         .expect("dispatch");
     assert!(
-        matches!(outcome, ActivityOutcome::Unserved { reason: UnservedReason::NoWorkers, .. }),
+        matches!(
+            outcome,
+            ActivityOutcome::Unserved {
+                reason: UnservedReason::NoWorkers,
+                ..
+            }
+        ),
         "{outcome:?}"
     );
 }
@@ -201,9 +207,7 @@ async fn cancelling_a_forwarded_dispatch_drops_the_remote_wait() {
     let running = s.spawn(with_id(request("x", Duration::from_secs(60)), "a1"));
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert!(heard.try_recv().is_err(), "still running remotely");
-    s.dispatcher
-        .cancel(&caller(), NS, "a1")
-        .expect("in flight");
+    s.dispatcher.cancel(&caller(), NS, "a1").expect("in flight");
     assert_eq!(running.await.expect("dispatch"), ActivityOutcome::Cancelled);
     assert!(heard.recv().await.is_some(), "the remote wait was dropped");
 }
@@ -222,7 +226,13 @@ async fn local_only_misses_at_once_without_parking_or_offering() {
         .await
         .expect("dispatch");
     assert!(
-        matches!(outcome, ActivityOutcome::Unserved { reason: UnservedReason::NoWorkers, .. }),
+        matches!(
+            outcome,
+            ActivityOutcome::Unserved {
+                reason: UnservedReason::NoWorkers,
+                ..
+            }
+        ),
         "{outcome:?}"
     );
     assert!(offers(&scripted).is_empty());
