@@ -276,3 +276,92 @@ async fn the_same_node_name_twice_is_refused_naming_the_first() {
     let other = node_site(&nats, "twins", "other");
     let _other = other.serve().await;
 }
+
+/// `GET path` on a loopback HTTP port: the whole response, headers and body.
+async fn http_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("ops listens");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_string(&mut response))
+        .await
+        .expect("ops answers")
+        .unwrap();
+    response
+}
+
+/// Polls `GET path` until the response contains `needle`, within the patience.
+async fn http_until(port: u16, path: &str, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let response = http_get(port, path).await;
+        if response.contains(needle) {
+            return response;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path} never said {needle:?}: {response}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `switchyard serve` on `site` with the operations listener on; returns it and its port.
+async fn serve_with_ops(site: &Site) -> (Process, u16) {
+    let ops = harness::free_port();
+    let mut command = std::process::Command::new(harness::switchyard());
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(&site.config)
+        .env_remove("RUST_LOG");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SWITCHYARD_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .env("SWITCHYARD_OPS_ENABLED", "true")
+        .env("SWITCHYARD_OPS_LISTEN", format!("127.0.0.1:{ops}"));
+    let mut node = Process::spawn(&mut command);
+    node.line_containing("grpc").await;
+    (node, ops)
+}
+
+fn is_ok(response: &str) -> bool {
+    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_says_degraded_while_nats_is_down_and_metrics_carry_the_node() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let site = node_site(&nats, "ops", "ops-a");
+    let (_node, ops) = serve_with_ops(&site).await;
+    let joined = http_until(ops, "/readyz", "cluster: joined as ops-a").await;
+    assert!(is_ok(&joined), "{joined}");
+    let metrics = http_get(ops, "/metrics").await;
+    assert!(metrics.contains("node=\"ops-a\""), "{metrics}");
+    nats.kill();
+    let degraded = http_until(ops, "/readyz", "cluster: degraded (").await;
+    assert!(
+        is_ok(&degraded),
+        "a degraded node still serves its own workers: {degraded}"
+    );
+    http_until(ops, "/healthz", "cluster: degraded (").await;
+    nats.restart();
+    http_until(ops, "/readyz", "cluster: joined as ops-a").await;
+    // Control: a gateway without `[cluster]` has no cluster line and no node label.
+    let alone = Site::new();
+    let (_alone, alone_ops) = serve_with_ops(&alone).await;
+    let ready = http_get(alone_ops, "/readyz").await;
+    assert!(is_ok(&ready) && !ready.contains("cluster:"), "{ready}");
+    let metrics = http_get(alone_ops, "/metrics").await;
+    assert!(!metrics.contains("node=\""), "{metrics}");
+}

@@ -44,6 +44,11 @@ impl ClusterStatus {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The node's name.
+    pub fn node(&self) -> String {
+        self.lock().node.clone()
+    }
+
     /// The node's standing now.
     pub fn standing(&self) -> Standing {
         self.lock().standing.clone()

@@ -136,7 +136,12 @@ async fn metrics_text(State(state): State<OpsState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics::render(&state.core, &state.backlog),
+        match state.readiness.cluster_node() {
+            Some(node) => {
+                metrics::with_node_label(&metrics::render(&state.core, &state.backlog), &node)
+            }
+            None => metrics::render(&state.core, &state.backlog),
+        },
     )
         .into_response()
 }

@@ -69,6 +69,11 @@ impl Readiness {
         self.lock().cluster.as_ref().map(|status| status.describe())
     }
 
+    /// The cluster node name; `None` outside a cluster.
+    pub fn cluster_node(&self) -> Option<String> {
+        self.lock().cluster.as_ref().map(|status| status.node())
+    }
+
     /// `Ok` when ready, else why not.
     pub fn check(&self) -> Result<(), NotReady> {
         let state = self.lock();
