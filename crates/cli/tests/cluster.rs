@@ -365,3 +365,97 @@ async fn readiness_says_degraded_while_nats_is_down_and_metrics_carry_the_node()
     let metrics = http_get(alone_ops, "/metrics").await;
     assert!(!metrics.contains("node=\""), "{metrics}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_on_the_origin_stops_the_task_on_the_node_running_it() {
+    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, c) = (
+        node_site(&nats, "cancel", "a"),
+        node_site(&nats, "cancel", "c"),
+    );
+    let _a = a.serve().await;
+    let _c = c.serve().await;
+    // One slot on C; its handler runs until cancelled, then reports the cancel it saw.
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (cancel_seen_tx, mut cancel_seen) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
+        .namespaces([NAMESPACE])
+        .max_concurrency(1)
+        .tls(c.client_tls())
+        .activity(
+            ACTIVITY,
+            move |ctx: ActivityContext, input: bytes::Bytes| {
+                let (started_tx, cancel_seen_tx) = (started_tx.clone(), cancel_seen_tx.clone());
+                async move {
+                    if input == tagged(1) {
+                        let _ = started_tx.send(());
+                        tokio::select! {
+                            () = ctx.cancelled() => { let _ = cancel_seen_tx.send(()); }
+                            () = tokio::time::sleep(Duration::from_secs(30)) => {}
+                        }
+                    }
+                    Ok(input)
+                }
+            },
+        )
+        .connect()
+        .await
+        .expect("the worker registers on C");
+    let stop = worker.shutdown_token();
+    let running = tokio::spawn(async move {
+        let _ = worker.run().await;
+    });
+    let mut producer = a.producer().await.expect("A listens");
+    let mut long_call = producer.clone();
+    let long = tokio::spawn(async move {
+        long_call
+            .0
+            .dispatch(pb::DispatchRequest {
+                namespace: NAMESPACE.into(),
+                activity_type: ACTIVITY.into(),
+                input: tagged(1),
+                timeout_ms: 60_000,
+                durable: Some(false),
+                activity_id: "long-1".into(),
+                ..pb::DispatchRequest::default()
+            })
+            .await
+            .expect("Dispatch answers")
+            .into_inner()
+            .outcome
+            .expect("an outcome")
+    });
+    tokio::time::timeout(PATIENCE, started.recv())
+        .await
+        .expect("the long task started on C");
+    // Control: nothing cancelled it yet.
+    assert!(cancel_seen.try_recv().is_err());
+    producer
+        .0
+        .cancel(pb::CancelDispatchRequest {
+            namespace: NAMESPACE.into(),
+            activity_id: "long-1".into(),
+            ..pb::CancelDispatchRequest::default()
+        })
+        .await
+        .expect("the dispatch is in flight on A");
+    let ended = long.await.unwrap();
+    assert!(
+        matches!(
+            ended.outcome,
+            Some(pb::dispatch_outcome::Outcome::Cancelled(_))
+        ),
+        "{ended:?}"
+    );
+    tokio::time::timeout(PATIENCE, cancel_seen.recv())
+        .await
+        .expect("the cancel reached the worker on C");
+    // C's only slot is free again: the next dispatch runs there.
+    let next = dispatch(&a, ACTIVITY, 2, Duration::from_secs(10)).await;
+    assert_eq!(completed(&next), Some(&tagged(2)[..]), "{next:?}");
+    stop.cancel();
+    let _ = running.await;
+}

@@ -137,9 +137,11 @@ impl Forwarder {
             forwarder: Arc::clone(&self),
             forward,
             taker: None,
+            unanswered: false,
         };
         let subject = self.names.offer(&pool);
         for _ in 0..BUSY_RETRIES {
+            watch.unanswered = true;
             let asked = self
                 .client
                 .send_request(
@@ -151,12 +153,17 @@ impl Forwarder {
                 .await;
             let answer = match asked {
                 Ok(answer) => answer,
-                Err(error) if error.kind() == RequestErrorKind::NoResponders => break,
+                Err(error) if error.kind() == RequestErrorKind::NoResponders => {
+                    watch.unanswered = false;
+                    break;
+                }
+                // A lost or late answer may hide a taker: dropping the watch cancels it.
                 Err(error) => {
                     tracing::debug!(%error, "cluster: offer unanswered");
                     break;
                 }
             };
+            watch.unanswered = false;
             if let Some(taker) = answer.payload.strip_prefix(TAKEN) {
                 let taker = String::from_utf8_lossy(taker).trim().to_owned();
                 watch.taker = Some(taker);
@@ -170,11 +177,14 @@ impl Forwarder {
     }
 }
 
-/// One forwarded dispatch: waits for its end; dropped before it, asks the taker to cancel.
+/// One forwarded dispatch: waits for its end; dropped before it, asks the taker to cancel
+/// (every node, when an offer's answer never arrived: someone may have taken it).
 struct ForwardWatch {
     forwarder: Arc<Forwarder>,
     forward: u64,
     taker: Option<String>,
+    /// An offer is out and its answer has not been read.
+    unanswered: bool,
 }
 
 impl ForwardWatch {
@@ -207,11 +217,13 @@ impl ForwardWatch {
 impl Drop for ForwardWatch {
     fn drop(&mut self) {
         self.forwarder.waiting().remove(&self.forward);
-        let Some(taker) = self.taker.take() else {
-            return;
+        let names = &self.forwarder.names;
+        let subject = match self.taker.take() {
+            Some(taker) => names.cancel(&taker),
+            None if self.unanswered => names.cancel_unaddressed(),
+            None => return,
         };
         let client = self.forwarder.client.clone();
-        let subject = self.forwarder.names.cancel(&taker);
         let body = wire::frame(
             &CancelMeta {
                 origin: self.forwarder.node.clone(),

@@ -2,7 +2,8 @@
 //!
 //! Subjects: `switchyard.<cluster>.offer.<pool hash>` (offers, queue group `takers`),
 //! `switchyard.<cluster>.capacity.<pool hash>` (a node gained a free slot for the pool),
-//! `switchyard.<cluster>.node.<node>.outcome` and `.cancel` (addressed to one node). Bucket:
+//! `switchyard.<cluster>.node.<node>.outcome` and `.cancel` (addressed to one node),
+//! `switchyard.<cluster>.cancel` (a cancel whose taker is unknown). Bucket:
 //! `switchyard_<cluster>_nodes` (membership).
 
 /// The queue group every node's offer subscriptions join: one taker per offer.
@@ -79,6 +80,12 @@ impl Names {
 
     pub(crate) fn cancel(&self, node: &str) -> String {
         format!("switchyard.{}.node.{node}.cancel", self.cluster)
+    }
+
+    /// Cancels for an offer whose taker the origin never learned (its answer was still on
+    /// the way, or lost): every node hears them.
+    pub(crate) fn cancel_unaddressed(&self) -> String {
+        format!("switchyard.{}.cancel", self.cluster)
     }
 }
 

@@ -40,8 +40,43 @@ pub(crate) struct Taker {
     pub(crate) node: String,
     pub(crate) dispatcher: Dispatcher,
     pub(crate) status: ClusterStatus,
-    /// Forwarded dispatches running here, by `(origin, forward id)`.
-    cancels: Mutex<HashMap<(String, u64), CancellationToken>>,
+    /// Forwarded dispatches running here, and cancels that came before their offer.
+    cancels: Mutex<Cancels>,
+}
+
+/// How long a cancel that found no dispatch is remembered, for an offer still on its way.
+const EARLY_CANCEL_KEPT: Duration = Duration::from_secs(30);
+
+/// Forwarded dispatches running here by `(origin, forward id)`, and the cancels that arrived
+/// before their offer was handled (an origin that stopped waiting before it heard "taken").
+#[derive(Default)]
+struct Cancels {
+    running: HashMap<(String, u64), CancellationToken>,
+    early: HashMap<(String, u64), Instant>,
+}
+
+impl Cancels {
+    /// A token for a forwarded dispatch about to run; `None` when its cancel came first.
+    fn start(&mut self, key: (String, u64)) -> Option<CancellationToken> {
+        if self.early.remove(&key).is_some() {
+            return None;
+        }
+        let token = CancellationToken::new();
+        self.running.insert(key, token.clone());
+        Some(token)
+    }
+
+    /// The origin asks to cancel `key` at `now`.
+    fn cancel(&mut self, key: (String, u64), now: Instant) {
+        match self.running.remove(&key) {
+            Some(token) => token.cancel(),
+            None => {
+                self.early
+                    .retain(|_, at| now.saturating_duration_since(*at) < EARLY_CANCEL_KEPT);
+                self.early.insert(key, now);
+            }
+        }
+    }
 }
 
 impl Taker {
@@ -58,11 +93,11 @@ impl Taker {
             node,
             dispatcher,
             status,
-            cancels: Mutex::new(HashMap::new()),
+            cancels: Mutex::new(Cancels::default()),
         })
     }
 
-    fn cancels(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64), CancellationToken>> {
+    fn cancels(&self) -> std::sync::MutexGuard<'_, Cancels> {
         self.cancels.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -162,8 +197,10 @@ async fn take(taker: Arc<Taker>, offer: Message) {
         }
     };
     let key = (meta.origin.clone(), meta.forward);
-    let cancel = CancellationToken::new();
-    taker.cancels().insert(key.clone(), cancel.clone());
+    let Some(cancel) = taker.cancels().start(key.clone()) else {
+        let _ = taker.client.publish(reply, BUSY.into()).await;
+        return;
+    };
     let (delivered_tx, delivered) = oneshot::channel::<()>();
     let delivered_tx = Mutex::new(Some(delivered_tx));
     let hooks = DispatchHooks {
@@ -195,7 +232,7 @@ async fn take(taker: Arc<Taker>, offer: Message) {
         }
         ended = &mut running => {
             // Ended before any delivery: a local miss (busy), or refused outright.
-            taker.cancels().remove(&key);
+            taker.cancels().running.remove(&key);
             tracing::trace!(ended = ?ended.map(|r| r.map(|o| o.label())), "cluster: offer not taken");
             let _ = taker.client.publish(reply, BUSY.into()).await;
             false
@@ -205,7 +242,7 @@ async fn take(taker: Arc<Taker>, offer: Message) {
         return;
     }
     let ended = running.await;
-    taker.cancels().remove(&key);
+    taker.cancels().running.remove(&key);
     let end = match ended {
         // A local-only dispatch that ends unserved after its delivery lost its worker and
         // found no other here: the origin offers it again.
@@ -224,16 +261,23 @@ async fn take(taker: Arc<Taker>, offer: Message) {
     }
 }
 
-/// Cancels forwarded dispatches running here when their origin asks, until `stop`.
+/// Cancels forwarded dispatches running here when their origin asks (on this node's cancel
+/// subject, or the cluster's for a taker the origin never learned), until `stop`.
 pub(crate) async fn follow_cancels(taker: Arc<Taker>, stop: CancellationToken) {
-    let subject = taker.names.cancel(&taker.node);
-    let mut cancels = match taker.client.subscribe(subject.clone()).await {
-        Ok(cancels) => cancels,
-        Err(error) => {
-            tracing::warn!(%subject, %error, "cluster: cancel subscription failed");
-            return;
+    let mut streams = Vec::new();
+    for subject in [
+        taker.names.cancel(&taker.node),
+        taker.names.cancel_unaddressed(),
+    ] {
+        match taker.client.subscribe(subject.clone()).await {
+            Ok(cancels) => streams.push(cancels),
+            Err(error) => {
+                tracing::warn!(%subject, %error, "cluster: cancel subscription failed");
+                return;
+            }
         }
-    };
+    }
+    let mut cancels = futures::stream::select_all(streams);
     loop {
         let message = tokio::select! {
             () = stop.cancelled() => return,
@@ -243,8 +287,33 @@ pub(crate) async fn follow_cancels(taker: Arc<Taker>, stop: CancellationToken) {
         let Ok((meta, _)) = wire::unframe::<CancelMeta>(&message.payload) else {
             continue;
         };
-        if let Some(token) = taker.cancels().remove(&(meta.origin, meta.forward)) {
-            token.cancel();
-        }
+        taker
+            .cancels()
+            .cancel((meta.origin, meta.forward), Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancel_before_its_offer_stops_the_offer_from_running() {
+        let now = Instant::now();
+        let mut cancels = Cancels::default();
+        cancels.cancel(("a".to_owned(), 1), now);
+        assert!(
+            cancels.start(("a".to_owned(), 1)).is_none(),
+            "cancelled first"
+        );
+        // Control: another forward runs, and its cancel fires its token.
+        let token = cancels.start(("a".to_owned(), 2)).expect("not cancelled");
+        assert!(!token.is_cancelled());
+        cancels.cancel(("a".to_owned(), 2), now);
+        assert!(token.is_cancelled());
+        // An early cancel is forgotten after a while.
+        cancels.cancel(("a".to_owned(), 3), now);
+        cancels.cancel(("b".to_owned(), 9), now + EARLY_CANCEL_KEPT);
+        assert!(cancels.start(("a".to_owned(), 3)).is_some());
     }
 }
