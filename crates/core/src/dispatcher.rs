@@ -16,6 +16,7 @@ mod acquire;
 mod budget;
 mod config;
 mod hooks;
+mod overflow;
 pub(crate) mod quota;
 mod reclaim;
 mod table;
@@ -25,7 +26,7 @@ mod unserved;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Notify, oneshot};
@@ -37,6 +38,7 @@ pub use config::{
     DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DispatchConfig,
 };
 pub use hooks::{DeliveredHook, DispatchHooks, ParkedHook};
+pub use overflow::{Forwarded, Offered, Overflow, OverflowFuture, OverflowOffer};
 pub use unserved::{UnservedAddress, UnservedQueue};
 
 use crate::address::{WorkerId, normalise_task_queue};
@@ -103,6 +105,8 @@ struct Inner {
     results_after_cancel: AtomicU64,
     /// Selection attempts since start (each parked dispatch tries once per wake).
     selections: AtomicU64,
+    /// Other nodes a dispatch is offered to after a local miss; unset outside a cluster.
+    overflow: OnceLock<Arc<dyn Overflow>>,
 }
 
 /// How a dispatch's wait for its worker ended.
@@ -271,6 +275,7 @@ impl Dispatcher {
             refused_late: AtomicU64::new(0),
             results_after_cancel: AtomicU64::new(0),
             selections: AtomicU64::new(0),
+            overflow: OnceLock::new(),
         });
         let weak = Arc::downgrade(&inner);
         registry.observe_departures(Arc::new(move |worker, _reason| {
@@ -279,6 +284,12 @@ impl Dispatcher {
             }
         }));
         Self { inner }
+    }
+
+    /// Installs the nodes a dispatch that misses locally is offered to (see [`Overflow`]);
+    /// false, changing nothing, when one is already installed.
+    pub fn set_overflow(&self, overflow: Arc<dyn Overflow>) -> bool {
+        self.inner.overflow.set(overflow).is_ok()
     }
 
     /// The registry this dispatcher selects from.

@@ -48,8 +48,8 @@ pub use delivery::{
 };
 pub use dispatcher::{
     DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DeliveredHook,
-    DispatchConfig, DispatchHooks, Dispatcher, ParkedHook, RefusedCounts, UnservedAddress,
-    UnservedQueue,
+    DispatchConfig, DispatchHooks, Dispatcher, Forwarded, Offered, Overflow, OverflowFuture,
+    OverflowOffer, ParkedHook, RefusedCounts, UnservedAddress, UnservedQueue,
 };
 pub use durable::{
     Awaited, BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, DispatchStore,

@@ -89,7 +89,7 @@ pub const OUTCOME_LABELS: [&str; 7] = [
 pub const REFUSED_RESULT_LABELS: [&str; 3] = ["unknown", "foreign", "late"];
 
 /// Every `reason` label of [`UNSERVED_EPISODES_TOTAL`].
-pub const UNSERVED_LABELS: [&str; 9] = [
+pub const UNSERVED_LABELS: [&str; 10] = [
     "no_workers",
     "workers_incompatible",
     "all_at_capacity",
@@ -99,6 +99,7 @@ pub const UNSERVED_LABELS: [&str; 9] = [
     "on_probation",
     "draining",
     "workers_suspended",
+    "no_capacity_in_cluster",
 ];
 
 /// Every `reason` label of [`ADMISSION_REFUSALS_TOTAL`].
@@ -200,7 +201,8 @@ fn every_variant_is_listed(
         | U::WorkersUnreachable
         | U::OnProbation
         | U::Draining
-        | U::WorkersSuspended => {}
+        | U::WorkersSuspended
+        | U::NoCapacityInCluster => {}
     }
     use AdmissionError as A;
     match admission {
@@ -264,6 +266,7 @@ mod tests {
             UnservedReason::OnProbation,
             UnservedReason::Draining,
             UnservedReason::WorkersSuspended,
+            UnservedReason::NoCapacityInCluster,
         ];
         let labels: Vec<&str> = unserved.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels, UNSERVED_LABELS);

@@ -7,6 +7,7 @@
 //! the environment and flags are read as the key's type: text as is, numbers and booleans
 //! parsed, lists and tables as TOML inline values (`["a", "b"]`, `[{ name = "x" }]`).
 
+pub(crate) mod cluster;
 mod duration;
 mod error;
 #[cfg(test)]
@@ -16,6 +17,7 @@ mod validate;
 
 use std::path::Path;
 
+pub use cluster::ClusterSection;
 pub use duration::{ConfigDuration, DurationSyntax};
 pub use error::ConfigError;
 pub use sections::{

@@ -54,6 +54,9 @@ pub enum StartError {
     /// The dispatch store opened but its unfinished dispatches could not be read back.
     #[error("dispatch store: cannot resume the unfinished durable dispatches: {0}")]
     Resume(DispatchStoreError),
+    /// The node could not join its cluster (`[cluster]`).
+    #[error("{0}")]
+    Cluster(#[from] switchyard_cluster::JoinError),
     /// The operations listener could not bind.
     #[error("operations listener: {0}")]
     Ops(TransportError),
@@ -159,6 +162,27 @@ impl GatewayBuilder {
             backlog_stop.clone(),
         ));
         let readiness = Readiness::default();
+        let cluster = if config.cluster.enabled() {
+            let settings = crate::config::cluster::cluster_config(
+                &config.cluster,
+                Some(config.grpc.listen.to_string()),
+                config.ops.enabled.then(|| config.ops.listen.to_string()),
+            );
+            match switchyard_cluster::Cluster::start(settings, core.dispatcher().clone()).await {
+                Ok(cluster) => {
+                    readiness.cluster(cluster.status().clone());
+                    Some(cluster)
+                }
+                Err(error) => {
+                    durable.shutdown();
+                    backlog_stop.cancel();
+                    core.shutdown(Duration::ZERO).await;
+                    return Err(StartError::Cluster(error));
+                }
+            }
+        } else {
+            None
+        };
         let stop_accepting = CancellationToken::new();
         let close = CancellationToken::new();
 
@@ -220,6 +244,7 @@ impl GatewayBuilder {
             ops_stop,
             stop_accepting,
             close,
+            cluster,
             serving: JoinSet::new(),
             drain_timeout: config.shutdown.drain_timeout.get(),
         };
@@ -325,6 +350,8 @@ pub struct Gateway {
     ops_stop: CancellationToken,
     stop_accepting: CancellationToken,
     close: CancellationToken,
+    /// This node's cluster membership, in cluster mode.
+    cluster: Option<switchyard_cluster::Cluster>,
     serving: JoinSet<(String, Result<(), TransportError>)>,
     drain_timeout: Duration,
 }
@@ -448,6 +475,10 @@ impl Gateway {
             .is_err()
         {
             tracing::warn!("durable dispatch drivers did not end within the grace");
+        }
+        // After core's shutdown, so the outcomes of dispatches taken from other nodes went out.
+        if let Some(cluster) = self.cluster.take() {
+            cluster.shutdown().await;
         }
         self.backlog_stop.cancel();
         self.close.cancel();

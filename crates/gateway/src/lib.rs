@@ -36,9 +36,9 @@ mod transport;
 pub use api::{ApiConfig, GatewayApi};
 pub use auth::Principals;
 pub use config::{
-    CLIENT_ENV_VARS, ConfigDuration, ConfigError, CongestionName, DEFAULT_STORE_FILE,
-    DispatchSection, DurabilityName, DurationSyntax, ENV_PREFIX, GatewayConfig, GrpcSection,
-    LivenessSection, LogFormat, LogSection, NamespacePolicyName, NamespaceSection,
+    CLIENT_ENV_VARS, ClusterSection, ConfigDuration, ConfigError, CongestionName,
+    DEFAULT_STORE_FILE, DispatchSection, DurabilityName, DurationSyntax, ENV_PREFIX, GatewayConfig,
+    GrpcSection, LivenessSection, LogFormat, LogSection, NamespacePolicyName, NamespaceSection,
     NamespacesSection, OpsSection, Override, PrincipalSection, QuicSection, RedundancyName,
     ReflectionName, RegistrySection, RetryName, RoleName, ShutdownSection, StoreBackendName,
     StoreSection, SynchronousName, TlsSection, env_var_for, keys as config_keys,

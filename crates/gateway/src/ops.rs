@@ -76,7 +76,7 @@ pub(crate) fn serve(
         .route("/", get(console::index))
         .route("/console.js", get(console::script))
         .route("/console.css", get(console::styles))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .route("/v1/workers", get(workers))
@@ -129,11 +129,32 @@ pub(crate) fn warn_if_remote(section: &OpsSection) {
     }
 }
 
+async fn healthz(State(state): State<OpsState>) -> String {
+    with_cluster_line("ok\n".to_owned(), &state)
+}
+
 async fn readyz(State(state): State<OpsState>) -> Response {
     match state.readiness.check() {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+        Ok(()) => (
+            StatusCode::OK,
+            with_cluster_line("ready\n".to_owned(), &state),
+        )
+            .into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            with_cluster_line(format!("{why}\n"), &state),
+        )
+            .into_response(),
     }
+}
+
+/// `body` followed by the cluster standing line, in cluster mode.
+fn with_cluster_line(mut body: String, state: &OpsState) -> String {
+    if let Some(line) = state.readiness.cluster_line() {
+        body.push_str(&line);
+        body.push('\n');
+    }
+    body
 }
 
 async fn metrics_text(State(state): State<OpsState>) -> Response {
@@ -142,7 +163,12 @@ async fn metrics_text(State(state): State<OpsState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics::render(&state.core, &state.backlog),
+        match state.readiness.cluster_node() {
+            Some(node) => {
+                metrics::with_node_label(&metrics::render(&state.core, &state.backlog), &node)
+            }
+            None => metrics::render(&state.core, &state.backlog),
+        },
     )
         .into_response()
 }
@@ -165,7 +191,12 @@ async fn explain(State(state): State<OpsState>, uri: Uri) -> Response {
 }
 
 async fn about(State(state): State<OpsState>) -> axum::Json<Value> {
-    axum::Json(state.about.json())
+    let mut about = state.about.json();
+    // In cluster mode the page names the node it shows, not only the host.
+    if let (Some(node), Some(object)) = (state.readiness.cluster_node(), about.as_object_mut()) {
+        object.insert("cluster_node".to_owned(), Value::String(node));
+    }
+    axum::Json(about)
 }
 
 async fn events_sse(State(state): State<OpsState>, headers: HeaderMap) -> Response {

@@ -1,5 +1,7 @@
 //! Readiness: the gateway is ready once every configured transport listens, and stops being
-//! ready when shutdown begins.
+//! ready when shutdown begins. In cluster mode it also carries the node's cluster standing,
+//! which `/readyz` and `/healthz` show; a degraded cluster does not make the node unready (it
+//! still serves its own workers).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,6 +17,7 @@ struct State {
     /// Transport name → listening.
     transports: BTreeMap<String, bool>,
     shutting_down: bool,
+    cluster: Option<switchyard_cluster::ClusterStatus>,
 }
 
 /// Why the gateway is not ready.
@@ -53,6 +56,22 @@ impl Readiness {
     /// Records that shutdown began.
     pub(crate) fn shutting_down(&self) {
         self.lock().shutting_down = true;
+    }
+
+    /// Shows `status` on `/readyz` and `/healthz`.
+    pub(crate) fn cluster(&self, status: switchyard_cluster::ClusterStatus) {
+        self.lock().cluster = Some(status);
+    }
+
+    /// `cluster: joined as <node>` or `cluster: degraded (<reason>)`; `None` outside a
+    /// cluster.
+    pub fn cluster_line(&self) -> Option<String> {
+        self.lock().cluster.as_ref().map(|status| status.describe())
+    }
+
+    /// The cluster node name; `None` outside a cluster.
+    pub fn cluster_node(&self) -> Option<String> {
+        self.lock().cluster.as_ref().map(|status| status.node())
     }
 
     /// `Ok` when ready, else why not.

@@ -7,10 +7,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::budget::LossBudget;
+use super::overflow::{Forwarded, Offered, OverflowFuture, OverflowOffer};
 use super::quota::{HeldInput, ParkedPlace};
 use super::unserved::{ParkTicket, UnservedAddress};
 use super::{DispatchHooks, Dispatcher};
 use crate::address::normalise_task_queue;
+use crate::delivery::TransportName;
 use crate::outcome::{ActivityOutcome, ActivityRequest, DispatchError};
 use crate::registry::{DispatchReservation, UnservedReason};
 use crate::worker::Worker;
@@ -19,6 +22,10 @@ use crate::worker::Worker;
 /// Wakes can be frequent (every freed slot of the pool); a census per wake per parked
 /// dispatch would cost more than the selection it explains.
 const RECLASSIFY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long past its deadline a forwarded dispatch waits for the remote node's own
+/// `TimedOut` before it ends `TimedOut` itself (the remote outcome crossing the network).
+const FORWARD_GRACE: Duration = Duration::from_secs(2);
 
 /// The pool address a dispatch selects from (task queue normalised, empty node as none).
 struct Pool<'a> {
@@ -30,7 +37,8 @@ struct Pool<'a> {
 
 /// Why [`Dispatcher::acquire`] found no worker.
 pub(super) enum Missed {
-    /// The wait ended (deadline, cancel, shutdown) with this outcome.
+    /// The wait ended (deadline, cancel, shutdown) with this outcome, or another node ran the
+    /// dispatch and this is its outcome.
     Outcome(ActivityOutcome),
     /// Parking would pass a quota.
     Refused(DispatchError),
@@ -103,6 +111,9 @@ impl Dispatcher {
         hooks: &DispatchHooks,
         gap: crate::WorkerArrival,
     ) -> Result<(Worker, DispatchReservation), Missed> {
+        if hooks.local_only {
+            return Err(Missed::Outcome(self.unserved_now(request)));
+        }
         let registry = &self.inner.registry;
         let quotas = &self.inner.quotas;
         // A durable dispatch waits outside the parked quotas: the dispatch store bounds it.
@@ -129,6 +140,23 @@ impl Dispatcher {
         let mut told: Option<UnservedReason> = None;
         // A wake between the miss and the queueing: select again at once.
         let mut wait = !fired(gap);
+        // Durable dispatches stay on their node: the dispatch store is per node.
+        let overflow = self.inner.overflow.get().filter(|_| !hooks.durable);
+        let offer = || {
+            overflow.map(|overflow| {
+                overflow.offer(OverflowOffer {
+                    request: request.clone(),
+                    deadline,
+                    attempt_offset: hooks.attempt_offset,
+                })
+            })
+        };
+        let mut offering: Option<OverflowFuture<Offered>> = offer();
+        let mut hint: Option<OverflowFuture<()>> = None;
+        let mut no_taker = false;
+        let mut losses =
+            LossBudget::new(self.inner.config.loss_budget, self.inner.config.loss_window);
+        let mut forwarded: u32 = 0;
         loop {
             if wait {
                 let now = Instant::now();
@@ -141,7 +169,11 @@ impl Dispatcher {
                         pool.activity_type,
                         pool.node,
                     );
-                    let reason = census.classify().unwrap_or(UnservedReason::OnProbation);
+                    let reason = match census.classify() {
+                        _ if no_taker => UnservedReason::NoCapacityInCluster,
+                        Some(reason) => reason,
+                        None => UnservedReason::OnProbation,
+                    };
                     if let Some(parked) = &hooks.on_parked
                         && told != Some(reason)
                     {
@@ -164,8 +196,51 @@ impl Dispatcher {
                 }
                 tokio::select! {
                     () = waiting.woken() => {}
+                    offered = settle(&mut offering) => {
+                        offering = None;
+                        match offered {
+                            Offered::NoTaker => {
+                                hint = overflow.map(|overflow| overflow.capacity_hint(request));
+                                if !no_taker {
+                                    no_taker = true;
+                                    classified_at = None;
+                                }
+                            }
+                            Offered::Taken(remote) => {
+                                forwarded += 1;
+                                match self.forwarded(remote, deadline, cancel).await {
+                                    Forwarded::Outcome(outcome) => {
+                                        return Err(Missed::Outcome(outcome));
+                                    }
+                                    Forwarded::Lost if !losses.record(Instant::now()) => {
+                                        return Err(Missed::Outcome(
+                                            ActivityOutcome::TransportLost {
+                                                transport: TransportName::from_static("cluster"),
+                                                attempts: forwarded,
+                                            },
+                                        ));
+                                    }
+                                    Forwarded::Lost => offering = offer(),
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    () = settle(&mut hint) => {
+                        hint = None;
+                        offering = offer();
+                        continue;
+                    }
                     () = tokio::time::sleep_until(deadline) => {
-                        return Err(Missed::Outcome(self.unserved_now(request)));
+                        let outcome = if no_taker {
+                            let reason = UnservedReason::NoCapacityInCluster;
+                            let detail = format!("{reason}: no local worker can take it and no \
+                                other node of the cluster took the offer");
+                            ActivityOutcome::Unserved { reason, detail }
+                        } else {
+                            self.unserved_now(request)
+                        };
+                        return Err(Missed::Outcome(outcome));
                     }
                     () = cancel.cancelled() => {
                         return Err(Missed::Outcome(ActivityOutcome::Cancelled));
@@ -179,6 +254,24 @@ impl Dispatcher {
             waiting.arm();
             if let Some(hit) = self.select(pool) {
                 return Ok(hit);
+            }
+        }
+    }
+
+    /// Waits for the end of a dispatch another node took: its outcome, its loss, or this
+    /// dispatch stopping (dropping `remote` cancels the remote task).
+    async fn forwarded(
+        &self,
+        remote: OverflowFuture<Forwarded>,
+        deadline: Instant,
+        cancel: &CancellationToken,
+    ) -> Forwarded {
+        tokio::select! {
+            ended = remote => ended,
+            () = cancel.cancelled() => Forwarded::Outcome(ActivityOutcome::Cancelled),
+            () = self.inner.stop_all.cancelled() => Forwarded::Outcome(ActivityOutcome::ShuttingDown),
+            () = tokio::time::sleep_until(deadline + FORWARD_GRACE) => {
+                Forwarded::Outcome(ActivityOutcome::TimedOut)
             }
         }
     }
@@ -198,6 +291,14 @@ impl Dispatcher {
             .describe()
             .unwrap_or_else(|| reason.as_str().to_owned());
         ActivityOutcome::Unserved { reason, detail }
+    }
+}
+
+/// Resolves with `future`'s output, or never when there is none.
+async fn settle<T>(future: &mut Option<OverflowFuture<T>>) -> T {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
     }
 }
 

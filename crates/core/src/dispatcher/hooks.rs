@@ -36,6 +36,9 @@ pub struct DispatchHooks {
     /// Cancels the dispatch when fired (it ends `Cancelled`, its worker is sent a cancel); a
     /// dispatch with an activity id is also cancelled through that id.
     pub cancel: Option<CancellationToken>,
+    /// Take a local worker now or not at all: a miss ends the dispatch `Unserved` at once,
+    /// without parking or offering it to other nodes (a node taking another node's offer).
+    pub local_only: bool,
 }
 
 impl std::fmt::Debug for DispatchHooks {
@@ -46,6 +49,7 @@ impl std::fmt::Debug for DispatchHooks {
             .field("on_parked", &self.on_parked.is_some())
             .field("durable", &self.durable)
             .field("cancel", &self.cancel.is_some())
+            .field("local_only", &self.local_only)
             .finish()
     }
 }

@@ -9,6 +9,7 @@ mod fairness;
 mod hooks;
 mod in_flight;
 mod outcomes;
+mod overflow;
 mod parking;
 mod quota;
 mod reclaim;

@@ -148,8 +148,13 @@ impl UnservedBook {
                     &address.activity_type,
                     address.node.as_deref(),
                 );
-                // A census that reads "served" means the waiters are being woken right now.
-                let reason = census.classify().unwrap_or(last_reason);
+                // A census that reads "served" means the waiters are being woken right now;
+                // a local census cannot see the other nodes a cluster offer found full.
+                let reason = match census.classify() {
+                    _ if last_reason == UnservedReason::NoCapacityInCluster => last_reason,
+                    Some(reason) => reason,
+                    None => last_reason,
+                };
                 UnservedQueue {
                     address,
                     reason,

@@ -234,6 +234,7 @@ fn hooks(attempts: u32, live: &Live, notes: mpsc::UnboundedSender<Note>) -> Disp
         })),
         durable: true,
         cancel: Some(live.cancel.clone()),
+        local_only: false,
     }
 }
 

@@ -73,6 +73,8 @@ pub enum UnservedReason {
     /// Compatible workers lost their connection and their sessions wait for them to resume;
     /// clears by itself when they resume or their grace ends.
     WorkersSuspended,
+    /// No local worker can take it and no other gateway node of the cluster took the offer.
+    NoCapacityInCluster,
 }
 
 impl UnservedReason {
@@ -88,12 +90,13 @@ impl UnservedReason {
             Self::OnProbation => "on_probation",
             Self::Draining => "draining",
             Self::WorkersSuspended => "workers_suspended",
+            Self::NoCapacityInCluster => "no_capacity_in_cluster",
         }
     }
 
     /// The reason with this [`as_str`](Self::as_str) label, if any.
     pub fn from_label(label: &str) -> Option<Self> {
-        const ALL: [UnservedReason; 9] = [
+        const ALL: [UnservedReason; 10] = [
             UnservedReason::NoWorkers,
             UnservedReason::WorkersIncompatible,
             UnservedReason::AllAtCapacity,
@@ -103,6 +106,7 @@ impl UnservedReason {
             UnservedReason::OnProbation,
             UnservedReason::Draining,
             UnservedReason::WorkersSuspended,
+            UnservedReason::NoCapacityInCluster,
         ];
         ALL.into_iter().find(|reason| reason.as_str() == label)
     }
@@ -198,6 +202,8 @@ impl PoolCensus {
                 self.suspended,
                 self.suspended_grace_left.unwrap_or_default().as_secs()
             ),
+            // A census counts local workers only; it never classifies as this.
+            UnservedReason::NoCapacityInCluster => "no capacity in cluster".to_owned(),
         };
         Some(format!("{reason}: {text}{age}"))
     }

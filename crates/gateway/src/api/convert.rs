@@ -34,6 +34,7 @@ pub(crate) fn unserved_reason(reason: UnservedReason) -> pb::UnservedReason {
         UnservedReason::Draining => pb::UnservedReason::Draining,
         UnservedReason::AwaitingStreams => pb::UnservedReason::AwaitingStreams,
         UnservedReason::WorkersSuspended => pb::UnservedReason::WorkersSuspended,
+        UnservedReason::NoCapacityInCluster => pb::UnservedReason::NoCapacityInCluster,
         _ => pb::UnservedReason::Unspecified,
     }
 }
@@ -216,6 +217,7 @@ mod tests {
             UnservedReason::OnProbation,
             UnservedReason::Draining,
             UnservedReason::WorkersSuspended,
+            UnservedReason::NoCapacityInCluster,
         ];
         let wire: Vec<pb::UnservedReason> = reasons.into_iter().map(unserved_reason).collect();
         assert!(!wire.contains(&pb::UnservedReason::Unspecified), "{wire:?}");

@@ -60,6 +60,8 @@ pub struct GatewayConfig {
     pub shutdown: ShutdownSection,
     /// Logging.
     pub log: LogSection,
+    /// Cluster mode (off unless `cluster.nats_url` is set).
+    pub cluster: super::cluster::ClusterSection,
 }
 
 /// `[grpc]`: one TCP port carrying the producer API, health, reflection and gRPC workers.

@@ -13,6 +13,7 @@ pub(super) fn validate(config: &GatewayConfig) -> Result<(), ConfigError> {
     namespaces(config)?;
     tls(config)?;
     listeners(config)?;
+    super::cluster::validate(&config.cluster)?;
     security(config)
 }
 

@@ -95,6 +95,7 @@ async function loadAbout() {
     const about = await getJson("/v1/about");
     $("about").replaceChildren(
       el("span", { class: "host", title: "host the gateway runs on" }, `gateway on ${about.host}`),
+      ...(about.cluster_node ? [el("span", { class: "host", title: "cluster node this page shows" }, `node ${about.cluster_node}`)] : []),
       el("span", {}, `pid ${about.pid}`),
       el("span", {}, `ops ${about.ops_addr}`),
       el("span", {}, `v${about.version}`),

@@ -1,0 +1,465 @@
+//! Cluster mode end to end: real `switchyard serve` processes joined over one real
+//! `nats-server -js` on loopback, SDK workers and a producer in this process.
+//!
+//! Each test starts its own NATS server (skipped with a printed reason when nats-server is
+//! missing, unless `SWITCHYARD_REQUIRE_NATS` is set) and its own nodes, with a 3 s membership
+//! TTL refreshed every second so a killed node is noticed quickly.
+// Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+#[path = "durable_support/harness.rs"]
+mod harness;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::{Ledger, NAMESPACE, PATIENCE, Process, Site, TestWorker, serve_command, tagged};
+use switchyard_proto::v1 as pb;
+use switchyard_test_support::NatsServer;
+
+const ACTIVITY: &str = "cluster-echo";
+
+/// A node's site: `[cluster]` on `nats` as `node` of cluster `cluster`.
+fn node_site(nats: &NatsServer, cluster: &str, node: &str) -> Site {
+    Site::with_store(&format!(
+        "\n[cluster]\nnats_url = \"{}\"\nname = \"{cluster}\"\nnode = \"{node}\"\n\
+         member_ttl = \"3s\"\nrefresh_every = \"1s\"\n",
+        nats.url()
+    ))
+}
+
+/// An ephemeral dispatch of `activity` with input [`tagged`]`(tag)` through `site`.
+async fn dispatch(site: &Site, activity: &str, tag: u64, timeout: Duration) -> pb::DispatchOutcome {
+    let mut producer = site.producer().await.expect("the node listens");
+    producer
+        .0
+        .dispatch(pb::DispatchRequest {
+            namespace: NAMESPACE.into(),
+            activity_type: activity.into(),
+            input: tagged(tag),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap(),
+            durable: Some(false),
+            ..pb::DispatchRequest::default()
+        })
+        .await
+        .expect("Dispatch answers")
+        .into_inner()
+        .outcome
+        .expect("an outcome")
+}
+
+fn completed(outcome: &pb::DispatchOutcome) -> Option<&[u8]> {
+    match &outcome.outcome {
+        Some(pb::dispatch_outcome::Outcome::Completed(done)) => Some(&done.output),
+        _ => None,
+    }
+}
+
+fn unserved_reason(outcome: &pb::DispatchOutcome) -> Option<pb::UnservedReason> {
+    match &outcome.outcome {
+        Some(pb::dispatch_outcome::Outcome::Unserved(unserved)) => Some(unserved.reason()),
+        _ => None,
+    }
+}
+
+fn quick(_: u64) -> Duration {
+    Duration::from_millis(5)
+}
+
+fn tenth(_: u64) -> Duration {
+    Duration::from_millis(100)
+}
+
+fn two_seconds(_: u64) -> Duration {
+    Duration::from_secs(2)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_on_a_reaches_a_worker_connected_only_to_c() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b, c) = (
+        node_site(&nats, "reach", "a"),
+        node_site(&nats, "reach", "b"),
+        node_site(&nats, "reach", "c"),
+    );
+    let _nodes: Vec<Process> = vec![a.serve().await, b.serve().await, c.serve().await];
+    // No worker anywhere yet: the dispatch parks as "no capacity in cluster".
+    let early = dispatch(&a, ACTIVITY, 0, Duration::from_millis(1500)).await;
+    assert_eq!(
+        unserved_reason(&early),
+        Some(pb::UnservedReason::NoCapacityInCluster),
+        "{early:?}"
+    );
+    let ledger = Arc::new(Ledger::default());
+    let worker = TestWorker::connect(&c, ACTIVITY, 2, Arc::clone(&ledger), quick).await;
+    for tag in 1..=5 {
+        let outcome = dispatch(&a, ACTIVITY, tag, PATIENCE).await;
+        assert_eq!(completed(&outcome), Some(&tagged(tag)[..]), "{outcome:?}");
+        assert_eq!(
+            ledger.executions(tag),
+            1,
+            "tag {tag} ran once, on C's worker"
+        );
+    }
+    // Control: a gateway without `[cluster]` never sees C's worker.
+    let alone = Site::new();
+    let _alone = alone.serve().await;
+    let outcome = dispatch(&alone, ACTIVITY, 99, Duration::from_millis(500)).await;
+    assert_eq!(
+        unserved_reason(&outcome),
+        Some(pb::UnservedReason::NoWorkers),
+        "{outcome:?}"
+    );
+    assert_eq!(ledger.executions(99), 0);
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_spreads_over_workers_on_b_and_c() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b, c) = (
+        node_site(&nats, "spread", "a"),
+        node_site(&nats, "spread", "b"),
+        node_site(&nats, "spread", "c"),
+    );
+    let _nodes: Vec<Process> = vec![a.serve().await, b.serve().await, c.serve().await];
+    let (on_b, on_c) = (Arc::new(Ledger::default()), Arc::new(Ledger::default()));
+    let worker_b = TestWorker::connect(&b, ACTIVITY, 2, Arc::clone(&on_b), tenth).await;
+    let worker_c = TestWorker::connect(&c, ACTIVITY, 2, Arc::clone(&on_c), tenth).await;
+    // Let both nodes' offer subscriptions come up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    const DISPATCHES: u64 = 24;
+    let a = Arc::new(a);
+    let mut calls = tokio::task::JoinSet::new();
+    for tag in 0..DISPATCHES {
+        let a = Arc::clone(&a);
+        calls.spawn(async move { (tag, dispatch(&a, ACTIVITY, tag, PATIENCE).await) });
+    }
+    let ended = tokio::time::timeout(PATIENCE, calls.join_all())
+        .await
+        .expect("every dispatch ends");
+    for (tag, outcome) in &ended {
+        assert_eq!(completed(outcome), Some(&tagged(*tag)[..]), "{outcome:?}");
+        assert_eq!(
+            on_b.executions(*tag) + on_c.executions(*tag),
+            1,
+            "tag {tag} ran exactly once"
+        );
+    }
+    assert!(
+        on_b.total() > 0 && on_c.total() > 0,
+        "work spread: B ran {}, C ran {}",
+        on_b.total(),
+        on_c.total()
+    );
+    worker_b.stop().await;
+    worker_c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_task_has_its_forwarded_tasks_dispatched_again() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b, c) = (
+        node_site(&nats, "kill", "a"),
+        node_site(&nats, "kill", "b"),
+        node_site(&nats, "kill", "c"),
+    );
+    let _a = a.serve().await;
+    let _b = b.serve().await;
+    let mut node_c = c.serve().await;
+    let ledger = Arc::new(Ledger::default());
+    let worker_b = TestWorker::connect(&b, ACTIVITY, 1, Arc::clone(&ledger), two_seconds).await;
+    let worker_c = TestWorker::connect(&c, ACTIVITY, 1, Arc::clone(&ledger), two_seconds).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let a = Arc::new(a);
+    let mut calls = tokio::task::JoinSet::new();
+    for tag in 0..2 {
+        let a = Arc::clone(&a);
+        calls.spawn(async move { (tag, dispatch(&a, ACTIVITY, tag, PATIENCE).await) });
+    }
+    // Both tasks run, one on each node (one slot each), then C dies with its task.
+    let started = tokio::time::timeout(PATIENCE, async {
+        while ledger.total() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(started.is_ok(), "both tasks started");
+    node_c.kill_9();
+    let ended = tokio::time::timeout(PATIENCE, calls.join_all())
+        .await
+        .expect("every dispatch ends");
+    for (tag, outcome) in &ended {
+        assert_eq!(completed(outcome), Some(&tagged(*tag)[..]), "{outcome:?}");
+    }
+    // One task ran twice (on C, killed; again on B), the other once.
+    let mut runs = [ledger.executions(0), ledger.executions(1)];
+    runs.sort_unstable();
+    assert_eq!(
+        runs,
+        [1, 2],
+        "the killed node's task ran again, the other did not"
+    );
+    worker_b.stop().await;
+    worker_c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_down_keeps_local_traffic_and_cross_node_traffic_resumes() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, c) = (
+        node_site(&nats, "outage", "a"),
+        node_site(&nats, "outage", "c"),
+    );
+    let _a = a.serve().await;
+    let _c = c.serve().await;
+    let ledger = Arc::new(Ledger::default());
+    let local = TestWorker::connect(&a, "local-echo", 2, Arc::clone(&ledger), quick).await;
+    let far = TestWorker::connect(&c, ACTIVITY, 2, Arc::clone(&ledger), quick).await;
+    let before = dispatch(&a, ACTIVITY, 1, PATIENCE).await;
+    assert_eq!(completed(&before), Some(&tagged(1)[..]), "{before:?}");
+    nats.kill();
+    for tag in 10..20 {
+        let outcome = dispatch(&a, "local-echo", tag, Duration::from_secs(5)).await;
+        assert_eq!(
+            completed(&outcome),
+            Some(&tagged(tag)[..]),
+            "local, NATS down: {outcome:?}"
+        );
+    }
+    // Control: cross-node traffic does need NATS.
+    let cut = dispatch(&a, ACTIVITY, 2, Duration::from_millis(1500)).await;
+    assert!(completed(&cut).is_none(), "{cut:?}");
+    nats.restart();
+    let after = dispatch(&a, ACTIVITY, 3, PATIENCE).await;
+    assert_eq!(
+        completed(&after),
+        Some(&tagged(3)[..]),
+        "cross-node after NATS restarts: {after:?}"
+    );
+    local.stop().await;
+    far.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_node_name_twice_is_refused_naming_the_first() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let first = node_site(&nats, "twins", "twin");
+    let _first = first.serve().await;
+    let second = node_site(&nats, "twins", "twin");
+    let mut refused = serve_command(&second.config);
+    let status = refused.exit().await;
+    assert!(
+        !status.success(),
+        "the second node with the name must not start"
+    );
+    let stderr = refused.stderr();
+    assert!(
+        stderr.contains("node name \"twin\" is held by a live node"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("grpc 127.0.0.1:{}", first.port)),
+        "names the first: {stderr}"
+    );
+    // Control: another name joins.
+    let other = node_site(&nats, "twins", "other");
+    let _other = other.serve().await;
+}
+
+/// `GET path` on a loopback HTTP port: the whole response, headers and body.
+async fn http_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("ops listens");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_string(&mut response))
+        .await
+        .expect("ops answers")
+        .unwrap();
+    response
+}
+
+/// Polls `GET path` until the response contains `needle`, within the patience.
+async fn http_until(port: u16, path: &str, needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let response = http_get(port, path).await;
+        if response.contains(needle) {
+            return response;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path} never said {needle:?}: {response}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `switchyard serve` on `site` with the operations listener on; returns it and its port.
+async fn serve_with_ops(site: &Site) -> (Process, u16) {
+    let ops = harness::free_port();
+    let mut command = std::process::Command::new(harness::switchyard());
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(&site.config)
+        .env_remove("RUST_LOG");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SWITCHYARD_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .env("SWITCHYARD_OPS_ENABLED", "true")
+        .env("SWITCHYARD_OPS_LISTEN", format!("127.0.0.1:{ops}"));
+    let mut node = Process::spawn(&mut command);
+    node.line_containing("grpc").await;
+    (node, ops)
+}
+
+fn is_ok(response: &str) -> bool {
+    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_says_degraded_while_nats_is_down_and_metrics_carry_the_node() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let site = node_site(&nats, "ops", "ops-a");
+    let (_node, ops) = serve_with_ops(&site).await;
+    let joined = http_until(ops, "/readyz", "cluster: joined as ops-a").await;
+    assert!(is_ok(&joined), "{joined}");
+    let metrics = http_get(ops, "/metrics").await;
+    assert!(metrics.contains("node=\"ops-a\""), "{metrics}");
+    let about = http_get(ops, "/v1/about").await;
+    assert!(about.contains("\"cluster_node\":\"ops-a\""), "the console names the node: {about}");
+    nats.kill();
+    let degraded = http_until(ops, "/readyz", "cluster: degraded (").await;
+    assert!(
+        is_ok(&degraded),
+        "a degraded node still serves its own workers: {degraded}"
+    );
+    http_until(ops, "/healthz", "cluster: degraded (").await;
+    nats.restart();
+    http_until(ops, "/readyz", "cluster: joined as ops-a").await;
+    // Control: a gateway without `[cluster]` has no cluster line and no node label.
+    let alone = Site::new();
+    let (_alone, alone_ops) = serve_with_ops(&alone).await;
+    let ready = http_get(alone_ops, "/readyz").await;
+    assert!(is_ok(&ready) && !ready.contains("cluster:"), "{ready}");
+    let metrics = http_get(alone_ops, "/metrics").await;
+    assert!(!metrics.contains("node=\""), "{metrics}");
+    let about = http_get(alone_ops, "/v1/about").await;
+    assert!(!about.contains("cluster_node"), "{about}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_on_the_origin_stops_the_task_on_the_node_running_it() {
+    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, c) = (
+        node_site(&nats, "cancel", "a"),
+        node_site(&nats, "cancel", "c"),
+    );
+    let _a = a.serve().await;
+    let _c = c.serve().await;
+    // One slot on C; its handler runs until cancelled, then reports the cancel it saw.
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (cancel_seen_tx, mut cancel_seen) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
+        .namespaces([NAMESPACE])
+        .max_concurrency(1)
+        .tls(c.client_tls())
+        .activity(
+            ACTIVITY,
+            move |ctx: ActivityContext, input: bytes::Bytes| {
+                let (started_tx, cancel_seen_tx) = (started_tx.clone(), cancel_seen_tx.clone());
+                async move {
+                    if input == tagged(1) {
+                        let _ = started_tx.send(());
+                        tokio::select! {
+                            () = ctx.cancelled() => { let _ = cancel_seen_tx.send(()); }
+                            () = tokio::time::sleep(Duration::from_secs(30)) => {}
+                        }
+                    }
+                    Ok(input)
+                }
+            },
+        )
+        .connect()
+        .await
+        .expect("the worker registers on C");
+    let stop = worker.shutdown_token();
+    let running = tokio::spawn(async move {
+        let _ = worker.run().await;
+    });
+    let mut producer = a.producer().await.expect("A listens");
+    let mut long_call = producer.clone();
+    let long = tokio::spawn(async move {
+        long_call
+            .0
+            .dispatch(pb::DispatchRequest {
+                namespace: NAMESPACE.into(),
+                activity_type: ACTIVITY.into(),
+                input: tagged(1),
+                timeout_ms: 60_000,
+                durable: Some(false),
+                activity_id: "long-1".into(),
+                ..pb::DispatchRequest::default()
+            })
+            .await
+            .expect("Dispatch answers")
+            .into_inner()
+            .outcome
+            .expect("an outcome")
+    });
+    tokio::time::timeout(PATIENCE, started.recv())
+        .await
+        .expect("the long task started on C");
+    // Control: nothing cancelled it yet.
+    assert!(cancel_seen.try_recv().is_err());
+    producer
+        .0
+        .cancel(pb::CancelDispatchRequest {
+            namespace: NAMESPACE.into(),
+            activity_id: "long-1".into(),
+            ..pb::CancelDispatchRequest::default()
+        })
+        .await
+        .expect("the dispatch is in flight on A");
+    let ended = long.await.unwrap();
+    assert!(
+        matches!(
+            ended.outcome,
+            Some(pb::dispatch_outcome::Outcome::Cancelled(_))
+        ),
+        "{ended:?}"
+    );
+    tokio::time::timeout(PATIENCE, cancel_seen.recv())
+        .await
+        .expect("the cancel reached the worker on C");
+    // C's only slot is free again: the next dispatch runs there.
+    let next = dispatch(&a, ACTIVITY, 2, Duration::from_secs(10)).await;
+    assert_eq!(completed(&next), Some(&tagged(2)[..]), "{next:?}");
+    stop.cancel();
+    let _ = running.await;
+}

@@ -1,0 +1,30 @@
+//! Cluster mode: several `switchyard serve` nodes act as one gateway, over NATS.
+//!
+//! A node joins with [`Cluster::start`]: it holds its node name in the membership bucket (a
+//! key-value bucket whose entries age out, refreshed while the node lives), and installs an
+//! [`Overflow`](switchyard_core::Overflow) on the dispatcher, so an ephemeral dispatch that
+//! finds no local worker is offered to the nodes that have a free slot for its pool. Local
+//! first: a dispatch a local worker takes sends nothing to NATS. While NATS is unreachable the
+//! node keeps serving its own workers, reports itself degraded ([`ClusterStatus`]) and rejoins
+//! by itself. `docs/cluster.md` has the design: subjects, buckets, failure cases.
+
+#![forbid(unsafe_code)]
+
+mod cluster;
+mod config;
+mod error;
+mod forward;
+mod members;
+mod membership;
+mod names;
+mod slots;
+mod status;
+mod taker;
+mod wire;
+
+pub use cluster::Cluster;
+pub use config::{ClusterConfig, default_node_name};
+pub use error::JoinError;
+pub use members::NodeInfo;
+pub use names::{check_name, pool_hash};
+pub use status::{ClusterStatus, Standing};

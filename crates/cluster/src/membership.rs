@@ -1,0 +1,214 @@
+//! Holding the node's name in the membership bucket, and watching everyone else's.
+//!
+//! The bucket's entries age out after the member TTL (`max_age`: NATS 2.9 has no per-key
+//! TTL), so a node refreshes its own entry well within it, always with the revision it last
+//! wrote: a write that finds another revision means someone else holds the name now.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
+use futures::StreamExt;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::members::{Members, NodeInfo};
+use crate::status::{ClusterStatus, Standing};
+
+/// How long to wait before retrying NATS after a failure.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Why a node could not claim its name.
+#[derive(Debug)]
+pub(crate) enum ClaimError {
+    /// Another live node holds it; what that node published.
+    Taken(String),
+    /// NATS could not answer.
+    Nats(String),
+}
+
+/// Opens (creating if needed) the membership bucket.
+///
+/// The bucket's stream is made here rather than with `create_key_value`, which first reads
+/// the account info, a reply async-nats 0.42 cannot parse from a 2.9 server; the stream is
+/// the one `create_key_value` would make (one message per key, rollups, no deletes).
+pub(crate) async fn bucket(
+    js: &jetstream::Context,
+    name: &str,
+    ttl: Duration,
+) -> Result<kv::Store, String> {
+    let stream = jetstream::stream::Config {
+        name: format!("KV_{name}"),
+        subjects: vec![format!("$KV.{name}.>")],
+        max_messages_per_subject: 1,
+        max_bytes: -1,
+        max_messages: -1,
+        max_age: ttl,
+        max_message_size: -1,
+        storage: jetstream::stream::StorageType::File,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        num_replicas: 1,
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..jetstream::stream::Config::default()
+    };
+    js.get_or_create_stream(stream)
+        .await
+        .map_err(|error| format!("membership bucket {name}: {error}"))?;
+    js.get_key_value(name)
+        .await
+        .map_err(|error| format!("membership bucket {name}: {error}"))
+}
+
+/// Where the membership bucket lives, to open it again after an outage.
+#[derive(Clone)]
+pub(crate) struct Bucket {
+    pub(crate) js: jetstream::Context,
+    pub(crate) name: String,
+    pub(crate) ttl: Duration,
+}
+
+impl Bucket {
+    async fn open(&self) -> Result<kv::Store, String> {
+        bucket(&self.js, &self.name, self.ttl).await
+    }
+}
+
+/// Claims `me.node`: creates the entry, or takes it over when it is this process's own
+/// (same instance); refuses when another live process holds it. Returns the revision.
+pub(crate) async fn claim(store: &kv::Store, me: &NodeInfo) -> Result<u64, ClaimError> {
+    let body: bytes::Bytes = serde_json::to_vec(me).unwrap_or_default().into();
+    for _ in 0..3 {
+        match store.create(&me.node, body.clone()).await {
+            Ok(revision) => return Ok(revision),
+            Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {}
+            Err(error) => return Err(ClaimError::Nats(error.to_string())),
+        }
+        let entry = store
+            .entry(me.node.clone())
+            .await
+            .map_err(|error| ClaimError::Nats(error.to_string()))?;
+        let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
+            // Aged out or deleted between the two calls: create again.
+            continue;
+        };
+        let holder: Option<NodeInfo> = serde_json::from_slice(&entry.value).ok();
+        match holder {
+            Some(holder) if holder.instance == me.instance => {
+                return store
+                    .update(&me.node, body.clone(), entry.revision)
+                    .await
+                    .map_err(|error| ClaimError::Nats(error.to_string()));
+            }
+            Some(holder) => return Err(ClaimError::Taken(holder.to_string())),
+            None => return Err(ClaimError::Taken("an unreadable entry".to_owned())),
+        }
+    }
+    Err(ClaimError::Nats("the entry kept changing".to_owned()))
+}
+
+/// Keeps the name claimed until `stop`, refreshing every `every`; on a failure claims it
+/// again (rejoining after an outage), reporting the standing on `status`. Deletes the entry
+/// on a clean stop so other nodes see the node gone at once.
+pub(crate) async fn hold(
+    bucket: Bucket,
+    me: NodeInfo,
+    status: ClusterStatus,
+    every: Duration,
+    stop: CancellationToken,
+    mut revision: Option<u64>,
+) {
+    let body: bytes::Bytes = serde_json::to_vec(&me).unwrap_or_default().into();
+    let mut store: Option<kv::Store> = None;
+    loop {
+        let pause = if revision.is_some() { every } else { RETRY };
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(pause) => {}
+        }
+        let kv = match &store {
+            Some(kv) => kv.clone(),
+            None => match bucket.open().await {
+                Ok(kv) => store.insert(kv).clone(),
+                Err(reason) => {
+                    status.set(Standing::Degraded(reason));
+                    continue;
+                }
+            },
+        };
+        if let Some(last) = revision
+            && let Ok(next) = kv.update(&me.node, body.clone(), last).await
+        {
+            revision = Some(next);
+            status.set(Standing::Joined);
+            continue;
+        }
+        match claim(&kv, &me).await {
+            Ok(next) => {
+                revision = Some(next);
+                status.set(Standing::Joined);
+            }
+            Err(ClaimError::Taken(holder)) => {
+                revision = None;
+                status.set(Standing::Degraded(format!(
+                    "node name {:?} is held by another live node ({holder})",
+                    me.node
+                )));
+            }
+            Err(ClaimError::Nats(reason)) => {
+                revision = None;
+                status.set(Standing::Degraded(reason));
+            }
+        }
+    }
+    if revision.is_some()
+        && let Some(kv) = store
+    {
+        let _ = kv.delete(&me.node).await;
+    }
+}
+
+/// Follows every node's entry into `members` until `stop`; `joined` hears each node that
+/// appears (a new node may have free slots).
+pub(crate) async fn watch(
+    bucket: Bucket,
+    members: Arc<Mutex<Members>>,
+    joined: impl Fn() + Send,
+    stop: CancellationToken,
+) {
+    loop {
+        let ttl = bucket.ttl;
+        let watching = match bucket.open().await {
+            Ok(kv) => kv.watch_all().await.map_err(|error| error.to_string()),
+            Err(reason) => Err(reason),
+        };
+        match watching {
+            Ok(mut entries) => loop {
+                let next = tokio::select! {
+                    () = stop.cancelled() => return,
+                    next = entries.next() => next,
+                };
+                let Some(Ok(entry)) = next else { break };
+                let mut members = members.lock().unwrap_or_else(PoisonError::into_inner);
+                match entry.operation {
+                    kv::Operation::Put => {
+                        let now = Instant::now();
+                        let new = !members.is_live(&entry.key, ttl, now);
+                        members.seen(&entry.key, now);
+                        drop(members);
+                        if new {
+                            joined();
+                        }
+                    }
+                    kv::Operation::Delete | kv::Operation::Purge => members.left(&entry.key),
+                }
+            },
+            Err(reason) => tracing::debug!(%reason, "cluster: membership watch unavailable"),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(RETRY) => {}
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Which pools this node has a free slot for, and when to hold or drop its offer subscription
+//! for each: plain data, driven by registry snapshots and the time.
+//!
+//! A node subscribes to a pool's offer subject as soon as it has a free slot there, and drops
+//! the subscription only after the pool has stayed full for [`Subscriptions::hold`]: a pool
+//! whose slots free and fill many times a second keeps one subscription rather than churning
+//! it. Offers that reach a node whose pool just filled are answered "busy".
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use switchyard_core::WorkerSnapshot;
+use tokio::time::Instant;
+
+use crate::names::pool_hash;
+
+/// Free slots per pool hash: every eligible worker's unused capacity, counted for each
+/// `(namespace, task queue, activity type)` it serves, and again with its node label.
+pub(crate) fn free_slots(workers: &[WorkerSnapshot]) -> HashMap<String, u32> {
+    let mut free: HashMap<String, u32> = HashMap::new();
+    for snapshot in workers {
+        let Some(capacity) = snapshot.capacity else {
+            continue;
+        };
+        let spare = capacity.saturating_sub(snapshot.in_flight);
+        if spare == 0 || !snapshot.eligibility.is_eligible() {
+            continue;
+        }
+        let worker = &snapshot.worker;
+        let node = worker.node().map(|node| node.as_str());
+        for namespace in worker.namespaces() {
+            for activity in worker.activity_types() {
+                let mut add = |node: Option<&str>| {
+                    let key = pool_hash(namespace, worker.task_queue(), activity, node);
+                    let slots = free.entry(key).or_default();
+                    *slots = slots.saturating_add(spare);
+                };
+                add(None);
+                if node.is_some() {
+                    add(node);
+                }
+            }
+        }
+    }
+    free
+}
+
+/// What to change in the node's offer subscriptions.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Pools gaining a subscription (they have a free slot now).
+    pub(crate) subscribe: Vec<String>,
+    /// Pools losing theirs (full, or gone, for the whole hold).
+    pub(crate) unsubscribe: Vec<String>,
+}
+
+/// The node's offer subscriptions, with when each pool was last seen full.
+#[derive(Debug)]
+pub(crate) struct Subscriptions {
+    held: HashMap<String, Option<Instant>>,
+    hold: Duration,
+}
+
+impl Subscriptions {
+    pub(crate) fn new(hold: Duration) -> Self {
+        Self {
+            held: HashMap::new(),
+            hold,
+        }
+    }
+
+    /// How long a pool stays full before its subscription goes.
+    #[cfg(test)]
+    pub(crate) fn hold(&self) -> Duration {
+        self.hold
+    }
+
+    /// The changes `free` calls for at `now`, applied to the table.
+    pub(crate) fn plan(&mut self, free: &HashMap<String, u32>, now: Instant) -> Plan {
+        let mut plan = Plan::default();
+        for (pool, slots) in free {
+            if *slots > 0 && !self.held.contains_key(pool) {
+                self.held.insert(pool.clone(), None);
+                plan.subscribe.push(pool.clone());
+            }
+        }
+        let mut dropped = HashSet::new();
+        for (pool, full_since) in &mut self.held {
+            if free.get(pool).copied().unwrap_or(0) > 0 {
+                *full_since = None;
+                continue;
+            }
+            let since = *full_since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= self.hold {
+                dropped.insert(pool.clone());
+            }
+        }
+        for pool in dropped {
+            self.held.remove(&pool);
+            plan.unsubscribe.push(pool);
+        }
+        plan.subscribe.sort();
+        plan.unsubscribe.sort();
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free(pools: &[(&str, u32)]) -> HashMap<String, u32> {
+        pools.iter().map(|(p, n)| ((*p).to_owned(), *n)).collect()
+    }
+
+    #[test]
+    fn subscribes_at_one_free_slot_and_unsubscribes_only_after_the_hold() {
+        let start = Instant::now();
+        let mut subs = Subscriptions::new(Duration::from_millis(500));
+        let plan = subs.plan(&free(&[("p", 1), ("q", 0)]), start);
+        assert_eq!(plan.subscribe, vec!["p".to_owned()], "q has no free slot");
+        assert!(
+            subs.plan(&free(&[("p", 2)]), start).subscribe.is_empty(),
+            "held once"
+        );
+        // Full: kept through the hold (hysteresis) ...
+        let full = free(&[("p", 0)]);
+        assert_eq!(
+            subs.plan(&full, start + Duration::from_millis(100)),
+            Plan::default()
+        );
+        assert_eq!(
+            subs.plan(&full, start + Duration::from_millis(400)),
+            Plan::default()
+        );
+        // ... a free slot within it resets the clock ...
+        assert_eq!(
+            subs.plan(&free(&[("p", 1)]), start + Duration::from_millis(450)),
+            Plan::default()
+        );
+        assert_eq!(
+            subs.plan(&full, start + Duration::from_millis(500)),
+            Plan::default()
+        );
+        // ... and full for the whole hold drops it.
+        let later = start + Duration::from_millis(500) + subs.hold();
+        assert_eq!(subs.plan(&full, later).unsubscribe, vec!["p".to_owned()]);
+        // Control: a free slot again subscribes again.
+        assert_eq!(
+            subs.plan(&free(&[("p", 1)]), later).subscribe,
+            vec!["p".to_owned()]
+        );
+    }
+
+    #[test]
+    fn a_pool_that_vanished_counts_as_full() {
+        let start = Instant::now();
+        let mut subs = Subscriptions::new(Duration::from_millis(500));
+        subs.plan(&free(&[("p", 1)]), start);
+        let gone = HashMap::new();
+        assert_eq!(subs.plan(&gone, start), Plan::default());
+        assert_eq!(
+            subs.plan(&gone, start + Duration::from_secs(1)).unsubscribe,
+            vec!["p".to_owned()]
+        );
+    }
+}

@@ -1,0 +1,319 @@
+//! The taking side: offer subscriptions for the pools with a free slot, and running what
+//! another node offers on a local worker.
+//!
+//! A taker runs an offer as a `local_only` dispatch: a local worker takes it at once or the
+//! answer is "busy" (another offer or a local dispatch got the slot first). "taken" goes back
+//! the moment the task is delivered; the outcome follows on the origin's outcome subject.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::{Client, Message};
+use futures::StreamExt;
+use switchyard_core::{ActivityOutcome, CallerIdentity, DispatchHooks, Dispatcher};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::names::{Names, TAKERS};
+use crate::slots::{Subscriptions, free_slots};
+use crate::status::{ClusterStatus, Standing};
+use crate::wire::{self, CancelMeta, OfferMeta, RemoteEnd};
+
+/// How often the node looks at its free slots.
+const SLOT_SCAN: Duration = Duration::from_millis(50);
+/// How long a pool stays full before its offer subscription goes.
+const SUBSCRIPTION_HOLD: Duration = Duration::from_millis(500);
+/// The fewest seconds between two capacity announcements for one pool.
+const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
+
+/// Reply to an offer this node took.
+pub(crate) const TAKEN: &[u8] = b"taken";
+/// Reply to an offer this node could not take.
+pub(crate) const BUSY: &[u8] = b"busy";
+
+/// What the taking side shares between its tasks.
+pub(crate) struct Taker {
+    pub(crate) client: Client,
+    pub(crate) names: Names,
+    pub(crate) node: String,
+    pub(crate) dispatcher: Dispatcher,
+    pub(crate) status: ClusterStatus,
+    /// Forwarded dispatches running here, and cancels that came before their offer.
+    cancels: Mutex<Cancels>,
+}
+
+/// How long a cancel that found no dispatch is remembered, for an offer still on its way.
+const EARLY_CANCEL_KEPT: Duration = Duration::from_secs(30);
+
+/// Forwarded dispatches running here by `(origin, forward id)`, and the cancels that arrived
+/// before their offer was handled (an origin that stopped waiting before it heard "taken").
+#[derive(Default)]
+struct Cancels {
+    running: HashMap<(String, u64), CancellationToken>,
+    early: HashMap<(String, u64), Instant>,
+}
+
+impl Cancels {
+    /// A token for a forwarded dispatch about to run; `None` when its cancel came first.
+    fn start(&mut self, key: (String, u64)) -> Option<CancellationToken> {
+        if self.early.remove(&key).is_some() {
+            return None;
+        }
+        let token = CancellationToken::new();
+        self.running.insert(key, token.clone());
+        Some(token)
+    }
+
+    /// The origin asks to cancel `key` at `now`.
+    fn cancel(&mut self, key: (String, u64), now: Instant) {
+        match self.running.remove(&key) {
+            Some(token) => token.cancel(),
+            None => {
+                self.early
+                    .retain(|_, at| now.saturating_duration_since(*at) < EARLY_CANCEL_KEPT);
+                self.early.insert(key, now);
+            }
+        }
+    }
+}
+
+impl Taker {
+    pub(crate) fn new(
+        client: Client,
+        names: Names,
+        node: String,
+        dispatcher: Dispatcher,
+        status: ClusterStatus,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            names,
+            node,
+            dispatcher,
+            status,
+            cancels: Mutex::new(Cancels::default()),
+        })
+    }
+
+    fn cancels(&self) -> std::sync::MutexGuard<'_, Cancels> {
+        self.cancels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Keeps one offer subscription per pool with a free slot (with hysteresis), and announces
+/// each pool whose free slots rise from zero, until `stop`.
+pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
+    let mut subscriptions = Subscriptions::new(SUBSCRIPTION_HOLD);
+    let mut serving: HashMap<String, CancellationToken> = HashMap::new();
+    let mut had_free: HashMap<String, u32> = HashMap::new();
+    let mut announced: HashMap<String, Instant> = HashMap::new();
+    let mut scan = tokio::time::interval(SLOT_SCAN);
+    scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = scan.tick() => {}
+        }
+        let now = Instant::now();
+        let free = free_slots(&taker.dispatcher.registry().workers());
+        let plan = subscriptions.plan(&free, now);
+        for pool in plan.unsubscribe {
+            if let Some(served) = serving.remove(&pool) {
+                served.cancel();
+            }
+        }
+        for pool in plan.subscribe {
+            let served = stop.child_token();
+            serving.insert(pool.clone(), served.clone());
+            tokio::spawn(serve_pool(Arc::clone(&taker), pool, served));
+        }
+        for (pool, slots) in &free {
+            let rose = *slots > 0 && had_free.get(pool).copied().unwrap_or(0) == 0;
+            let quiet = announced
+                .get(pool)
+                .is_none_or(|at| now.saturating_duration_since(*at) >= ANNOUNCE_EVERY);
+            if rose && quiet {
+                announced.insert(pool.clone(), now);
+                let _ = taker
+                    .client
+                    .publish(taker.names.capacity(pool), bytes::Bytes::new())
+                    .await;
+            }
+        }
+        announced.retain(|_, at| now.saturating_duration_since(*at) < ANNOUNCE_EVERY);
+        had_free = free;
+    }
+    for served in serving.into_values() {
+        served.cancel();
+    }
+}
+
+/// Takes offers for one pool until `stop`, then unsubscribes.
+async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
+    let subject = taker.names.offer(&pool);
+    let mut offers = match taker
+        .client
+        .queue_subscribe(subject.clone(), TAKERS.to_owned())
+        .await
+    {
+        Ok(offers) => offers,
+        Err(error) => {
+            tracing::debug!(%subject, %error, "cluster: offer subscription failed");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            offer = offers.next() => match offer {
+                Some(offer) => {
+                    tokio::spawn(take(Arc::clone(&taker), offer));
+                }
+                None => break,
+            },
+        }
+    }
+    let _ = offers.unsubscribe().await;
+}
+
+/// Answers one offer and, when taken, sends its outcome to the origin.
+async fn take(taker: Arc<Taker>, offer: Message) {
+    let Some(reply) = offer.reply.clone() else {
+        return;
+    };
+    let parsed = wire::unframe::<OfferMeta>(&offer.payload);
+    let (meta, input) = match parsed {
+        Ok(parsed) if taker.status.standing() == Standing::Joined => parsed,
+        Ok(_) => {
+            let _ = taker.client.publish(reply, BUSY.into()).await;
+            return;
+        }
+        Err(error) => {
+            tracing::debug!(%error, "cluster: unreadable offer refused");
+            let _ = taker.client.publish(reply, BUSY.into()).await;
+            return;
+        }
+    };
+    let key = (meta.origin.clone(), meta.forward);
+    let Some(cancel) = taker.cancels().start(key.clone()) else {
+        let _ = taker.client.publish(reply, BUSY.into()).await;
+        return;
+    };
+    let (delivered_tx, delivered) = oneshot::channel::<()>();
+    let delivered_tx = Mutex::new(Some(delivered_tx));
+    let hooks = DispatchHooks {
+        attempt_offset: meta.attempt_offset,
+        on_delivered: Some(Arc::new(move |_, _| {
+            let sender = delivered_tx
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(sender) = sender {
+                let _ = sender.send(());
+            }
+        })),
+        cancel: Some(cancel),
+        local_only: true,
+        ..DispatchHooks::default()
+    };
+    let caller = CallerIdentity::trusted(format!("cluster:{}", meta.origin));
+    let request = wire::offered_request(&meta, input);
+    let dispatcher = taker.dispatcher.clone();
+    let mut running =
+        tokio::spawn(async move { dispatcher.dispatch_with(&caller, request, hooks).await });
+    let answered = tokio::select! {
+        biased;
+        Ok(()) = delivered => {
+            let taken = [TAKEN, b" ", taker.node.as_bytes()].concat();
+            let _ = taker.client.publish(reply.clone(), taken.into()).await;
+            true
+        }
+        ended = &mut running => {
+            // Ended before any delivery: a local miss (busy), or refused outright.
+            taker.cancels().running.remove(&key);
+            tracing::trace!(ended = ?ended.map(|r| r.map(|o| o.label())), "cluster: offer not taken");
+            let _ = taker.client.publish(reply, BUSY.into()).await;
+            false
+        }
+    };
+    if !answered {
+        return;
+    }
+    let ended = running.await;
+    taker.cancels().running.remove(&key);
+    let end = match ended {
+        // A local-only dispatch that ends unserved after its delivery lost its worker and
+        // found no other here: the origin offers it again.
+        Ok(Ok(ActivityOutcome::Unserved { .. })) => RemoteEnd::Lost,
+        Ok(Ok(outcome)) => RemoteEnd::Outcome(outcome),
+        Ok(Err(_)) | Err(_) => RemoteEnd::Lost,
+    };
+    let body = wire::encode_end(meta.forward, &end);
+    if let Err(error) = taker
+        .client
+        .publish(taker.names.outcome(&meta.origin), body)
+        .await
+    {
+        tracing::warn!(origin = %meta.origin, forward = meta.forward, %error,
+            "cluster: outcome of a forwarded dispatch not sent");
+    }
+}
+
+/// Cancels forwarded dispatches running here when their origin asks (on this node's cancel
+/// subject, or the cluster's for a taker the origin never learned), until `stop`.
+pub(crate) async fn follow_cancels(taker: Arc<Taker>, stop: CancellationToken) {
+    let mut streams = Vec::new();
+    for subject in [
+        taker.names.cancel(&taker.node),
+        taker.names.cancel_unaddressed(),
+    ] {
+        match taker.client.subscribe(subject.clone()).await {
+            Ok(cancels) => streams.push(cancels),
+            Err(error) => {
+                tracing::warn!(%subject, %error, "cluster: cancel subscription failed");
+                return;
+            }
+        }
+    }
+    let mut cancels = futures::stream::select_all(streams);
+    loop {
+        let message = tokio::select! {
+            () = stop.cancelled() => return,
+            message = cancels.next() => message,
+        };
+        let Some(message) = message else { return };
+        let Ok((meta, _)) = wire::unframe::<CancelMeta>(&message.payload) else {
+            continue;
+        };
+        taker
+            .cancels()
+            .cancel((meta.origin, meta.forward), Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancel_before_its_offer_stops_the_offer_from_running() {
+        let now = Instant::now();
+        let mut cancels = Cancels::default();
+        cancels.cancel(("a".to_owned(), 1), now);
+        assert!(
+            cancels.start(("a".to_owned(), 1)).is_none(),
+            "cancelled first"
+        );
+        // Control: another forward runs, and its cancel fires its token.
+        let token = cancels.start(("a".to_owned(), 2)).expect("not cancelled");
+        assert!(!token.is_cancelled());
+        cancels.cancel(("a".to_owned(), 2), now);
+        assert!(token.is_cancelled());
+        // An early cancel is forgotten after a while.
+        cancels.cancel(("a".to_owned(), 3), now);
+        cancels.cancel(("b".to_owned(), 9), now + EARLY_CANCEL_KEPT);
+        assert!(cancels.start(("a".to_owned(), 3)).is_some());
+    }
+}

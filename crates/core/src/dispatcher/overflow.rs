@@ -1,0 +1,68 @@
+//! The seam a dispatch that misses locally consults: other gateway nodes that may take it.
+//!
+//! A dispatch selects locally first; only after that first miss, on the parked path, does the
+//! dispatcher ask its [`Overflow`] (if one is installed with
+//! [`Dispatcher::set_overflow`](super::Dispatcher::set_overflow)) to offer it elsewhere. A
+//! dispatch a local worker takes never touches the overflow. An offer someone took is no
+//! longer eligible for a local worker: the dispatch waits for the remote outcome only, so it
+//! runs at most once at a time.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio::time::Instant;
+
+use crate::outcome::{ActivityOutcome, ActivityRequest};
+
+/// A boxed future the overflow returns; `'static` so it outlives the call that made it.
+pub type OverflowFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What a parked dispatch offers: its request (task queue normalised, empty node as none) and
+/// when its caller stops waiting.
+#[derive(Clone, Debug)]
+pub struct OverflowOffer {
+    /// The request as the caller made it.
+    pub request: ActivityRequest,
+    /// When the dispatch's deadline passes.
+    pub deadline: Instant,
+    /// Deliveries already made for this dispatch (the remote attempt is one more).
+    pub attempt_offset: u32,
+}
+
+/// The answer to one offer.
+pub enum Offered {
+    /// Another node reserved a slot and delivered the task; this resolves with its end.
+    /// Dropping it before it resolves cancels the remote task.
+    Taken(OverflowFuture<Forwarded>),
+    /// No node could take it now.
+    NoTaker,
+}
+
+impl std::fmt::Debug for Offered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Taken(_) => "Taken",
+            Self::NoTaker => "NoTaker",
+        })
+    }
+}
+
+/// How a taken offer ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Forwarded {
+    /// The remote node's one outcome.
+    Outcome(ActivityOutcome),
+    /// The remote node was lost while it held the task: counted against the loss budget and
+    /// offered again.
+    Lost,
+}
+
+/// Other gateway nodes a dispatch may be offered to when no local worker takes it.
+pub trait Overflow: Send + Sync + 'static {
+    /// Offers a dispatch that found no local worker.
+    fn offer(&self, offer: OverflowOffer) -> OverflowFuture<Offered>;
+
+    /// Resolves when another node may have gained a free slot for `request`'s pool since an
+    /// offer found no taker (the parked dispatch then offers again).
+    fn capacity_hint(&self, request: &ActivityRequest) -> OverflowFuture<()>;
+}

@@ -1,0 +1,240 @@
+//! The overflow seam: local first at no cost, offers only after a local miss, a remote outcome
+//! ends the dispatch, no taker parks with `no capacity in cluster` until a capacity hint, a
+//! lost taker is offered again, and `local_only` never parks.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+
+use crate::dispatcher::*;
+use crate::outcome::ActivityOutcome;
+use crate::registry::UnservedReason;
+
+use super::fixture::*;
+
+/// A scripted overflow: each offer takes the next scripted answer (none left → no taker);
+/// hints fire on `hint.notify_waiters()`.
+#[derive(Default)]
+struct Scripted {
+    answers: Mutex<Vec<Answer>>,
+    offers: Mutex<Vec<String>>,
+    hint: Arc<Notify>,
+}
+
+enum Answer {
+    NoTaker,
+    Ends(Forwarded),
+    /// Taken, and runs until the returned future is dropped (reported on the channel).
+    Runs(mpsc::UnboundedSender<()>),
+}
+
+struct DropSignal(mpsc::UnboundedSender<()>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+impl Overflow for Scripted {
+    fn offer(&self, offer: OverflowOffer) -> OverflowFuture<Offered> {
+        self.offers
+            .lock()
+            .expect("test lock")
+            .push(String::from_utf8_lossy(&offer.request.input).into_owned());
+        let answer = {
+            let mut answers = self.answers.lock().expect("test lock");
+            (!answers.is_empty()).then(|| answers.remove(0))
+        };
+        Box::pin(async move {
+            match answer {
+                None | Some(Answer::NoTaker) => Offered::NoTaker,
+                Some(Answer::Ends(ended)) => Offered::Taken(Box::pin(async move { ended })),
+                Some(Answer::Runs(dropped)) => Offered::Taken(Box::pin(async move {
+                    let _signal = DropSignal(dropped);
+                    std::future::pending::<Forwarded>().await
+                })),
+            }
+        })
+    }
+
+    fn capacity_hint(&self, _request: &crate::ActivityRequest) -> OverflowFuture<()> {
+        let hint = Arc::clone(&self.hint);
+        Box::pin(async move { hint.notified().await })
+    }
+}
+
+fn install(s: &Setup, answers: Vec<Answer>) -> Arc<Scripted> {
+    let scripted = Arc::new(Scripted {
+        answers: Mutex::new(answers),
+        ..Scripted::default()
+    });
+    assert!(s.dispatcher.set_overflow(scripted.clone()));
+    scripted
+}
+
+fn offers(scripted: &Scripted) -> Vec<String> {
+    scripted.offers.lock().expect("test lock").clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_local_worker_takes_the_dispatch_without_an_offer() {
+    let s = setup();
+    let scripted = install(&s, vec![]);
+    let mut worker = s.worker(1).await;
+    let running = s.spawn(request("local", Duration::from_secs(60)));
+    let task = worker.task().await;
+    s.dispatcher
+        .complete(worker.id, task.task_id, success("local"))
+        .expect("pending");
+    assert_eq!(running.await.expect("dispatch"), completed("local"));
+    assert!(offers(&scripted).is_empty(), "{:?}", offers(&scripted));
+    // Control: with no free local slot the same dispatch is offered.
+    let _held = s.spawn(request("holds the slot", Duration::from_secs(60)));
+    let _ = worker.task().await;
+    let missed = s.spawn(request("missed", Duration::from_secs(1)));
+    let _ = missed.await.expect("dispatch");
+    assert_eq!(offers(&scripted), vec!["missed".to_owned()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_remote_outcome_ends_the_dispatch() {
+    let s = setup();
+    let remote = ActivityOutcome::Completed("far".into());
+    let _scripted = install(&s, vec![Answer::Ends(Forwarded::Outcome(remote.clone()))]);
+    let outcome = s
+        .spawn(request("x", Duration::from_secs(60)))
+        .await
+        .expect("dispatch");
+    assert_eq!(outcome, remote);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_taker_parks_as_no_capacity_in_cluster_until_a_hint_offers_again() {
+    let s = setup();
+    let remote = ActivityOutcome::Completed("second offer".into());
+    let scripted = install(
+        &s,
+        vec![
+            Answer::NoTaker,
+            Answer::Ends(Forwarded::Outcome(remote.clone())),
+        ],
+    );
+    let running = s.spawn(request("x", Duration::from_secs(60)));
+    s.parked(1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let unserved = s.dispatcher.unserved_queues();
+    assert_eq!(unserved[0].reason, UnservedReason::NoCapacityInCluster);
+    assert_eq!(offers(&scripted).len(), 1, "no second offer before a hint");
+    scripted.hint.notify_waiters();
+    assert_eq!(running.await.expect("dispatch"), remote);
+    assert_eq!(offers(&scripted).len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_of_an_offer_nobody_took_says_no_capacity_in_cluster() {
+    let s = setup();
+    let _scripted = install(&s, vec![Answer::NoTaker]);
+    let outcome = s
+        .spawn(request("x", Duration::from_secs(5)))
+        .await
+        .expect("dispatch");
+    let ActivityOutcome::Unserved { reason, detail } = outcome else {
+        panic!("not unserved: {outcome:?}");
+    };
+    assert_eq!(reason, UnservedReason::NoCapacityInCluster);
+    assert!(detail.contains("no other node"), "{detail}");
+    // Control: without an overflow the local reason stands.
+    let plain = setup();
+    let outcome = plain
+        .spawn(request("x", Duration::from_secs(5)))
+        .await
+        .expect("dispatch");
+    assert!(
+        matches!(
+            outcome,
+            ActivityOutcome::Unserved {
+                reason: UnservedReason::NoWorkers,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_taker_is_offered_again_within_the_loss_budget() {
+    let s = setup();
+    let remote = ActivityOutcome::Completed("after a loss".into());
+    let scripted = install(
+        &s,
+        vec![
+            Answer::Ends(Forwarded::Lost),
+            Answer::Ends(Forwarded::Outcome(remote.clone())),
+        ],
+    );
+    let outcome = s
+        .spawn(request("x", Duration::from_secs(60)))
+        .await
+        .expect("dispatch");
+    assert_eq!(outcome, remote);
+    assert_eq!(offers(&scripted).len(), 2);
+    // Control: losses past the budget end the dispatch.
+    let s = setup_with(DispatchConfig {
+        loss_budget: 1,
+        ..DispatchConfig::default()
+    });
+    let _scripted = install(
+        &s,
+        vec![Answer::Ends(Forwarded::Lost), Answer::Ends(Forwarded::Lost)],
+    );
+    let outcome = s
+        .spawn(request("x", Duration::from_secs(60)))
+        .await
+        .expect("dispatch");
+    assert!(
+        matches!(outcome, ActivityOutcome::TransportLost { .. }),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_forwarded_dispatch_drops_the_remote_wait() {
+    let s = setup();
+    let (dropped, mut heard) = mpsc::unbounded_channel();
+    let _scripted = install(&s, vec![Answer::Runs(dropped)]);
+    let running = s.spawn(with_id(request("x", Duration::from_secs(60)), "a1"));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(heard.try_recv().is_err(), "still running remotely");
+    s.dispatcher.cancel(&caller(), NS, "a1").expect("in flight");
+    assert_eq!(running.await.expect("dispatch"), ActivityOutcome::Cancelled);
+    assert!(heard.recv().await.is_some(), "the remote wait was dropped");
+}
+
+#[tokio::test(start_paused = true)]
+async fn local_only_misses_at_once_without_parking_or_offering() {
+    let s = setup();
+    let scripted = install(&s, vec![]);
+    let hooks = DispatchHooks {
+        local_only: true,
+        ..DispatchHooks::default()
+    };
+    let outcome = s
+        .dispatcher
+        .dispatch_with(&caller(), request("x", Duration::from_secs(60)), hooks)
+        .await
+        .expect("dispatch");
+    assert!(
+        matches!(
+            outcome,
+            ActivityOutcome::Unserved {
+                reason: UnservedReason::NoWorkers,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert!(offers(&scripted).is_empty());
+    assert!(s.dispatcher.unserved_queues().is_empty());
+}
