@@ -55,8 +55,8 @@ impl Drop for Served {
 /// Serves `router`'s services on a free loopback port, TCP_NODELAY on, `streams` concurrent
 /// streams allowed per connection.
 pub(crate) fn serve(router: tonic::service::Routes, streams: u32) -> Result<Served, Failure> {
-    let incoming = TcpIncoming::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?
-        .with_nodelay(Some(true));
+    let incoming =
+        TcpIncoming::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?.with_nodelay(Some(true));
     let addr = incoming.local_addr()?;
     let server = Server::builder()
         .max_concurrent_streams(streams)
@@ -99,9 +99,8 @@ pub(crate) async fn stream(args: &Args, deadline: Instant) -> Result<Measured, F
             let (times, size) = (Arc::clone(&times), args.payload);
             tokio::spawn(async move {
                 let mut client = EchoClient::new(channel);
-                let open = |outbound| async move {
-                    Ok(client.stream(outbound).await?.into_inner())
-                };
+                let open =
+                    |outbound| async move { Ok(client.stream(outbound).await?.into_inner()) };
                 load::one_stream(open, ids, outstanding, size, times, deadline).await
             })
         });

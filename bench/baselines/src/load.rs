@@ -88,7 +88,9 @@ pub(crate) fn payload(id: u64, size: usize) -> Bytes {
 
 /// The task number at the start of a payload.
 pub(crate) fn id_of(payload: &[u8]) -> Option<u64> {
-    Some(u64::from_le_bytes(payload.get(..ID_BYTES)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        payload.get(..ID_BYTES)?.try_into().ok()?,
+    ))
 }
 
 /// The share of `total` that part `index` of `parts` takes (the first `total % parts` parts

@@ -159,9 +159,8 @@ pub(crate) async fn run(args: &Args, deadline: Instant) -> Result<Measured, Fail
             let (times, size) = (Arc::clone(&times), args.payload);
             tokio::spawn(async move {
                 let mut client = RelayClient::new(channel);
-                let open = |outbound| async move {
-                    Ok(client.produce(outbound).await?.into_inner())
-                };
+                let open =
+                    |outbound| async move { Ok(client.produce(outbound).await?.into_inner()) };
                 load::one_stream(open, ids, outstanding, size, times, deadline).await
             })
         });
