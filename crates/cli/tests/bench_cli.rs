@@ -3,10 +3,16 @@
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::panic)]
 
+#[path = "durable_support/harness.rs"]
+mod harness;
+
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
 
 /// The `switchyard` binary cargo built for this test.
 fn switchyard() -> PathBuf {
@@ -232,4 +238,107 @@ fn via_core_with_connect_is_refused_as_a_usage_error() {
         .expect("switchyard runs");
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--via core"));
+}
+
+/// A loopback TCP forwarder in front of the gateway's gRPC port that counts the connections
+/// the gateway is handed.
+struct CountingDoor {
+    addr: std::net::SocketAddr,
+    opened: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingDoor {
+    async fn open(gateway_port: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local address");
+        let opened = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&opened);
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", gateway_port)).await
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                });
+            }
+        });
+        Self { addr, opened, task }
+    }
+}
+
+impl Drop for CountingDoor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Connections a `--via VIA --connections K` run through a [`CountingDoor`] opens to the
+/// gateway (the producer's, the gRPC workers' and the bench's own status calls).
+async fn connections_opened(site: &harness::Site, via: &str, k: &str) -> usize {
+    let door = CountingDoor::open(site.port).await;
+    let ca = site.data_dir.join("tls").join("ca.pem");
+    let args: Vec<String> = [
+        "--connect",
+        &door.addr.to_string(),
+        "--ca",
+        &ca.to_string_lossy(),
+        "--transport",
+        "grpc",
+        "--via",
+        via,
+        "--connections",
+        k,
+        "--workers",
+        "2",
+        "--capacity",
+        "4",
+        "--tasks",
+        "40",
+        "--outstanding",
+        "8",
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    let report = tokio::task::spawn_blocking(move || {
+        bench(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .expect("bench thread");
+    assert_eq!(report["outcomes"]["completed"], 40, "{report}");
+    assert_eq!(
+        report["parameters"]["connections"],
+        k.parse::<u64>().expect("K")
+    );
+    door.opened.load(Ordering::SeqCst)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_flag_opens_that_many_producer_connections() {
+    let site = harness::Site::new();
+    let _gateway = site.serve().await;
+    for via in ["unary", "stream"] {
+        // Control: K = 1, the producer's one connection beside the workers' and status calls.
+        let one = connections_opened(&site, via, "1").await;
+        let four = connections_opened(&site, via, "4").await;
+        assert_eq!(
+            four,
+            one + 3,
+            "--via {via}: K=4 opens three producer connections more than K=1 ({one})"
+        );
+    }
+}
+
+#[test]
+fn connections_with_via_core_is_refused_as_a_usage_error() {
+    let output = Command::new(switchyard())
+        .args(["bench", "--via", "core", "--connections", "2"])
+        .output()
+        .expect("switchyard runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--connections"));
 }

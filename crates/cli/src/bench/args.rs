@@ -18,6 +18,8 @@ const MAX_PARKED: u32 = 1_000_000;
 const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
 /// Longest service time, in microseconds (10 s).
 const MAX_SERVICE_TIME_US: u64 = 10_000_000;
+/// Most producer connections one run may open.
+const MAX_CONNECTIONS: u32 = 64;
 
 /// Which worker transport the bench's workers use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -47,9 +49,10 @@ pub(crate) enum Scenario {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum Via {
-    /// One `Dispatch` call per task, P calls at once over one HTTP/2 connection.
+    /// One `Dispatch` call per task, P calls at once spread over `--connections` HTTP/2
+    /// connections.
     Unary,
-    /// One `DispatchStream`, P requests outstanding.
+    /// One `DispatchStream` per connection (`--connections`), P requests outstanding in all.
     Stream,
     /// Straight into core's dispatcher, no producer API (in-process gateway only).
     Core,
@@ -147,6 +150,10 @@ pub(crate) struct BenchArgs {
     /// How dispatches enter the gateway.
     #[arg(long, value_enum, default_value_t = Via::Stream)]
     pub(crate) via: Via,
+    /// HTTP/2 connections the producer spreads its outstanding dispatches over (`--via unary`:
+    /// calls round-robin over them; `--via stream`: one `DispatchStream` on each).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub(crate) connections: u32,
     /// Instead of the load run: connect K idle workers (alternating gRPC and QUIC; a failed
     /// connect is tried up to 3 times and counted), report memory per worker and the time until
     /// all K are eligible.
@@ -220,6 +227,22 @@ impl BenchArgs {
         in_range("--tasks", self.tasks.into(), MAX_TASKS.into())?;
         in_range("--outstanding", self.outstanding.into(), 1_000_000)?;
         in_range("--parked", self.parked.into(), MAX_PARKED.into())?;
+        in_range(
+            "--connections",
+            self.connections.into(),
+            MAX_CONNECTIONS.into(),
+        )?;
+        if self.connections > 1 && !matches!(self.via, Via::Unary | Via::Stream) {
+            return Err(Failure::usage(
+                "--connections spreads --via unary or --via stream; use 1 with core or submit",
+            ));
+        }
+        if self.connections > self.outstanding {
+            return Err(Failure::usage(format!(
+                "--connections {}: at most --outstanding ({}), one dispatch per connection",
+                self.connections, self.outstanding
+            )));
+        }
         if self.scenario == Scenario::TenantFairness && self.connect.is_some() {
             return Err(Failure::usage(
                 "--scenario tenant-fairness needs the in-process gateway; it cannot be used \

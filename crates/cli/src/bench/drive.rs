@@ -1,5 +1,5 @@
-//! The three load generators: a `DispatchStream`, concurrent unary `Dispatch` calls, and
-//! direct calls into core's dispatcher. Each keeps at most `--outstanding` dispatches in flight
+//! The three load generators: `DispatchStream`s, concurrent unary `Dispatch` calls (both over
+//! `--connections` connections), and direct calls into core's dispatcher. Each keeps at most `--outstanding` dispatches in flight
 //! and records each one's latency from send to outcome.
 
 use std::collections::BTreeMap;
@@ -18,7 +18,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::args::BenchArgs;
-use super::target::Target;
+use super::target::{Api, Target};
 use super::{ACTIVITY, NAMESPACE};
 use crate::cmd::Failure;
 
@@ -144,30 +144,78 @@ impl SendTimes {
     }
 }
 
-/// One `DispatchStream`: a sender task keeps `--outstanding` requests in flight while this
-/// task reads replies, so sending never waits behind a reply.
+/// The producer's connections (`--connections`), each its own HTTP/2 connection.
+async fn connections(args: &BenchArgs, target: &Target) -> Result<Vec<Api>, Failure> {
+    let mut apis = Vec::new();
+    for _ in 0..args.connections {
+        apis.push(target.api().await?);
+    }
+    Ok(apis)
+}
+
+/// The share of `total` that part `index` of `parts` takes (the first `total % parts` parts
+/// take one more).
+fn share(total: u64, parts: u64, index: u64) -> u64 {
+    let parts = parts.max(1);
+    total / parts + u64::from(index < total % parts)
+}
+
+/// One `DispatchStream` on each of `--connections` connections, `--outstanding` and
+/// `--tasks` split evenly between them; correlation ids are global, so one table of send
+/// instants serves every stream.
 pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Failure> {
-    let mut api = target.api().await?;
-    let outstanding = usize::try_from(args.outstanding).unwrap_or(usize::MAX);
+    let apis = connections(args, target).await?;
+    let times = Arc::new(SendTimes::new(args.tasks));
+    let parts = u64::from(args.connections);
+    let streams = apis.into_iter().zip(0..).map(|(api, index)| {
+        let (args, times) = (args.clone(), Arc::clone(&times));
+        let ids = Ids {
+            first: index,
+            step: parts,
+            count: share(u64::from(args.tasks), parts, index),
+        };
+        let outstanding = share(u64::from(args.outstanding), parts, index);
+        tokio::spawn(async move { one_stream(&args, api, ids, outstanding, times).await })
+    });
+    collect(streams.collect()).await
+}
+
+/// The correlation ids one stream sends: `first`, `first + step`, ..., `count` of them.
+#[derive(Clone, Copy, Debug)]
+struct Ids {
+    first: u64,
+    step: u64,
+    count: u64,
+}
+
+/// One `DispatchStream`: a sender task keeps `outstanding` requests in flight while this
+/// task reads replies, so sending never waits behind a reply.
+async fn one_stream(
+    args: &BenchArgs,
+    mut api: Api,
+    ids: Ids,
+    outstanding: u64,
+    times: Arc<SendTimes>,
+) -> Result<Run, Failure> {
+    let outstanding = usize::try_from(outstanding).unwrap_or(usize::MAX).max(1);
     let (requests, outbound) = mpsc::channel(outstanding);
     let mut replies = api
         .dispatch_stream(ReceiverStream::new(outbound))
         .await
         .map_err(|status| Failure::status(&status))?
         .into_inner();
-    let times = Arc::new(SendTimes::new(args.tasks));
     let slots = Arc::new(Semaphore::new(outstanding));
     let sender = {
-        let (times, slots, input, tasks, timeout, args) = (
+        let (times, slots, input, timeout, args) = (
             Arc::clone(&times),
             Arc::clone(&slots),
             payload(args),
-            u64::from(args.tasks),
             dispatch_timeout(args),
             args.clone(),
         );
         tokio::spawn(async move {
-            for id in 0..tasks {
+            for n in 0..ids.count {
+                let id = ids.first + n * ids.step;
                 let Ok(permit) = slots.acquire().await else {
                     return;
                 };
@@ -193,7 +241,7 @@ pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Fai
     let mut run = Run::new()?;
     let deadline = reply_deadline(args);
     let result = async {
-        for _ in 0..args.tasks {
+        for _ in 0..ids.count {
             let reply = tokio::time::timeout(deadline, replies.next())
                 .await
                 .map_err(|_| Failure::runtime(format!("no dispatch reply for {deadline:?}")))?
@@ -217,38 +265,44 @@ pub(crate) async fn stream(args: &BenchArgs, target: &Target) -> Result<Run, Fai
     result.map(|()| run)
 }
 
-/// `--outstanding` tasks, each making unary `Dispatch` calls one after another over the same
-/// HTTP/2 connection.
+/// `--outstanding` tasks, each making unary `Dispatch` calls one after another; task `i` uses
+/// connection `i mod --connections`.
 pub(crate) async fn unary(args: &BenchArgs, target: &Target) -> Result<Run, Failure> {
-    let api = target.api().await?;
+    let apis = connections(args, target).await?;
     let next = Arc::new(AtomicU64::new(0));
     let tasks = u64::from(args.tasks);
     let input = payload(args);
     let (timeout, deadline) = (dispatch_timeout(args), reply_deadline(args));
-    let callers = (0..args.outstanding).map(|_| {
-        let (mut api, next, input, args) =
-            (api.clone(), Arc::clone(&next), input.clone(), args.clone());
-        tokio::spawn(async move {
-            let mut run = Run::new()?;
-            loop {
-                let id = next.fetch_add(1, Ordering::Relaxed);
-                if id >= tasks {
-                    break;
+    let callers = apis
+        .iter()
+        .cycle()
+        .take(usize::try_from(args.outstanding).unwrap_or(0))
+        .map(|api| {
+            let (mut api, next, input, args) =
+                (api.clone(), Arc::clone(&next), input.clone(), args.clone());
+            tokio::spawn(async move {
+                let mut run = Run::new()?;
+                loop {
+                    let id = next.fetch_add(1, Ordering::Relaxed);
+                    if id >= tasks {
+                        break;
+                    }
+                    let request = wire_request(&input_of(&args, &input, id), timeout, args.durable);
+                    let sent = Instant::now();
+                    let reply = tokio::time::timeout(deadline, api.dispatch(request))
+                        .await
+                        .map_err(|_| {
+                            Failure::runtime(format!("no dispatch reply for {deadline:?}"))
+                        })?;
+                    let label = match &reply {
+                        Ok(reply) => wire_label(reply.get_ref().outcome.as_ref()),
+                        Err(_) => "refused",
+                    };
+                    run.record(sent.elapsed(), label);
                 }
-                let request = wire_request(&input_of(&args, &input, id), timeout, args.durable);
-                let sent = Instant::now();
-                let reply = tokio::time::timeout(deadline, api.dispatch(request))
-                    .await
-                    .map_err(|_| Failure::runtime(format!("no dispatch reply for {deadline:?}")))?;
-                let label = match &reply {
-                    Ok(reply) => wire_label(reply.get_ref().outcome.as_ref()),
-                    Err(_) => "refused",
-                };
-                run.record(sent.elapsed(), label);
-            }
-            Ok::<_, Failure>(run)
-        })
-    });
+                Ok::<_, Failure>(run)
+            })
+        });
     collect(callers.collect()).await
 }
 
@@ -306,4 +360,18 @@ pub(crate) async fn collect(
         total.merge(&run)?;
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share;
+
+    #[test]
+    fn shares_add_up_to_the_total_and_differ_by_at_most_one() {
+        let shares: Vec<u64> = (0..4).map(|index| share(10, 4, index)).collect();
+        assert_eq!(shares, [3, 3, 2, 2]);
+        assert_eq!(shares.iter().sum::<u64>(), 10);
+        // Control: one part takes everything.
+        assert_eq!(share(10, 1, 0), 10);
+    }
 }
