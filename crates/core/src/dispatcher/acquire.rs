@@ -197,4 +197,3 @@ impl Dispatcher {
         ActivityOutcome::Unserved { reason, detail }
     }
 }
-

@@ -221,7 +221,11 @@ async fn a_worker_whose_link_dropped_before_it_left_parks_without_spinning() {
     let running = s.spawn(request("x", Duration::from_secs(10)));
     s.parked(1).await;
     tokio::time::advance(Duration::from_secs(5)).await;
-    assert_eq!(s.dispatcher.selections(), 2, "on arrival and once queued, no more");
+    assert_eq!(
+        s.dispatcher.selections(),
+        2,
+        "on arrival and once queued, no more"
+    );
     assert!(matches!(
         running.await.expect("joined"),
         ActivityOutcome::Unserved { .. }
