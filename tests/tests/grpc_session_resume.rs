@@ -401,7 +401,7 @@ async fn results_are_acknowledged_in_batches_only_to_a_session_worker() {
         batches.len() < 100,
         "batched, not one frame per result: {batches:?}"
     );
-    assert!(batches.iter().all(|batch| batch.len() <= 64));
+    assert!(batches.iter().all(|batch| batch.len() <= 256));
     let acked: Vec<u64> = batches.concat();
     assert_eq!(acked, (1..=100).collect::<Vec<_>>());
 

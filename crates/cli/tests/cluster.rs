@@ -349,7 +349,10 @@ async fn readiness_says_degraded_while_nats_is_down_and_metrics_carry_the_node()
     let metrics = http_get(ops, "/metrics").await;
     assert!(metrics.contains("node=\"ops-a\""), "{metrics}");
     let about = http_get(ops, "/v1/about").await;
-    assert!(about.contains("\"cluster_node\":\"ops-a\""), "the console names the node: {about}");
+    assert!(
+        about.contains("\"cluster_node\":\"ops-a\""),
+        "the console names the node: {about}"
+    );
     nats.kill();
     let degraded = http_until(ops, "/readyz", "cluster: degraded (").await;
     assert!(

@@ -33,8 +33,10 @@ enum First {
     Resume(ResumeRequest),
 }
 
-/// Most results one `results_ack` acknowledges.
-const ACK_BATCH: usize = 64;
+/// Most results one `results_ack` acknowledges. Each frame costs a write on both ends, so a
+/// busy stream acknowledges in batches this large; the worker keeps at most this many results
+/// (plus its capacity) waiting for one.
+const ACK_BATCH: usize = 256;
 
 /// Longest a processed result waits for its acknowledgement.
 const ACK_DELAY: Duration = Duration::from_millis(20);
@@ -446,11 +448,14 @@ mod tests {
         delivery
             .deliver(switchyard_core::WorkerMessage::Ping { seq: 1 })
             .unwrap_or_else(|error| panic!("{error}"));
-        acks.processed(65);
+        acks.processed(ACK_BATCH as u64 + 1);
         assert!(!acks.flush(&delivery));
         assert!(acks.is_pending(), "control: nothing was lost");
         let _ping = pushed.try_recv();
         assert!(acks.flush(&delivery));
-        assert_eq!(acked(pushed.try_recv().ok()), Some(vec![65]));
+        assert_eq!(
+            acked(pushed.try_recv().ok()),
+            Some(vec![ACK_BATCH as u64 + 1])
+        );
     }
 }

@@ -1,6 +1,5 @@
 //! Finding a worker for a dispatch: select, or park on the arrival signal until one can take it.
 
-use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -48,11 +47,16 @@ impl Dispatcher {
     /// Selects and reserves a worker, parking until one can take the dispatch or the wait
     /// ends (deadline, cancel, shutdown).
     ///
-    /// The dispatch waits in its pool's queue ([`crate::PoolWaiter`]), armed before each
-    /// selection, so a wake between a miss and the wait is not lost and a woken dispatch that
-    /// loses the race keeps its place at the front; every miss waits for a wake, so a pool
-    /// that reads as served while selection finds nobody (a worker on probation, a slot being
-    /// freed) parks instead of spinning.
+    /// The first selection takes no subscription of any kind: most dispatches find a worker
+    /// there, and a registry-wide subscription per dispatch is a lock and a list entry on state
+    /// every dispatch shares. After a miss the dispatch queues in its pool
+    /// ([`crate::PoolWaiter`]) and selects once more before it waits: a change made between the
+    /// miss and the queueing is seen by that selection, one made after it wakes the queue (a
+    /// release reads the queues under the registry lock the selection takes). The waiter is
+    /// armed before each selection, so a woken dispatch that loses the race keeps its place at
+    /// the front; every later miss waits for a wake, so a pool that reads as served while
+    /// selection finds nobody (a worker on probation, a slot being freed) parks instead of
+    /// spinning.
     ///
     /// Parking counts against the parked quotas of the dispatch's namespace and principal
     /// (unless `hooks.durable`); when `refusable`, a dispatch that would pass one is refused
@@ -72,18 +76,12 @@ impl Dispatcher {
             activity_type: &request.activity_type,
             node: request.node.as_deref().filter(|n| !n.is_empty()),
         };
-        // Until the dispatch has a place in its pool's queue, a registry-wide subscription
-        // covers the gap between a miss and the queueing.
-        let gap = self.inner.registry.worker_arrival();
         if let Some(hit) = self.select(&pool) {
             return Ok(hit);
         }
         // Most dispatches find a worker at the first try: the parked wait's state lives on
         // the heap, only for the dispatches that park, so every dispatch's future stays small.
-        Box::pin(self.park(
-            request, &pool, deadline, cancel, held, refusable, hooks, gap,
-        ))
-        .await
+        Box::pin(self.park(request, &pool, deadline, cancel, held, refusable, hooks)).await
     }
 
     /// One selection attempt, counted.
@@ -97,8 +95,8 @@ impl Dispatcher {
         )
     }
 
-    /// After a first miss: takes a parked place (or refuses), queues in the pool's waiters and
-    /// selects once per wake until a worker takes the dispatch or the wait ends.
+    /// After a first miss: takes a parked place (or refuses), queues in the pool's waiters,
+    /// selects again, then once per wake until a worker takes the dispatch or the wait ends.
     #[allow(clippy::too_many_arguments)]
     async fn park(
         &self,
@@ -109,7 +107,6 @@ impl Dispatcher {
         held: &HeldInput<'_>,
         refusable: bool,
         hooks: &DispatchHooks,
-        gap: crate::WorkerArrival,
     ) -> Result<(Worker, DispatchReservation), Missed> {
         if hooks.local_only {
             return Err(Missed::Outcome(self.unserved_now(request)));
@@ -138,8 +135,8 @@ impl Dispatcher {
         let mut ticket: Option<ParkTicket> = None;
         let mut classified_at: Option<Instant> = None;
         let mut told: Option<UnservedReason> = None;
-        // A wake between the miss and the queueing: select again at once.
-        let mut wait = !fired(gap);
+        // Queued now: select again at once, for what changed between the miss and the queueing.
+        let mut wait = false;
         // Durable dispatches stay on their node: the dispatch store is per node.
         let overflow = self.inner.overflow.get().filter(|_| !hooks.durable);
         let offer = || {
@@ -300,12 +297,4 @@ async fn settle<T>(future: &mut Option<OverflowFuture<T>>) -> T {
         Some(future) => future.await,
         None => std::future::pending().await,
     }
-}
-
-/// Whether a wake already fired for `arrival`, without waiting.
-fn fired(mut arrival: crate::WorkerArrival) -> bool {
-    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-    std::pin::Pin::new(&mut arrival)
-        .poll(&mut context)
-        .is_ready()
 }

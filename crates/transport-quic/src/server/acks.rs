@@ -15,8 +15,10 @@ use switchyard_core::TaskId;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Pending ids that send a `results_ack` at once; also the most one frame carries.
-pub(crate) const ACK_BATCH_IDS: usize = 64;
+/// Pending ids that send a `results_ack` at once; also the most one frame carries. Each frame
+/// is a packet each way (the frame and the worker's acknowledgement of it), so a busy
+/// connection acknowledges in batches this large.
+pub(crate) const ACK_BATCH_IDS: usize = 256;
 
 /// Longest an id waits for its `results_ack`.
 pub(crate) const ACK_BATCH_DELAY: Duration = Duration::from_millis(20);
@@ -156,7 +158,9 @@ mod tests {
         assert_eq!(batch.due(), Some(start + ACK_BATCH_DELAY));
         assert_eq!(
             batch.take(start),
-            vec![t(64), t(65), t(66)],
+            (ACK_BATCH_IDS as u64..ACK_BATCH_IDS as u64 + 3)
+                .map(t)
+                .collect::<Vec<_>>(),
             "the rest, in order"
         );
     }

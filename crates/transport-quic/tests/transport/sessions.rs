@@ -304,7 +304,8 @@ async fn a_worker_that_closes_with_closed_leaves_and_is_not_suspended() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_result_is_acknowledged_once_in_batches() {
-    const RESULTS: u64 = 256;
+    // More than one full batch (256 ids), so the cap on a frame is exercised.
+    const RESULTS: u64 = 600;
     let gateway = Gateway::start().await;
     let mut events = gateway.registry().subscribe_events();
     let mut raw = Raw::connect(&gateway).await;
@@ -350,7 +351,7 @@ async fn every_result_is_acknowledged_once_in_batches() {
         match raw.next_control().await.frame {
             Some(quic_control_down::Frame::ResultsAck(ack)) => {
                 frames += 1;
-                assert!(ack.task_ids.len() <= 64, "at most 64 ids a frame");
+                assert!(ack.task_ids.len() <= 256, "at most 256 ids a frame");
                 for id in ack.task_ids {
                     assert!(acknowledged.insert(id), "task {id} acknowledged twice");
                 }

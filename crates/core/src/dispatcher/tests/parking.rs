@@ -197,12 +197,13 @@ async fn a_dispatch_waiting_out_probation_selects_once_per_wake_not_in_a_loop() 
     let running = s.spawn(request("x", Duration::from_secs(30)));
     s.parked(1).await;
     tokio::time::advance(Duration::from_secs(10)).await;
-    assert_eq!(s.dispatcher.selections(), 1, "parked, not polling");
+    // One selection on arrival, one more once queued in its pool, then none until a wake.
+    assert_eq!(s.dispatcher.selections(), 2, "parked, not polling");
     s.registry.set_dispatch_ineligible(HashMap::new());
     let task = worker.task().await;
     assert_eq!(
         s.dispatcher.selections(),
-        2,
+        3,
         "control: the verdict wakes it once"
     );
     s.dispatcher
@@ -220,9 +221,64 @@ async fn a_worker_whose_link_dropped_before_it_left_parks_without_spinning() {
     let running = s.spawn(request("x", Duration::from_secs(10)));
     s.parked(1).await;
     tokio::time::advance(Duration::from_secs(5)).await;
-    assert_eq!(s.dispatcher.selections(), 1);
+    assert_eq!(
+        s.dispatcher.selections(),
+        2,
+        "on arrival and once queued, no more"
+    );
     assert!(matches!(
         running.await.expect("joined"),
         ActivityOutcome::Unserved { .. }
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_freed_while_a_dispatch_misses_and_queues_is_not_lost() {
+    // Producers contend for a worker of capacity 1 whose slot a responder frees on the other
+    // thread, so slots are freed between a miss and the queueing. A wake lost there would leave
+    // a dispatch parked until its deadline (Unserved) while the worker sat idle.
+    const PRODUCERS: u64 = 4;
+    const ROUNDS: u64 = 300;
+    let s = setup();
+    let mut worker = s.worker(1).await;
+    let dispatcher = s.dispatcher.clone();
+    let id = worker.id;
+    let responder = tokio::spawn(async move {
+        while let Some(message) = worker.rx.recv().await {
+            if let WorkerMessage::Task(task) = message {
+                let _ = dispatcher.complete(id, task.task_id, TaskResult::Success(task.input));
+            }
+        }
+    });
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|_| {
+            let dispatcher = s.dispatcher.clone();
+            tokio::spawn(async move {
+                let mut completed = 0;
+                for _ in 0..ROUNDS {
+                    let outcome = dispatcher
+                        .dispatch(&caller(), request("x", Duration::from_secs(5)))
+                        .await;
+                    if matches!(outcome, Ok(ActivityOutcome::Completed(_))) {
+                        completed += 1;
+                    }
+                }
+                completed
+            })
+        })
+        .collect();
+    let mut completed = 0;
+    for producer in producers {
+        completed += tokio::time::timeout(Duration::from_secs(120), producer)
+            .await
+            .expect("the producers finish well within their deadlines")
+            .expect("joined");
+    }
+    assert_eq!(completed, PRODUCERS * ROUNDS, "every dispatch completed");
+    // Control: dispatches did park (the window exists), so the count above covers wakes.
+    assert!(
+        s.dispatcher.selections() > PRODUCERS * ROUNDS,
+        "some dispatches missed and selected again"
+    );
+    responder.abort();
 }
