@@ -85,6 +85,17 @@ impl Runner {
                 .await
                 .map_err(|error| outcome::refusal(&error));
         }
+        // Boxed: inline, the durable path's state makes every ephemeral dispatch's future
+        // 440 bytes larger (measured in the hot-path pass, docs/benchmarks.md).
+        Box::pin(self.run_durable(caller, wire)).await
+    }
+
+    /// The durable half of [`Runner::run`].
+    async fn run_durable(
+        &self,
+        caller: &CallerIdentity,
+        wire: pb::DispatchRequest,
+    ) -> Result<ActivityOutcome, Status> {
         let (request, key) = outcome::durable_request(wire, self.default_timeout);
         let wait = request.timeout.min(self.dispatcher.max_timeout()) + RECORD_GRACE;
         let (id, heard) = match key {
