@@ -2,7 +2,7 @@
 //! `nats-server -js` on loopback, SDK workers and a producer in this process.
 //!
 //! Each test starts its own NATS server (skipped with a printed reason when nats-server is
-//! missing, unless `SWITCHYARD_REQUIRE_NATS` is set) and its own nodes, with a 3 s membership
+//! missing, unless `CI_REQUIRE_NATS` is set) and its own nodes, with a 3 s membership
 //! TTL refreshed every second so a killed node is noticed quickly.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]

@@ -6,7 +6,7 @@
 //! screenshot is saved under `target/tmp/console-test/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`; without them the test says why and
-//! passes, unless `SWITCHYARD_REQUIRE_CHROMIUM` is set (as `.ci/run` does), when it fails.
+//! passes, unless `CI_REQUIRE_CHROMIUM` is set (as `.ci/run` does), when it fails.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
@@ -254,8 +254,8 @@ fn browser_missing() -> Option<String> {
         missing.join(" and ")
     );
     assert!(
-        std::env::var_os("SWITCHYARD_REQUIRE_CHROMIUM").is_none(),
-        "SWITCHYARD_REQUIRE_CHROMIUM is set but {why}"
+        std::env::var_os("CI_REQUIRE_CHROMIUM").is_none(),
+        "CI_REQUIRE_CHROMIUM is set but {why}"
     );
     Some(why)
 }

@@ -3,7 +3,7 @@
 //!
 //! The server is the `nats-server` program on `PATH` (`.ci/run` installs Debian's). Where it is
 //! missing, [`NatsServer::start`] returns `None` after printing why, so the test can skip —
-//! unless `SWITCHYARD_REQUIRE_NATS` is set (`.ci/run` sets it), where a missing server fails
+//! unless `CI_REQUIRE_NATS` is set (`.ci/run` sets it), where a missing server fails
 //! the test instead of skipping it.
 
 use std::fs;
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::within::PATIENCE;
 
 /// The environment variable that turns "nats-server missing: skip" into a failure.
-pub const REQUIRE_NATS: &str = "SWITCHYARD_REQUIRE_NATS";
+pub const REQUIRE_NATS: &str = "CI_REQUIRE_NATS";
 
 /// A running `nats-server -js` on `127.0.0.1`, its store in a directory of its own; killed (and
 /// its directory removed) on drop.
