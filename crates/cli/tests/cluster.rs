@@ -184,12 +184,7 @@ async fn a_node_killed_mid_task_has_its_forwarded_tasks_dispatched_again() {
         calls.spawn(async move { (tag, dispatch(&a, ACTIVITY, tag, PATIENCE).await) });
     }
     // Both tasks run, one on each node (one slot each), then C dies with its task.
-    let started = tokio::time::timeout(PATIENCE, async {
-        while ledger.total() < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let started = tokio::time::timeout(PATIENCE, ledger.wait_total(2)).await;
     assert!(started.is_ok(), "both tasks started");
     node_c.kill_9();
     let ended = tokio::time::timeout(PATIENCE, calls.join_all())

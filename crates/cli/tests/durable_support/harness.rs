@@ -310,11 +310,27 @@ pub struct Run {
 #[derive(Debug, Default)]
 pub struct Ledger {
     runs: Mutex<HashMap<u64, Vec<Run>>>,
+    recorded: tokio::sync::Notify,
 }
 
 impl Ledger {
     fn record(&self, tag: u64, run: Run) {
         self.runs.lock().unwrap().entry(tag).or_default().push(run);
+        self.recorded.notify_waiters();
+    }
+
+    /// Waits (unbounded: wrap it in a timeout) until the handlers have run `runs` times in all.
+    pub async fn wait_total(&self, runs: usize) {
+        loop {
+            let recorded = self.recorded.notified();
+            tokio::pin!(recorded);
+            // Armed before the check, so a run recorded in between is not missed.
+            recorded.as_mut().enable();
+            if self.total() >= runs {
+                return;
+            }
+            recorded.await;
+        }
     }
 
     /// How often the handlers ran `tag`.
