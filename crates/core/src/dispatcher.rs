@@ -107,6 +107,10 @@ struct Inner {
     selections: AtomicU64,
     /// Other nodes a dispatch is offered to after a local miss; unset outside a cluster.
     overflow: OnceLock<Arc<dyn Overflow>>,
+    /// Runs once between a selection and the tracking of its task: tests land a shutdown in
+    /// that window, which threads reach only by chance.
+    #[cfg(test)]
+    after_selection: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// How a dispatch's wait for its worker ended.
@@ -276,6 +280,8 @@ impl Dispatcher {
             results_after_cancel: AtomicU64::new(0),
             selections: AtomicU64::new(0),
             overflow: OnceLock::new(),
+            #[cfg(test)]
+            after_selection: Mutex::new(None),
         });
         let weak = Arc::downgrade(&inner);
         registry.observe_departures(Arc::new(move |worker, _reason| {
@@ -284,6 +290,15 @@ impl Dispatcher {
             }
         }));
         Self { inner }
+    }
+
+    /// Runs `hook` once, the next time a dispatch has selected a worker and not yet tracked
+    /// its task.
+    #[cfg(test)]
+    pub(crate) fn after_next_selection(&self, hook: impl FnOnce() + Send + 'static) {
+        if let Ok(mut slot) = self.inner.after_selection.lock() {
+            *slot = Some(Box::new(hook));
+        }
     }
 
     /// Installs the nodes a dispatch that misses locally is offered to (see [`Overflow`]);
@@ -424,6 +439,18 @@ impl Dispatcher {
                 Err(Missed::Outcome(outcome)) => return Ok(outcome),
                 Err(Missed::Refused(error)) => return Err(error),
             };
+            #[cfg(test)]
+            {
+                let hook = self
+                    .inner
+                    .after_selection
+                    .lock()
+                    .ok()
+                    .and_then(|mut h| h.take());
+                if let Some(hook) = hook {
+                    hook();
+                }
+            }
             let task = TaskId::from_raw(self.inner.next_task.fetch_add(1, Ordering::Relaxed));
             let (signal, mut wait) = oneshot::channel();
             let replaced = self.inner.lock_tasks().insert(
@@ -440,6 +467,16 @@ impl Dispatcher {
                 inner: &self.inner,
                 task,
             };
+            // Once shutdown has begun no task goes out: shutdown counts the tasks in this table
+            // before it stops waiting, so a task tracked after that count must not reach a
+            // worker, which would run it while its dispatch ends `ShuttingDown`.
+            if self.inner.shutting_down.load(Ordering::Acquire) {
+                let removed = self.inner.lock_tasks().remove(task);
+                drop(removed);
+                guard.disarm();
+                self.inner.ended();
+                return Ok(ActivityOutcome::ShuttingDown);
+            }
             // A worker that left between selection and tracking was never seen holding this
             // task by the departure observer; forget the attempt (nothing was delivered).
             let delivered = if self.inner.registry.is_registered(worker.id()) {

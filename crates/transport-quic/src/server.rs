@@ -186,12 +186,17 @@ impl QuicServerBuilder {
             copies: Arc::new(RedundancyCounters::exported()),
             connections: Mutex::new(HashMap::new()),
         });
-        let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&shared), intake));
+        let accept = tokio::spawn(accept_loop(
+            endpoint.clone(),
+            Arc::clone(&shared),
+            intake.clone(),
+        ));
         tracing::info!(%local_addr, "quic worker listener started");
         Ok(QuicServer {
             endpoint,
             local_addr,
             shared,
+            intake,
             accept,
         })
     }
@@ -245,6 +250,7 @@ pub struct QuicServer {
     endpoint: Endpoint,
     local_addr: SocketAddr,
     shared: Arc<ServerShared>,
+    intake: SharedIntake,
     accept: JoinHandle<()>,
 }
 
@@ -276,6 +282,12 @@ impl QuicServer {
     /// Workers registered through this listener right now.
     pub fn registered_workers(&self) -> usize {
         self.shared.connections().len()
+    }
+
+    /// Connections through their handshake and not yet registered right now: what counts
+    /// against `max_unregistered_connections`.
+    pub fn unregistered_connections(&self) -> usize {
+        self.intake.unregistered()
     }
 
     /// Datagram copies of small frames sent and received so far (`quic.redundancy`).

@@ -18,6 +18,7 @@ use super::ServerShared;
 use super::connection::{CONTROL, write_control};
 use super::datagram;
 use super::delivery::QuicDelivery;
+use super::intake::Pass;
 use super::lane::OpenedLane;
 use crate::convert;
 use crate::fault::Fault;
@@ -38,7 +39,11 @@ pub(super) struct Admitted {
 }
 
 /// Reads the first control frame and admits the worker it registers or resumes.
-pub(super) async fn admit(conn: &Connection, server: &ServerShared) -> Result<Admitted, Fault> {
+pub(super) async fn admit(
+    conn: &Connection,
+    server: &ServerShared,
+    pass: &mut Pass,
+) -> Result<Admitted, Fault> {
     let (control_send, control_recv) = conn.accept_bi().await.map_err(|_| Fault::Gone)?;
     let mut control_reader = FrameReader::new(control_recv, server.config.frames.control);
     let first = control_reader
@@ -48,10 +53,10 @@ pub(super) async fn admit(conn: &Connection, server: &ServerShared) -> Result<Ad
     let streams = (control_send, control_reader);
     match first.map(|up| up.frame) {
         Some(Some(quic_control_up::Frame::Register(register))) => {
-            register_worker(conn, server, register, streams).await
+            register_worker(conn, server, register, streams, pass).await
         }
         Some(Some(quic_control_up::Frame::Resume(resume))) => {
-            resume_session(conn, server, resume, streams).await
+            resume_session(conn, server, resume, streams, pass).await
         }
         Some(None) => Err(Fault::empty(&CONTROL)),
         Some(Some(_)) => Err(Fault::close(
@@ -72,6 +77,7 @@ async fn register_worker(
     server: &ServerShared,
     register: QuicRegister,
     (mut control_send, control_reader): (SendStream, FrameReader),
+    pass: &mut Pass,
 ) -> Result<Admitted, Fault> {
     let caller = authenticate(conn, server, &register.auth_token)?;
     let redundancy = negotiate(conn, server, register.redundancy);
@@ -98,6 +104,9 @@ async fn register_worker(
         held: None,
     }
     .frame(server);
+    // The slot is given back before the worker hears it is in, so a connection it opens next
+    // finds the slot free.
+    pass.registered();
     write_control(&mut control_send, &registered, server.config.frames.control).await?;
     // Core pings and drains the worker only from here, after `registered` is written.
     token.announce();
@@ -123,6 +132,7 @@ async fn resume_session(
     server: &ServerShared,
     resume: QuicResume,
     (mut control_send, control_reader): (SendStream, FrameReader),
+    pass: &mut Pass,
 ) -> Result<Admitted, Fault> {
     let caller = authenticate(conn, server, &resume.auth_token)?;
     let redundancy = negotiate(conn, server, resume.redundancy);
@@ -167,6 +177,9 @@ async fn resume_session(
         held: Some(&resumed.held),
     }
     .frame(server);
+    // The slot is given back before the worker hears it is in, so a connection it opens next
+    // finds the slot free.
+    pass.registered();
     write_control(&mut control_send, &registered, server.config.frames.control).await?;
     resumed.token.announce();
     tracing::info!(worker = %worker, held = resumed.held.len(), ?redundancy, "quic worker resumed its session");

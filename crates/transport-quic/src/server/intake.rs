@@ -234,6 +234,11 @@ impl SharedIntake {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Connections through their handshake and not yet registered.
+    pub(crate) fn unregistered(&self) -> usize {
+        self.lock().unregistered
+    }
+
     /// [`Intake::arrive`], with a [`Pass`] for an accepted connection.
     pub(crate) fn arrive(&self, ip: IpAddr, validated: bool) -> Verdict {
         match self.lock().arrive(ip, validated) {

@@ -9,7 +9,9 @@ use switchyard_core::{
 use switchyard_proto::v1::{QuicResult, quic_lane_up, quic_result};
 use switchyard_transport_quic::{ErrorCode, QuicLinkError, QuicServerConfig};
 
-use crate::support::{Gateway, NS, PATIENCE, Raw, closed_with, event, register_frame, request};
+use crate::support::{
+    Gateway, NS, PATIENCE, Raw, closed_with, event, eventually, register_frame, request,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unannounced_worker_is_never_dispatched_to_until_it_announces() {
@@ -203,6 +205,12 @@ async fn unregistered_connections_beyond_the_cap_are_refused_until_one_registers
     };
     let gateway = Gateway::with(config, AllowAll).await;
     let mut first = Raw::connect(&gateway).await;
+    // The client's handshake ends before the server's: the gateway counts the connection
+    // only once its side is through.
+    eventually("the first connection is counted", || {
+        gateway.server.unregistered_connections() == 1
+    })
+    .await;
 
     let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     let config = crate::support::client_config(&gateway);
@@ -217,8 +225,16 @@ async fn unregistered_connections_beyond_the_cap_are_refused_until_one_registers
         "{refused}"
     );
 
-    // Once the first registers it no longer counts, and a new connection gets in.
+    assert_eq!(
+        gateway.server.unregistered_connections(),
+        1,
+        "a refusal holds nothing"
+    );
+
+    // Once the first registers it no longer counts, and a new connection gets in: the slot is
+    // given back before the worker hears it is registered.
     first.register(register_frame(&["work"])).await;
+    assert_eq!(gateway.server.unregistered_connections(), 0);
     let admitted = tokio::time::timeout(
         PATIENCE,
         endpoint

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use futures::FutureExt;
+
 use tokio::time::Instant;
 
 use crate::dispatcher::*;
@@ -124,4 +126,33 @@ async fn shutdown_ends_what_is_still_running_after_the_grace_with_one_outcome_ea
         2,
         "the unfinished tasks are cancelled on the worker"
     );
+}
+
+/// A dispatch that has selected its worker when shutdown begins, and not yet tracked its task,
+/// must not deliver it: shutdown counts only tracked tasks before it stops waiting, so a task
+/// delivered after that count would run while its dispatch ends `ShuttingDown`.
+#[tokio::test(start_paused = true)]
+async fn a_task_selected_as_shutdown_begins_is_not_delivered() {
+    let s = setup();
+    let mut worker = s.worker(1).await;
+    let dispatcher = s.dispatcher.clone();
+    s.dispatcher.after_next_selection(move || {
+        // Nothing is tracked yet, so shutdown runs to its end in one poll.
+        let finished = dispatcher
+            .shutdown(Duration::from_secs(10))
+            .now_or_never()
+            .is_some();
+        assert!(finished, "shutdown waits for nothing");
+    });
+    let outcome = s
+        .dispatcher
+        .dispatch(&caller(), request("raced", Duration::from_secs(60)))
+        .await;
+    assert_eq!(outcome, Ok(ActivityOutcome::ShuttingDown));
+    assert_eq!(
+        worker.sent(),
+        vec![WorkerMessage::ShuttingDown],
+        "no task went out after shutdown began"
+    );
+    assert_eq!(s.dispatcher.pending_tasks(), 0, "nothing left tracked");
 }
