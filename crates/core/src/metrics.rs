@@ -256,18 +256,7 @@ mod tests {
         let labels: Vec<&str> = outcomes.iter().map(ActivityOutcome::label).collect();
         assert_eq!(labels, OUTCOME_LABELS);
 
-        let unserved = [
-            UnservedReason::NoWorkers,
-            UnservedReason::WorkersIncompatible,
-            UnservedReason::AllAtCapacity,
-            UnservedReason::CapacityUnannounced,
-            UnservedReason::AwaitingStreams,
-            UnservedReason::WorkersUnreachable,
-            UnservedReason::OnProbation,
-            UnservedReason::Draining,
-            UnservedReason::WorkersSuspended,
-            UnservedReason::NoCapacityInCluster,
-        ];
+        let unserved = UnservedReason::ALL;
         let labels: Vec<&str> = unserved.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels, UNSERVED_LABELS);
 

@@ -206,61 +206,46 @@ pub(crate) fn record(
             limit: limits.max_bytes,
         }));
     }
-    let inserted = match finished {
-        None => conn
-            .prepare_cached(
-                "INSERT INTO dispatches (id, namespace, task_queue, activity_type, node, input, \
-                 principal, idempotency_key, submitted_at_ns, deadline_ns, state) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'queued') \
-                 ON CONFLICT (id) DO NOTHING",
-            )?
-            .execute(params![
-                dispatch.id.as_str(),
-                dispatch.namespace,
-                dispatch.task_queue,
-                dispatch.activity_type,
-                dispatch.node,
-                dispatch.input.as_ref(),
-                dispatch.principal,
-                dispatch.idempotency_key,
-                to_nanos(dispatch.submitted_at),
-                to_nanos(dispatch.deadline),
-            ])?,
+    // A queued row leaves the outcome columns NULL; one statement serves both.
+    let (state, attempts, at, outcome) = match finished {
+        None => ("queued", 0, None, None),
         Some(Finished {
             outcome,
             at,
             attempts,
-        }) => conn
-            .prepare_cached(
-                "INSERT INTO dispatches (id, namespace, task_queue, activity_type, node, input, \
-                 principal, idempotency_key, submitted_at_ns, deadline_ns, state, attempts, \
-                 finished_at_ns, outcome_kind, outcome_output, outcome_message, \
-                 outcome_retryable, outcome_reason, outcome_attempts) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'finished', ?11, ?12, ?13, \
-                 ?14, ?15, ?16, ?17, ?18) \
-                 ON CONFLICT (id) DO NOTHING",
-            )?
-            .execute(params![
-                dispatch.id.as_str(),
-                dispatch.namespace,
-                dispatch.task_queue,
-                dispatch.activity_type,
-                dispatch.node,
-                dispatch.input.as_ref(),
-                dispatch.principal,
-                dispatch.idempotency_key,
-                to_nanos(dispatch.submitted_at),
-                to_nanos(dispatch.deadline),
-                attempts,
-                to_nanos(at),
-                outcome.kind,
-                outcome.output.as_ref(),
-                outcome.message,
-                outcome.retryable,
-                outcome.reason,
-                outcome.attempts,
-            ])?,
+        }) => ("finished", attempts, Some(to_nanos(at)), Some(outcome)),
     };
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO dispatches (id, namespace, task_queue, activity_type, node, input, \
+             principal, idempotency_key, submitted_at_ns, deadline_ns, state, attempts, \
+             finished_at_ns, outcome_kind, outcome_output, outcome_message, \
+             outcome_retryable, outcome_reason, outcome_attempts) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+             ?17, ?18, ?19) \
+             ON CONFLICT (id) DO NOTHING",
+        )?
+        .execute(params![
+            dispatch.id.as_str(),
+            dispatch.namespace,
+            dispatch.task_queue,
+            dispatch.activity_type,
+            dispatch.node,
+            dispatch.input.as_ref(),
+            dispatch.principal,
+            dispatch.idempotency_key,
+            to_nanos(dispatch.submitted_at),
+            to_nanos(dispatch.deadline),
+            state,
+            attempts,
+            at,
+            outcome.map(|o| o.kind.as_str()),
+            outcome.map(|o| o.output.as_ref()),
+            outcome.map(|o| o.message.as_str()),
+            outcome.map(|o| o.retryable),
+            outcome.map(|o| o.reason.as_str()),
+            outcome.map(|o| o.attempts),
+        ])?;
     if inserted == 0 {
         // The same id recorded again (a caller retrying after losing the reply).
         return Ok(Recorded::Existing(dispatch.id.clone()));

@@ -336,3 +336,28 @@ async fn a_purge_larger_than_one_chunk_deletes_everything_due() {
             .is_empty()
     );
 }
+
+/// A record and its dispatch's complete issued together (one batch: the row goes in finished)
+/// read back exactly as the outcome given, with every outcome column.
+#[tokio::test]
+async fn a_record_and_its_complete_together_read_back_finished_with_the_outcome() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = fixtures::open(dir.path());
+    let d = fixtures::dispatch("ns", "x");
+    let outcome = OutcomeRecord {
+        kind: "failed".into(),
+        message: "bad input".into(),
+        retryable: true,
+        reason: "why".into(),
+        attempts: 3,
+        ..fixtures::completed("out")
+    };
+    let at = SystemTime::now();
+    let (recorded, completed) =
+        tokio::join!(store.record(d.clone()), store.complete(&d.id, &outcome, at));
+    assert!(recorded.is_ok(), "{recorded:?}");
+    assert_eq!(completed, Ok(Completion::Recorded));
+    let stored = store.get(&d.id).await.expect("get").expect("recorded");
+    assert_eq!(stored.state, DispatchState::Finished { outcome, at });
+    assert!(store.unfinished().await.expect("unfinished").is_empty());
+}

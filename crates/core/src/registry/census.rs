@@ -94,21 +94,25 @@ impl UnservedReason {
         }
     }
 
+    /// Every reason, in declaration order.
+    pub const ALL: [UnservedReason; 10] = [
+        UnservedReason::NoWorkers,
+        UnservedReason::WorkersIncompatible,
+        UnservedReason::AllAtCapacity,
+        UnservedReason::CapacityUnannounced,
+        UnservedReason::AwaitingStreams,
+        UnservedReason::WorkersUnreachable,
+        UnservedReason::OnProbation,
+        UnservedReason::Draining,
+        UnservedReason::WorkersSuspended,
+        UnservedReason::NoCapacityInCluster,
+    ];
+
     /// The reason with this [`as_str`](Self::as_str) label, if any.
     pub fn from_label(label: &str) -> Option<Self> {
-        const ALL: [UnservedReason; 10] = [
-            UnservedReason::NoWorkers,
-            UnservedReason::WorkersIncompatible,
-            UnservedReason::AllAtCapacity,
-            UnservedReason::CapacityUnannounced,
-            UnservedReason::AwaitingStreams,
-            UnservedReason::WorkersUnreachable,
-            UnservedReason::OnProbation,
-            UnservedReason::Draining,
-            UnservedReason::WorkersSuspended,
-            UnservedReason::NoCapacityInCluster,
-        ];
-        ALL.into_iter().find(|reason| reason.as_str() == label)
+        Self::ALL
+            .into_iter()
+            .find(|reason| reason.as_str() == label)
     }
 
     /// True when the condition clears by itself (probation, a suspension that resumes or

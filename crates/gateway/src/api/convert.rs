@@ -207,18 +207,7 @@ mod tests {
 
     #[test]
     fn every_unserved_reason_has_its_own_wire_value() {
-        let reasons = [
-            UnservedReason::NoWorkers,
-            UnservedReason::WorkersIncompatible,
-            UnservedReason::AllAtCapacity,
-            UnservedReason::CapacityUnannounced,
-            UnservedReason::AwaitingStreams,
-            UnservedReason::WorkersUnreachable,
-            UnservedReason::OnProbation,
-            UnservedReason::Draining,
-            UnservedReason::WorkersSuspended,
-            UnservedReason::NoCapacityInCluster,
-        ];
+        let reasons = UnservedReason::ALL;
         let wire: Vec<pb::UnservedReason> = reasons.into_iter().map(unserved_reason).collect();
         assert!(!wire.contains(&pb::UnservedReason::Unspecified), "{wire:?}");
         let mut distinct = wire.clone();
