@@ -97,6 +97,12 @@ impl Forwarder {
         self.joined.notify_waiters();
     }
 
+    /// The process instance holding `node`'s name, as far as the membership view knows.
+    fn instance_of(&self, node: &str) -> Option<u64> {
+        let members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        members.instance(node)
+    }
+
     /// True when the process of `taker` that took a task (`instance`) is gone: another
     /// process holds the name now, or the entry aged out.
     fn taker_lost(&self, taker: &str, instance: &mut Option<u64>) -> bool {
@@ -193,10 +199,9 @@ struct ForwardWatch {
 impl ForwardWatch {
     async fn wait(mut self, mut ended: oneshot::Receiver<RemoteEnd>) -> Forwarded {
         let taker = self.taker.clone().unwrap_or_default();
-        let mut instance = None;
         // The process that answered "taken" is the one the view holds now: a successor under
         // its name can only write after its entry aged out.
-        self.forwarder.taker_lost(&taker, &mut instance);
+        let mut instance = self.forwarder.instance_of(&taker);
         let mut check = tokio::time::interval(TAKER_CHECK);
         check.tick().await;
         loop {

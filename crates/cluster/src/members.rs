@@ -51,6 +51,11 @@ impl Members {
         self.seen.insert(node.to_owned(), (now, instance));
     }
 
+    /// The process instance that last wrote `node`'s entry.
+    pub(crate) fn instance(&self, node: &str) -> Option<u64> {
+        self.seen.get(node).map(|(_, instance)| *instance)
+    }
+
     /// True when `node` is now held by another process than `instance` (the one that took a
     /// task): the process that took it is gone, even though the name is live again (a node
     /// restarted under its name within one check). `instance` `None` (the node was not seen
