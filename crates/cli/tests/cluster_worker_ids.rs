@@ -362,3 +362,35 @@ async fn a_session_resumed_on_another_node_is_refused_and_its_task_runs_again_af
     );
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_without_nats_mints_under_a_number_once_it_joins() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    nats.kill();
+    let a = node_site(&nats, "late", "a");
+    let (_a, a_ops) = serve_with_ops(&a).await;
+    nodes::http_until(a_ops, "/readyz", "cluster: degraded (").await;
+    let echo = |_: ActivityContext, input: Bytes| async move { Ok(input) };
+    // Control: degraded from the start, the node holds no number yet.
+    let (mut early, stop_early) = worker(&a, a.port, echo).await;
+    let early_id = registered(&mut early, |_| true).await;
+    assert_eq!(NodeNumber::of(early_id), NodeNumber::NONE, "{early_id}");
+    stop_early.cancel();
+    nats.restart();
+    nodes::http_until(a_ops, "/readyz", "cluster: joined as a").await;
+    // The number is claimed beside the name, within a retry; each try is a fresh worker.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (mut late, stop_late) = worker(&a, a.port, echo).await;
+        let id = registered(&mut late, |_| true).await;
+        stop_late.cancel();
+        if NodeNumber::of(id) != NodeNumber::NONE {
+            assert!(id > early_id, "ids keep rising: {id} after {early_id}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no number claimed: {id}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
