@@ -9,58 +9,21 @@
 
 #[path = "durable_support/harness.rs"]
 mod harness;
+#[path = "cluster_support/nodes.rs"]
+mod nodes;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use harness::{Ledger, NAMESPACE, PATIENCE, Process, Site, TestWorker, serve_command, tagged};
+use nodes::{
+    completed, dispatch, http_get, http_until, is_ok, node_site, sample, serve_with_ops,
+    takes_offers, unserved_reason,
+};
 use switchyard_proto::v1 as pb;
 use switchyard_test_support::NatsServer;
 
 const ACTIVITY: &str = "cluster-echo";
-
-/// A node's site: `[cluster]` on `nats` as `node` of cluster `cluster`.
-fn node_site(nats: &NatsServer, cluster: &str, node: &str) -> Site {
-    Site::with_store(&format!(
-        "\n[cluster]\nnats_url = \"{}\"\nname = \"{cluster}\"\nnode = \"{node}\"\n\
-         member_ttl = \"3s\"\nrefresh_every = \"1s\"\n",
-        nats.url()
-    ))
-}
-
-/// An ephemeral dispatch of `activity` with input [`tagged`]`(tag)` through `site`.
-async fn dispatch(site: &Site, activity: &str, tag: u64, timeout: Duration) -> pb::DispatchOutcome {
-    let mut producer = site.producer().await.expect("the node listens");
-    producer
-        .0
-        .dispatch(pb::DispatchRequest {
-            namespace: NAMESPACE.into(),
-            activity_type: activity.into(),
-            input: tagged(tag),
-            timeout_ms: u64::try_from(timeout.as_millis()).unwrap(),
-            durable: Some(false),
-            ..pb::DispatchRequest::default()
-        })
-        .await
-        .expect("Dispatch answers")
-        .into_inner()
-        .outcome
-        .expect("an outcome")
-}
-
-fn completed(outcome: &pb::DispatchOutcome) -> Option<&[u8]> {
-    match &outcome.outcome {
-        Some(pb::dispatch_outcome::Outcome::Completed(done)) => Some(&done.output),
-        _ => None,
-    }
-}
-
-fn unserved_reason(outcome: &pb::DispatchOutcome) -> Option<pb::UnservedReason> {
-    match &outcome.outcome {
-        Some(pb::dispatch_outcome::Outcome::Unserved(unserved)) => Some(unserved.reason()),
-        _ => None,
-    }
-}
 
 fn quick(_: u64) -> Duration {
     Duration::from_millis(5)
@@ -126,12 +89,22 @@ async fn work_spreads_over_workers_on_b_and_c() {
         node_site(&nats, "spread", "b"),
         node_site(&nats, "spread", "c"),
     );
-    let _nodes: Vec<Process> = vec![a.serve().await, b.serve().await, c.serve().await];
+    let _a = a.serve().await;
+    let (_b, b_ops) = serve_with_ops(&b).await;
+    let (_c, c_ops) = serve_with_ops(&c).await;
+    // Control: no worker, no free slot, no offer subscription.
+    let idle = http_get(b_ops, "/metrics").await;
+    assert_eq!(
+        sample(&idle, "switchyard_cluster_offer_pools"),
+        0.0,
+        "{idle}"
+    );
     let (on_b, on_c) = (Arc::new(Ledger::default()), Arc::new(Ledger::default()));
     let worker_b = TestWorker::connect(&b, ACTIVITY, 2, Arc::clone(&on_b), tenth).await;
     let worker_c = TestWorker::connect(&c, ACTIVITY, 2, Arc::clone(&on_c), tenth).await;
-    // Let both nodes' offer subscriptions come up.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both nodes' offer subscriptions are up.
+    takes_offers(b_ops).await;
+    takes_offers(c_ops).await;
     const DISPATCHES: u64 = 24;
     let a = Arc::new(a);
     let mut calls = tokio::task::JoinSet::new();
@@ -171,12 +144,13 @@ async fn a_node_killed_mid_task_has_its_forwarded_tasks_dispatched_again() {
         node_site(&nats, "kill", "c"),
     );
     let _a = a.serve().await;
-    let _b = b.serve().await;
-    let mut node_c = c.serve().await;
+    let (_b, b_ops) = serve_with_ops(&b).await;
+    let (mut node_c, c_ops) = serve_with_ops(&c).await;
     let ledger = Arc::new(Ledger::default());
     let worker_b = TestWorker::connect(&b, ACTIVITY, 1, Arc::clone(&ledger), two_seconds).await;
     let worker_c = TestWorker::connect(&c, ACTIVITY, 1, Arc::clone(&ledger), two_seconds).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    takes_offers(b_ops).await;
+    takes_offers(c_ops).await;
     let a = Arc::new(a);
     let mut calls = tokio::task::JoinSet::new();
     for tag in 0..2 {
@@ -270,66 +244,6 @@ async fn the_same_node_name_twice_is_refused_naming_the_first() {
     // Control: another name joins.
     let other = node_site(&nats, "twins", "other");
     let _other = other.serve().await;
-}
-
-/// `GET path` on a loopback HTTP port: the whole response, headers and body.
-async fn http_get(port: u16, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("ops listens");
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(PATIENCE, stream.read_to_string(&mut response))
-        .await
-        .expect("ops answers")
-        .unwrap();
-    response
-}
-
-/// Polls `GET path` until the response contains `needle`, within the patience.
-async fn http_until(port: u16, path: &str, needle: &str) -> String {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let response = http_get(port, path).await;
-        if response.contains(needle) {
-            return response;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{path} never said {needle:?}: {response}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// `switchyard serve` on `site` with the operations listener on; returns it and its port.
-async fn serve_with_ops(site: &Site) -> (Process, u16) {
-    let ops = harness::free_port();
-    let mut command = std::process::Command::new(harness::switchyard());
-    command
-        .arg("serve")
-        .arg("--config")
-        .arg(&site.config)
-        .env_remove("RUST_LOG");
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("SWITCHYARD_") {
-            command.env_remove(name);
-        }
-    }
-    command
-        .env("SWITCHYARD_OPS_ENABLED", "true")
-        .env("SWITCHYARD_OPS_LISTEN", format!("127.0.0.1:{ops}"));
-    let mut node = Process::spawn(&mut command);
-    node.line_containing("grpc").await;
-    (node, ops)
-}
-
-fn is_ok(response: &str) -> bool {
-    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

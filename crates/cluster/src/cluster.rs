@@ -15,6 +15,7 @@ use crate::forward::{self, ClusterOverflow, Forwarder};
 use crate::members::{Members, NodeInfo};
 use crate::membership::{self, ClaimError};
 use crate::names::{Names, check_name};
+use crate::numbers;
 use crate::status::{ClusterStatus, Standing};
 use crate::taker::{self, Taker};
 
@@ -67,11 +68,25 @@ impl Cluster {
                 .map_or(0, |age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
         };
         let bucket = names.members_bucket();
+        let numbers_bucket = names.numbers_bucket();
+        let holder = numbers::Holder {
+            node: me.node.clone(),
+            instance: me.instance,
+        };
+        let registry = dispatcher.registry().clone();
+        let mut number = None;
         let revision = match tokio::time::timeout(START_WAIT, async {
             let kv = membership::bucket(&js, &bucket, config.member_ttl)
                 .await
                 .map_err(ClaimError::Nats)?;
-            membership::claim(&kv, &me).await
+            let revision = membership::claim(&kv, &me).await?;
+            let numbers = membership::bucket(&js, &numbers_bucket, config.member_ttl)
+                .await
+                .map_err(ClaimError::Nats)?;
+            let held = numbers::claim(&numbers, &holder, registry.node_number()).await?;
+            numbers::apply(&registry, held, &me.node);
+            number = Some(held);
+            Ok(revision)
         })
         .await
         {
@@ -129,6 +144,18 @@ impl Cluster {
             config.refresh_every,
             stop.clone(),
             revision,
+        ));
+        tasks.spawn(numbers::hold(
+            membership::Bucket {
+                js: shared_bucket.js.clone(),
+                name: numbers_bucket,
+                ttl: config.member_ttl,
+            },
+            holder,
+            registry,
+            config.refresh_every,
+            stop.clone(),
+            number,
         ));
         let joined = Arc::clone(&forwarder);
         tasks.spawn(membership::watch(

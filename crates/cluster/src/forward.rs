@@ -97,14 +97,23 @@ impl Forwarder {
         self.joined.notify_waiters();
     }
 
-    fn taker_lost(&self, taker: &str) -> bool {
-        let now = Instant::now();
-        // Only a node connected for a whole TTL has seen every live node's refresh.
-        if !self.status.connected_for(self.member_ttl, now) {
-            return false;
-        }
+    /// The process instance holding `node`'s name, as far as the membership view knows.
+    fn instance_of(&self, node: &str) -> Option<u64> {
         let members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
-        !members.is_live(taker, self.member_ttl, now)
+        members.instance(node)
+    }
+
+    /// True when the process of `taker` that took a task (`instance`) is gone: another
+    /// process holds the name now, or the entry aged out.
+    fn taker_lost(&self, taker: &str, instance: &mut Option<u64>) -> bool {
+        let now = Instant::now();
+        let members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        if members.replaced(taker, instance) {
+            return true;
+        }
+        // Only a node connected for a whole TTL has seen every live node's refresh.
+        self.status.connected_for(self.member_ttl, now)
+            && !members.is_live(taker, self.member_ttl, now)
     }
 
     async fn offer(self: Arc<Self>, offer: OverflowOffer) -> Offered {
@@ -190,6 +199,9 @@ struct ForwardWatch {
 impl ForwardWatch {
     async fn wait(mut self, mut ended: oneshot::Receiver<RemoteEnd>) -> Forwarded {
         let taker = self.taker.clone().unwrap_or_default();
+        // The process that answered "taken" is the one the view holds now: a successor under
+        // its name can only write after its entry aged out.
+        let mut instance = self.forwarder.instance_of(&taker);
         let mut check = tokio::time::interval(TAKER_CHECK);
         check.tick().await;
         loop {
@@ -202,7 +214,7 @@ impl ForwardWatch {
                     };
                 }
                 _ = check.tick() => {
-                    if self.forwarder.taker_lost(&taker) {
+                    if self.forwarder.taker_lost(&taker, &mut instance) {
                         tracing::info!(%taker, forward = self.forward,
                             "cluster: the node holding a forwarded dispatch left; offering again");
                         self.taker = None;

@@ -39,16 +39,38 @@ impl std::fmt::Display for NodeInfo {
     }
 }
 
-/// Nodes by the time their entry was last seen written.
+/// Nodes by the time their entry was last seen written, and the process instance that wrote it.
 #[derive(Debug, Default)]
 pub(crate) struct Members {
-    seen: HashMap<String, Instant>,
+    seen: HashMap<String, (Instant, u64)>,
 }
 
 impl Members {
-    /// `node` wrote its entry at `now`.
-    pub(crate) fn seen(&mut self, node: &str, now: Instant) {
-        self.seen.insert(node.to_owned(), now);
+    /// `node`'s process `instance` wrote its entry at `now`.
+    pub(crate) fn seen(&mut self, node: &str, instance: u64, now: Instant) {
+        self.seen.insert(node.to_owned(), (now, instance));
+    }
+
+    /// The process instance that last wrote `node`'s entry.
+    pub(crate) fn instance(&self, node: &str) -> Option<u64> {
+        self.seen.get(node).map(|(_, instance)| *instance)
+    }
+
+    /// True when `node` is now held by another process than `instance` (the one that took a
+    /// task): the process that took it is gone, even though the name is live again (a node
+    /// restarted under its name within one check). `instance` `None` (the node was not seen
+    /// yet when the task was taken) takes the current one.
+    pub(crate) fn replaced(&self, node: &str, instance: &mut Option<u64>) -> bool {
+        let Some((_, now)) = self.seen.get(node) else {
+            return false;
+        };
+        match *instance {
+            Some(then) => then != *now,
+            None => {
+                *instance = Some(*now);
+                false
+            }
+        }
     }
 
     /// `node`'s entry was deleted (a clean shutdown).
@@ -60,7 +82,7 @@ impl Members {
     pub(crate) fn is_live(&self, node: &str, ttl: Duration, now: Instant) -> bool {
         self.seen
             .get(node)
-            .is_some_and(|at| now.saturating_duration_since(*at) < ttl)
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) < ttl)
     }
 }
 
@@ -74,12 +96,38 @@ mod tests {
         let start = Instant::now();
         let mut members = Members::default();
         assert!(!members.is_live("a", ttl, start), "never seen");
-        members.seen("a", start);
+        members.seen("a", 1, start);
         assert!(members.is_live("a", ttl, start + Duration::from_secs(9)));
         assert!(!members.is_live("a", ttl, start + ttl), "aged out");
-        members.seen("a", start + Duration::from_secs(8));
+        members.seen("a", 1, start + Duration::from_secs(8));
         assert!(members.is_live("a", ttl, start + ttl), "a refresh keeps it");
         members.left("a");
         assert!(!members.is_live("a", ttl, start + ttl));
+    }
+
+    #[test]
+    fn a_node_restarted_under_its_name_is_another_process() {
+        let start = Instant::now();
+        let mut members = Members::default();
+        let mut took = None;
+        assert!(
+            !members.replaced("b", &mut took),
+            "never seen: nothing to compare"
+        );
+        members.seen("b", 7, start);
+        assert!(
+            !members.replaced("b", &mut took),
+            "first sight sets the instance"
+        );
+        assert_eq!(took, Some(7));
+        members.seen("b", 7, start + Duration::from_secs(1));
+        assert!(
+            !members.replaced("b", &mut took),
+            "a refresh by the same process"
+        );
+        // A restart under the same name: live again at once, yet the taker is gone.
+        members.seen("b", 8, start + Duration::from_secs(4));
+        assert!(members.is_live("b", Duration::from_secs(3), start + Duration::from_secs(4)));
+        assert!(members.replaced("b", &mut took));
     }
 }

@@ -70,7 +70,7 @@ pub(crate) struct Bucket {
 }
 
 impl Bucket {
-    async fn open(&self) -> Result<kv::Store, String> {
+    pub(crate) async fn open(&self) -> Result<kv::Store, String> {
         bucket(&self.js, &self.name, self.ttl).await
     }
 }
@@ -194,8 +194,10 @@ pub(crate) async fn watch(
                 match entry.operation {
                     kv::Operation::Put => {
                         let now = Instant::now();
+                        let instance = serde_json::from_slice::<NodeInfo>(&entry.value)
+                            .map_or(0, |info| info.instance);
                         let new = !members.is_live(&entry.key, ttl, now);
-                        members.seen(&entry.key, now);
+                        members.seen(&entry.key, instance, now);
                         drop(members);
                         if new {
                             joined();

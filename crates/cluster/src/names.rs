@@ -3,8 +3,9 @@
 //! Subjects: `switchyard.<cluster>.offer.<pool hash>` (offers, queue group `takers`),
 //! `switchyard.<cluster>.capacity.<pool hash>` (a node gained a free slot for the pool),
 //! `switchyard.<cluster>.node.<node>.outcome` and `.cancel` (addressed to one node),
-//! `switchyard.<cluster>.cancel` (a cancel whose taker is unknown). Bucket:
-//! `switchyard_<cluster>_nodes` (membership).
+//! `switchyard.<cluster>.cancel` (a cancel whose taker is unknown). Buckets:
+//! `switchyard_<cluster>_nodes` (membership), `switchyard_<cluster>_numbers` (worker-id
+//! numbers).
 
 /// The queue group every node's offer subscriptions join: one taker per offer.
 pub(crate) const TAKERS: &str = "takers";
@@ -60,6 +61,10 @@ impl Names {
 
     pub(crate) fn members_bucket(&self) -> String {
         format!("switchyard_{}_nodes", self.cluster)
+    }
+
+    pub(crate) fn numbers_bucket(&self) -> String {
+        format!("switchyard_{}_numbers", self.cluster)
     }
 
     pub(crate) fn offer(&self, pool: &str) -> String {

@@ -28,6 +28,10 @@ const SUBSCRIPTION_HOLD: Duration = Duration::from_millis(500);
 /// The fewest seconds between two capacity announcements for one pool.
 const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
 
+/// `switchyard_cluster_offer_pools`: pools this node is subscribed to for offers (it has a
+/// free slot there, or had one within the hold).
+pub const OFFER_POOLS: &str = "switchyard_cluster_offer_pools";
+
 /// Reply to an offer this node took.
 pub(crate) const TAKEN: &[u8] = b"taken";
 /// Reply to an offer this node could not take.
@@ -164,6 +168,11 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
             return;
         }
     };
+    // Counted once the server has the subscription (a flush is a round trip after it), so the
+    // gauge says offers can reach this node.
+    let _ = taker.client.flush().await;
+    let offer_pools = metrics::gauge!(OFFER_POOLS);
+    offer_pools.increment(1.0);
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -175,6 +184,7 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
             },
         }
     }
+    offer_pools.decrement(1.0);
     let _ = offers.unsubscribe().await;
 }
 

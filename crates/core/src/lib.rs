@@ -78,8 +78,9 @@ pub use outcome::{
 pub use registration::{CallerIdentity, NamespaceGrant, Registration};
 pub use registry::{
     DEFAULT_EVENT_CAPACITY, DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_NAMESPACE_IDLE_EXPIRY, Departure,
-    DepartureObserver, DispatchReservation, NamespaceInUse, NamespaceSeries, PoolCensus,
-    PoolWaiter, RegistrationToken, Registry, RegistryBuilder, UnservedReason, WorkerExplanation,
+    DepartureObserver, DispatchReservation, MAX_NODE_NUMBER, NamespaceInUse, NamespaceSeries,
+    NodeNumber, PoolCensus, PoolWaiter, RegistrationToken, Registry, RegistryBuilder,
+    UnservedReason, WORKER_ID_NODE_SHIFT, WorkerExplanation,
 };
 pub use role::{Role, Roles};
 pub use session::{

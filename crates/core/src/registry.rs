@@ -8,6 +8,7 @@
 mod census;
 mod departure;
 mod explain;
+mod ids;
 mod namespaces;
 mod reservation;
 mod rotation;
@@ -32,6 +33,7 @@ pub use census::{PoolCensus, UnservedReason};
 pub use departure::Departure;
 pub(crate) use departure::departure as departure_pair;
 pub use explain::WorkerExplanation;
+pub use ids::{MAX_NODE_NUMBER, NodeNumber, WORKER_ID_NODE_SHIFT};
 use namespaces::NamespaceLedger;
 pub use namespaces::{DEFAULT_MAX_NAMESPACES_LIVE, DEFAULT_NAMESPACE_IDLE_EXPIRY, NamespaceSeries};
 pub use reservation::DispatchReservation;
@@ -100,9 +102,18 @@ pub struct RegistryBuilder {
     max_concurrency_limit: u32,
     max_namespaces: usize,
     namespace_idle_expiry: std::time::Duration,
+    node_number: NodeNumber,
 }
 
 impl RegistryBuilder {
+    /// The number worker ids are minted under (default [`NodeNumber::NONE`]: ids are the
+    /// plain process counter). A cluster node uses the number it holds, so two nodes never
+    /// mint the same id; [`Registry::set_node_number`] sets it after the build.
+    pub fn node_number(mut self, number: NodeNumber) -> Self {
+        self.node_number = number;
+        self
+    }
+
     /// The most namespaces with live state (workers or dispatches) at once (default
     /// [`DEFAULT_MAX_NAMESPACES_LIVE`]; at least 1). A registration into a new namespace past
     /// it is refused with [`crate::AdmissionError::NamespaceLimit`].
@@ -163,7 +174,10 @@ impl RegistryBuilder {
         let (events, _) = broadcast::channel(self.event_capacity);
         Registry {
             inner: Arc::new(Inner {
-                state: Mutex::new(state::State::default()),
+                state: Mutex::new(state::State {
+                    node_number: self.node_number,
+                    ..state::State::default()
+                }),
                 arrivals: Arc::new(Notify::new()),
                 wakeups: WakeupTable::default(),
                 namespaces: Mutex::new(NamespaceLedger::new(
@@ -431,7 +445,24 @@ impl Registry {
             max_concurrency_limit: crate::DEFAULT_MAX_CONCURRENCY_LIMIT,
             max_namespaces: DEFAULT_MAX_NAMESPACES_LIVE,
             namespace_idle_expiry: DEFAULT_NAMESPACE_IDLE_EXPIRY,
+            node_number: NodeNumber::NONE,
         }
+    }
+
+    /// Mints the ids of workers admitted from now on under `number`; refused (false, nothing
+    /// changed) when `number` is below the current one, since ids rise in admission order.
+    pub fn set_node_number(&self, number: NodeNumber) -> bool {
+        let mut state = self.inner.lock();
+        if number < state.node_number {
+            return false;
+        }
+        state.node_number = number;
+        true
+    }
+
+    /// The number worker ids are minted under now.
+    pub fn node_number(&self) -> NodeNumber {
+        self.inner.lock().node_number
     }
 
     /// Chooses the next eligible worker of `(namespace, task_queue, activity_type)` in

@@ -120,6 +120,21 @@ impl Process {
         }
     }
 
+    /// Waits for a stdout line containing `needle`; `None` when the process closes its
+    /// stdout first (it exited, say refusing to start).
+    pub async fn line_or_exit(&mut self, needle: &str) -> Option<String> {
+        tokio::time::timeout(PATIENCE, async {
+            while let Some(line) = self.stdout.recv().await {
+                if line.contains(needle) {
+                    return Some(line);
+                }
+            }
+            None
+        })
+        .await
+        .expect("the process prints or exits within the patience")
+    }
+
     /// Everything it wrote on stderr so far, one string.
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().join("\n")

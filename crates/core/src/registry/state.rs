@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
@@ -39,17 +38,16 @@ pub(crate) struct State {
     pub(crate) departures: HashMap<ActivityKey, HashMap<Option<Node>, Instant>>,
     /// Set once the gateway started shutting down: no worker is admitted any more.
     pub(crate) closed: bool,
+    /// The number new worker ids are minted under ([`super::ids`]); only ever rises.
+    pub(crate) node_number: super::ids::NodeNumber,
 }
 
 impl State {
-    /// A fresh id, larger than every id this process minted before. Called under the
-    /// registry lock, so ids also rise in admission order within one registry (the liveness
-    /// watermark relies on it).
+    /// A fresh id, larger than every id this registry minted before (the counter rises and
+    /// the node number never falls). Called under the registry lock, so ids rise in admission
+    /// order within one registry (the liveness watermark relies on it).
     pub(crate) fn mint_id(&mut self) -> WorkerId {
-        // Process-wide rather than per registry: a worker id is never reused in a process, even
-        // by a second registry (tests, an embedding that runs two gateways).
-        static NEXT_WORKER_ID: AtomicU64 = AtomicU64::new(1);
-        WorkerId::from_raw(NEXT_WORKER_ID.fetch_add(1, Ordering::Relaxed))
+        super::ids::compose(self.node_number, super::ids::next_counter())
     }
 
     pub(crate) fn rotation(

@@ -368,3 +368,45 @@ fn a_verdict_for_a_departed_worker_is_dropped() {
     registry.set_dispatch_ineligible(HashMap::from([(id, DispatchExclusion::ReachabilityLost)]));
     assert!(registry.dispatch_exclusions().is_empty());
 }
+
+#[test]
+fn registries_with_two_node_numbers_never_mint_the_same_worker_id() {
+    use crate::registry::NodeNumber;
+    let one = NodeNumber::new(1).unwrap();
+    let two = NodeNumber::new(2).unwrap();
+    let a = Registry::builder().node_number(one).build();
+    let b = Registry::builder().build();
+    assert_eq!(b.node_number(), NodeNumber::NONE, "the default is 0");
+    assert!(b.set_node_number(two), "a number set after the build");
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..4 {
+        for (registry, number) in [(&a, one), (&b, two)] {
+            let worker = admit(registry, registration(&["ns"], "", "", &["dev"]));
+            assert_eq!(NodeNumber::of(worker.id()), number, "{}", worker.id());
+            assert!(seen.insert(worker.id()), "{} minted twice", worker.id());
+        }
+    }
+    // Control: without a number, ids are the plain counter (number 0), as before.
+    let plain = Registry::default();
+    let worker = admit(&plain, registration(&["ns"], "", "", &["dev"]));
+    assert_eq!(NodeNumber::of(worker.id()), NodeNumber::NONE);
+    assert!(worker.id().get() < 1 << crate::registry::WORKER_ID_NODE_SHIFT);
+}
+
+#[test]
+fn the_node_number_only_rises_so_ids_keep_rising() {
+    use crate::registry::NodeNumber;
+    let registry = Registry::builder()
+        .node_number(NodeNumber::new(3).unwrap())
+        .build();
+    let before = admit(&registry, registration(&["ns"], "", "", &["dev"])).id();
+    assert!(
+        !registry.set_node_number(NodeNumber::new(2).unwrap()),
+        "a lower number is refused"
+    );
+    assert_eq!(registry.node_number(), NodeNumber::new(3).unwrap());
+    assert!(registry.set_node_number(NodeNumber::new(4).unwrap()));
+    let after = admit(&registry, registration(&["ns"], "", "", &["dev"])).id();
+    assert!(after > before, "{after} after {before}");
+    assert_eq!(NodeNumber::of(after), NodeNumber::new(4).unwrap());
+}
