@@ -35,6 +35,11 @@ const WARM_UP_TRIES: u32 = 10;
 /// The deadline of one warm-up dispatch.
 const WARM_UP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long NATS must take in nothing before a phase is measured.
+const SETTLE_QUIET: Duration = Duration::from_millis(300);
+/// Longest wait for that quiet; past it the phase is measured anyway.
+const SETTLE_DEADLINE: Duration = Duration::from_secs(5);
+
 /// One phase of a cluster run.
 #[derive(Debug, Serialize)]
 struct PhaseReport<'a> {
@@ -157,6 +162,7 @@ async fn phase<'a>(
                 .await?;
         }
         warm_up(&producer.target).await?;
+        settle(nats).await?;
         let served_before = served(&fleets);
         let traffic_before = counters(nats).await?;
         let cpu_before = system::busy_ticks();
@@ -230,6 +236,27 @@ async fn counters(nats: &Nats) -> Result<Option<varz::Counters>, Failure> {
         Some(monitor) => Ok(Some(varz::read(monitor).await?.counters)),
         None => Ok(None),
     }
+}
+
+/// Waits (up to [`SETTLE_DEADLINE`]) until NATS has taken in no message for
+/// [`SETTLE_QUIET`], so the announcements the nodes make when workers connect (a pool's free
+/// slots rising from zero, checked every 50 ms) are not counted as the phase's traffic. The
+/// server is another process with no event to wait on, so this reads `/varz` at that pace.
+async fn settle(nats: &Nats) -> Result<(), Failure> {
+    let Some(monitor) = nats.monitor else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    let mut last = varz::read(monitor).await?.counters.in_msgs;
+    while started.elapsed() < SETTLE_DEADLINE {
+        tokio::time::sleep(SETTLE_QUIET).await;
+        let now = varz::read(monitor).await?.counters.in_msgs;
+        if now == last {
+            return Ok(());
+        }
+        last = now;
+    }
+    Ok(())
 }
 
 /// Sends single dispatches through `producer` until one completes, so the measured phase does
