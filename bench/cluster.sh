@@ -6,17 +6,17 @@
 #              single (a node without [cluster]), local (workers on the producer's node 1 of
 #              the cluster) and cross (producer on node 1, workers on nodes 2..NODES), each
 #              with the NATS messages it caused (nats-server's /varz before and after),
-# all with the same knobs (W workers, C slots each, P outstanding, B payload bytes, N tasks)
-# and the same nats-server (started here with JetStream and its monitoring port).
+# all with the same knobs (W workers, C slots each, P outstanding, B payload bytes, N tasks).
+# The baseline uses the nats-server started here; the cluster bench starts its own (the same
+# program, with JetStream and a monitoring port) and reports each process's CPU per dispatch.
 # Every run's JSON goes to bench/results/cluster/<config>-<round>.json, the load average before
 # each run to bench/results/cluster/load.txt, and a Markdown table of medians (min-max) to
 # stdout and bench/results/cluster/summary.md.
 #
 # nats-server must be installed (Debian: apt-get install -y nats-server); this script starts
-# it on NATS_PORT (monitor NATS_MONITOR_PORT) and stops it on exit, and installs nothing.
+# it on NATS_PORT and stops it on exit, and installs nothing.
 # Knobs (environment): NODES (3), WORKERS (4), CAPACITY (64), OUTSTANDING (256),
-# TASKS (200000), PAYLOAD (64), ROUNDS (3), NATS_PORT (14233), NATS_MONITOR_PORT (14234),
-# RUN_TIMEOUT (600, seconds per run).
+# TASKS (200000), PAYLOAD (64), ROUNDS (3), NATS_PORT (14233), RUN_TIMEOUT (600, seconds per run).
 # Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard`
 # and `switchyard-baselines`:
 #   cargo build --release --locked -p switchyard --bin switchyard
@@ -37,7 +37,6 @@ TASKS=${TASKS:-200000}
 PAYLOAD=${PAYLOAD:-64}
 ROUNDS=${ROUNDS:-3}
 NATS_PORT=${NATS_PORT:-14233}
-NATS_MONITOR_PORT=${NATS_MONITOR_PORT:-14234}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 RESULTS=$ROOT/bench/results/cluster
 
@@ -67,8 +66,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-nats-server -js -sd "$SCRATCH/jetstream" -a 127.0.0.1 -p "$NATS_PORT" -m "$NATS_MONITOR_PORT" \
-    >"$SCRATCH/nats.log" 2>&1 &
+nats-server -a 127.0.0.1 -p "$NATS_PORT" >"$SCRATCH/nats.log" 2>&1 &
 NATS_PID=$!
 for _ in $(seq 100); do
     if grep -q "Server is ready" "$SCRATCH/nats.log"; then
@@ -92,9 +90,9 @@ for round in $(seq "$ROUNDS"); do
     for config in "${CONFIGS[@]}"; do
         case $config in
             nats) command=("$BASELINES" nats --server "127.0.0.1:$NATS_PORT" "${KNOBS[@]}") ;;
-            cluster) command=("$SWITCHYARD" bench --cluster "$NODES"
-                              --nats-url "nats://127.0.0.1:$NATS_PORT"
-                              --nats-monitor "127.0.0.1:$NATS_MONITOR_PORT" "${KNOBS[@]}") ;;
+            # The bench starts a nats-server of its own (the same program), so it can
+            # also report that server's CPU time per dispatch.
+            cluster) command=("$SWITCHYARD" bench --cluster "$NODES" "${KNOBS[@]}") ;;
         esac
         echo "round $round $config: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$RESULTS/load.txt" >&2
         echo "round $round: ${command[*]}" >&2
@@ -141,6 +139,17 @@ def ratio(a, fa, b, fb):
     """Per-round ratio (same round, so the same drift), median and min-max."""
     values = [x[fa] / y[fb] for x, y in zip(runs[a], runs[b]) if x.get(fa) and y.get(fb)]
     return cell(values, lambda v: f"{v:.2f}×")
+
+print()
+print("| machine CPU µs per dispatch, by process | " + " | ".join(("single", "local", "cross")) + " |")
+print("| --- | --- | --- | --- |")
+names = sorted({n for r in cluster for p in ("single", "local", "cross")
+                for n in r[p].get("cpu_us_per_dispatch_by_process", {})},
+               key=lambda n: (n not in ("bench", "single", "n1"), n))
+for name in names:
+    cells = [cell([r[p].get("cpu_us_per_dispatch_by_process", {}).get(name) for r in cluster],
+                  lambda v: f"{v:.1f}") for p in ("single", "local", "cross")]
+    print(f"| {name} | " + " | ".join(cells) + " |")
 
 print()
 print("| ratio (per round) | median (min–max) |")

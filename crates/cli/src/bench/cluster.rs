@@ -13,9 +13,11 @@
 //! NATS server's `/varz` before and after. Every process is killed when the run ends, fails or
 //! is interrupted (SIGINT/SIGTERM); each wait is bounded.
 
+mod cpu;
 mod nodes;
 mod varz;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -53,6 +55,9 @@ struct PhaseReport<'a> {
     /// NATS traffic during the measured phase.
     #[serde(flatten)]
     traffic: Option<Traffic>,
+    /// CPU microseconds per dispatch of each process the phase used: `bench` (producer and
+    /// workers), the nodes by name, and `nats-server` when this run started it.
+    cpu_us_per_dispatch_by_process: BTreeMap<String, f64>,
 }
 
 /// The result of `switchyard bench --cluster N`.
@@ -165,6 +170,8 @@ async fn phase<'a>(
         settle(nats).await?;
         let served_before = served(&fleets);
         let traffic_before = counters(nats).await?;
+        let processes = processes(nats, producer, worker_nodes);
+        let split_before = cpu::Reading::take(&processes);
         let cpu_before = system::busy_ticks();
         let started = Instant::now();
         let run = match args.via {
@@ -173,6 +180,7 @@ async fn phase<'a>(
         };
         let elapsed = started.elapsed();
         let cpu_after = system::busy_ticks();
+        let split_after = cpu::Reading::take(&processes);
         let traffic_after = counters(nats).await?;
         let served_after = served(&fleets);
         let served: Vec<u64> = served_after
@@ -201,11 +209,27 @@ async fn phase<'a>(
                 .collect(),
             load,
             traffic,
+            cpu_us_per_dispatch_by_process: split_before
+                .per_dispatch(&split_after, u64::from(args.tasks)),
         })
     }
     .await;
     stop(fleets).await;
     measured
+}
+
+/// The processes a phase runs in, by name: this one, the nodes it uses, nats-server.
+fn processes(nats: &Nats, producer: &Node, worker_nodes: &[&Node]) -> Vec<(String, u32)> {
+    let mut processes = vec![("bench".to_owned(), std::process::id())];
+    for node in std::iter::once(producer).chain(worker_nodes.iter().copied()) {
+        if !processes.iter().any(|(name, _)| *name == node.name) {
+            processes.push((node.name.clone(), node.pid));
+        }
+    }
+    if let Some(pid) = nats.pid {
+        processes.push(("nats-server".to_owned(), pid));
+    }
+    processes
 }
 
 /// How many of `workers` connect to each of `nodes` nodes (the first take one more).

@@ -63,6 +63,8 @@ pub(crate) struct Nats {
     pub(crate) url: String,
     /// Its monitoring address, when known.
     pub(crate) monitor: Option<SocketAddr>,
+    /// Its process id, when this run started it.
+    pub(crate) pid: Option<u32>,
     _process: Option<Owned>,
 }
 
@@ -74,6 +76,7 @@ impl Nats {
             return Ok(Self {
                 url: url.clone(),
                 monitor: args.nats_monitor,
+                pid: None,
                 _process: None,
             });
         }
@@ -134,6 +137,7 @@ impl Nats {
         Ok(Self {
             url: format!("nats://{addr}"),
             monitor: Some(SocketAddr::from(([127, 0, 0, 1], monitor))),
+            pid: Some(process.child.id()),
             _process: Some(process),
         })
     }
@@ -153,6 +157,8 @@ pub(crate) struct Node {
     pub(crate) name: String,
     /// The gateway as the bench drives it.
     pub(crate) target: Target,
+    /// Its process id.
+    pub(crate) pid: u32,
     _process: Owned,
 }
 
@@ -214,6 +220,7 @@ impl Node {
         Ok(Self {
             name: spec.name.to_owned(),
             target: Target::child(api_addr, quic_addr, ca_pem, pid),
+            pid,
             _process: process,
         })
     }
