@@ -15,10 +15,14 @@
 //! `--scenario tenant-fairness` measures what parked work in one tenant's pool costs another
 //! tenant's dispatch rate (see `bench/fairness.rs`).
 //!
+//! `--cluster N` starts N `switchyard serve` nodes joined over NATS in their own processes and
+//! measures the local and the cross-node path beside a lone node (see `bench/cluster.rs`).
+//!
 //! `--idle-workers K` instead connects K idle workers (alternating gRPC and QUIC) and reports
 //! the memory each costs and how long all K took to register and become eligible.
 
 mod args;
+mod cluster;
 mod drive;
 mod executions;
 mod fairness;
@@ -54,6 +58,11 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<(), Failure> {
         filter: "error".to_owned(),
         ..switchyard_gateway::LogSection::default()
     });
+    if let Some(nodes) = args.cluster {
+        let report = cluster::run(&args, nodes).await?;
+        println!("{report}");
+        return Ok(());
+    }
     let target = Target::start(&args).await?;
     let result = match (args.idle_workers, args.workers_only) {
         _ if args.scenario == Scenario::TenantFairness => fairness::run(&args, &target).await,

@@ -20,6 +20,8 @@ const MAX_PAYLOAD: usize = 4 * 1024 * 1024;
 const MAX_SERVICE_TIME_US: u64 = 10_000_000;
 /// Most producer connections one run may open.
 const MAX_CONNECTIONS: u32 = 64;
+/// Most nodes `--cluster` starts.
+const MAX_NODES: u32 = 8;
 
 /// Which worker transport the bench's workers use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -210,6 +212,26 @@ pub(crate) struct BenchArgs {
     /// The in-process gateway's dispatch store (a gateway at --connect uses its own).
     #[arg(long, value_enum, default_value_t = StoreArg::Sqlite)]
     pub(crate) store: StoreArg,
+    /// Cluster mode: start N `switchyard serve` nodes (2..=8) joined over NATS, each its own
+    /// process, and report a single node, the local path (workers on the producer's node 1)
+    /// and the cross-node path (workers on nodes 2..N), with NATS messages per dispatch.
+    #[arg(long, value_name = "N")]
+    pub(crate) cluster: Option<u32>,
+    /// The nats-server program --cluster starts [default: nats-server on PATH].
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "cluster",
+        conflicts_with = "nats_url"
+    )]
+    pub(crate) nats_server: Option<PathBuf>,
+    /// A running NATS server with JetStream for --cluster, instead of starting one.
+    #[arg(long, value_name = "URL", requires = "cluster")]
+    pub(crate) nats_url: Option<String>,
+    /// Monitoring address (HOST:PORT, `nats-server -m`) of the server at --nats-url, read for
+    /// the messages per dispatch.
+    #[arg(long, value_name = "ADDR", requires = "nats_url")]
+    pub(crate) nats_monitor: Option<SocketAddr>,
 }
 
 impl BenchArgs {
@@ -282,7 +304,38 @@ impl BenchArgs {
                 "--via core needs the in-process gateway; it cannot be used with --connect",
             ));
         }
+        if let Some(nodes) = self.cluster {
+            self.validate_cluster(nodes)?;
+        }
         Ok(())
+    }
+
+    /// `--cluster N`: a node count in range and only the flags its load run uses.
+    fn validate_cluster(&self, nodes: u32) -> Result<(), Failure> {
+        if !(2..=MAX_NODES).contains(&nodes) {
+            return Err(Failure::usage(format!(
+                "--cluster {nodes}: must be 2..={MAX_NODES}"
+            )));
+        }
+        let refused = [
+            ("--connect", self.connect.is_some()),
+            ("--idle-workers", self.idle_workers.is_some()),
+            ("--workers-only", self.workers_only.is_some()),
+            ("--external-workers", self.external_workers),
+            ("--durable", self.durable),
+            ("--via core", self.via == Via::Core),
+            (
+                "--scenario tenant-fairness",
+                self.scenario == Scenario::TenantFairness,
+            ),
+        ];
+        match refused.iter().find(|(_, set)| *set) {
+            Some((flag, _)) => Err(Failure::usage(format!(
+                "--cluster starts its own nodes and measures ephemeral load through the \
+                 producer API; it cannot be used with {flag}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The QUIC address to dial when driving a running gateway.

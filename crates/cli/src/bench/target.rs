@@ -149,6 +149,23 @@ impl Target {
         }
     }
 
+    /// A gateway the bench started in another process (`--cluster`), reported on by `pid`.
+    pub(crate) fn child(
+        api_addr: SocketAddr,
+        quic_addr: SocketAddr,
+        ca_pem: String,
+        pid: u32,
+    ) -> Self {
+        Self {
+            host: Host::Remote { pid: Some(pid) },
+            api_addr,
+            quic_addr,
+            ca_pem,
+            server_name: "localhost".to_owned(),
+            token: None,
+        }
+    }
+
     /// The in-process gateway's core, if the gateway is in-process.
     pub(crate) fn core(&self) -> Option<&Core> {
         match &self.host {
