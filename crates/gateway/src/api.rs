@@ -9,6 +9,8 @@
 
 mod access;
 mod caller;
+mod cluster_drain;
+mod cluster_views;
 mod convert;
 mod dispatch_info;
 mod drain;
@@ -21,6 +23,7 @@ mod service;
 mod stream;
 
 pub(crate) use caller::identify;
+pub(crate) use cluster_views::{ClusterViews, ViewsHandler};
 pub(crate) use convert::unix_ms;
 pub(crate) use durability::DurabilityDefaults;
 pub(crate) use oversized::OversizedAsExhausted;

@@ -217,9 +217,30 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
         .await
         .map_err(|status| Failure::status(&status))?
         .into_inner();
-    let rows: Vec<Vec<String>> = reply.workers.iter().map(worker_row).collect();
-    print!("{}", render(&WORKER_HEADER, &rows));
+    let mut rows: Vec<Vec<String>> = reply.workers.iter().map(worker_row).collect();
+    // In a cluster each worker names the gateway node it is connected to.
+    if reply.workers.iter().any(|w| !w.gateway_node.is_empty()) {
+        let mut header = vec!["GATEWAY"];
+        header.extend(WORKER_HEADER);
+        for (row, worker) in rows.iter_mut().zip(&reply.workers) {
+            row.insert(0, worker.gateway_node.clone());
+        }
+        print!("{}", render(&header, &rows));
+    } else {
+        print!("{}", render(&WORKER_HEADER, &rows));
+    }
+    warn_silent(&reply.silent_nodes);
     Ok(())
+}
+
+/// A warning line on stderr per cluster node that did not answer (its part is missing).
+fn warn_silent(silent: &[pb::SilentNode]) {
+    for node in silent {
+        eprintln!(
+            "warning: cluster node {} did not answer ({}); its workers are not listed",
+            node.node, node.reason
+        );
+    }
 }
 
 pub(crate) async fn pool(args: PoolArgs) -> Result<(), Failure> {
@@ -410,7 +431,13 @@ pub(crate) async fn drain(args: DrainArgs) -> Result<(), Failure> {
         let holding: Vec<String> = step
             .workers
             .iter()
-            .map(|w| format!("w{} holds {}", w.worker_id, w.in_flight))
+            .map(|w| {
+                if w.gateway_node.is_empty() {
+                    format!("w{} holds {}", w.worker_id, w.in_flight)
+                } else {
+                    format!("{}/w{} holds {}", w.gateway_node, w.worker_id, w.in_flight)
+                }
+            })
             .collect();
         println!(
             "{} task(s) remaining, {} worker(s) left{}{}",
