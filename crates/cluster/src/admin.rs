@@ -187,8 +187,7 @@ impl Admin {
     ) -> Gathered {
         let nodes = self.others();
         let deadline = Instant::now() + timeout;
-        let Ok(Ok(_turn)) =
-            tokio::time::timeout_at(deadline, self.inner.asking.acquire()).await
+        let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, self.inner.asking.acquire()).await
         else {
             return Gathered::all_silent(
                 nodes,

@@ -102,7 +102,10 @@ mod tests {
         let mut members = Members::default();
         members.seen("c", start);
         members.seen("a", start + Duration::from_secs(5));
-        assert_eq!(members.live(ttl, start + Duration::from_secs(9)), ["a", "c"]);
+        assert_eq!(
+            members.live(ttl, start + Duration::from_secs(9)),
+            ["a", "c"]
+        );
         // Control: once c's entry ages out it is no longer asked.
         assert_eq!(members.live(ttl, start + ttl), ["a"]);
     }

@@ -186,10 +186,7 @@ async fn workers(State(state): State<OpsState>, uri: Uri) -> axum::Json<Value> {
         return axum::Json(workers::page(&all, &query));
     };
     let unpaged = query.without_paging();
-    let mut parts = vec![(
-        views.node().to_owned(),
-        workers::page(&all, &unpaged),
-    )];
+    let mut parts = vec![(views.node().to_owned(), workers::page(&all, &unpaged))];
     let (answers, silent) = views.ops("workers", &unpaged.encode()).await;
     parts.extend(answers);
     axum::Json(cluster_views::merge_workers(parts, &silent, &query))

@@ -127,7 +127,9 @@ impl ClusterViews {
     ) -> Result<ProgressStream, Status> {
         let number = drain_number();
         let context = CallContext::of(caller, number);
-        let asked = self.ask::<pb::DrainProgress>(DRAIN_START, &context, request).await;
+        let asked = self
+            .ask::<pb::DrainProgress>(DRAIN_START, &context, request)
+            .await;
         let mut parts: BTreeMap<String, Part> = asked
             .answers
             .into_iter()
@@ -150,7 +152,10 @@ impl ClusterViews {
                     .iter()
                     .map(|s| format!("{} ({})", s.node, s.reason))
                     .collect();
-                message.push_str(&format!("; nodes that did not answer: {}", names.join(", ")));
+                message.push_str(&format!(
+                    "; nodes that did not answer: {}",
+                    names.join(", ")
+                ));
             }
             return Err(Status::not_found(message));
         }
@@ -236,7 +241,10 @@ async fn next(stream: &mut Option<ProgressStream>) -> Option<Result<pb::DrainPro
 }
 
 /// The sum of every node's part: done once every part is done.
-fn merge_progress(parts: &BTreeMap<String, Part>, silent_at_start: &[pb::SilentNode]) -> pb::DrainProgress {
+fn merge_progress(
+    parts: &BTreeMap<String, Part>,
+    silent_at_start: &[pb::SilentNode],
+) -> pb::DrainProgress {
     let mut merged = pb::DrainProgress {
         done: true,
         silent_nodes: silent_at_start.to_vec(),
@@ -244,10 +252,12 @@ fn merge_progress(parts: &BTreeMap<String, Part>, silent_at_start: &[pb::SilentN
     };
     for (node, part) in parts {
         let p = &part.progress;
-        merged.workers.extend(p.workers.iter().map(|w| pb::DrainingWorker {
-            gateway_node: node.clone(),
-            ..w.clone()
-        }));
+        merged
+            .workers
+            .extend(p.workers.iter().map(|w| pb::DrainingWorker {
+                gateway_node: node.clone(),
+                ..w.clone()
+            }));
         merged.tasks_remaining += p.tasks_remaining;
         merged.workers_left += p.workers_left;
         merged.cancelled_at_deadline += p.cancelled_at_deadline;
@@ -310,7 +320,11 @@ mod tests {
             .iter()
             .map(|w| (w.gateway_node.as_str(), w.worker_id))
             .collect();
-        assert_eq!(named, [("b", 7), ("c", 7), ("c", 9)], "worker 7 on two nodes, both kept");
+        assert_eq!(
+            named,
+            [("b", 7), ("c", 7), ("c", 9)],
+            "worker 7 on two nodes, both kept"
+        );
         assert!(!merged.done);
         // Control: done only once the last node is done.
         parts.insert("b".to_owned(), part(&[], 2, true));

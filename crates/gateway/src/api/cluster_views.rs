@@ -262,7 +262,11 @@ fn merge_unserved(
             queues.push(queue);
         }
         for b in reply.backlog {
-            let key = (b.namespace.clone(), b.task_queue.clone(), b.activity_type.clone());
+            let key = (
+                b.namespace.clone(),
+                b.task_queue.clone(),
+                b.activity_type.clone(),
+            );
             let sum = backlog.entry(key).or_insert_with(|| pb::DurableBacklog {
                 namespace: b.namespace.clone(),
                 task_queue: b.task_queue.clone(),
@@ -275,13 +279,20 @@ fn merge_unserved(
         }
     }
     queues.sort_by(|a, b| {
-        (&a.namespace, &a.task_queue, &a.activity_type, &a.node, &a.gateway_node).cmp(&(
-            &b.namespace,
-            &b.task_queue,
-            &b.activity_type,
-            &b.node,
-            &b.gateway_node,
-        ))
+        (
+            &a.namespace,
+            &a.task_queue,
+            &a.activity_type,
+            &a.node,
+            &a.gateway_node,
+        )
+            .cmp(&(
+                &b.namespace,
+                &b.task_queue,
+                &b.activity_type,
+                &b.node,
+                &b.gateway_node,
+            ))
     });
     pb::UnservedQueuesReply {
         queues,
@@ -335,7 +346,9 @@ pub(super) fn merge_describe(
         merged.reason = reason;
         merged.detail = detail;
     }
-    merged.nodes.sort_by(|a, b| a.gateway_node.cmp(&b.gateway_node));
+    merged
+        .nodes
+        .sort_by(|a, b| a.gateway_node.cmp(&b.gateway_node));
     merged
 }
 
@@ -357,13 +370,15 @@ fn add_census(sum: &mut pb::PoolCensus, c: &pb::PoolCensus) {
     sum.last_compatible_departure_ms = if sum.compatible > 0 {
         None
     } else {
-        match (sum.last_compatible_departure_ms, c.last_compatible_departure_ms) {
+        match (
+            sum.last_compatible_departure_ms,
+            c.last_compatible_departure_ms,
+        ) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     };
-    sum.suspended_grace_left_ms = match (sum.suspended_grace_left_ms, c.suspended_grace_left_ms)
-    {
+    sum.suspended_grace_left_ms = match (sum.suspended_grace_left_ms, c.suspended_grace_left_ms) {
         (Some(a), Some(b)) => Some(a.max(b)),
         (a, b) => a.or(b),
     };
@@ -388,11 +403,15 @@ pub(super) fn own_part(
     reply
 }
 
+/// Answers an operations view (`view`, query string) as this node's JSON; `None` for a view
+/// it does not know.
+type OpsViews = dyn Fn(&str, &str) -> Option<serde_json::Value> + Send + Sync;
+
 /// The answering side: runs the other nodes' calls on this node's own API.
 pub(crate) struct ViewsHandler {
     api: GatewayApi,
     node: String,
-    ops: Box<dyn Fn(&str, &str) -> Option<serde_json::Value> + Send + Sync>,
+    ops: Box<OpsViews>,
     drains: Arc<Mutex<RemoteDrains>>,
 }
 
@@ -486,7 +505,12 @@ impl AdminHandler for ViewsHandler {
 mod tests {
     use super::*;
 
-    fn part(node: &str, eligible: u32, reason: pb::UnservedReason, parked: u32) -> pb::DescribePoolReply {
+    fn part(
+        node: &str,
+        eligible: u32,
+        reason: pb::UnservedReason,
+        parked: u32,
+    ) -> pb::DescribePoolReply {
         pb::DescribePoolReply {
             census: Some(pb::PoolCensus {
                 pool_workers: eligible + 1,
@@ -520,7 +544,11 @@ mod tests {
         assert_eq!((census.pool_workers, census.eligible), (5, 3));
         assert_eq!((merged.parked, merged.oldest_parked_ms), (2, 20));
         assert!(merged.served, "c serves it");
-        let nodes: Vec<&str> = merged.nodes.iter().map(|n| n.gateway_node.as_str()).collect();
+        let nodes: Vec<&str> = merged
+            .nodes
+            .iter()
+            .map(|n| n.gateway_node.as_str())
+            .collect();
         assert_eq!(nodes, ["a", "c"]);
         // Control: with no node serving it, the reason says more than "no workers".
         let merged = merge_describe(
@@ -584,7 +612,11 @@ mod tests {
             ],
             vec![],
         );
-        let nodes: Vec<&str> = merged.queues.iter().map(|q| q.gateway_node.as_str()).collect();
+        let nodes: Vec<&str> = merged
+            .queues
+            .iter()
+            .map(|q| q.gateway_node.as_str())
+            .collect();
         assert_eq!(nodes, ["a", "b"]);
         assert_eq!(merged.backlog.len(), 1);
         assert_eq!(merged.backlog[0].waiting, 5);

@@ -13,10 +13,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::access::{self, CANCEL, DISPATCH, OPERATE, VIEW};
+use super::cluster_views::{self, ClusterViews};
 use super::durability::DurabilityDefaults;
 use super::run::Runner;
 use super::stream::StreamLimits;
-use super::cluster_views::{self, ClusterViews};
 use super::{caller, convert, drain, outcome, stream};
 use crate::auth::Principals;
 
@@ -222,7 +222,8 @@ impl GatewayApi {
                 w.namespaces().contains(&request.namespace)
                     && w.task_queue() == task_queue
                     && w.activity_types().contains(&request.activity_type)
-                    && node(&request.node).is_none_or(|want| w.node().is_some_and(|n| n.as_str() == want))
+                    && node(&request.node)
+                        .is_none_or(|want| w.node().is_some_and(|n| n.as_str() == want))
             })
             .fold((0, 0), |(capacity, in_flight), s| {
                 (

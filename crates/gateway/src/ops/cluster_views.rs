@@ -139,7 +139,12 @@ mod tests {
             .as_array()
             .unwrap()
             .iter()
-            .map(|w| (w["gateway_node"].as_str().unwrap().to_owned(), w["worker_id"].as_u64().unwrap()))
+            .map(|w| {
+                (
+                    w["gateway_node"].as_str().unwrap().to_owned(),
+                    w["worker_id"].as_u64().unwrap(),
+                )
+            })
             .collect();
         assert_eq!(listed, [("a".into(), 1), ("a".into(), 2), ("c".into(), 1)]);
         assert_eq!(merged["registered"], 3);
