@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use switchyard_proto::v1 as pb;
 
 use super::query::Query;
-use super::workers::MAX_PAGE;
+use super::workers::page_bounds;
 use crate::api::ClusterViews;
 
 fn tag(node: &str, items: &mut [Value]) {
@@ -70,13 +70,7 @@ pub(crate) fn merge_workers(
     };
     workers.sort_by_key(key);
     let total = workers.len();
-    let paged = query.get("offset").is_some() || query.get("limit").is_some();
-    let offset = query.number("offset").unwrap_or(0);
-    let limit = if paged {
-        query.number("limit").unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE)
-    } else {
-        usize::MAX
-    };
+    let (offset, limit) = page_bounds(query);
     let page: Vec<Value> = workers.into_iter().skip(offset).take(limit).collect();
     json!({
         "workers": page,
