@@ -12,11 +12,15 @@
 #[path = "durable_support/harness.rs"]
 mod harness;
 
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use harness::{NAMESPACE, PATIENCE, Process, Site, switchyard};
+use harness::{NAMESPACE, PATIENCE, Process, Site, free_port, switchyard};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
 use switchyard_proto::v1 as pb;
 use switchyard_test_support::NatsServer;
 use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
@@ -31,6 +35,39 @@ fn node_site(nats: &NatsServer, cluster: &str, node: &str) -> Site {
          member_ttl = \"10s\"\nrefresh_every = \"1s\"\n",
         nats.url()
     ))
+}
+
+/// Turns on `site`'s operations listener on a free loopback port (the harness leaves it
+/// off) and returns its address.
+fn enable_ops(site: &Site) -> SocketAddr {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let config = std::fs::read_to_string(&site.config).unwrap();
+    let on = config.replace(
+        "[ops]\nenabled = false",
+        &format!("[ops]\nlisten = \"{addr}\""),
+    );
+    assert_ne!(
+        on, config,
+        "the harness configuration has an [ops] table to turn on"
+    );
+    std::fs::write(&site.config, on).unwrap();
+    addr
+}
+
+/// `GET path` on an operations listener, as JSON.
+async fn get_json(addr: SocketAddr, path: &str) -> Value {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header("host", addr.to_string())
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap()
 }
 
 /// A worker of [`ACTIVITY`] on `site` advertising the node label `label`; stops with the token.
@@ -120,6 +157,7 @@ async fn views_and_a_drain_asked_on_a_cover_the_workers_on_b_and_c() {
         node_site(&nats, "views", "b"),
         node_site(&nats, "views", "c"),
     );
+    let ops_a = enable_ops(&a);
     let mut nodes: Vec<Process> = vec![a.serve().await, b.serve().await, c.serve().await];
     let on_b = labelled_worker(&b, "rack-b").await;
     let on_c = [
@@ -135,6 +173,55 @@ async fn views_and_a_drain_asked_on_a_cover_the_workers_on_b_and_c() {
         .map(|w| w.gateway_node.as_str())
         .collect();
     assert_eq!(gateways, ["b", "c", "c"], "{listed:?}");
+
+    // `/v1/workers` on A's operations listener too, paged after the merge.
+    let all = get_json(ops_a, "/v1/workers").await;
+    let gateways: Vec<&str> = all["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["gateway_node"].as_str().unwrap())
+        .collect();
+    assert_eq!(gateways, ["b", "c", "c"], "{all}");
+    assert_eq!(all["silent_nodes"], Value::Array(vec![]), "{all}");
+    let page = get_json(ops_a, "/v1/workers?offset=1&limit=1").await;
+    assert_eq!(page["total"], 3, "{page}");
+    assert_eq!(page["workers"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page["workers"][0]["gateway_node"], "c", "{page}");
+    let pools = get_json(ops_a, "/v1/pools").await;
+    let workers_by_node: Vec<(&str, u64)> = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["gateway_node"].as_str().unwrap(),
+                p["workers"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(workers_by_node, [("b", 1), ("c", 2)], "{pools}");
+
+    // ExplainPool from A explains every node's workers.
+    let explained = a
+        .producer()
+        .await
+        .unwrap()
+        .0
+        .explain_pool(pb::ExplainPoolRequest {
+            namespace: NAMESPACE.into(),
+            activity_type: ACTIVITY.into(),
+            ..pb::ExplainPoolRequest::default()
+        })
+        .await
+        .expect("ExplainPool answers")
+        .into_inner();
+    let explained_on: Vec<&str> = explained
+        .workers
+        .iter()
+        .map(|w| w.worker.as_ref().unwrap().gateway_node.as_str())
+        .collect();
+    assert_eq!(explained_on, ["b", "c", "c"], "{explained:?}");
 
     // `switchyard workers` on each node lists all three, with a GATEWAY column.
     for site in [&a, &b, &c] {
