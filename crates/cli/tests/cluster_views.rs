@@ -149,7 +149,7 @@ fn rows_on(table: &str, gateway: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn views_and_a_drain_asked_on_a_cover_the_workers_on_b_and_c() {
-    let Some(nats) = NatsServer::start() else {
+    let Some(mut nats) = NatsServer::start() else {
         return;
     };
     let (a, b, c) = (
@@ -400,7 +400,41 @@ async fn views_and_a_drain_asked_on_a_cover_the_workers_on_b_and_c() {
         warnings.contains("cluster node c did not answer"),
         "{warnings}"
     );
-    for stop in [on_a, on_b, on_c_again].into_iter().chain(on_c) {
+
+    // NATS gone: A still lists its own worker and names the others silent, at once (B for
+    // sure; C too while its entry has not aged out of A's view).
+    let on_a_again = labelled_worker(&a, "rack-a").await;
+    nats.kill();
+    let degraded = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let reply = list(&a).await;
+            if reply
+                .silent_nodes
+                .iter()
+                .any(|s| s.reason.contains("degraded"))
+            {
+                return reply;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("A notices NATS is gone");
+    let listed: Vec<&str> = degraded
+        .workers
+        .iter()
+        .map(|w| w.gateway_node.as_str())
+        .collect();
+    assert_eq!(listed, ["a"], "{degraded:?}");
+    assert!(
+        degraded.silent_nodes.iter().any(|s| s.node == "b")
+            && degraded
+                .silent_nodes
+                .iter()
+                .all(|s| s.reason.contains("degraded")),
+        "{degraded:?}"
+    );
+    for stop in [on_a, on_a_again, on_b, on_c_again].into_iter().chain(on_c) {
         stop.cancel();
     }
 }

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::members::Members;
 use crate::names::Names;
+use crate::status::{ClusterStatus, Standing};
 use crate::wire;
 
 /// Admin calls one node runs at once; more are answered "busy".
@@ -107,6 +108,7 @@ struct Inner {
     node: String,
     members: Arc<Mutex<Members>>,
     member_ttl: Duration,
+    status: ClusterStatus,
     handler: Mutex<Option<Arc<dyn AdminHandler>>>,
     serving: Arc<Semaphore>,
     asking: Semaphore,
@@ -127,6 +129,7 @@ impl Admin {
         node: String,
         members: Arc<Mutex<Members>>,
         member_ttl: Duration,
+        status: ClusterStatus,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -135,6 +138,7 @@ impl Admin {
                 node,
                 members,
                 member_ttl,
+                status,
                 handler: Mutex::new(None),
                 serving: Arc::new(Semaphore::new(MAX_SERVING)),
                 asking: Semaphore::new(MAX_ASKING),
@@ -177,7 +181,20 @@ impl Admin {
         nodes
     }
 
-    /// Asks every other live member `call` and gathers their answers within `timeout`.
+    /// Why this node cannot ask the others now (it is degraded: NATS is unreachable or its
+    /// name is not held), if it cannot.
+    fn cannot_ask(&self) -> Option<String> {
+        match self.inner.status.standing() {
+            Standing::Joined => None,
+            Standing::Degraded(reason) => Some(format!(
+                "not asked: {} is degraded ({reason})",
+                self.inner.node
+            )),
+        }
+    }
+
+    /// Asks every other live member `call` and gathers their answers within `timeout`; while
+    /// this node is degraded, none is asked and each is named silent with the reason at once.
     pub async fn ask_others(
         &self,
         call: &str,
@@ -186,6 +203,9 @@ impl Admin {
         timeout: Duration,
     ) -> Gathered {
         let nodes = self.others();
+        if let Some(reason) = self.cannot_ask() {
+            return Gathered::all_silent(nodes, &reason);
+        }
         let deadline = Instant::now() + timeout;
         let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, self.inner.asking.acquire()).await
         else {
@@ -214,6 +234,9 @@ impl Admin {
         body: Bytes,
         timeout: Duration,
     ) -> Result<Bytes, String> {
+        if let Some(reason) = self.cannot_ask() {
+            return Err(reason);
+        }
         let request = self.request(call, context, &body);
         self.send(node, request, Instant::now() + timeout, timeout)
             .await

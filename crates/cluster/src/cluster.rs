@@ -117,6 +117,7 @@ impl Cluster {
             config.node.clone(),
             Arc::clone(&members),
             config.member_ttl,
+            status.clone(),
         );
         let taker = Taker::new(
             client.clone(),
