@@ -210,21 +210,26 @@ impl GatewayApi {
         })
     }
 
-    /// Capacity and in-flight of the compatible workers of a pool on this node.
+    /// Capacity and in-flight of the compatible workers of a pool on this node (core's
+    /// explanation decides which are compatible: same activity, matching node).
     pub(super) fn local_pool_load(&self, request: &pb::DescribePoolRequest) -> (u64, u64) {
-        let task_queue = normalise_task_queue(&request.task_queue);
-        self.core
-            .registry()
-            .workers()
-            .iter()
-            .filter(|s| {
-                let w = &s.worker;
-                w.namespaces().contains(&request.namespace)
-                    && w.task_queue() == task_queue
-                    && w.activity_types().contains(&request.activity_type)
-                    && node(&request.node)
-                        .is_none_or(|want| w.node().is_some_and(|n| n.as_str() == want))
+        use switchyard_core::Eligibility;
+        let registry = self.core.registry();
+        registry
+            .explain(
+                &request.namespace,
+                &request.task_queue,
+                &request.activity_type,
+                node(&request.node),
+            )
+            .into_iter()
+            .filter(|explained| {
+                !matches!(
+                    explained.eligibility,
+                    Eligibility::ServesOtherActivity | Eligibility::OtherNode { .. }
+                )
             })
+            .filter_map(|explained| registry.worker(explained.worker.id()))
             .fold((0, 0), |(capacity, in_flight), s| {
                 (
                     capacity + u64::from(s.capacity.unwrap_or(0)),
