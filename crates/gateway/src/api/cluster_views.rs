@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use prost::Message;
 use serde::{Deserialize, Serialize};
-
 use switchyard_cluster::{ASK_TIMEOUT, Admin};
 use switchyard_core::{CallerIdentity, NamespaceGrant, Role};
 use switchyard_proto::v1 as pb;
