@@ -160,8 +160,20 @@ impl ClusterViews {
             return Err(Status::not_found(message));
         }
         let mut own = (!local.is_empty()).then(|| api.local_drain(local, request));
-        if own.is_some() {
-            parts.insert(self.node().to_owned(), Part::default());
+        if let Some(stream) = &mut own {
+            // The local drain sends its first sample at once: start the sum from it.
+            let first = match stream.next().await {
+                Some(Ok(progress)) => progress,
+                Some(Err(status)) => return Err(status),
+                None => pb::DrainProgress::default(),
+            };
+            parts.insert(
+                self.node().to_owned(),
+                Part {
+                    progress: first,
+                    silent: None,
+                },
+            );
         }
         let (sender, receiver) = mpsc::channel(16);
         let admin = self.admin.clone();
