@@ -399,7 +399,111 @@ impl Gathered {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use switchyard_test_support::NatsServer;
+    use tokio::sync::Notify;
+
     use super::*;
+
+    /// Holds every `hold` call until `release` has permits; answers `ping` at once.
+    struct Held {
+        release: Arc<Semaphore>,
+        entered: Arc<AtomicUsize>,
+        changed: Arc<Notify>,
+    }
+
+    impl AdminHandler for Held {
+        fn handle(&self, call: AdminCall) -> BoxFuture<'static, Result<Bytes, String>> {
+            let release = Arc::clone(&self.release);
+            let entered = Arc::clone(&self.entered);
+            let changed = Arc::clone(&self.changed);
+            Box::pin(async move {
+                if call.call == "hold" {
+                    entered.fetch_add(1, Ordering::SeqCst);
+                    changed.notify_waiters();
+                    let _permit = release.acquire().await.map_err(|e| e.to_string())?;
+                }
+                Ok(Bytes::from(call.call))
+            })
+        }
+    }
+
+    fn admin(client: &Client, node: &str, members: &Arc<Mutex<Members>>) -> Admin {
+        let status = ClusterStatus::new(node);
+        status.set(Standing::Joined);
+        Admin::new(
+            client.clone(),
+            Names::new("bounds"),
+            node.to_owned(),
+            Arc::clone(members),
+            Duration::from_secs(60),
+            status,
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_beyond_the_serving_bound_are_answered_busy() {
+        let Some(nats) = NatsServer::start() else {
+            return;
+        };
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let members = Arc::new(Mutex::new(Members::default()));
+        let (a, b) = (admin(&client, "a", &members), admin(&client, "b", &members));
+        let held = Held {
+            release: Arc::new(Semaphore::new(0)),
+            entered: Arc::new(AtomicUsize::new(0)),
+            changed: Arc::new(Notify::new()),
+        };
+        let (release, entered, changed) = (
+            Arc::clone(&held.release),
+            Arc::clone(&held.entered),
+            Arc::clone(&held.changed),
+        );
+        b.serve(Arc::new(held));
+        let stop = CancellationToken::new();
+        tokio::spawn(b.clone().follow(stop.clone()));
+        let patience = Duration::from_secs(10);
+        // B answers once its subscription is up.
+        tokio::time::timeout(patience, async {
+            while a
+                .ask("b", "ping", "", Bytes::new(), patience)
+                .await
+                .is_err()
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap();
+        let mut holding = tokio::task::JoinSet::new();
+        for _ in 0..MAX_SERVING {
+            let a = a.clone();
+            holding.spawn(async move { a.ask("b", "hold", "", Bytes::new(), patience).await });
+        }
+        tokio::time::timeout(patience, async {
+            loop {
+                let notified = changed.notified();
+                if entered.load(Ordering::SeqCst) == MAX_SERVING {
+                    break;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .unwrap();
+        let refused = a.ask("b", "ping", "", Bytes::new(), patience).await;
+        let reason = refused.unwrap_err();
+        assert!(reason.contains("busy: 16 admin calls"), "{reason}");
+        // Control: once the held calls end, B answers again, and every held call was answered.
+        release.add_permits(MAX_SERVING);
+        for answer in holding.join_all().await {
+            assert_eq!(answer.unwrap(), Bytes::from_static(b"hold"));
+        }
+        let answered = a.ask("b", "ping", "", Bytes::new(), patience).await;
+        assert_eq!(answered.unwrap(), Bytes::from_static(b"ping"));
+        stop.cancel();
+    }
 
     #[test]
     fn an_answer_over_max_payload_becomes_a_reason_naming_the_sizes() {
