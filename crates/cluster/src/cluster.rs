@@ -9,6 +9,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Admin;
 use crate::config::ClusterConfig;
 use crate::error::JoinError;
 use crate::forward::{self, ClusterOverflow, Forwarder};
@@ -25,6 +26,7 @@ const START_WAIT: Duration = Duration::from_secs(5);
 /// A node's membership in its cluster; [`Cluster::shutdown`] leaves it.
 pub struct Cluster {
     status: ClusterStatus,
+    admin: Admin,
     stop: CancellationToken,
     tasks: JoinSet<()>,
 }
@@ -124,6 +126,14 @@ impl Cluster {
             Arc::clone(&members),
             config.member_ttl,
         );
+        let admin = Admin::new(
+            client.clone(),
+            names.clone(),
+            config.node.clone(),
+            Arc::clone(&members),
+            config.member_ttl,
+            status.clone(),
+        );
         let taker = Taker::new(
             client.clone(),
             names,
@@ -174,11 +184,13 @@ impl Cluster {
         ));
         tasks.spawn(taker::follow_slots(Arc::clone(&taker), stop.clone()));
         tasks.spawn(taker::follow_cancels(taker, stop.clone()));
+        tasks.spawn(admin.clone().follow(stop.clone()));
         if !dispatcher.set_overflow(Arc::new(ClusterOverflow(forwarder))) {
             tracing::warn!("cluster: the dispatcher already has an overflow; not forwarding");
         }
         Ok(Self {
             status,
+            admin,
             stop,
             tasks,
         })
@@ -187,6 +199,11 @@ impl Cluster {
     /// The node's standing, for readiness.
     pub fn status(&self) -> &ClusterStatus {
         &self.status
+    }
+
+    /// Cluster-wide views and drains: asking the other nodes, answering them.
+    pub fn admin(&self) -> &Admin {
+        &self.admin
     }
 
     /// Leaves the cluster: stops taking offers and deletes the node's membership entry.

@@ -6,10 +6,12 @@
 //! finds no local worker is offered to the nodes that have a free slot for its pool. Local
 //! first: a dispatch a local worker takes sends nothing to NATS. While NATS is unreachable the
 //! node keeps serving its own workers, reports itself degraded ([`ClusterStatus`]) and rejoins
-//! by itself. `docs/cluster.md` has the design: subjects, buckets, failure cases.
+//! by itself. [`Admin`] carries cluster-wide views and drains: one node asks every other.
+//! `docs/cluster.md` has the design: subjects, buckets, failure cases.
 
 #![forbid(unsafe_code)]
 
+mod admin;
 mod cluster;
 mod config;
 mod error;
@@ -23,6 +25,10 @@ mod status;
 mod taker;
 mod wire;
 
+pub use admin::{
+    ASK_TIMEOUT, Admin, AdminCall, AdminHandler, Gathered, MAX_ASKING, MAX_SERVING, NodeAnswer,
+    SilentNode,
+};
 pub use cluster::Cluster;
 pub use config::{ClusterConfig, default_node_name};
 pub use error::JoinError;

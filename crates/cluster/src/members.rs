@@ -78,6 +78,18 @@ impl Members {
         self.seen.remove(node);
     }
 
+    /// The nodes whose entry has not aged out at `now`, by name.
+    pub(crate) fn live(&self, ttl: Duration, now: Instant) -> Vec<String> {
+        let mut nodes: Vec<String> = self
+            .seen
+            .keys()
+            .filter(|node| self.is_live(node, ttl, now))
+            .cloned()
+            .collect();
+        nodes.sort();
+        nodes
+    }
+
     /// True while `node`'s last write is younger than `ttl` (its entry has not aged out).
     pub(crate) fn is_live(&self, node: &str, ttl: Duration, now: Instant) -> bool {
         self.seen
@@ -129,5 +141,20 @@ mod tests {
         members.seen("b", 8, start + Duration::from_secs(4));
         assert!(members.is_live("b", Duration::from_secs(3), start + Duration::from_secs(4)));
         assert!(members.replaced("b", &mut took));
+    }
+
+    #[test]
+    fn live_lists_only_the_nodes_whose_entry_has_not_aged_out() {
+        let ttl = Duration::from_secs(10);
+        let start = Instant::now();
+        let mut members = Members::default();
+        members.seen("c", 1, start);
+        members.seen("a", 2, start + Duration::from_secs(5));
+        assert_eq!(
+            members.live(ttl, start + Duration::from_secs(9)),
+            ["a", "c"]
+        );
+        // Control: once c's entry ages out it is no longer asked.
+        assert_eq!(members.live(ttl, start + ttl), ["a"]);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Subjects: `switchyard.<cluster>.offer.<pool hash>` (offers, queue group `takers`),
 //! `switchyard.<cluster>.capacity.<pool hash>` (a node gained a free slot for the pool),
-//! `switchyard.<cluster>.node.<node>.outcome` and `.cancel` (addressed to one node),
+//! `switchyard.<cluster>.node.<node>.outcome`, `.cancel` and `.admin` (addressed to one node),
 //! `switchyard.<cluster>.cancel` (a cancel whose taker is unknown). Buckets:
 //! `switchyard_<cluster>_nodes` (membership), `switchyard_<cluster>_numbers` (worker-id
 //! numbers).
@@ -85,6 +85,11 @@ impl Names {
 
     pub(crate) fn cancel(&self, node: &str) -> String {
         format!("switchyard.{}.node.{node}.cancel", self.cluster)
+    }
+
+    /// Admin calls addressed to `node` (cluster-wide views, drains).
+    pub(crate) fn admin(&self, node: &str) -> String {
+        format!("switchyard.{}.node.{node}.admin", self.cluster)
     }
 
     /// Cancels for an offer whose taker the origin never learned (its answer was still on

@@ -9,6 +9,9 @@
 
 mod access;
 mod caller;
+mod cluster_answer;
+mod cluster_drain;
+mod cluster_views;
 mod convert;
 mod dispatch_info;
 mod drain;
@@ -21,6 +24,8 @@ mod service;
 mod stream;
 
 pub(crate) use caller::identify;
+pub(crate) use cluster_answer::ViewsHandler;
+pub(crate) use cluster_views::ClusterViews;
 pub(crate) use convert::unix_ms;
 pub(crate) use durability::DurabilityDefaults;
 pub(crate) use oversized::OversizedAsExhausted;

@@ -185,6 +185,10 @@ impl GatewayBuilder {
         };
         let stop_accepting = CancellationToken::new();
         let close = CancellationToken::new();
+        let admin = cluster.as_ref().map(|cluster| cluster.admin().clone());
+        if let Some(admin) = &admin {
+            crate::ops::answer_cluster_views(admin, &core, &durable, &principals, &close);
+        }
 
         let mut transports: Vec<Box<dyn Transport>> = Vec::new();
         if self.builtin {
@@ -216,6 +220,7 @@ impl GatewayBuilder {
                 core.clone(),
                 readiness.clone(),
                 backlog,
+                admin.clone(),
                 ops_stop.clone(),
             )));
         }
@@ -227,6 +232,7 @@ impl GatewayBuilder {
             tls: Arc::clone(&tls),
             stop_accepting: stop_accepting.clone(),
             close: close.clone(),
+            cluster: admin,
         };
         let mut gateway = Gateway {
             core,

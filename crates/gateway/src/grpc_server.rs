@@ -143,6 +143,7 @@ impl Transport for GrpcTransport {
         )
         .durability(self.durability)
         .ending_on(context.close.clone())
+        .cluster_wide(context.cluster.clone())
         .into_service()
         .max_decoding_message_size(crate::limits::api_decode_limit(
             section.max_message_size,

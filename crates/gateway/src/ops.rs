@@ -7,6 +7,7 @@
 //! take longer than `ops.header_read_timeout` or it moves nothing for `ops.idle_timeout`.
 
 mod backlog;
+mod cluster_views;
 mod connections;
 mod console;
 mod events;
@@ -48,6 +49,9 @@ struct OpsState {
     about: console::About,
     idle_timeout: std::time::Duration,
     stop: CancellationToken,
+    /// In a cluster: the other nodes, whose views `/v1/workers`, `/v1/pools` and
+    /// `/v1/unserved` merge in.
+    cluster: Option<std::sync::Arc<crate::api::ClusterViews>>,
 }
 
 /// Binds the operations listener.
@@ -65,6 +69,7 @@ pub(crate) fn serve(
     core: Core,
     readiness: Readiness,
     backlog: Backlog,
+    cluster: Option<switchyard_cluster::Admin>,
     stop: CancellationToken,
 ) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
     let ops_addr = listener
@@ -94,6 +99,7 @@ pub(crate) fn serve(
             about: console::About::here(ops_addr),
             idle_timeout: section.idle_timeout.get(),
             stop: stop.clone(),
+            cluster: cluster.map(|admin| std::sync::Arc::new(crate::api::ClusterViews::new(admin))),
         });
     let incoming = limited_incoming(
         listener,
@@ -175,7 +181,15 @@ async fn metrics_text(State(state): State<OpsState>) -> Response {
 
 async fn workers(State(state): State<OpsState>, uri: Uri) -> axum::Json<Value> {
     let all = state.core.registry().workers();
-    axum::Json(workers::page(&all, &query::Query::of(&uri)))
+    let query = query::Query::of(&uri);
+    let Some(views) = &state.cluster else {
+        return axum::Json(workers::page(&all, &query));
+    };
+    let unpaged = query.without_paging();
+    let mut parts = vec![(views.node().to_owned(), workers::page(&all, &unpaged))];
+    let (answers, silent) = views.ops("workers", &unpaged.encode()).await;
+    parts.extend(answers);
+    axum::Json(cluster_views::merge_workers(parts, &silent, &query))
 }
 
 async fn history_json() -> axum::Json<Value> {
@@ -206,12 +220,54 @@ async fn events_sse(State(state): State<OpsState>, headers: HeaderMap) -> Respon
 }
 
 async fn pools_json(State(state): State<OpsState>) -> axum::Json<Value> {
-    axum::Json(json!({ "pools": pools::pool_stats(&state.core) }))
+    let local = json!({ "pools": pools::pool_stats(&state.core) });
+    axum::Json(cluster_views::listed(state.cluster.as_deref(), "pools", local).await)
 }
 
 async fn unserved(State(state): State<OpsState>) -> axum::Json<Value> {
-    let queues: Vec<Value> = state
-        .core
+    let local = unserved_json(&state.core);
+    axum::Json(cluster_views::listed(state.cluster.as_deref(), "unserved", local).await)
+}
+
+/// This node's answer to another node's `ops.<view>` call (`query` its query string).
+fn remote_view(core: &Core, view: &str, query: &str) -> Option<Value> {
+    match view {
+        "workers" => Some(workers::page(
+            &core.registry().workers(),
+            &query::Query::parse(query),
+        )),
+        "pools" => Some(json!({ "pools": pools::pool_stats(core) })),
+        "unserved" => Some(unserved_json(core)),
+        _ => None,
+    }
+}
+
+/// Answers the other nodes' cluster-wide views and drains, over this node's own API and
+/// operations views, until the gateway closes.
+pub(crate) fn answer_cluster_views(
+    admin: &switchyard_cluster::Admin,
+    core: &Core,
+    durable: &switchyard_core::DurableDispatcher,
+    principals: &std::sync::Arc<crate::auth::Principals>,
+    close: &CancellationToken,
+) {
+    let api = crate::api::GatewayApi::new(
+        core.clone(),
+        durable.clone(),
+        std::sync::Arc::clone(principals),
+        crate::api::ApiConfig::default(),
+    )
+    .ending_on(close.clone());
+    let views_core = core.clone();
+    admin.serve(std::sync::Arc::new(crate::api::ViewsHandler::new(
+        api,
+        admin.node().to_owned(),
+        move |view, query| remote_view(&views_core, view, query),
+    )));
+}
+
+fn unserved_json(core: &Core) -> Value {
+    let queues: Vec<Value> = core
         .dispatcher()
         .unserved_queues()
         .iter()
@@ -231,7 +287,7 @@ async fn unserved(State(state): State<OpsState>) -> axum::Json<Value> {
             })
         })
         .collect();
-    axum::Json(json!({ "unserved": queues }))
+    json!({ "unserved": queues })
 }
 
 #[cfg(test)]

@@ -39,6 +39,9 @@ pub struct TransportContext {
     pub stop_accepting: CancellationToken,
     /// Fires after the drain: close every remaining connection and end the serving future.
     pub close: CancellationToken,
+    /// In cluster mode: the node's admin handle, which makes the producer API's views and
+    /// drains cluster-wide; `None` outside a cluster.
+    pub cluster: Option<switchyard_cluster::Admin>,
 }
 
 impl fmt::Debug for TransportContext {

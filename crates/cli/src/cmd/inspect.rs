@@ -217,9 +217,44 @@ pub(crate) async fn workers(args: WorkersArgs) -> Result<(), Failure> {
         .await
         .map_err(|status| Failure::status(&status))?
         .into_inner();
-    let rows: Vec<Vec<String>> = reply.workers.iter().map(worker_row).collect();
-    print!("{}", render(&WORKER_HEADER, &rows));
+    let mut rows: Vec<Vec<String>> = reply.workers.iter().map(worker_row).collect();
+    let gateways: Vec<&str> = reply
+        .workers
+        .iter()
+        .map(|w| w.gateway_node.as_str())
+        .collect();
+    let header = with_gateway(&WORKER_HEADER, &mut rows, &gateways);
+    print!("{}", render(&header, &rows));
+    warn_silent(&reply.silent_nodes);
     Ok(())
+}
+
+/// In a cluster (some row has a gateway node) a first `GATEWAY` column naming the node each
+/// row is on; otherwise `header` as it is.
+fn with_gateway<'h>(
+    header: &[&'h str],
+    rows: &mut [Vec<String>],
+    gateways: &[&str],
+) -> Vec<&'h str> {
+    if gateways.iter().all(|g| g.is_empty()) {
+        return header.to_vec();
+    }
+    for (row, gateway) in rows.iter_mut().zip(gateways) {
+        row.insert(0, (*gateway).to_owned());
+    }
+    std::iter::once("GATEWAY")
+        .chain(header.iter().copied())
+        .collect()
+}
+
+/// A warning line on stderr per cluster node that did not answer (its part is missing).
+fn warn_silent(silent: &[pb::SilentNode]) {
+    for node in silent {
+        eprintln!(
+            "warning: cluster node {} did not answer ({}); its workers are not listed",
+            node.node, node.reason
+        );
+    }
 }
 
 pub(crate) async fn pool(args: PoolArgs) -> Result<(), Failure> {
@@ -269,6 +304,19 @@ pub(crate) async fn pool(args: PoolArgs) -> Result<(), Failure> {
             c.draining
         );
     }
+    for part in &described.nodes {
+        let c = part.census.unwrap_or_default();
+        println!(
+            "node {}: {} in pool, {} eligible, capacity {}, {} in flight, {} parked",
+            part.gateway_node,
+            c.pool_workers,
+            c.eligible,
+            part.capacity,
+            part.in_flight,
+            part.parked
+        );
+    }
+    warn_silent(&described.silent_nodes);
     if described.parked > 0 {
         println!(
             "parked: {} dispatch(es), oldest waiting {} ms",
@@ -312,7 +360,7 @@ pub(crate) async fn unserved(args: UnservedArgs) -> Result<(), Failure> {
         .await
         .map_err(|status| Failure::status(&status))?
         .into_inner();
-    let rows: Vec<Vec<String>> = reply
+    let mut rows: Vec<Vec<String>> = reply
         .queues
         .iter()
         .map(|q| {
@@ -331,21 +379,26 @@ pub(crate) async fn unserved(args: UnservedArgs) -> Result<(), Failure> {
             ]
         })
         .collect();
-    print!(
-        "{}",
-        render(
-            &[
-                "NAMESPACE",
-                "QUEUE",
-                "ACTIVITY",
-                "NODE",
-                "WAITING",
-                "OLDEST",
-                "WHY"
-            ],
-            &rows
-        )
+    let gateways: Vec<&str> = reply
+        .queues
+        .iter()
+        .map(|q| q.gateway_node.as_str())
+        .collect();
+    let header = with_gateway(
+        &[
+            "NAMESPACE",
+            "QUEUE",
+            "ACTIVITY",
+            "NODE",
+            "WAITING",
+            "OLDEST",
+            "WHY",
+        ],
+        &mut rows,
+        &gateways,
     );
+    print!("{}", render(&header, &rows));
+    warn_silent(&reply.silent_nodes);
     if !reply.backlog.is_empty() {
         let rows: Vec<Vec<String>> = reply
             .backlog
@@ -410,7 +463,13 @@ pub(crate) async fn drain(args: DrainArgs) -> Result<(), Failure> {
         let holding: Vec<String> = step
             .workers
             .iter()
-            .map(|w| format!("w{} holds {}", w.worker_id, w.in_flight))
+            .map(|w| {
+                if w.gateway_node.is_empty() {
+                    format!("w{} holds {}", w.worker_id, w.in_flight)
+                } else {
+                    format!("{}/w{} holds {}", w.gateway_node, w.worker_id, w.in_flight)
+                }
+            })
             .collect();
         println!(
             "{} task(s) remaining, {} worker(s) left{}{}",

@@ -124,6 +124,7 @@ pub(crate) fn unserved_queue(queue: &UnservedQueue) -> pb::UnservedQueueInfo {
         census: Some(census(&queue.census)),
         waiting: count(queue.waiting),
         oldest_wait_ms: millis(queue.oldest_wait),
+        gateway_node: String::new(),
     }
 }
 

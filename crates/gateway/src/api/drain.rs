@@ -99,6 +99,7 @@ fn sample(registry: &Registry, targets: &[WorkerId]) -> pb::DrainProgress {
                 progress.workers.push(pb::DrainingWorker {
                     worker_id: id.get(),
                     in_flight: snapshot.in_flight,
+                    gateway_node: String::new(),
                 });
             }
             None => progress.workers_left += 1,

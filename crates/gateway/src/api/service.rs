@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::access::{self, CANCEL, DISPATCH, OPERATE, VIEW};
+use super::cluster_views::{self, ClusterViews};
 use super::durability::DurabilityDefaults;
 use super::run::Runner;
 use super::stream::StreamLimits;
@@ -55,6 +56,8 @@ pub struct GatewayApi {
     principals: Arc<Principals>,
     pub(super) settings: ApiConfig,
     pub(super) closing: CancellationToken,
+    /// In a cluster: the other nodes, whose answers the views and drains merge in.
+    pub(super) cluster: Option<Arc<ClusterViews>>,
 }
 
 impl GatewayApi {
@@ -80,7 +83,15 @@ impl GatewayApi {
             principals,
             settings,
             closing: CancellationToken::new(),
+            cluster: None,
         }
+    }
+
+    /// Makes the views (`ListWorkers`, `DescribePool`, `ExplainPool`, `UnservedQueues`) and
+    /// `Drain` cluster-wide: they ask every other live node through `admin` and merge.
+    pub(crate) fn cluster_wide(mut self, admin: Option<switchyard_cluster::Admin>) -> Self {
+        self.cluster = admin.map(|admin| Arc::new(ClusterViews::new(admin)));
+        self
     }
 
     /// Makes a dispatch that leaves `durable` unset durable as `config` says
@@ -143,6 +154,215 @@ fn node(label: &str) -> Option<&str> {
     (!label.is_empty()).then_some(label)
 }
 
+/// The refusal of a drain whose target matches no worker the caller may drain.
+pub(super) const NOTHING_TO_DRAIN: &str =
+    "no registered worker you may drain matches the drain target";
+
+/// This node's own answers to the views and drains; in a cluster every node runs these for
+/// its own workers and the asking node merges them.
+impl GatewayApi {
+    pub(super) async fn local_describe_pool(
+        &self,
+        caller: &CallerIdentity,
+        request: &pb::DescribePoolRequest,
+    ) -> Result<pb::DescribePoolReply, Status> {
+        require("namespace", &request.namespace)?;
+        require("activity_type", &request.activity_type)?;
+        require_grant(caller, &request.namespace)?;
+        let census = self.core.registry().pool_census(
+            &request.namespace,
+            &request.task_queue,
+            &request.activity_type,
+            node(&request.node),
+        );
+        let task_queue = normalise_task_queue(&request.task_queue);
+        let parked = self
+            .core
+            .dispatcher()
+            .unserved_queues()
+            .into_iter()
+            .find(|queue| {
+                let address = &queue.address;
+                address.namespace == request.namespace
+                    && address.task_queue == task_queue
+                    && address.activity_type == request.activity_type
+                    && address.node.as_deref() == node(&request.node)
+            });
+        let reason = census.classify();
+        let backlog = self
+            .pool_backlog(&request.namespace, task_queue, &request.activity_type)
+            .await?;
+        Ok(pb::DescribePoolReply {
+            census: Some(convert::census(&census)),
+            served: reason.is_none(),
+            reason: reason
+                .map_or(pb::UnservedReason::Unspecified, convert::unserved_reason)
+                .into(),
+            detail: census.describe().unwrap_or_default(),
+            parked: parked
+                .as_ref()
+                .map_or(0, |queue| u32::try_from(queue.waiting).unwrap_or(u32::MAX)),
+            oldest_parked_ms: parked.map_or(0, |queue| convert::millis(queue.oldest_wait)),
+            backlog_waiting: backlog.waiting,
+            backlog_running: backlog.running,
+            backlog_oldest_waiting_ms: backlog.oldest_waiting_ms,
+            ..pb::DescribePoolReply::default()
+        })
+    }
+
+    /// Capacity and in-flight of the compatible workers of a pool on this node (core's
+    /// explanation decides which are compatible: same activity, matching node).
+    pub(super) fn local_pool_load(&self, request: &pb::DescribePoolRequest) -> (u64, u64) {
+        use switchyard_core::Eligibility;
+        let registry = self.core.registry();
+        registry
+            .explain(
+                &request.namespace,
+                &request.task_queue,
+                &request.activity_type,
+                node(&request.node),
+            )
+            .into_iter()
+            .filter(|explained| {
+                !matches!(
+                    explained.eligibility,
+                    Eligibility::ServesOtherActivity | Eligibility::OtherNode { .. }
+                )
+            })
+            .filter_map(|explained| registry.worker(explained.worker.id()))
+            .fold((0, 0), |(capacity, in_flight), s| {
+                (
+                    capacity + u64::from(s.capacity.unwrap_or(0)),
+                    in_flight + u64::from(s.in_flight),
+                )
+            })
+    }
+
+    pub(super) async fn local_unserved_queues(
+        &self,
+        caller: &CallerIdentity,
+    ) -> Result<pb::UnservedQueuesReply, Status> {
+        let queues = self
+            .core
+            .dispatcher()
+            .unserved_queues()
+            .iter()
+            .filter(|queue| caller.grant.allows(&queue.address.namespace))
+            .map(convert::unserved_queue)
+            .collect();
+        let backlog = self.backlog_of(caller).await?;
+        Ok(pb::UnservedQueuesReply {
+            queues,
+            backlog,
+            ..pb::UnservedQueuesReply::default()
+        })
+    }
+
+    pub(super) fn local_explain_pool(
+        &self,
+        caller: &CallerIdentity,
+        request: &pb::ExplainPoolRequest,
+    ) -> Result<pb::ExplainPoolReply, Status> {
+        require("namespace", &request.namespace)?;
+        require("activity_type", &request.activity_type)?;
+        require_grant(caller, &request.namespace)?;
+        let registry = self.core.registry();
+        let workers = registry
+            .explain(
+                &request.namespace,
+                &request.task_queue,
+                &request.activity_type,
+                node(&request.node),
+            )
+            .into_iter()
+            .map(|explained| pb::WorkerExplanation {
+                worker: Some(access::redact(
+                    caller,
+                    registry.worker(explained.worker.id()).map_or_else(
+                        || convert::worker_facts(&explained.worker),
+                        |s| convert::worker_info(&s),
+                    ),
+                )),
+                eligibility: convert::eligibility(&explained.eligibility).into(),
+                explanation: explained.eligibility.to_string(),
+            })
+            .collect();
+        Ok(pb::ExplainPoolReply {
+            workers,
+            ..pb::ExplainPoolReply::default()
+        })
+    }
+
+    pub(super) fn local_list_workers(
+        &self,
+        caller: &CallerIdentity,
+        filter: &pb::ListWorkersRequest,
+    ) -> pb::ListWorkersReply {
+        let task_queue = normalise_task_queue(&filter.task_queue);
+        let workers = self
+            .core
+            .registry()
+            .workers()
+            .iter()
+            .filter(|s| access::may_see(caller, &s.worker))
+            .filter(|s| {
+                filter.namespace.is_empty()
+                    || (caller.grant.allows(&filter.namespace)
+                        && s.worker.namespaces().contains(&filter.namespace))
+            })
+            .filter(|s| filter.task_queue.is_empty() || s.worker.task_queue() == task_queue)
+            .map(|s| access::redact(caller, convert::worker_info(s)))
+            .collect();
+        pb::ListWorkersReply {
+            workers,
+            ..pb::ListWorkersReply::default()
+        }
+    }
+
+    /// The workers on this node that `request` targets and `caller` may drain (maybe none).
+    ///
+    /// A worker the caller may not drain is left out exactly as one that does not exist, so
+    /// the answer never tells the two apart.
+    pub(super) fn local_drain_targets(
+        &self,
+        caller: &CallerIdentity,
+        request: &pb::DrainWorkersRequest,
+    ) -> Result<Vec<WorkerId>, Status> {
+        use pb::drain_workers_request::Target;
+        let registry = self.core.registry();
+        let targets: Vec<_> = match &request.target {
+            Some(Target::WorkerId(id)) => registry
+                .worker(WorkerId::from_raw(*id))
+                .into_iter()
+                .filter(|s| access::may_drain(caller, &s.worker))
+                .collect(),
+            Some(Target::Node(label)) if !label.is_empty() => registry
+                .workers()
+                .into_iter()
+                .filter(|s| s.worker.node().is_some_and(|n| n.as_str() == label))
+                .filter(|s| access::may_drain(caller, &s.worker))
+                .collect(),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "target is empty: give worker_id or node",
+                ));
+            }
+        };
+        Ok(targets.iter().map(|s| s.worker.id()).collect())
+    }
+
+    /// Drains `targets` on this node, streaming its progress.
+    pub(super) fn local_drain(
+        &self,
+        targets: Vec<WorkerId>,
+        request: &pb::DrainWorkersRequest,
+    ) -> drain::ProgressStream {
+        let deadline =
+            (request.deadline_ms > 0).then(|| Duration::from_millis(request.deadline_ms));
+        drain::start(self.core.clone(), targets, deadline, self.closing.clone())
+    }
+}
+
 pub(super) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -203,46 +423,13 @@ impl GatewayRpc for GatewayApi {
     ) -> Result<Response<pb::DescribePoolReply>, Status> {
         let caller = self.caller(&request, VIEW, "DescribePool")?;
         let request = request.into_inner();
-        require("namespace", &request.namespace)?;
-        require("activity_type", &request.activity_type)?;
-        require_grant(&caller, &request.namespace)?;
-        let census = self.core.registry().pool_census(
-            &request.namespace,
-            &request.task_queue,
-            &request.activity_type,
-            node(&request.node),
-        );
-        let task_queue = normalise_task_queue(&request.task_queue);
-        let parked = self
-            .core
-            .dispatcher()
-            .unserved_queues()
-            .into_iter()
-            .find(|queue| {
-                let address = &queue.address;
-                address.namespace == request.namespace
-                    && address.task_queue == task_queue
-                    && address.activity_type == request.activity_type
-                    && address.node.as_deref() == node(&request.node)
-            });
-        let reason = census.classify();
-        let backlog = self
-            .pool_backlog(&request.namespace, task_queue, &request.activity_type)
-            .await?;
-        Ok(Response::new(pb::DescribePoolReply {
-            census: Some(convert::census(&census)),
-            served: reason.is_none(),
-            reason: reason
-                .map_or(pb::UnservedReason::Unspecified, convert::unserved_reason)
-                .into(),
-            detail: census.describe().unwrap_or_default(),
-            parked: parked
-                .as_ref()
-                .map_or(0, |queue| u32::try_from(queue.waiting).unwrap_or(u32::MAX)),
-            oldest_parked_ms: parked.map_or(0, |queue| convert::millis(queue.oldest_wait)),
-            backlog_waiting: backlog.waiting,
-            backlog_running: backlog.running,
-            backlog_oldest_waiting_ms: backlog.oldest_waiting_ms,
+        let local = self.local_describe_pool(&caller, &request).await?;
+        Ok(Response::new(match &self.cluster {
+            Some(views) => {
+                let local = cluster_views::own_part(self, views.node(), &request, local);
+                views.describe_pool(&caller, &request, local).await
+            }
+            None => local,
         }))
     }
 
@@ -251,16 +438,11 @@ impl GatewayRpc for GatewayApi {
         request: Request<pb::UnservedQueuesRequest>,
     ) -> Result<Response<pb::UnservedQueuesReply>, Status> {
         let caller = self.caller(&request, VIEW, "UnservedQueues")?;
-        let queues = self
-            .core
-            .dispatcher()
-            .unserved_queues()
-            .iter()
-            .filter(|queue| caller.grant.allows(&queue.address.namespace))
-            .map(convert::unserved_queue)
-            .collect();
-        let backlog = self.backlog_of(&caller).await?;
-        Ok(Response::new(pb::UnservedQueuesReply { queues, backlog }))
+        let local = self.local_unserved_queues(&caller).await?;
+        Ok(Response::new(match &self.cluster {
+            Some(views) => views.unserved_queues(&caller, local).await,
+            None => local,
+        }))
     }
 
     async fn explain_pool(
@@ -269,31 +451,11 @@ impl GatewayRpc for GatewayApi {
     ) -> Result<Response<pb::ExplainPoolReply>, Status> {
         let caller = self.caller(&request, VIEW, "ExplainPool")?;
         let request = request.into_inner();
-        require("namespace", &request.namespace)?;
-        require("activity_type", &request.activity_type)?;
-        require_grant(&caller, &request.namespace)?;
-        let registry = self.core.registry();
-        let workers = registry
-            .explain(
-                &request.namespace,
-                &request.task_queue,
-                &request.activity_type,
-                node(&request.node),
-            )
-            .into_iter()
-            .map(|explained| pb::WorkerExplanation {
-                worker: Some(access::redact(
-                    &caller,
-                    registry.worker(explained.worker.id()).map_or_else(
-                        || convert::worker_facts(&explained.worker),
-                        |s| convert::worker_info(&s),
-                    ),
-                )),
-                eligibility: convert::eligibility(&explained.eligibility).into(),
-                explanation: explained.eligibility.to_string(),
-            })
-            .collect();
-        Ok(Response::new(pb::ExplainPoolReply { workers }))
+        let local = self.local_explain_pool(&caller, &request)?;
+        Ok(Response::new(match &self.cluster {
+            Some(views) => views.explain_pool(&caller, &request, local).await,
+            None => local,
+        }))
     }
 
     async fn list_workers(
@@ -302,22 +464,11 @@ impl GatewayRpc for GatewayApi {
     ) -> Result<Response<pb::ListWorkersReply>, Status> {
         let caller = self.caller(&request, VIEW, "ListWorkers")?;
         let filter = request.into_inner();
-        let task_queue = normalise_task_queue(&filter.task_queue);
-        let workers = self
-            .core
-            .registry()
-            .workers()
-            .iter()
-            .filter(|s| access::may_see(&caller, &s.worker))
-            .filter(|s| {
-                filter.namespace.is_empty()
-                    || (caller.grant.allows(&filter.namespace)
-                        && s.worker.namespaces().contains(&filter.namespace))
-            })
-            .filter(|s| filter.task_queue.is_empty() || s.worker.task_queue() == task_queue)
-            .map(|s| access::redact(&caller, convert::worker_info(s)))
-            .collect();
-        Ok(Response::new(pb::ListWorkersReply { workers }))
+        let local = self.local_list_workers(&caller, &filter);
+        Ok(Response::new(match &self.cluster {
+            Some(views) => views.list_workers(&caller, &filter, local).await,
+            None => local,
+        }))
     }
 
     type DrainStream = drain::ProgressStream;
@@ -326,44 +477,19 @@ impl GatewayRpc for GatewayApi {
         &self,
         request: Request<pb::DrainWorkersRequest>,
     ) -> Result<Response<Self::DrainStream>, Status> {
-        use pb::drain_workers_request::Target;
         let caller = self.caller(&request, OPERATE, "Drain")?;
         let request = request.into_inner();
-        let registry = self.core.registry();
-        // A worker the caller may not drain is left out exactly as one that does not exist,
-        // so the answer never tells the two apart.
-        let targets: Vec<_> = match request.target {
-            Some(Target::WorkerId(id)) => registry
-                .worker(WorkerId::from_raw(id))
-                .into_iter()
-                .filter(|s| access::may_drain(&caller, &s.worker))
-                .collect(),
-            Some(Target::Node(label)) if !label.is_empty() => registry
-                .workers()
-                .into_iter()
-                .filter(|s| s.worker.node().is_some_and(|n| n.as_str() == label))
-                .filter(|s| access::may_drain(&caller, &s.worker))
-                .collect(),
-            _ => {
-                return Err(Status::invalid_argument(
-                    "target is empty: give worker_id or node",
-                ));
-            }
-        };
-        if targets.is_empty() {
-            return Err(Status::not_found(
-                "no registered worker you may drain matches the drain target",
-            ));
+        let local = self.local_drain_targets(&caller, &request)?;
+        if let Some(views) = &self.cluster {
+            return views
+                .drain(self, &caller, &request, local)
+                .await
+                .map(Response::new);
         }
-        let deadline =
-            (request.deadline_ms > 0).then(|| Duration::from_millis(request.deadline_ms));
-        let ids = targets.iter().map(|s| s.worker.id()).collect();
-        Ok(Response::new(drain::start(
-            self.core.clone(),
-            ids,
-            deadline,
-            self.closing.clone(),
-        )))
+        if local.is_empty() {
+            return Err(Status::not_found(NOTHING_TO_DRAIN));
+        }
+        Ok(Response::new(self.local_drain(local, &request)))
     }
 
     async fn submit(

@@ -43,6 +43,37 @@ impl Query {
     }
 }
 
+impl Query {
+    /// The same parameters without `offset` and `limit` (every matching row).
+    pub(crate) fn without_paging(&self) -> Self {
+        let mut params = self.0.clone();
+        params.remove("offset");
+        params.remove("limit");
+        Self(params)
+    }
+
+    /// The parameters as a query string [`Query::parse`] reads back.
+    pub(crate) fn encode(&self) -> String {
+        self.0
+            .iter()
+            .map(|(name, value)| format!("{}={}", encode(name), encode(value)))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+}
+
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
 fn decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -94,5 +125,16 @@ mod tests {
         assert_eq!(query.0.len(), MAX_PARAMS);
         // Control: the first repeat of a name wins.
         assert_eq!(Query::parse("a=1&a=2").get("a"), Some("1"));
+    }
+
+    #[test]
+    fn a_query_passed_to_another_node_keeps_its_filters_but_not_its_page() {
+        let query = Query::parse("node=rack+1&offset=5&limit=2&standing=%C3%A9");
+        let passed = Query::parse(&query.without_paging().encode());
+        assert_eq!(passed.get("node"), Some("rack 1"));
+        assert_eq!(passed.get("standing"), Some("é"));
+        // Control: paging stays on the asking node, which pages the merged list.
+        assert_eq!((passed.get("offset"), passed.get("limit")), (None, None));
+        assert_eq!(query.number("offset"), Some(5));
     }
 }

@@ -66,6 +66,19 @@ fn matches(s: &WorkerSnapshot, query: &Query) -> bool {
             .is_none_or(|want| want == standing(&s.eligibility))
 }
 
+/// The page `query` asks for: `(offset, limit)`; every row without `offset` or `limit`,
+/// else at most [`MAX_PAGE`].
+pub(crate) fn page_bounds(query: &Query) -> (usize, usize) {
+    let paged = query.get("offset").is_some() || query.get("limit").is_some();
+    let offset = query.number("offset").unwrap_or(0);
+    let limit = if paged {
+        query.number("limit").unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE)
+    } else {
+        usize::MAX
+    };
+    (offset, limit)
+}
+
 /// The `/v1/workers` body for `snapshots` (ordered by id) and the request's `query`.
 ///
 /// Without `offset` or `limit` every matching worker is listed, as before paging existed;
@@ -82,13 +95,7 @@ pub(crate) fn page(snapshots: &[WorkerSnapshot], query: &Query) -> Value {
         *standings.entry(standing(&s.eligibility)).or_default() += 1;
     }
     let matching = snapshots.iter().filter(|s| matches(s, query));
-    let paged = query.get("offset").is_some() || query.get("limit").is_some();
-    let offset = query.number("offset").unwrap_or(0);
-    let limit = if paged {
-        query.number("limit").unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE)
-    } else {
-        usize::MAX
-    };
+    let (offset, limit) = page_bounds(query);
     let mut total = 0usize;
     let mut workers = Vec::new();
     for (i, s) in matching.enumerate() {

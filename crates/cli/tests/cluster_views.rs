@@ -1,0 +1,465 @@
+//! Cluster-wide views and drains end to end: three `switchyard serve` nodes joined over one
+//! real `nats-server -js` on loopback, workers with node labels on B and C, and the views and
+//! a drain asked on A (and `switchyard workers` asked on every node).
+//!
+//! The membership TTL is 10 s (refreshed every second), so a node killed mid-test is still a
+//! member, and asked, for a while: that is the "silent node" case.
+//!
+//! Skipped with a printed reason when nats-server is missing, unless `CI_REQUIRE_NATS` is set.
+// Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+#[path = "durable_support/harness.rs"]
+mod harness;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use harness::{NAMESPACE, PATIENCE, Process, Site, free_port, switchyard};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use switchyard_proto::v1 as pb;
+use switchyard_test_support::NatsServer;
+use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
+use tokio_util::sync::CancellationToken;
+
+const ACTIVITY: &str = "views-echo";
+
+/// A node's site: `[cluster]` on `nats` as `node` of cluster `cluster`.
+fn node_site(nats: &NatsServer, cluster: &str, node: &str) -> Site {
+    Site::with_store(&format!(
+        "\n[cluster]\nnats_url = \"{}\"\nname = \"{cluster}\"\nnode = \"{node}\"\n\
+         member_ttl = \"10s\"\nrefresh_every = \"1s\"\n",
+        nats.url()
+    ))
+}
+
+/// Turns on `site`'s operations listener on a free loopback port (the harness leaves it
+/// off) and returns its address.
+fn enable_ops(site: &Site) -> SocketAddr {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let config = std::fs::read_to_string(&site.config).unwrap();
+    let on = config.replace(
+        "[ops]\nenabled = false",
+        &format!("[ops]\nlisten = \"{addr}\""),
+    );
+    assert_ne!(
+        on, config,
+        "the harness configuration has an [ops] table to turn on"
+    );
+    std::fs::write(&site.config, on).unwrap();
+    addr
+}
+
+/// `GET path` on an operations listener, as JSON.
+async fn get_json(addr: SocketAddr, path: &str) -> Value {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header("host", addr.to_string())
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// A worker of [`ACTIVITY`] on `site` advertising the node label `label`; stops with the token.
+async fn labelled_worker(site: &Site, label: &str) -> CancellationToken {
+    let worker = GrpcWorker::builder(format!("https://localhost:{}", site.port))
+        .namespaces([NAMESPACE])
+        .node(label)
+        .max_concurrency(2)
+        .tls(site.client_tls())
+        .activity(ACTIVITY, |_: ActivityContext, input: Bytes| async move {
+            Ok(input)
+        })
+        .connect()
+        .await
+        .expect("the worker registers");
+    let stop = worker.shutdown_token();
+    tokio::spawn(async move {
+        let _ = worker.run().await;
+    });
+    stop
+}
+
+async fn list(site: &Site) -> pb::ListWorkersReply {
+    site.producer()
+        .await
+        .expect("the node listens")
+        .0
+        .list_workers(pb::ListWorkersRequest::default())
+        .await
+        .expect("ListWorkers answers")
+        .into_inner()
+}
+
+/// Waits until `site` lists `count` workers across the cluster.
+async fn until_listed(site: &Site, count: usize) -> pb::ListWorkersReply {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let reply = list(site).await;
+            if reply.workers.len() == count && reply.silent_nodes.is_empty() {
+                return reply;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("every node's workers are listed")
+}
+
+/// `switchyard workers` against `site`: its standard output and error.
+fn cli_workers(site: &Site) -> (String, String) {
+    let mut command = Command::new(switchyard());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SWITCHYARD_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command
+        .arg("workers")
+        .args(["--endpoint", &format!("https://127.0.0.1:{}", site.port)])
+        .arg("--data-dir")
+        .arg(&site.data_dir)
+        .output()
+        .expect("the client runs");
+    assert!(output.status.success(), "{output:?}");
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Rows of a `switchyard workers` table (without its header) naming `gateway` first.
+fn rows_on(table: &str, gateway: &str) -> usize {
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| line.split_whitespace().next() == Some(gateway))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_and_a_drain_asked_on_a_cover_the_workers_on_b_and_c() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b, c) = (
+        node_site(&nats, "views", "a"),
+        node_site(&nats, "views", "b"),
+        node_site(&nats, "views", "c"),
+    );
+    let ops_a = enable_ops(&a);
+    let mut nodes: Vec<Process> = vec![a.serve().await, b.serve().await, c.serve().await];
+    let on_b = labelled_worker(&b, "rack-b").await;
+    let on_c = [
+        labelled_worker(&c, "rack-c").await,
+        labelled_worker(&c, "rack-c").await,
+    ];
+
+    // ListWorkers on A lists every node's workers, each with its gateway node.
+    let listed = until_listed(&a, 3).await;
+    let gateways: Vec<&str> = listed
+        .workers
+        .iter()
+        .map(|w| w.gateway_node.as_str())
+        .collect();
+    assert_eq!(gateways, ["b", "c", "c"], "{listed:?}");
+
+    // `/v1/workers` on A's operations listener too, paged after the merge.
+    let all = get_json(ops_a, "/v1/workers").await;
+    let gateways: Vec<&str> = all["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["gateway_node"].as_str().unwrap())
+        .collect();
+    assert_eq!(gateways, ["b", "c", "c"], "{all}");
+    assert_eq!(all["silent_nodes"], Value::Array(vec![]), "{all}");
+    let page = get_json(ops_a, "/v1/workers?offset=1&limit=1").await;
+    assert_eq!(page["total"], 3, "{page}");
+    assert_eq!(page["workers"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page["workers"][0]["gateway_node"], "c", "{page}");
+    let pools = get_json(ops_a, "/v1/pools").await;
+    let workers_by_node: Vec<(&str, u64)> = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["gateway_node"].as_str().unwrap(),
+                p["workers"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(workers_by_node, [("b", 1), ("c", 2)], "{pools}");
+
+    // ExplainPool from A explains every node's workers.
+    let explained = a
+        .producer()
+        .await
+        .unwrap()
+        .0
+        .explain_pool(pb::ExplainPoolRequest {
+            namespace: NAMESPACE.into(),
+            activity_type: ACTIVITY.into(),
+            ..pb::ExplainPoolRequest::default()
+        })
+        .await
+        .expect("ExplainPool answers")
+        .into_inner();
+    let explained_on: Vec<&str> = explained
+        .workers
+        .iter()
+        .map(|w| w.worker.as_ref().unwrap().gateway_node.as_str())
+        .collect();
+    assert_eq!(explained_on, ["b", "c", "c"], "{explained:?}");
+
+    // `switchyard workers` on each node lists all three, with a GATEWAY column.
+    for site in [&a, &b, &c] {
+        until_listed(site, 3).await;
+        let (table, warnings) = cli_workers(site);
+        assert!(table.starts_with("GATEWAY"), "{table}");
+        assert_eq!(
+            (rows_on(&table, "b"), rows_on(&table, "c")),
+            (1, 2),
+            "{table}"
+        );
+        assert!(!warnings.contains("did not answer"), "{warnings}");
+    }
+
+    // A pool described from A counts the workers on B and C, one part per node.
+    let described = a
+        .producer()
+        .await
+        .unwrap()
+        .0
+        .describe_pool(pb::DescribePoolRequest {
+            namespace: NAMESPACE.into(),
+            activity_type: ACTIVITY.into(),
+            ..pb::DescribePoolRequest::default()
+        })
+        .await
+        .expect("DescribePool answers")
+        .into_inner();
+    let census = described.census.unwrap();
+    assert_eq!(
+        (census.pool_workers, census.compatible),
+        (3, 3),
+        "{described:?}"
+    );
+    assert!(described.served, "{described:?}");
+    let parts: Vec<(&str, u32, u64)> = described
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.gateway_node.as_str(),
+                n.census.as_ref().map_or(0, |c| c.pool_workers),
+                n.capacity,
+            )
+        })
+        .collect();
+    assert_eq!(parts, [("a", 0, 0), ("b", 1, 2), ("c", 2, 4)]);
+    assert!(described.silent_nodes.is_empty());
+
+    // Drain by node label issued on A drains the workers on C, and only those.
+    let mut progress = a
+        .producer()
+        .await
+        .unwrap()
+        .0
+        .drain(pb::DrainWorkersRequest {
+            target: Some(pb::drain_workers_request::Target::Node("rack-c".into())),
+            deadline_ms: 0,
+        })
+        .await
+        .expect("Drain answers")
+        .into_inner();
+    let first = progress.message().await.unwrap().expect("a first progress");
+    let drained: Vec<&str> = first
+        .workers
+        .iter()
+        .map(|w| w.gateway_node.as_str())
+        .collect();
+    assert_eq!(drained, ["c", "c"], "{first:?}");
+    let last = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let step = progress
+                .message()
+                .await
+                .unwrap()
+                .expect("progress until done");
+            if step.done {
+                return step;
+            }
+        }
+    })
+    .await
+    .expect("the drain finishes");
+    assert_eq!(last.workers_left, 2, "both of C's workers left: {last:?}");
+    // Control: B's worker (another label) is still there and not draining.
+    let after = list(&a).await;
+    let remaining: Vec<(&str, i32)> = after
+        .workers
+        .iter()
+        .filter(|w| w.gateway_node != "c")
+        .map(|w| (w.gateway_node.as_str(), w.eligibility))
+        .collect();
+    assert_eq!(remaining.len(), 1, "{after:?}");
+    assert_eq!(remaining[0].0, "b");
+    assert_ne!(
+        remaining[0].1,
+        pb::Eligibility::Draining as i32,
+        "{after:?}"
+    );
+
+    // Drain by worker id issued on C drains exactly the worker holding that id: ids are
+    // unique across the cluster, so only B's (A's worker is the control).
+    let on_a = labelled_worker(&a, "rack-a").await;
+    let on_c_again = labelled_worker(&c, "rack-c").await;
+    let before = until_listed(&c, 3).await;
+    let id = before
+        .workers
+        .iter()
+        .find(|w| w.gateway_node == "b")
+        .expect("B's worker")
+        .worker_id;
+    let mut holding: Vec<(String, u64)> = before
+        .workers
+        .iter()
+        .filter(|w| w.worker_id == id)
+        .map(|w| (w.gateway_node.clone(), w.worker_id))
+        .collect();
+    assert_eq!(holding.len(), 1, "one node holds the id: {holding:?}");
+    let mut progress = c
+        .producer()
+        .await
+        .unwrap()
+        .0
+        .drain(pb::DrainWorkersRequest {
+            target: Some(pb::drain_workers_request::Target::WorkerId(id)),
+            deadline_ms: 0,
+        })
+        .await
+        .expect("Drain answers")
+        .into_inner();
+    let first = progress.message().await.unwrap().expect("a first progress");
+    let mut drained: Vec<(String, u64)> = first
+        .workers
+        .iter()
+        .map(|w| (w.gateway_node.clone(), w.worker_id))
+        .collect();
+    drained.sort();
+    holding.sort();
+    assert_eq!(drained, holding, "{first:?} against {before:?}");
+    let last = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let step = progress
+                .message()
+                .await
+                .unwrap()
+                .expect("progress until done");
+            if step.done {
+                return step;
+            }
+        }
+    })
+    .await
+    .expect("the drain finishes");
+    assert_eq!(last.workers_left as usize, holding.len(), "{last:?}");
+    // Control: C's new worker, with another id, is untouched.
+    let after = until_listed(&c, 3 - holding.len()).await;
+    assert!(
+        after
+            .workers
+            .iter()
+            .any(|w| w.gateway_node == "c" && w.eligibility != pb::Eligibility::Draining as i32),
+        "{after:?}"
+    );
+
+    // A node killed outright is still a member for a while: it is named as silent, and the
+    // others' workers are still listed.
+    nodes[2].kill_9();
+    let reply = list(&a).await;
+    let silent: Vec<&str> = reply.silent_nodes.iter().map(|s| s.node.as_str()).collect();
+    assert_eq!(silent, ["c"], "{reply:?}");
+    assert!(
+        reply.workers.iter().all(|w| w.gateway_node != "c"),
+        "{reply:?}"
+    );
+    let (_, warnings) = cli_workers(&a);
+    assert!(
+        warnings.contains("cluster node c did not answer"),
+        "{warnings}"
+    );
+
+    // NATS gone: A still lists its own worker and names the others silent, at once (B for
+    // sure; C too while its entry has not aged out of A's view).
+    let on_a_again = labelled_worker(&a, "rack-a").await;
+    nats.kill();
+    let degraded = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let reply = list(&a).await;
+            if reply
+                .silent_nodes
+                .iter()
+                .any(|s| s.reason.contains("degraded"))
+            {
+                return reply;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("A notices NATS is gone");
+    let listed: Vec<&str> = degraded
+        .workers
+        .iter()
+        .map(|w| w.gateway_node.as_str())
+        .collect();
+    assert_eq!(listed, ["a"], "{degraded:?}");
+    assert!(
+        degraded.silent_nodes.iter().any(|s| s.node == "b")
+            && degraded
+                .silent_nodes
+                .iter()
+                .all(|s| s.reason.contains("degraded")),
+        "{degraded:?}"
+    );
+    for stop in [on_a, on_a_again, on_b, on_c_again].into_iter().chain(on_c) {
+        stop.cancel();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cluster_each_node_lists_only_its_own_workers() {
+    let (one, two) = (Site::new(), Site::new());
+    let _nodes: Vec<Process> = vec![one.serve().await, two.serve().await];
+    let stops = [
+        labelled_worker(&one, "rack-1").await,
+        labelled_worker(&two, "rack-2").await,
+    ];
+    for (site, label) in [(&one, "rack-1"), (&two, "rack-2")] {
+        let reply = until_listed(site, 1).await;
+        assert_eq!(reply.workers[0].node, label);
+        assert_eq!(
+            reply.workers[0].gateway_node, "",
+            "no gateway node outside a cluster"
+        );
+        let (table, _) = cli_workers(site);
+        assert!(table.starts_with("ID"), "no GATEWAY column: {table}");
+        assert_eq!(table.lines().count(), 2, "its own worker only: {table}");
+    }
+    for stop in stops {
+        stop.cancel();
+    }
+}
