@@ -201,6 +201,20 @@ async fn views_and_a_drain_asked_on_a_cover_the_workers_on_b_and_c() {
         })
         .collect();
     assert_eq!(workers_by_node, [("b", 1), ("c", 2)], "{pools}");
+    // `/v1/explain` on A explains the pool's workers on B and C (A has none of its own).
+    let explained = get_json(
+        ops_a,
+        &format!("/v1/explain?namespace={NAMESPACE}&activity_type={ACTIVITY}"),
+    )
+    .await;
+    let explained_on: Vec<&str> = explained["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["gateway_node"].as_str().unwrap())
+        .collect();
+    assert_eq!(explained_on, ["b", "c", "c"], "{explained}");
+    assert_eq!(explained["activity_type"], ACTIVITY, "{explained}");
 
     // ExplainPool from A explains every node's workers.
     let explained = a

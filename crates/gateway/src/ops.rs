@@ -201,7 +201,18 @@ async fn history_json() -> axum::Json<Value> {
 }
 
 async fn explain(State(state): State<OpsState>, uri: Uri) -> Response {
-    console::explain(state.core.registry(), &query::Query::of(&uri))
+    let query = query::Query::of(&uri);
+    let Some(views) = state.cluster.as_deref() else {
+        return console::explain(state.core.registry(), &query);
+    };
+    match console::explain_json(state.core.registry(), &query) {
+        Ok(local) => {
+            let asked = uri.query().unwrap_or("");
+            let body = cluster_views::merged(Some(views), "explain", "workers", asked, local).await;
+            axum::Json(body).into_response()
+        }
+        Err(refusal) => refusal.into_response(),
+    }
 }
 
 async fn about(State(state): State<OpsState>) -> axum::Json<Value> {
@@ -238,6 +249,7 @@ fn remote_view(core: &Core, view: &str, query: &str) -> Option<Value> {
         )),
         "pools" => Some(json!({ "pools": pools::pool_stats(core) })),
         "unserved" => Some(unserved_json(core)),
+        "explain" => console::explain_json(core.registry(), &query::Query::parse(query)).ok(),
         _ => None,
     }
 }

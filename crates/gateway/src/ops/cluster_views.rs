@@ -1,6 +1,7 @@
 //! The operations views across a cluster: `/v1/workers` lists every node's workers (each
 //! with `gateway_node`, paged after the merge), `/v1/pools` and `/v1/unserved` list each
-//! node's rows with the node they come from. Nodes that did not answer are listed in
+//! node's rows with the node they come from, and `/v1/explain` lists every node's workers of
+//! the pool. Nodes that did not answer are listed in
 //! `silent_nodes` (`{node, reason}`); outside a cluster the views are unchanged.
 
 use serde_json::{Value, json};
@@ -86,21 +87,38 @@ pub(crate) fn merge_workers(
 
 /// `local` (a body holding one list under `view`) with every other node's rows appended,
 /// each row carrying `gateway_node`; unchanged outside a cluster.
-pub(crate) async fn listed(views: Option<&ClusterViews>, view: &str, mut local: Value) -> Value {
+pub(crate) async fn listed(views: Option<&ClusterViews>, view: &str, local: Value) -> Value {
+    merged(views, view, view, "", local).await
+}
+
+/// `local`, whose rows are the list under `rows`, with the rows every other node answers to
+/// `view` (asked with `query`) appended, each row carrying `gateway_node`, and the nodes that
+/// did not answer under `silent_nodes`; unchanged outside a cluster.
+pub(crate) async fn merged(
+    views: Option<&ClusterViews>,
+    view: &str,
+    rows: &str,
+    query: &str,
+    mut local: Value,
+) -> Value {
     let Some(views) = views else {
         return local;
     };
-    let (answers, silent) = views.ops(view, "").await;
-    let mut rows = Vec::new();
-    let mut parts = vec![(views.node().to_owned(), local.take())];
+    let (answers, silent) = views.ops(view, query).await;
+    let mut all = Vec::new();
+    let mut parts = vec![(views.node().to_owned(), local.clone())];
     parts.extend(answers);
     for (node, mut part) in parts {
-        if let Some(Value::Array(list)) = part.get_mut(view) {
+        if let Some(Value::Array(list)) = part.get_mut(rows) {
             tag(&node, list);
-            rows.append(list);
+            all.append(list);
         }
     }
-    json!({ view: rows, "silent_nodes": silent_json(&silent) })
+    if let Some(object) = local.as_object_mut() {
+        object.insert(rows.to_owned(), Value::Array(all));
+        object.insert("silent_nodes".to_owned(), silent_json(&silent));
+    }
+    local
 }
 
 #[cfg(test)]

@@ -109,6 +109,17 @@ fn host_name() -> String {
 /// `/v1/explain?namespace=&task_queue=&activity_type=&node=`: every worker of the pool and
 /// its standing for that activity; 400 naming the missing parameter.
 pub(crate) fn explain(registry: &Registry, query: &Query) -> Response {
+    match explain_json(registry, query) {
+        Ok(body) => axum::Json(body).into_response(),
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+/// The body of [`explain`], or the 400 naming the missing parameter.
+pub(crate) fn explain_json(
+    registry: &Registry,
+    query: &Query,
+) -> Result<Value, (StatusCode, String)> {
     let (Some(namespace), Some(activity_type)) =
         (query.get("namespace"), query.get("activity_type"))
     else {
@@ -117,11 +128,12 @@ pub(crate) fn explain(registry: &Registry, query: &Query) -> Response {
         } else {
             "activity_type"
         };
-        return (
+        return Err((
             StatusCode::BAD_REQUEST,
-            format!("{missing} is required (namespace, activity_type; task_queue and node are optional)\n"),
-        )
-            .into_response();
+            format!(
+                "{missing} is required (namespace, activity_type; task_queue and node are optional)\n"
+            ),
+        ));
     };
     let task_queue = query.get("task_queue").unwrap_or("");
     let node = query.get("node");
@@ -144,14 +156,13 @@ pub(crate) fn explain(registry: &Registry, query: &Query) -> Response {
             })
         })
         .collect();
-    axum::Json(json!({
+    Ok(json!({
         "namespace": namespace,
         "task_queue": switchyard_core::normalise_task_queue(task_queue),
         "activity_type": activity_type,
         "node": node,
         "workers": workers,
     }))
-    .into_response()
 }
 
 #[cfg(test)]
