@@ -137,7 +137,7 @@ impl GatewayBuilder {
             .max_concurrency_limit(config.registry.max_concurrency_limit)
             .max_namespaces(config.registry.max_namespaces)
             .namespace_idle_expiry(config.registry.namespace_idle_expiry.get());
-        let dispatch_store = crate::store::open(&config.store, &data_dir).await?;
+        let dispatch_store = crate::store::open(&config, &data_dir).await?;
         let store_path = (config.store.backend == StoreBackendName::Sqlite)
             .then(|| config.store.resolved_path(&data_dir));
         let core = Core::start(registry, core_config(&config));

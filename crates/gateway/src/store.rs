@@ -6,11 +6,32 @@ use std::sync::Arc;
 use switchyard_core::{DispatchStore, DurableConfig, MemoryDispatchStore, MemoryStoreLimits};
 use switchyard_store_sqlite::{OpenError, SqliteOptions, SqliteStore};
 
-use crate::config::{StoreBackendName, StoreSection};
+use crate::config::{GatewayConfig, StoreBackendName, StoreSection};
 
-/// Opens the store `section` names; the SQLite file defaults to `dispatches.sqlite3` in
-/// `data_dir` (the store creates its directory when missing).
+mod refusal;
+
+use refusal::RefusingNewDispatches;
+
+/// Opens the store `config.store` names; the SQLite file defaults to `dispatches.sqlite3` in
+/// `data_dir` (the store creates its directory when missing). In cluster mode without a
+/// shared store the node's own store takes no new durable dispatch
+/// ([`durable_refusal`](crate::config::cluster::durable_refusal)): what it holds still runs.
 pub(crate) async fn open(
+    config: &GatewayConfig,
+    data_dir: &Path,
+) -> Result<Arc<dyn DispatchStore>, OpenError> {
+    let store = open_backend(&config.store, data_dir).await?;
+    Ok(match crate::config::cluster::durable_refusal(config) {
+        Some(refusal) => {
+            tracing::warn!(setting = refusal.setting, reason = %refusal.reason,
+                "durable dispatches are refused on this node");
+            Arc::new(RefusingNewDispatches::new(store, refusal.store_error()))
+        }
+        None => store,
+    })
+}
+
+async fn open_backend(
     section: &StoreSection,
     data_dir: &Path,
 ) -> Result<Arc<dyn DispatchStore>, OpenError> {
@@ -19,6 +40,10 @@ pub(crate) async fn open(
             max_queued_per_namespace: section.max_queued_per_namespace,
             max_bytes: section.max_bytes,
         }))),
+        StoreBackendName::Jetstream => Err(OpenError::Failed {
+            path: "store.backend".to_owned(),
+            detail: "the jetstream store is not built yet".to_owned(),
+        }),
         StoreBackendName::Sqlite => {
             let path = section.resolved_path(data_dir);
             let options = sqlite_options(section);
