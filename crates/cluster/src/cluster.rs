@@ -174,7 +174,7 @@ impl Cluster {
 
 /// The NATS connection options: retry the first connect in the background (a node starts
 /// without NATS), and report connection changes on `status`.
-async fn options(
+pub(crate) async fn options(
     config: &ClusterConfig,
     status: ClusterStatus,
 ) -> Result<ConnectOptions, JoinError> {

@@ -19,6 +19,7 @@ mod membership;
 mod names;
 mod slots;
 mod status;
+mod store;
 mod taker;
 mod wire;
 
@@ -28,3 +29,4 @@ pub use error::JoinError;
 pub use members::NodeInfo;
 pub use names::{check_name, pool_hash};
 pub use status::{ClusterStatus, Standing};
+pub use store::{JetStreamLimits, JetStreamStore, StoreOpenError};
