@@ -64,7 +64,9 @@ fn quick(_: u64) -> Duration {
 fn assert_refused_naming_the_setting(status: &tonic::Status) {
     assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
     assert!(
-        status.message().contains("set store.backend = \"jetstream\""),
+        status
+            .message()
+            .contains("set store.backend = \"jetstream\""),
         "names the setting: {status:?}"
     );
     assert!(
@@ -124,4 +126,95 @@ async fn durable_by_default_in_cluster_mode_without_jetstream_refuses_to_start()
     // Control: the same node with ephemeral defaults starts.
     let ephemeral = node_site(&nats, "", "start", "a");
     let _node = ephemeral.serve().await;
+}
+
+const JETSTREAM: &str = "backend = \"jetstream\"\n";
+
+fn a_third(_: u64) -> Duration {
+    Duration::from_millis(300)
+}
+
+/// Polls `AwaitOutcome` for `id` on `site` until it has an outcome (bounded by [`PATIENCE`]).
+async fn outcome_from(site: &Site, id: &str) -> pb::DispatchOutcome {
+    let mut producer = site.producer().await.expect("the node listens");
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let heard = producer
+                .await_outcome(id, Duration::from_secs(1))
+                .await
+                .expect("AwaitOutcome answers");
+            match heard {
+                Some(outcome) => return outcome,
+                // Not driven on this node: answered at once from the store.
+                None => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{id} has an outcome within {PATIENCE:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_dispatches_accepted_on_a_node_killed_with_sigkill_each_end_with_one_outcome() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b, c) = (
+        node_site(&nats, JETSTREAM, "durable", "a"),
+        node_site(&nats, JETSTREAM, "durable", "b"),
+        node_site(&nats, JETSTREAM, "durable", "c"),
+    );
+    let mut node_a = a.serve().await;
+    let _others: Vec<Process> = vec![b.serve().await, c.serve().await];
+    let ledger = Arc::new(Ledger::default());
+    let worker = TestWorker::connect(&c, ACTIVITY, 2, Arc::clone(&ledger), a_third).await;
+    let mut producer = a.producer().await.expect("a listens");
+    let count = 24u64;
+    let mut ids = Vec::new();
+    for tag in 0..count {
+        let submitted = producer
+            .submit(ACTIVITY, tag, None, PATIENCE)
+            .await
+            .expect("a takes durable dispatches");
+        ids.push((tag, submitted.id));
+    }
+    // A durable dispatch accepted on a runs on c's worker (offered like an ephemeral one).
+    tokio::time::timeout(PATIENCE, ledger.wait_total(3))
+        .await
+        .expect("c's worker runs a's durable dispatches");
+    node_a.kill_9();
+    // The test means something only if work was left unfinished at the kill.
+    let mut on_b = b.producer().await.expect("b listens");
+    let mut unfinished_at_kill = 0;
+    for (_, id) in &ids {
+        if on_b
+            .await_outcome(id, Duration::ZERO)
+            .await
+            .expect("b reads a's ids")
+            .is_none()
+        {
+            unfinished_at_kill += 1;
+        }
+    }
+    assert!(
+        unfinished_at_kill > 0,
+        "every dispatch ended before the kill"
+    );
+    for (tag, id) in &ids {
+        let outcome = outcome_from(&b, id).await;
+        assert_eq!(
+            completed(&outcome),
+            Some(&tagged(*tag)[..]),
+            "{id}: {outcome:?}"
+        );
+        // The one outcome: c, asked separately, reads the same.
+        assert_eq!(outcome_from(&c, id).await, outcome, "{id}");
+        let runs = ledger.executions(*tag);
+        assert!((1..=2).contains(&runs), "tag {tag} ran {runs} times");
+    }
+    println!(
+        "{count} durable dispatches, {unfinished_at_kill} unfinished at the kill, {} runs",
+        ledger.total()
+    );
+    worker.stop().await;
 }

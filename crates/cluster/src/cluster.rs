@@ -147,7 +147,10 @@ impl Cluster {
         ));
         tasks.spawn(taker::follow_slots(Arc::clone(&taker), stop.clone()));
         tasks.spawn(taker::follow_cancels(taker, stop.clone()));
-        if !dispatcher.set_overflow(Arc::new(ClusterOverflow(forwarder))) {
+        if !dispatcher.set_overflow(Arc::new(ClusterOverflow(
+            forwarder,
+            config.forwards_durable,
+        ))) {
             tracing::warn!("cluster: the dispatcher already has an overflow; not forwarding");
         }
         Ok(Self {

@@ -117,7 +117,12 @@ impl JetStreamStore {
             Ok::<_, String>((js, dispatches, outcomes, keys))
         })
         .await
-        .map_err(|_| failed(format!("NATS did not answer within {}s", OPEN_WAIT.as_secs())))?
+        .map_err(|_| {
+            failed(format!(
+                "NATS did not answer within {}s",
+                OPEN_WAIT.as_secs()
+            ))
+        })?
         .map_err(failed)?;
         let (js, dispatches, outcomes, keys) = opened;
         Ok(Self {
@@ -172,7 +177,11 @@ impl JetStreamStore {
             .orphans
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .scan(&self.node, &live, rows.iter().map(|(_, _, row)| row.owner.as_str()));
+            .scan(
+                &self.node,
+                &live,
+                rows.iter().map(|(_, _, row)| row.owner.as_str()),
+            );
         let mut taken = Vec::new();
         for (key, revision, mut row) in rows {
             if !lost.contains(&row.owner) || self.drop_if_finished(&key).await? {
@@ -195,9 +204,7 @@ impl JetStreamStore {
         };
         let keys = members.keys().await.map_err(unavailable("members"))?;
         Ok(Some(
-            keys.try_collect()
-                .await
-                .map_err(unavailable("members"))?,
+            keys.try_collect().await.map_err(unavailable("members"))?,
         ))
     }
 
@@ -223,7 +230,9 @@ impl JetStreamStore {
             .get(id.as_str())
             .await
             .map_err(unavailable("outcomes"))?;
-        value.map(|v| decode(&v).map_err(unreadable(id))).transpose()
+        value
+            .map(|v| decode(&v).map_err(unreadable(id)))
+            .transpose()
     }
 
     /// The unfinished row of `id`, if recorded.
@@ -233,7 +242,9 @@ impl JetStreamStore {
             .get(id.as_str())
             .await
             .map_err(unavailable("dispatches"))?;
-        value.map(|v| decode(&v).map_err(unreadable(id))).transpose()
+        value
+            .map(|v| decode(&v).map_err(unreadable(id)))
+            .transpose()
     }
 
     /// Changes the state of an unfinished dispatch this node owns; a dispatch it does not own
@@ -252,7 +263,11 @@ impl JetStreamStore {
                 stored: stored.clone(),
                 owner: self.node.clone(),
             };
-            match self.dispatches.update(id.as_str(), encode(&row), revision).await {
+            match self
+                .dispatches
+                .update(id.as_str(), encode(&row), revision)
+                .await
+            {
                 Ok(next) => {
                     let mut owned = self.owned();
                     if let Some(entry) = owned.get_mut(id)
@@ -302,7 +317,8 @@ impl JetStreamStore {
             .map(|(_, _, row)| row.stored)
             .collect();
         rows.sort_by(|a, b| {
-            (a.dispatch.submitted_at, &a.dispatch.id).cmp(&(b.dispatch.submitted_at, &b.dispatch.id))
+            (a.dispatch.submitted_at, &a.dispatch.id)
+                .cmp(&(b.dispatch.submitted_at, &b.dispatch.id))
         });
         Ok(rows)
     }
@@ -365,11 +381,7 @@ async fn scan(kv: &kv::Store) -> Result<Vec<(String, u64, Row)>, DispatchStoreEr
 /// The idempotency bucket's key for `key` in `namespace`: both in hex (a bucket key allows
 /// only letters, digits and a few marks).
 fn idempotency_key(namespace: &str, key: &str) -> String {
-    let hex = |text: &str| {
-        text.bytes()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    };
+    let hex = |text: &str| text.bytes().map(|b| format!("{b:02x}")).collect::<String>();
     format!("{}.{}", hex(namespace), hex(key))
 }
 
@@ -497,7 +509,9 @@ impl DispatchStore for JetStreamStore {
         };
         let Some(mut stored) = stored else {
             return Ok(match self.outcome_row(id).await? {
-                Some(row) => finished_outcome(&row).map_or(Completion::Unknown, Completion::AlreadyFinished),
+                Some(row) => {
+                    finished_outcome(&row).map_or(Completion::Unknown, Completion::AlreadyFinished)
+                }
                 None => Completion::Unknown,
             });
         };
@@ -512,7 +526,12 @@ impl DispatchStore for JetStreamStore {
         let completion = match self.outcomes.create(id.as_str(), encode(&row)).await {
             Ok(_) => Completion::Recorded,
             Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
-                match self.outcome_row(id).await?.as_ref().and_then(finished_outcome) {
+                match self
+                    .outcome_row(id)
+                    .await?
+                    .as_ref()
+                    .and_then(finished_outcome)
+                {
                     Some(first) => Completion::AlreadyFinished(first),
                     None => {
                         return Err(DispatchStoreError::Unavailable {
@@ -552,7 +571,8 @@ impl DispatchStore for JetStreamStore {
             }
         }
         mine.sort_by(|a, b| {
-            (a.dispatch.submitted_at, &a.dispatch.id).cmp(&(b.dispatch.submitted_at, &b.dispatch.id))
+            (a.dispatch.submitted_at, &a.dispatch.id)
+                .cmp(&(b.dispatch.submitted_at, &b.dispatch.id))
         });
         Ok(mine)
     }
@@ -626,7 +646,11 @@ impl DispatchStore for JetStreamStore {
             }
             let d = &row.stored.dispatch;
             if let Some(idempotency) = &d.idempotency_key {
-                let subject = format!("{}{}", self.keys.prefix, idempotency_key(&d.namespace, idempotency));
+                let subject = format!(
+                    "{}{}",
+                    self.keys.prefix,
+                    idempotency_key(&d.namespace, idempotency)
+                );
                 self.keys
                     .stream
                     .purge()

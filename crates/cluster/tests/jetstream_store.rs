@@ -60,11 +60,17 @@ async fn the_first_outcome_wins_whichever_node_records_it() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
-    let (a, b) = (store(&nats, "first", "a").await, store(&nats, "first", "b").await);
+    let (a, b) = (
+        store(&nats, "first", "a").await,
+        store(&nats, "first", "b").await,
+    );
     let d = dispatch("payments", "order 7", None);
     let id = a.record(d.clone()).await.unwrap().id().clone();
     let at = SystemTime::now();
-    assert_eq!(b.complete(&id, &outcome("b's"), at).await, Ok(Completion::Recorded));
+    assert_eq!(
+        b.complete(&id, &outcome("b's"), at).await,
+        Ok(Completion::Recorded)
+    );
     assert_eq!(
         a.complete(&id, &outcome("a's"), at).await,
         Ok(Completion::AlreadyFinished(outcome("b's")))
@@ -74,9 +80,17 @@ async fn the_first_outcome_wins_whichever_node_records_it() {
         assert_eq!(finished_with(&row), Some(&outcome("b's")));
         assert_eq!(row.dispatch.input, d.input);
     }
-    assert!(a.unfinished().await.unwrap().is_empty(), "finished is not unfinished");
+    assert!(
+        a.unfinished().await.unwrap().is_empty(),
+        "finished is not unfinished"
+    );
     // Both at once: exactly one is recorded.
-    let raced = a.record(dispatch("payments", "race", None)).await.unwrap().id().clone();
+    let raced = a
+        .record(dispatch("payments", "race", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
     let (ox, oy) = (outcome("x"), outcome("y"));
     let (x, y) = tokio::join!(a.complete(&raced, &ox, at), b.complete(&raced, &oy, at));
     let recorded = [&x, &y]
@@ -96,13 +110,25 @@ async fn idempotency_keys_hold_across_nodes_per_namespace_until_purged() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
-    let (a, b) = (store(&nats, "keys", "a").await, store(&nats, "keys", "b").await);
-    let first = a.record(dispatch("payments", "1", Some("order-7"))).await.unwrap();
+    let (a, b) = (
+        store(&nats, "keys", "a").await,
+        store(&nats, "keys", "b").await,
+    );
+    let first = a
+        .record(dispatch("payments", "1", Some("order-7")))
+        .await
+        .unwrap();
     assert!(matches!(first, Recorded::New(_)));
-    let again = b.record(dispatch("payments", "2", Some("order-7"))).await.unwrap();
+    let again = b
+        .record(dispatch("payments", "2", Some("order-7")))
+        .await
+        .unwrap();
     assert_eq!(again, Recorded::Existing(first.id().clone()));
     // Control: the same key in another namespace is a new dispatch.
-    let other = b.record(dispatch("billing", "3", Some("order-7"))).await.unwrap();
+    let other = b
+        .record(dispatch("billing", "3", Some("order-7")))
+        .await
+        .unwrap();
     assert!(matches!(other, Recorded::New(_)));
     // Purged with its outcome: the key is free again.
     a.complete(first.id(), &outcome("done"), SystemTime::now())
@@ -111,9 +137,15 @@ async fn idempotency_keys_hold_across_nodes_per_namespace_until_purged() {
     let cutoff = SystemTime::now() + Duration::from_secs(1);
     assert_eq!(b.purge(cutoff).await, Ok(1), "only the finished one");
     assert_eq!(a.get(first.id()).await, Ok(None));
-    let after = b.record(dispatch("payments", "4", Some("order-7"))).await.unwrap();
+    let after = b
+        .record(dispatch("payments", "4", Some("order-7")))
+        .await
+        .unwrap();
     assert!(matches!(after, Recorded::New(_)), "{after:?}");
-    assert!(b.get(other.id()).await.unwrap().is_some(), "unfinished rows stay");
+    assert!(
+        b.get(other.id()).await.unwrap().is_some(),
+        "unfinished rows stay"
+    );
 }
 
 #[tokio::test]
@@ -121,10 +153,28 @@ async fn each_node_resumes_only_the_dispatches_it_owns_and_notes_their_state() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
-    let (a, b) = (store(&nats, "own", "a").await, store(&nats, "own", "b").await);
-    let a1 = a.record(dispatch("ns", "a1", None)).await.unwrap().id().clone();
-    let a2 = a.record(dispatch("ns", "a2", None)).await.unwrap().id().clone();
-    let b1 = b.record(dispatch("ns", "b1", None)).await.unwrap().id().clone();
+    let (a, b) = (
+        store(&nats, "own", "a").await,
+        store(&nats, "own", "b").await,
+    );
+    let a1 = a
+        .record(dispatch("ns", "a1", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    let a2 = a
+        .record(dispatch("ns", "a2", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    let b1 = b
+        .record(dispatch("ns", "b1", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
     a.claim(&a1, WorkerId::from_raw(3), 1).await.unwrap();
     a.park(&a2, "no_workers").await.unwrap();
     // A restart of node a: a new store under the same name.
@@ -133,7 +183,10 @@ async fn each_node_resumes_only_the_dispatches_it_owns_and_notes_their_state() {
     let ids = |rows: Vec<StoredDispatch>| -> Vec<DispatchId> {
         rows.into_iter().map(|r| r.dispatch.id).collect()
     };
-    assert_eq!(ids(a.unfinished().await.unwrap()), vec![a1.clone(), a2.clone()]);
+    assert_eq!(
+        ids(a.unfinished().await.unwrap()),
+        vec![a1.clone(), a2.clone()]
+    );
     assert_eq!(ids(b.unfinished().await.unwrap()), vec![b1.clone()]);
     let row = b.get(&a1).await.unwrap().unwrap();
     assert_eq!(
@@ -145,7 +198,11 @@ async fn each_node_resumes_only_the_dispatches_it_owns_and_notes_their_state() {
     );
     assert_eq!(row.attempts, 1);
     let census = a.census(SystemTime::now()).await.unwrap();
-    assert_eq!((census[0].waiting, census[0].running), (1, 1), "a's own only");
+    assert_eq!(
+        (census[0].waiting, census[0].running),
+        (1, 1),
+        "a's own only"
+    );
     let listed = b
         .list(&DispatchFilter {
             state: Some("parked".to_owned()),
@@ -198,7 +255,10 @@ async fn a_lost_nodes_dispatches_are_taken_over_by_exactly_one_survivor() {
     let a = store(&nats, cluster, "a").await;
     let mut recorded = Vec::new();
     for n in 0..20 {
-        let id = a.record(dispatch("ns", &format!("{n}"), None)).await.unwrap();
+        let id = a
+            .record(dispatch("ns", &format!("{n}"), None))
+            .await
+            .unwrap();
         recorded.push(id.id().clone());
     }
     let (adopted_tx, mut adopted) = tokio::sync::mpsc::unbounded_channel();

@@ -68,7 +68,9 @@ enum State {
 
 fn millis(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
 }
 
 fn instant(ms: u64) -> SystemTime {
@@ -154,8 +156,8 @@ pub(crate) fn decode(value: &Bytes) -> Result<Row, String> {
         .checked_add(json_len)
         .filter(|end| *end <= value.len())
         .ok_or("header longer than the value")?;
-    let header: Header = serde_json::from_slice(&value[4..json_end])
-        .map_err(|error| format!("header: {error}"))?;
+    let header: Header =
+        serde_json::from_slice(&value[4..json_end]).map_err(|error| format!("header: {error}"))?;
     if header.version != VERSION {
         return Err(format!(
             "format version {} (this build reads {VERSION})",
@@ -294,11 +296,8 @@ mod tests {
             decode(&good.slice(..4 + json_len + 2)),
             Err("input longer than the value".to_owned())
         );
-        let newer = Bytes::from(
-            String::from_utf8_lossy(&good)
-                .replace("\"version\":1", "\"version\":9")
-                .into_owned(),
-        );
+        let newer =
+            Bytes::from(String::from_utf8_lossy(&good).replace("\"version\":1", "\"version\":9"));
         assert!(decode(&newer).unwrap_err().contains("format version 9"));
     }
 }

@@ -306,10 +306,11 @@ impl DurableDispatcher {
             if self.shared.stopping.is_cancelled() || self.shared.live.get(id).is_some() {
                 continue;
             }
-            let live = self
-                .shared
-                .live
-                .insert(id.clone(), &row.dispatch.principal, &row.dispatch.namespace);
+            let live = self.shared.live.insert(
+                id.clone(),
+                &row.dispatch.principal,
+                &row.dispatch.namespace,
+            );
             self.shared.spawn_driver(row, live, true);
         }
     }

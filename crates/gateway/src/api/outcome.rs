@@ -271,7 +271,11 @@ mod tests {
             reason: "in cluster mode".to_owned(),
         });
         assert_eq!(refused.code(), Code::FailedPrecondition);
-        assert!(refused.message().ends_with("set store.backend = \"jetstream\""));
+        assert!(
+            refused
+                .message()
+                .ends_with("set store.backend = \"jetstream\"")
+        );
         // Control: a store that fails is not a refusal of the request: UNAVAILABLE, retryable.
         let down = store_refusal(&DispatchStoreError::Unavailable {
             detail: "writer closed".to_owned(),

@@ -174,9 +174,11 @@ pub(super) fn validate_durability(config: &GatewayConfig) -> Result<(), ConfigEr
 }
 
 /// The cluster library's configuration for this section; `grpc_addr` and `ops_addr` are what
-/// other nodes are shown.
+/// other nodes are shown, and durable dispatches are forwarded with the `store` backend
+/// `jetstream`.
 pub(crate) fn cluster_config(
     section: &ClusterSection,
+    store: StoreBackendName,
     grpc_addr: Option<String>,
     ops_addr: Option<String>,
 ) -> switchyard_cluster::ClusterConfig {
@@ -193,5 +195,6 @@ pub(crate) fn cluster_config(
     config.refresh_every = section.refresh_every.get();
     config.grpc_addr = grpc_addr;
     config.ops_addr = ops_addr;
+    config.forwards_durable = store == StoreBackendName::Jetstream;
     config
 }

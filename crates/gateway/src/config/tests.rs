@@ -526,7 +526,10 @@ fn durable_by_default_in_cluster_mode_needs_the_jetstream_store_naming_it() {
     let error = GatewayConfig::load(None, env(&[cluster, durable]), &[]).unwrap_err();
     assert_eq!(invalid_key(&error).0, "store.backend");
     let text = error.to_string();
-    assert!(text.contains("dispatch.durability is \"durable\""), "{text}");
+    assert!(
+        text.contains("dispatch.durability is \"durable\""),
+        "{text}"
+    );
     assert!(text.contains("store.backend = \"jetstream\""), "{text}");
     let path = file(
         r#"
@@ -538,7 +541,10 @@ fn durable_by_default_in_cluster_mode_needs_the_jetstream_store_naming_it() {
         "#,
     );
     let error = GatewayConfig::load(Some(&path), env(&[]), &[]).unwrap_err();
-    assert!(error.to_string().contains("namespace \"billing\""), "{error}");
+    assert!(
+        error.to_string().contains("namespace \"billing\""),
+        "{error}"
+    );
     // The jetstream store needs cluster mode.
     let jetstream = ("SWITCHYARD_STORE_BACKEND", "jetstream");
     let error = GatewayConfig::load(None, env(&[jetstream]), &[]).unwrap_err();

@@ -20,7 +20,10 @@ pub(crate) struct RefusingNewDispatches {
 
 impl RefusingNewDispatches {
     /// `inner`, refusing every new record with `refusal`.
-    pub(crate) fn new(inner: std::sync::Arc<dyn DispatchStore>, refusal: DispatchStoreError) -> Self {
+    pub(crate) fn new(
+        inner: std::sync::Arc<dyn DispatchStore>,
+        refusal: DispatchStoreError,
+    ) -> Self {
         Self { inner, refusal }
     }
 }
@@ -134,6 +137,9 @@ mod tests {
         assert_eq!(unfinished[0].dispatch.id, held.id);
         // Control: the inner store alone records the same dispatch.
         assert!(inner.record(dispatch()).await.is_ok());
-        assert!(!store.orders_writes(), "nothing is delivered before a refused record");
+        assert!(
+            !store.orders_writes(),
+            "nothing is delivered before a refused record"
+        );
     }
 }
