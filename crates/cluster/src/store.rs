@@ -385,6 +385,19 @@ fn idempotency_key(namespace: &str, key: &str) -> String {
     format!("{}.{}", hex(namespace), hex(key))
 }
 
+/// `error` and every error under it, `: `-separated (async-nats keeps the server's words in
+/// the source).
+fn with_sources(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 fn unavailable<E: std::fmt::Display>(bucket: &'static str) -> impl Fn(E) -> DispatchStoreError {
     move |error| DispatchStoreError::Unavailable {
         detail: format!("jetstream {bucket}: {error}"),
@@ -445,7 +458,9 @@ impl DispatchStore for JetStreamStore {
             stored: stored.clone(),
             owner: self.node.clone(),
         };
-        match self.dispatches.create(id.as_str(), encode(&row)).await {
+        let value = encode(&row);
+        let size = u64::try_from(value.len()).unwrap_or(u64::MAX);
+        match self.dispatches.create(id.as_str(), value).await {
             Ok(revision) => {
                 self.owned().insert(id.clone(), (revision, stored));
                 Ok(Recorded::New(id))
@@ -454,16 +469,20 @@ impl DispatchStore for JetStreamStore {
                 if let Some(key) = key {
                     let _ = self.keys.purge(&key).await;
                 }
-                let text = error.to_string();
-                if text.contains("maximum bytes") || text.contains("resource limits") {
-                    Err(DispatchStoreError::StoreFull {
-                        size: self.limits.max_bytes,
-                        limit: self.limits.max_bytes,
-                    })
-                } else {
-                    Err(DispatchStoreError::Unavailable {
-                        detail: format!("jetstream dispatches: {text}"),
-                    })
+                // The client keeps no word of why the server refused: a bucket this write
+                // would take past its bound is full.
+                let held = match self.js.get_stream(&self.dispatches.stream_name).await {
+                    Ok(stream) => Some(stream.cached_info().state.bytes),
+                    Err(_) => None,
+                };
+                match held {
+                    Some(held) if held.saturating_add(size) > self.limits.max_bytes => {
+                        Err(DispatchStoreError::StoreFull {
+                            size: held,
+                            limit: self.limits.max_bytes,
+                        })
+                    }
+                    _ => Err(unavailable("dispatches")(with_sources(&error))),
                 }
             }
         }

@@ -314,3 +314,40 @@ async fn a_lost_nodes_dispatches_are_taken_over_by_exactly_one_survivor() {
         DispatchState::Queued { .. }
     ));
 }
+
+#[tokio::test]
+async fn a_full_dispatches_bucket_refuses_naming_store_max_bytes_and_nats_down_names_the_url() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let config = ClusterConfig::new(nats.url(), "full", "a");
+    let small = JetStreamStore::open(&config, JetStreamLimits { max_bytes: 4096 })
+        .await
+        .expect("the store opens");
+    let input = "x".repeat(1000);
+    let mut refused = None;
+    for _ in 0..10 {
+        if let Err(error) = small.record(dispatch("ns", &input, None)).await {
+            refused = Some(error);
+            break;
+        }
+    }
+    let refused = refused.expect("a 4 KiB bucket refuses ten 1 KB dispatches");
+    assert!(
+        matches!(
+            refused,
+            switchyard_core::DispatchStoreError::StoreFull { limit: 4096, .. }
+        ),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("store.max_bytes"), "{refused}");
+    // Control: a dispatch of the other bound's size is taken by a roomy store.
+    let roomy = store(&nats, "roomy", "a").await;
+    assert!(roomy.record(dispatch("ns", &input, None)).await.is_ok());
+    nats.kill();
+    let down = JetStreamStore::open(&config, LIMITS)
+        .await
+        .expect_err("no NATS, no store");
+    let text = down.to_string();
+    assert!(text.contains(&nats.url()), "names the URL: {text}");
+}

@@ -35,7 +35,8 @@ struct Header {
     node: Option<String>,
     principal: String,
     idempotency_key: Option<String>,
-    submitted_ms: u64,
+    /// Nanoseconds: dispatches recorded within one millisecond keep their order.
+    submitted_ns: u64,
     deadline_ms: u64,
     attempts: u32,
     owner: String,
@@ -70,6 +71,13 @@ fn millis(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |since| {
             u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+fn nanos(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
         })
 }
 
@@ -128,7 +136,7 @@ pub(crate) fn encode(row: &Row) -> Bytes {
         node: d.node.clone(),
         principal: d.principal.clone(),
         idempotency_key: d.idempotency_key.clone(),
-        submitted_ms: millis(d.submitted_at),
+        submitted_ns: nanos(d.submitted_at),
         deadline_ms: millis(d.deadline),
         attempts: row.stored.attempts,
         owner: row.owner.clone(),
@@ -210,7 +218,7 @@ pub(crate) fn decode(value: &Bytes) -> Result<Row, String> {
                 input,
                 principal: header.principal,
                 idempotency_key: header.idempotency_key,
-                submitted_at: instant(header.submitted_ms),
+                submitted_at: SystemTime::UNIX_EPOCH + Duration::from_nanos(header.submitted_ns),
                 deadline: instant(header.deadline_ms),
             },
             state,
