@@ -185,7 +185,10 @@ impl Cluster {
         tasks.spawn(taker::follow_slots(Arc::clone(&taker), stop.clone()));
         tasks.spawn(taker::follow_cancels(taker, stop.clone()));
         tasks.spawn(admin.clone().follow(stop.clone()));
-        if !dispatcher.set_overflow(Arc::new(ClusterOverflow(forwarder))) {
+        if !dispatcher.set_overflow(Arc::new(ClusterOverflow(
+            forwarder,
+            config.forwards_durable,
+        ))) {
             tracing::warn!("cluster: the dispatcher already has an overflow; not forwarding");
         }
         Ok(Self {
@@ -218,7 +221,7 @@ impl Cluster {
 
 /// The NATS connection options: retry the first connect in the background (a node starts
 /// without NATS), and report connection changes on `status`.
-async fn options(
+pub(crate) async fn options(
     config: &ClusterConfig,
     status: ClusterStatus,
 ) -> Result<ConnectOptions, JoinError> {

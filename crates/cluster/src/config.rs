@@ -27,6 +27,9 @@ pub struct ClusterConfig {
     pub grpc_addr: Option<String>,
     /// The operations address of this node (shown to other nodes).
     pub ops_addr: Option<String>,
+    /// Offer durable dispatches to other nodes too: true only when every node reads the same
+    /// dispatch store ([`JetStreamStore`](crate::JetStreamStore)).
+    pub forwards_durable: bool,
 }
 
 impl ClusterConfig {
@@ -47,6 +50,7 @@ impl ClusterConfig {
             refresh_every: Duration::from_secs(3),
             grpc_addr: None,
             ops_addr: None,
+            forwards_durable: false,
         }
     }
 }

@@ -251,9 +251,14 @@ impl Drop for ForwardWatch {
 }
 
 /// The [`Overflow`] installed on the dispatcher.
-pub(crate) struct ClusterOverflow(pub(crate) Arc<Forwarder>);
+/// The second field: durable dispatches are offered too (the dispatch store is shared).
+pub(crate) struct ClusterOverflow(pub(crate) Arc<Forwarder>, pub(crate) bool);
 
 impl Overflow for ClusterOverflow {
+    fn carries_durable(&self) -> bool {
+        self.1
+    }
+
     fn offer(&self, offer: OverflowOffer) -> OverflowFuture<Offered> {
         Box::pin(Arc::clone(&self.0).offer(offer))
     }

@@ -22,6 +22,7 @@ mod names;
 mod numbers;
 mod slots;
 mod status;
+mod store;
 mod taker;
 mod wire;
 
@@ -36,3 +37,4 @@ pub use members::NodeInfo;
 pub use names::{check_name, pool_hash};
 pub use status::{ClusterStatus, Standing};
 pub use taker::OFFER_POOLS;
+pub use store::{JetStreamLimits, JetStreamStore, StoreOpenError};

@@ -5,7 +5,8 @@
 //! `switchyard.<cluster>.node.<node>.outcome`, `.cancel` and `.admin` (addressed to one node),
 //! `switchyard.<cluster>.cancel` (a cancel whose taker is unknown). Buckets:
 //! `switchyard_<cluster>_nodes` (membership), `switchyard_<cluster>_numbers` (worker-id
-//! numbers).
+//! numbers); with the jetstream dispatch store `switchyard_<cluster>_dispatches`, `_outcomes`
+//! and `_idempotency`.
 
 /// The queue group every node's offer subscriptions join: one taker per offer.
 pub(crate) const TAKERS: &str = "takers";
@@ -65,6 +66,21 @@ impl Names {
 
     pub(crate) fn numbers_bucket(&self) -> String {
         format!("switchyard_{}_numbers", self.cluster)
+    }
+
+    /// The durable dispatches not finished, by id (the jetstream dispatch store).
+    pub(crate) fn dispatches_bucket(&self) -> String {
+        format!("switchyard_{}_dispatches", self.cluster)
+    }
+
+    /// The durable dispatches' one outcome each, by id.
+    pub(crate) fn outcomes_bucket(&self) -> String {
+        format!("switchyard_{}_outcomes", self.cluster)
+    }
+
+    /// Producers' idempotency keys, per namespace, to the id recorded with each.
+    pub(crate) fn idempotency_bucket(&self) -> String {
+        format!("switchyard_{}_idempotency", self.cluster)
     }
 
     pub(crate) fn offer(&self, pool: &str) -> String {

@@ -137,7 +137,7 @@ impl GatewayBuilder {
             .max_concurrency_limit(config.registry.max_concurrency_limit)
             .max_namespaces(config.registry.max_namespaces)
             .namespace_idle_expiry(config.registry.namespace_idle_expiry.get());
-        let dispatch_store = crate::store::open(&config.store, &data_dir).await?;
+        let (dispatch_store, shared_store) = crate::store::open(&config, &data_dir).await?;
         let store_path = (config.store.backend == StoreBackendName::Sqlite)
             .then(|| config.store.resolved_path(&data_dir));
         let core = Core::start(registry, core_config(&config));
@@ -156,6 +156,9 @@ impl GatewayBuilder {
         };
         let backlog = ops::Backlog::default();
         let backlog_stop = CancellationToken::new();
+        if let Some(shared) = shared_store {
+            crate::store::take_over(shared, &durable, &config.cluster, backlog_stop.clone());
+        }
         tokio::spawn(backlog.clone().refresh(
             durable.clone(),
             ops::BACKLOG_REFRESH,
@@ -165,6 +168,7 @@ impl GatewayBuilder {
         let cluster = if config.cluster.enabled() {
             let settings = crate::config::cluster::cluster_config(
                 &config.cluster,
+                config.store.backend,
                 Some(config.grpc.listen.to_string()),
                 config.ops.enabled.then(|| config.ops.listen.to_string()),
             );

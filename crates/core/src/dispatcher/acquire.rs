@@ -137,8 +137,12 @@ impl Dispatcher {
         let mut told: Option<UnservedReason> = None;
         // Queued now: select again at once, for what changed between the miss and the queueing.
         let mut wait = false;
-        // Durable dispatches stay on their node: the dispatch store is per node.
-        let overflow = self.inner.overflow.get().filter(|_| !hooks.durable);
+        // Durable dispatches stay on their node unless every node reads the same store.
+        let overflow = self
+            .inner
+            .overflow
+            .get()
+            .filter(|overflow| !hooks.durable || overflow.carries_durable());
         let offer = || {
             overflow.map(|overflow| {
                 overflow.offer(OverflowOffer {

@@ -65,4 +65,11 @@ pub trait Overflow: Send + Sync + 'static {
     /// Resolves when another node may have gained a free slot for `request`'s pool since an
     /// offer found no taker (the parked dispatch then offers again).
     fn capacity_hint(&self, request: &ActivityRequest) -> OverflowFuture<()>;
+
+    /// True when durable dispatches may be offered too: every node reads the same dispatch
+    /// store, so the origin records the outcome and another node resumes it if the origin
+    /// dies. Default `false`: a durable dispatch stays on the node whose store holds it.
+    fn carries_durable(&self) -> bool {
+        false
+    }
 }

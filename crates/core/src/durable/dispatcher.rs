@@ -297,6 +297,24 @@ impl DurableDispatcher {
         Ok(Self { shared })
     }
 
+    /// Drives `rows` as [`start`](Self::start) resumes its store's: unfinished dispatches the
+    /// store has handed to this node since (a cluster node taking over a lost node's work).
+    /// One already driven here, and every one after [`shutdown`](Self::shutdown), is skipped.
+    pub fn adopt(&self, rows: Vec<StoredDispatch>) {
+        for row in rows {
+            let id = &row.dispatch.id;
+            if self.shared.stopping.is_cancelled() || self.shared.live.get(id).is_some() {
+                continue;
+            }
+            let live = self.shared.live.insert(
+                id.clone(),
+                &row.dispatch.principal,
+                &row.dispatch.namespace,
+            );
+            self.shared.spawn_driver(row, live, true);
+        }
+    }
+
     /// Records a durable dispatch and starts it; returns its id once the record is committed.
     ///
     /// The request passes the dispatcher's checks first ([`Dispatcher::check`]); its

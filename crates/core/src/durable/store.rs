@@ -120,6 +120,14 @@ pub enum DispatchStoreError {
         /// What is wrong with it.
         problem: String,
     },
+    /// This node's configuration does not take durable dispatches; `setting` would.
+    #[error("durable dispatches are refused here: {reason}; set {setting}")]
+    Refused {
+        /// The setting that would allow them (`key = value`).
+        setting: String,
+        /// Why this configuration refuses them.
+        reason: String,
+    },
     /// The store failed to read or write (I/O error, a closed writer).
     #[error("dispatch store unavailable: {detail}")]
     Unavailable {

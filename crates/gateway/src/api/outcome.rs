@@ -107,13 +107,16 @@ pub(crate) fn oversized_request(status: &Status, max_input: usize) -> Option<Sta
 
 /// The status of a dispatch store's refusal or failure: a bound reached or a full disk is
 /// `RESOURCE_EXHAUSTED` with the store's sentence (which names the key), a bad idempotency
-/// key `INVALID_ARGUMENT`, a store that cannot be read or written `UNAVAILABLE`.
+/// key `INVALID_ARGUMENT`, a configuration that takes no durable dispatch
+/// `FAILED_PRECONDITION` (naming the setting), a store that cannot be read or written
+/// `UNAVAILABLE`.
 pub(crate) fn store_refusal(error: &DispatchStoreError) -> Status {
     let code = match error {
         DispatchStoreError::QueueFull { .. }
         | DispatchStoreError::StoreFull { .. }
         | DispatchStoreError::DiskFull { .. } => Code::ResourceExhausted,
         DispatchStoreError::InvalidKey { .. } => Code::InvalidArgument,
+        DispatchStoreError::Refused { .. } => Code::FailedPrecondition,
         DispatchStoreError::Unavailable { .. } => Code::Unavailable,
         _ => Code::Unavailable,
     };
@@ -263,6 +266,16 @@ mod tests {
         });
         assert_eq!(key.code(), Code::InvalidArgument);
         assert!(key.message().starts_with("idempotency_key"));
+        let refused = store_refusal(&DispatchStoreError::Refused {
+            setting: "store.backend = \"jetstream\"".to_owned(),
+            reason: "in cluster mode".to_owned(),
+        });
+        assert_eq!(refused.code(), Code::FailedPrecondition);
+        assert!(
+            refused
+                .message()
+                .ends_with("set store.backend = \"jetstream\"")
+        );
         // Control: a store that fails is not a refusal of the request: UNAVAILABLE, retryable.
         let down = store_refusal(&DispatchStoreError::Unavailable {
             detail: "writer closed".to_owned(),

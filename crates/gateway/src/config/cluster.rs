@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::duration::ConfigDuration;
 use super::error::ConfigError;
+use super::{GatewayConfig, StoreBackendName};
 
 /// `[cluster]`: run as one node of a cluster of gateways sharing a NATS server. Off while
 /// `nats_url` is empty: NATS is then never contacted.
@@ -96,10 +97,88 @@ pub(super) fn validate(section: &ClusterSection) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The setting that lets a cluster node take durable dispatches.
+pub(crate) const DURABLE_STORE_SETTING: &str = "store.backend = \"jetstream\"";
+
+/// Why this node takes no new durable dispatch, if it does not: in cluster mode a durable
+/// dispatch needs a store every node reads, or it would be lost with the node that accepted
+/// it (and no other node could finish it).
+pub(crate) fn durable_refusal(config: &GatewayConfig) -> Option<DispatchStoreRefusal> {
+    if !config.cluster.enabled() || config.store.backend == StoreBackendName::Jetstream {
+        return None;
+    }
+    Some(DispatchStoreRefusal {
+        setting: DURABLE_STORE_SETTING,
+        reason: format!(
+            "in cluster mode (cluster.nats_url set) the store.backend {:?} keeps a durable \
+             dispatch on the node that accepted it alone",
+            config.store.backend.label()
+        ),
+    })
+}
+
+/// A configuration's refusal of durable dispatches: the setting that would allow them, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DispatchStoreRefusal {
+    /// `key = value`.
+    pub(crate) setting: &'static str,
+    /// Why this configuration refuses them.
+    pub(crate) reason: String,
+}
+
+impl DispatchStoreRefusal {
+    /// The store error a refused `record` answers.
+    pub(crate) fn store_error(&self) -> switchyard_core::DispatchStoreError {
+        switchyard_core::DispatchStoreError::Refused {
+            setting: self.setting.to_owned(),
+            reason: self.reason.clone(),
+        }
+    }
+}
+
+/// Refuses `store.backend = "jetstream"` outside cluster mode, and a node whose dispatches are
+/// durable by default while it takes no durable dispatch ([`durable_refusal`]): every default
+/// dispatch would be refused.
+pub(super) fn validate_durability(config: &GatewayConfig) -> Result<(), ConfigError> {
+    if config.store.backend == StoreBackendName::Jetstream && !config.cluster.enabled() {
+        return Err(ConfigError::invalid(
+            "store.backend",
+            "is \"jetstream\", which needs cluster mode (cluster.nats_url); use \"sqlite\" on a \
+             single node"
+                .to_owned(),
+        ));
+    }
+    let Some(refusal) = durable_refusal(config) else {
+        return Ok(());
+    };
+    let durable_by_default = if config.dispatch.durability.is_durable() {
+        Some("dispatch.durability".to_owned())
+    } else {
+        config
+            .namespaces
+            .known
+            .iter()
+            .find(|ns| ns.durability.is_some_and(|d| d.is_durable()))
+            .map(|ns| format!("the durability of namespace {:?}", ns.name))
+    };
+    match durable_by_default {
+        None => Ok(()),
+        Some(what) => Err(ConfigError::invalid(
+            "store.backend",
+            format!(
+                "{what} is \"durable\" but {}; set {} (or make it \"ephemeral\")",
+                refusal.reason, refusal.setting
+            ),
+        )),
+    }
+}
+
 /// The cluster library's configuration for this section; `grpc_addr` and `ops_addr` are what
-/// other nodes are shown.
+/// other nodes are shown, and durable dispatches are forwarded with the `store` backend
+/// `jetstream`.
 pub(crate) fn cluster_config(
     section: &ClusterSection,
+    store: StoreBackendName,
     grpc_addr: Option<String>,
     ops_addr: Option<String>,
 ) -> switchyard_cluster::ClusterConfig {
@@ -116,5 +195,6 @@ pub(crate) fn cluster_config(
     config.refresh_every = section.refresh_every.get();
     config.grpc_addr = grpc_addr;
     config.ops_addr = ops_addr;
+    config.forwards_durable = store == StoreBackendName::Jetstream;
     config
 }

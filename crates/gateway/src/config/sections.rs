@@ -590,6 +590,20 @@ pub enum StoreBackendName {
     Sqlite,
     /// Process memory: durable dispatches get ids and outcomes but do not survive a restart.
     Memory,
+    /// NATS JetStream at `cluster.nats_url`, shared by every node of the cluster (cluster
+    /// mode only).
+    Jetstream,
+}
+
+impl StoreBackendName {
+    /// The name as written in `store.backend`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Memory => "memory",
+            Self::Jetstream => "jetstream",
+        }
+    }
 }
 
 /// `store.synchronous`: when a SQLite commit is on the disk.

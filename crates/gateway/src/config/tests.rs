@@ -518,3 +518,42 @@ fn a_namespace_durability_is_read_and_absent_follows_the_dispatch_default() {
     let error = GatewayConfig::load(Some(&bad), env(&[]), &[]).unwrap_err();
     assert!(error.to_string().contains("namespaces.known"), "{error}");
 }
+
+#[test]
+fn durable_by_default_in_cluster_mode_needs_the_jetstream_store_naming_it() {
+    let cluster = ("SWITCHYARD_CLUSTER_NATS_URL", "nats://127.0.0.1:4222");
+    let durable = ("SWITCHYARD_DISPATCH_DURABILITY", "durable");
+    let error = GatewayConfig::load(None, env(&[cluster, durable]), &[]).unwrap_err();
+    assert_eq!(invalid_key(&error).0, "store.backend");
+    let text = error.to_string();
+    assert!(
+        text.contains("dispatch.durability is \"durable\""),
+        "{text}"
+    );
+    assert!(text.contains("store.backend = \"jetstream\""), "{text}");
+    let path = file(
+        r#"
+        [cluster]
+        nats_url = "nats://127.0.0.1:4222"
+        [[namespaces.known]]
+        name = "billing"
+        durability = "durable"
+        "#,
+    );
+    let error = GatewayConfig::load(Some(&path), env(&[]), &[]).unwrap_err();
+    assert!(
+        error.to_string().contains("namespace \"billing\""),
+        "{error}"
+    );
+    // The jetstream store needs cluster mode.
+    let jetstream = ("SWITCHYARD_STORE_BACKEND", "jetstream");
+    let error = GatewayConfig::load(None, env(&[jetstream]), &[]).unwrap_err();
+    assert_eq!(invalid_key(&error).0, "store.backend");
+    // Controls: durable by default alone (one node), cluster mode with ephemeral defaults, and
+    // cluster mode with the jetstream store all start.
+    assert!(GatewayConfig::load(None, env(&[durable]), &[]).is_ok());
+    let config = GatewayConfig::load(None, env(&[cluster]), &[]).unwrap();
+    assert!(super::cluster::durable_refusal(&config).is_some());
+    let config = GatewayConfig::load(None, env(&[cluster, durable, jetstream]), &[]).unwrap();
+    assert_eq!(super::cluster::durable_refusal(&config), None);
+}

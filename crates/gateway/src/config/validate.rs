@@ -14,6 +14,7 @@ pub(super) fn validate(config: &GatewayConfig) -> Result<(), ConfigError> {
     tls(config)?;
     listeners(config)?;
     super::cluster::validate(&config.cluster)?;
+    super::cluster::validate_durability(config)?;
     security(config)
 }
 

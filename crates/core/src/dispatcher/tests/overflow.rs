@@ -20,6 +20,7 @@ struct Scripted {
     answers: Mutex<Vec<Answer>>,
     offers: Mutex<Vec<String>>,
     hint: Arc<Notify>,
+    carries_durable: bool,
 }
 
 enum Answer {
@@ -62,6 +63,10 @@ impl Overflow for Scripted {
     fn capacity_hint(&self, _request: &crate::ActivityRequest) -> OverflowFuture<()> {
         let hint = Arc::clone(&self.hint);
         Box::pin(async move { hint.notified().await })
+    }
+
+    fn carries_durable(&self) -> bool {
+        self.carries_durable
     }
 }
 
@@ -237,4 +242,38 @@ async fn local_only_misses_at_once_without_parking_or_offering() {
     );
     assert!(offers(&scripted).is_empty());
     assert!(s.dispatcher.unserved_queues().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_durable_dispatch_is_offered_only_by_an_overflow_that_carries_durable() {
+    let durable = || DispatchHooks {
+        durable: true,
+        ..DispatchHooks::default()
+    };
+    for carries_durable in [false, true] {
+        let s = setup();
+        let remote = ActivityOutcome::Completed("far".into());
+        let scripted = Arc::new(Scripted {
+            answers: Mutex::new(vec![Answer::Ends(Forwarded::Outcome(remote.clone()))]),
+            carries_durable,
+            ..Scripted::default()
+        });
+        assert!(s.dispatcher.set_overflow(scripted.clone()));
+        let outcome = s
+            .dispatcher
+            .dispatch_with(&caller(), request("d", Duration::from_secs(1)), durable())
+            .await
+            .expect("dispatch");
+        if carries_durable {
+            assert_eq!(outcome, remote);
+            assert_eq!(offers(&scripted), vec!["d".to_owned()]);
+        } else {
+            // Control: the default keeps a durable dispatch on its node: it parks unoffered.
+            assert!(
+                matches!(outcome, ActivityOutcome::Unserved { .. }),
+                "{outcome:?}"
+            );
+            assert!(offers(&scripted).is_empty(), "{:?}", offers(&scripted));
+        }
+    }
 }

@@ -162,3 +162,39 @@ async fn a_deadline_passed_during_the_restart_ends_timed_out_if_running_else_uns
     let mut worker = gw.setup.worker(1).await;
     assert_eq!(&worker.task().await.input[..], b"in time");
 }
+
+#[tokio::test(start_paused = true)]
+async fn adopted_dispatches_run_once_each_like_resumed_ones() {
+    let store = memory();
+    let alice = producer("alice");
+    let gw = start(Arc::clone(&store)).await;
+    let mut worker = gw.setup.worker(4).await;
+    // Recorded after the start, as another node would have: nothing drives it yet.
+    let mut handed = past_deadline("alice", "handed over");
+    handed.submitted_at = SystemTime::now();
+    handed.deadline = SystemTime::now() + Duration::from_secs(60);
+    let id = handed.id.clone();
+    store.record(handed).await.expect("recorded");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        worker.sent().is_empty(),
+        "control: not driven before it is adopted"
+    );
+    let row = gw.row(&id).await;
+    gw.durable.adopt(vec![row.clone()]);
+    gw.durable.adopt(vec![row]);
+    let task = worker.task().await;
+    assert_eq!(&task.input[..], b"handed over");
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("adopted"))
+        .expect("pending");
+    assert_eq!(
+        gw.durable
+            .await_outcome(&alice, &id, Duration::from_secs(10))
+            .await,
+        Ok(Some(completed("adopted")))
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(worker.sent().is_empty(), "adopted twice, delivered once");
+}

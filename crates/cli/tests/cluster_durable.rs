@@ -1,0 +1,220 @@
+//! Durable dispatches in cluster mode, end to end: real `switchyard serve` nodes over one real
+//! `nats-server -js` on loopback, SDK workers and a producer in this process.
+//!
+//! Each test starts its own NATS server (skipped with a printed reason when nats-server is
+//! missing, unless `CI_REQUIRE_NATS` is set) and its own nodes.
+// Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+#[path = "durable_support/harness.rs"]
+mod harness;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::{Ledger, NAMESPACE, PATIENCE, Process, Site, TestWorker, serve_command, tagged};
+use switchyard_proto::v1 as pb;
+use switchyard_test_support::NatsServer;
+
+const ACTIVITY: &str = "cluster-durable-echo";
+
+/// A node's site: `[store]` lines `store`, then `[cluster]` on `nats` as `node` of `cluster`.
+fn node_site(nats: &NatsServer, store: &str, cluster: &str, node: &str) -> Site {
+    Site::with_store(&format!(
+        "{store}\n[cluster]\nnats_url = \"{}\"\nname = \"{cluster}\"\nnode = \"{node}\"\n\
+         member_ttl = \"3s\"\nrefresh_every = \"1s\"\n",
+        nats.url()
+    ))
+}
+
+/// A `Dispatch` of `activity` with input [`tagged`]`(tag)` through `site`, durable or not.
+async fn dispatch(
+    site: &Site,
+    tag: u64,
+    durable: bool,
+    timeout: Duration,
+) -> Result<pb::DispatchOutcome, tonic::Status> {
+    let mut producer = site.producer().await.expect("the node listens");
+    let reply = producer
+        .0
+        .dispatch(pb::DispatchRequest {
+            namespace: NAMESPACE.into(),
+            activity_type: ACTIVITY.into(),
+            input: tagged(tag),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap(),
+            durable: Some(durable),
+            ..pb::DispatchRequest::default()
+        })
+        .await?;
+    Ok(reply.into_inner().outcome.expect("an outcome"))
+}
+
+fn completed(outcome: &pb::DispatchOutcome) -> Option<&[u8]> {
+    match &outcome.outcome {
+        Some(pb::dispatch_outcome::Outcome::Completed(done)) => Some(&done.output),
+        _ => None,
+    }
+}
+
+fn quick(_: u64) -> Duration {
+    Duration::from_millis(5)
+}
+
+/// The refusal every durable call gets from a cluster node without the jetstream store.
+fn assert_refused_naming_the_setting(status: &tonic::Status) {
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("set store.backend = \"jetstream\""),
+        "names the setting: {status:?}"
+    );
+    assert!(
+        status.message().contains("cluster mode"),
+        "says why: {status:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_jetstream_a_cluster_node_refuses_durable_dispatches_naming_the_setting() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let a = node_site(&nats, "", "refuse", "a");
+    let _a: Process = a.serve().await;
+    let ledger = Arc::new(Ledger::default());
+    let worker = TestWorker::connect(&a, ACTIVITY, 2, Arc::clone(&ledger), quick).await;
+    let mut producer = a.producer().await.expect("the node listens");
+    let submitted = producer.submit(ACTIVITY, 1, None, PATIENCE).await;
+    assert_refused_naming_the_setting(&submitted.expect_err("Submit is refused"));
+    let durable = dispatch(&a, 2, true, PATIENCE).await;
+    assert_refused_naming_the_setting(&durable.expect_err("a durable Dispatch is refused"));
+    assert_eq!(ledger.total(), 0, "no refused dispatch ran");
+    // Control: an ephemeral dispatch on the same node runs.
+    let ephemeral = dispatch(&a, 3, false, PATIENCE).await.expect("accepted");
+    assert_eq!(completed(&ephemeral), Some(&tagged(3)[..]), "{ephemeral:?}");
+    // Control: the same store on a node without `[cluster]` takes the submission.
+    let alone = Site::new();
+    let _alone = alone.serve().await;
+    let mut producer = alone.producer().await.expect("the node listens");
+    producer
+        .submit(ACTIVITY, 4, None, PATIENCE)
+        .await
+        .expect("a single node takes durable dispatches");
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_by_default_in_cluster_mode_without_jetstream_refuses_to_start() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let site = Site::with_store(&format!(
+        "\n[dispatch]\ndurability = \"durable\"\n[cluster]\nnats_url = \"{}\"\nname = \"start\"\n\
+         node = \"a\"\n",
+        nats.url()
+    ));
+    let mut refused = serve_command(&site.config);
+    let status = refused.exit().await;
+    assert_eq!(status.code(), Some(2), "a configuration error");
+    let stderr = refused.stderr();
+    assert!(stderr.contains("store.backend"), "names the key: {stderr}");
+    assert!(
+        stderr.contains("set store.backend = \"jetstream\""),
+        "names the setting: {stderr}"
+    );
+    // Control: the same node with ephemeral defaults starts.
+    let ephemeral = node_site(&nats, "", "start", "a");
+    let _node = ephemeral.serve().await;
+}
+
+const JETSTREAM: &str = "backend = \"jetstream\"\n";
+
+fn a_third(_: u64) -> Duration {
+    Duration::from_millis(300)
+}
+
+/// Polls `AwaitOutcome` for `id` on `site` until it has an outcome (bounded by [`PATIENCE`]).
+async fn outcome_from(site: &Site, id: &str) -> pb::DispatchOutcome {
+    let mut producer = site.producer().await.expect("the node listens");
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let heard = producer
+                .await_outcome(id, Duration::from_secs(1))
+                .await
+                .expect("AwaitOutcome answers");
+            match heard {
+                Some(outcome) => return outcome,
+                // Not driven on this node: answered at once from the store.
+                None => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{id} has an outcome within {PATIENCE:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_dispatches_accepted_on_a_node_killed_with_sigkill_each_end_with_one_outcome() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b, c) = (
+        node_site(&nats, JETSTREAM, "durable", "a"),
+        node_site(&nats, JETSTREAM, "durable", "b"),
+        node_site(&nats, JETSTREAM, "durable", "c"),
+    );
+    let mut node_a = a.serve().await;
+    let _others: Vec<Process> = vec![b.serve().await, c.serve().await];
+    let ledger = Arc::new(Ledger::default());
+    let worker = TestWorker::connect(&c, ACTIVITY, 2, Arc::clone(&ledger), a_third).await;
+    let mut producer = a.producer().await.expect("a listens");
+    let count = 24u64;
+    let mut ids = Vec::new();
+    for tag in 0..count {
+        let submitted = producer
+            .submit(ACTIVITY, tag, None, PATIENCE)
+            .await
+            .expect("a takes durable dispatches");
+        ids.push((tag, submitted.id));
+    }
+    // A durable dispatch accepted on a runs on c's worker (offered like an ephemeral one).
+    tokio::time::timeout(PATIENCE, ledger.wait_total(3))
+        .await
+        .expect("c's worker runs a's durable dispatches");
+    node_a.kill_9();
+    // The test means something only if work was left unfinished at the kill.
+    let mut on_b = b.producer().await.expect("b listens");
+    let mut unfinished_at_kill = 0;
+    for (_, id) in &ids {
+        if on_b
+            .await_outcome(id, Duration::ZERO)
+            .await
+            .expect("b reads a's ids")
+            .is_none()
+        {
+            unfinished_at_kill += 1;
+        }
+    }
+    assert!(
+        unfinished_at_kill > 0,
+        "every dispatch ended before the kill"
+    );
+    for (tag, id) in &ids {
+        let outcome = outcome_from(&b, id).await;
+        assert_eq!(
+            completed(&outcome),
+            Some(&tagged(*tag)[..]),
+            "{id}: {outcome:?}"
+        );
+        // The one outcome: c, asked separately, reads the same.
+        assert_eq!(outcome_from(&c, id).await, outcome, "{id}");
+        let runs = ledger.executions(*tag);
+        assert!((1..=2).contains(&runs), "tag {tag} ran {runs} times");
+    }
+    println!(
+        "{count} durable dispatches, {unfinished_at_kill} unfinished at the kill, {} runs",
+        ledger.total()
+    );
+    worker.stop().await;
+}

@@ -1,0 +1,353 @@
+//! The jetstream dispatch store against a real `nats-server -js` on loopback: the store
+//! rules every dispatch store keeps (first outcome wins, idempotency per namespace, purge),
+//! held across nodes, and the takeover of a lost node's dispatches.
+//!
+//! Each test starts its own NATS server (skipped with a printed reason when nats-server is
+//! missing, unless `CI_REQUIRE_NATS` is set) and uses its own cluster name.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use switchyard_cluster::{ClusterConfig, JetStreamLimits, JetStreamStore};
+use switchyard_core::{
+    Completion, DispatchFilter, DispatchId, DispatchState, DispatchStore, NewDispatch,
+    OutcomeRecord, Recorded, StoredDispatch, WorkerId,
+};
+use switchyard_test_support::NatsServer;
+use tokio_util::sync::CancellationToken;
+
+const LIMITS: JetStreamLimits = JetStreamLimits { max_bytes: 1 << 24 };
+
+async fn store(nats: &NatsServer, cluster: &str, node: &str) -> JetStreamStore {
+    JetStreamStore::open(&ClusterConfig::new(nats.url(), cluster, node), LIMITS)
+        .await
+        .expect("the store opens")
+}
+
+fn dispatch(namespace: &str, input: &str, key: Option<&str>) -> NewDispatch {
+    let now = SystemTime::now();
+    NewDispatch {
+        id: DispatchId::generate(),
+        namespace: namespace.to_owned(),
+        task_queue: "default".to_owned(),
+        activity_type: "echo".to_owned(),
+        node: None,
+        input: Bytes::from(input.to_owned()),
+        principal: "shop".to_owned(),
+        idempotency_key: key.map(str::to_owned),
+        submitted_at: now,
+        deadline: now + Duration::from_secs(60),
+    }
+}
+
+fn outcome(text: &str) -> OutcomeRecord {
+    OutcomeRecord::from(&switchyard_core::ActivityOutcome::Completed(Bytes::from(
+        text.to_owned(),
+    )))
+}
+
+fn finished_with(row: &StoredDispatch) -> Option<&OutcomeRecord> {
+    match &row.state {
+        DispatchState::Finished { outcome, .. } => Some(outcome),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn the_first_outcome_wins_whichever_node_records_it() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b) = (
+        store(&nats, "first", "a").await,
+        store(&nats, "first", "b").await,
+    );
+    let d = dispatch("payments", "order 7", None);
+    let id = a.record(d.clone()).await.unwrap().id().clone();
+    let at = SystemTime::now();
+    assert_eq!(
+        b.complete(&id, &outcome("b's"), at).await,
+        Ok(Completion::Recorded)
+    );
+    assert_eq!(
+        a.complete(&id, &outcome("a's"), at).await,
+        Ok(Completion::AlreadyFinished(outcome("b's")))
+    );
+    for node in [&a, &b] {
+        let row = node.get(&id).await.unwrap().expect("recorded");
+        assert_eq!(finished_with(&row), Some(&outcome("b's")));
+        assert_eq!(row.dispatch.input, d.input);
+    }
+    assert!(
+        a.unfinished().await.unwrap().is_empty(),
+        "finished is not unfinished"
+    );
+    // Both at once: exactly one is recorded.
+    let raced = a
+        .record(dispatch("payments", "race", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    let (ox, oy) = (outcome("x"), outcome("y"));
+    let (x, y) = tokio::join!(a.complete(&raced, &ox, at), b.complete(&raced, &oy, at));
+    let recorded = [&x, &y]
+        .iter()
+        .filter(|c| matches!(c, Ok(Completion::Recorded)))
+        .count();
+    assert_eq!(recorded, 1, "{x:?} {y:?}");
+    // Control: an id never recorded is unknown, not finished.
+    assert_eq!(
+        a.complete(&DispatchId::generate(), &outcome("z"), at).await,
+        Ok(Completion::Unknown)
+    );
+}
+
+#[tokio::test]
+async fn idempotency_keys_hold_across_nodes_per_namespace_until_purged() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b) = (
+        store(&nats, "keys", "a").await,
+        store(&nats, "keys", "b").await,
+    );
+    let first = a
+        .record(dispatch("payments", "1", Some("order-7")))
+        .await
+        .unwrap();
+    assert!(matches!(first, Recorded::New(_)));
+    let again = b
+        .record(dispatch("payments", "2", Some("order-7")))
+        .await
+        .unwrap();
+    assert_eq!(again, Recorded::Existing(first.id().clone()));
+    // Control: the same key in another namespace is a new dispatch.
+    let other = b
+        .record(dispatch("billing", "3", Some("order-7")))
+        .await
+        .unwrap();
+    assert!(matches!(other, Recorded::New(_)));
+    // Purged with its outcome: the key is free again.
+    a.complete(first.id(), &outcome("done"), SystemTime::now())
+        .await
+        .unwrap();
+    let cutoff = SystemTime::now() + Duration::from_secs(1);
+    assert_eq!(b.purge(cutoff).await, Ok(1), "only the finished one");
+    assert_eq!(a.get(first.id()).await, Ok(None));
+    let after = b
+        .record(dispatch("payments", "4", Some("order-7")))
+        .await
+        .unwrap();
+    assert!(matches!(after, Recorded::New(_)), "{after:?}");
+    assert!(
+        b.get(other.id()).await.unwrap().is_some(),
+        "unfinished rows stay"
+    );
+}
+
+#[tokio::test]
+async fn each_node_resumes_only_the_dispatches_it_owns_and_notes_their_state() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b) = (
+        store(&nats, "own", "a").await,
+        store(&nats, "own", "b").await,
+    );
+    let a1 = a
+        .record(dispatch("ns", "a1", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    let a2 = a
+        .record(dispatch("ns", "a2", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    let b1 = b
+        .record(dispatch("ns", "b1", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    a.claim(&a1, WorkerId::from_raw(3), 1).await.unwrap();
+    a.park(&a2, "no_workers").await.unwrap();
+    // A restart of node a: a new store under the same name.
+    drop(a);
+    let a = store(&nats, "own", "a").await;
+    let ids = |rows: Vec<StoredDispatch>| -> Vec<DispatchId> {
+        rows.into_iter().map(|r| r.dispatch.id).collect()
+    };
+    assert_eq!(
+        ids(a.unfinished().await.unwrap()),
+        vec![a1.clone(), a2.clone()]
+    );
+    assert_eq!(ids(b.unfinished().await.unwrap()), vec![b1.clone()]);
+    let row = b.get(&a1).await.unwrap().unwrap();
+    assert_eq!(
+        row.state,
+        DispatchState::Running {
+            worker: WorkerId::from_raw(3),
+            attempt: 1
+        }
+    );
+    assert_eq!(row.attempts, 1);
+    let census = a.census(SystemTime::now()).await.unwrap();
+    assert_eq!(
+        (census[0].waiting, census[0].running),
+        (1, 1),
+        "a's own only"
+    );
+    let listed = b
+        .list(&DispatchFilter {
+            state: Some("parked".to_owned()),
+            ..DispatchFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(ids(listed), vec![a2.clone()], "list sees every node's");
+    // Control: a note from a node that does not own the dispatch changes nothing.
+    b.park(&a1, "no_workers").await.unwrap();
+    assert!(matches!(
+        b.get(&a1).await.unwrap().unwrap().state,
+        DispatchState::Running { .. }
+    ));
+}
+
+/// Puts `nodes` into the cluster's membership bucket, as live nodes' entries.
+async fn members(
+    nats: &NatsServer,
+    cluster: &str,
+    nodes: &[&str],
+) -> async_nats::jetstream::kv::Store {
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let name = format!("switchyard_{cluster}_nodes");
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: format!("KV_{name}"),
+        subjects: vec![format!("$KV.{name}.>")],
+        max_messages_per_subject: 1,
+        allow_rollup: true,
+        allow_direct: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let kv = js.get_key_value(&name).await.unwrap();
+    for node in nodes {
+        kv.put(*node, Bytes::from_static(b"{}")).await.unwrap();
+    }
+    kv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_nodes_dispatches_are_taken_over_by_exactly_one_survivor() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let cluster = "takeover";
+    let kv = members(&nats, cluster, &["a", "b", "c"]).await;
+    let a = store(&nats, cluster, "a").await;
+    let mut recorded = Vec::new();
+    for n in 0..20 {
+        let id = a
+            .record(dispatch("ns", &format!("{n}"), None))
+            .await
+            .unwrap();
+        recorded.push(id.id().clone());
+    }
+    let (adopted_tx, mut adopted) = tokio::sync::mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let mut survivors = Vec::new();
+    for node in ["b", "c"] {
+        let survivor = store(&nats, cluster, node).await;
+        let tx = adopted_tx.clone();
+        let stop = stop.clone();
+        survivors.push(tokio::spawn(async move {
+            survivor
+                .take_over_lost_nodes(
+                    Duration::from_millis(100),
+                    move |rows| {
+                        for row in rows {
+                            tx.send((node, row.dispatch.id)).unwrap();
+                        }
+                    },
+                    stop,
+                )
+                .await;
+        }));
+    }
+    // Control: while a's entry lives, nobody takes anything over (several scans).
+    let early = tokio::time::timeout(Duration::from_millis(600), adopted.recv()).await;
+    assert!(early.is_err(), "taken over while a lives: {early:?}");
+    kv.delete("a").await.unwrap();
+    let mut owners: HashMap<DispatchId, Vec<&str>> = HashMap::new();
+    while owners.len() < recorded.len() {
+        let (node, id) = tokio::time::timeout(Duration::from_secs(30), adopted.recv())
+            .await
+            .expect("every dispatch is taken over")
+            .unwrap();
+        owners.entry(id).or_default().push(node);
+    }
+    // Scans go on; a second taker would show up here.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while let Ok((node, id)) = adopted.try_recv() {
+        owners.entry(id).or_default().push(node);
+    }
+    stop.cancel();
+    for task in survivors {
+        task.await.unwrap();
+    }
+    for id in &recorded {
+        assert_eq!(owners.get(id).map(Vec::len), Some(1), "{id}: {owners:?}");
+    }
+    // The lost node, back, owns none of them any more; its notes change nothing.
+    assert!(a.unfinished().await.unwrap().is_empty());
+    a.park(&recorded[0], "no_workers").await.unwrap();
+    assert!(matches!(
+        a.get(&recorded[0]).await.unwrap().unwrap().state,
+        DispatchState::Queued { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_full_dispatches_bucket_refuses_naming_store_max_bytes_and_nats_down_names_the_url() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let config = ClusterConfig::new(nats.url(), "full", "a");
+    let small = JetStreamStore::open(&config, JetStreamLimits { max_bytes: 4096 })
+        .await
+        .expect("the store opens");
+    let input = "x".repeat(1000);
+    let mut refused = None;
+    for _ in 0..10 {
+        if let Err(error) = small.record(dispatch("ns", &input, None)).await {
+            refused = Some(error);
+            break;
+        }
+    }
+    let refused = refused.expect("a 4 KiB bucket refuses ten 1 KB dispatches");
+    assert!(
+        matches!(
+            refused,
+            switchyard_core::DispatchStoreError::StoreFull { limit: 4096, .. }
+        ),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("store.max_bytes"), "{refused}");
+    // Control: a dispatch of the other bound's size is taken by a roomy store.
+    let roomy = store(&nats, "roomy", "a").await;
+    assert!(roomy.record(dispatch("ns", &input, None)).await.is_ok());
+    nats.kill();
+    let down = JetStreamStore::open(&config, LIMITS)
+        .await
+        .expect_err("no NATS, no store");
+    let text = down.to_string();
+    assert!(text.contains(&nats.url()), "names the URL: {text}");
+}
