@@ -14,6 +14,7 @@
 
 mod acquire;
 mod budget;
+mod cancel;
 mod config;
 mod hooks;
 mod overflow;
@@ -44,6 +45,7 @@ pub use unserved::{UnservedAddress, UnservedQueue};
 use crate::address::{WorkerId, normalise_task_queue};
 use crate::admission::MAX_NAME_BYTES;
 use crate::delivery::{ActivityTask, CancelReason, DeliveryError, TaskId, WorkerMessage};
+use crate::metrics::DispatchMetrics;
 use crate::outcome::{
     ActivityOutcome, ActivityRequest, CancelError, CompletionRefused, DispatchError, TaskResult,
 };
@@ -52,6 +54,7 @@ use crate::registry::Registry;
 use crate::throttle::KeyedThrottle;
 use acquire::Missed;
 use budget::LossBudget;
+use cancel::Cancel;
 use quota::{HeldInput, LOG_WINDOW, QuotaBook};
 use table::{PendingTask, Signal, TaskTable};
 use unserved::UnservedBook;
@@ -105,6 +108,8 @@ struct Inner {
     results_after_cancel: AtomicU64,
     /// Selection attempts since start (each parked dispatch tries once per wake).
     selections: AtomicU64,
+    /// The series every dispatch writes.
+    metrics: DispatchMetrics,
     /// Other nodes a dispatch is offered to after a local miss; unset outside a cluster.
     overflow: OnceLock<Arc<dyn Overflow>>,
     /// Runs once between a selection and the tracking of its task: tests land a shutdown in
@@ -166,6 +171,29 @@ impl Inner {
         }
         self.ended();
         true
+    }
+
+    /// Ends every tracked dispatch still waiting for its worker `ShuttingDown`, with a cancel
+    /// to the worker; the slots stay held until the workers acknowledge, answer or leave.
+    fn stop_tracked(&self) {
+        let reason = CancelReason::ShuttingDown;
+        let detached = self.lock_tasks().detach_every(Instant::now(), reason);
+        if detached.is_empty() {
+            return;
+        }
+        for (task, delivery, signal) in detached {
+            self.schedule_reclaim(task);
+            let _ = signal.send(Signal::ShuttingDown);
+            match delivery.deliver(WorkerMessage::Cancel {
+                task_id: task,
+                reason,
+            }) {
+                Ok(()) | Err(DeliveryError::Closed) => {}
+                Err(error) => tracing::warn!(task = %task, %error,
+                    "cancel not delivered; the slot stays held until the worker answers or leaves"),
+            }
+        }
+        self.ended();
     }
 
     fn worker_lost(&self, worker: WorkerId) {
@@ -279,6 +307,7 @@ impl Dispatcher {
             refused_late: AtomicU64::new(0),
             results_after_cancel: AtomicU64::new(0),
             selections: AtomicU64::new(0),
+            metrics: DispatchMetrics::new(),
             overflow: OnceLock::new(),
             #[cfg(test)]
             after_selection: Mutex::new(None),
@@ -345,8 +374,8 @@ impl Dispatcher {
             request.input.len(),
             hooks.durable,
         )?;
-        let cancel = hooks.cancel.clone().unwrap_or_default();
-        let _activity = self.claim_activity_id(caller, &request, &cancel)?;
+        let (cancel, _activity) =
+            self.claim_activity_id(caller, &request, hooks.cancel.as_ref())?;
         let started = Instant::now();
         let span = tracing::debug_span!("dispatch", namespace = %request.namespace,
             activity_type = %request.activity_type, activity_id = request.activity_id.as_deref());
@@ -357,9 +386,7 @@ impl Dispatcher {
                 .instrument(span)
                 .await?
         };
-        metrics::counter!("switchyard_dispatches_total", "outcome" => outcome.label()).increment(1);
-        metrics::histogram!("switchyard_dispatch_latency_seconds")
-            .record(started.elapsed().as_secs_f64());
+        self.inner.metrics.ended(&outcome, started.elapsed());
         Ok(outcome)
     }
 
@@ -381,17 +408,20 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// Claims the request's activity id, if it has one; returns what cancels the dispatch:
+    /// the caller's `token`, with an activity id a token of its own if the caller gave none.
     fn claim_activity_id(
         &self,
         caller: &CallerIdentity,
         request: &ActivityRequest,
-        cancel: &CancellationToken,
-    ) -> Result<ActivityGuard<'_>, DispatchError> {
+        token: Option<&CancellationToken>,
+    ) -> Result<(Cancel, ActivityGuard<'_>), DispatchError> {
         let Some(id) = &request.activity_id else {
-            return Ok(ActivityGuard {
+            let guard = ActivityGuard {
                 inner: &self.inner,
                 key: None,
-            });
+            };
+            return Ok((Cancel::new(token.cloned()), guard));
         };
         let key = (
             request.namespace.clone(),
@@ -405,11 +435,13 @@ impl Dispatcher {
                 activity_id: key.2,
             });
         }
-        activities.insert(key.clone(), cancel.clone());
-        Ok(ActivityGuard {
+        let token = token.cloned().unwrap_or_default();
+        activities.insert(key.clone(), token.clone());
+        let guard = ActivityGuard {
             inner: &self.inner,
             key: Some(key),
-        })
+        };
+        Ok((Cancel::new(Some(token)), guard))
     }
 
     /// Selects, delivers and waits until the one outcome; `Err` only when a worker leg refuses
@@ -417,7 +449,7 @@ impl Dispatcher {
     async fn run(
         &self,
         request: &ActivityRequest,
-        cancel: &CancellationToken,
+        cancel: &Cancel,
         held: &HeldInput<'_>,
         hooks: &DispatchHooks,
     ) -> Result<ActivityOutcome, DispatchError> {
@@ -539,9 +571,9 @@ impl Dispatcher {
                 () = cancel.cancelled() => {
                     Ending::Stop(CancelReason::Requested, ActivityOutcome::Cancelled)
                 }
-                () = self.inner.stop_all.cancelled() => {
-                    Ending::Stop(CancelReason::ShuttingDown, ActivityOutcome::ShuttingDown)
-                }
+                // No wait on `stop_all` here: at the end of the grace shutdown ends every
+                // tracked wait itself (`Signal::ShuttingDown`), so the dispatches in flight do
+                // not each register on, and poll, one token shared by every thread.
             };
             let ended = match ending {
                 Ending::Signal(signal) => signal,
@@ -567,6 +599,7 @@ impl Dispatcher {
                     return Ok(ActivityOutcome::Failed { message, retryable });
                 }
                 Ok(Signal::Cancelled) => return Ok(ActivityOutcome::Cancelled),
+                Ok(Signal::ShuttingDown) => return Ok(ActivityOutcome::ShuttingDown),
                 Ok(Signal::Unreached) => {
                     // Not a loss: the worker resumed without the task, which never ran.
                     tracing::debug!(
@@ -851,5 +884,6 @@ impl Dispatcher {
             }
         }
         self.inner.stop_all.cancel();
+        self.inner.stop_tracked();
     }
 }

@@ -155,6 +155,57 @@ pub fn register_metrics() {
     let _ = metrics::histogram!(DISPATCH_LATENCY_SECONDS);
 }
 
+/// The handles of the two series every dispatch writes, looked up once when the dispatcher
+/// starts rather than by name and label per dispatch (a lookup builds a key, hashes it and
+/// takes the registry's lock). They belong to the recorder installed at that moment, so an
+/// embedder installs its recorder before it starts core, as it must anyway for
+/// [`register_metrics`].
+pub(crate) struct DispatchMetrics {
+    /// `switchyard_dispatches_total`, one handle per label of [`OUTCOME_LABELS`], same order.
+    outcomes: [metrics::Counter; OUTCOME_LABELS.len()],
+    /// `switchyard_dispatch_latency_seconds`.
+    latency: metrics::Histogram,
+}
+
+impl DispatchMetrics {
+    /// The handles, from the recorder installed now.
+    pub(crate) fn new() -> Self {
+        Self {
+            outcomes: OUTCOME_LABELS
+                .map(|outcome| metrics::counter!(DISPATCHES_TOTAL, "outcome" => outcome)),
+            latency: metrics::histogram!(DISPATCH_LATENCY_SECONDS),
+        }
+    }
+
+    /// A dispatch ended with `outcome` after `latency`.
+    pub(crate) fn ended(&self, outcome: &ActivityOutcome, latency: std::time::Duration) {
+        if let Some(counter) = self.outcomes.get(outcome_index(outcome)) {
+            counter.increment(1);
+        }
+        self.latency.record(latency.as_secs_f64());
+    }
+}
+
+impl std::fmt::Debug for DispatchMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatchMetrics").finish_non_exhaustive()
+    }
+}
+
+/// The position of `outcome`'s label in [`OUTCOME_LABELS`].
+fn outcome_index(outcome: &ActivityOutcome) -> usize {
+    use ActivityOutcome as O;
+    match outcome {
+        O::Completed(_) => 0,
+        O::Failed { .. } => 1,
+        O::TimedOut => 2,
+        O::Cancelled => 3,
+        O::Unserved { .. } => 4,
+        O::TransportLost { .. } => 5,
+        O::ShuttingDown => 6,
+    }
+}
+
 /// Compile-time guards: a new variant of any labelled enum fails to build here until its
 /// label is added to the lists above (the tests check the lists hold each label).
 #[allow(dead_code)]
@@ -228,10 +279,71 @@ fn every_variant_is_listed(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
     use bytes::Bytes;
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
 
     use super::*;
     use crate::delivery::TransportName;
+
+    /// Counts `switchyard_dispatches_total` by outcome label; ignores everything else.
+    #[derive(Default)]
+    struct Counting {
+        outcomes: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    }
+
+    impl Counting {
+        fn count(&self, outcome: &str) -> u64 {
+            let outcomes = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+            outcomes
+                .get(outcome)
+                .map_or(0, |count| count.load(Ordering::Relaxed))
+        }
+    }
+
+    impl Recorder for Counting {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            let Some(outcome) = key.labels().find(|label| label.key() == "outcome") else {
+                return Counter::noop();
+            };
+            let mut outcomes = self.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+            let count = outcomes.entry(outcome.value().to_owned()).or_default();
+            Counter::from_arc(Arc::clone(count))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn dispatch_outcomes_count_in_the_recorder_in_force_when_the_handles_were_made() {
+        let recorder = Counting::default();
+        let handles = metrics::with_local_recorder(&recorder, DispatchMetrics::new);
+        // Outside the local recorder's scope: a lookup by name now would reach the global
+        // (no-op) recorder and count nothing.
+        handles.ended(&ActivityOutcome::TimedOut, Duration::from_millis(3));
+        handles.ended(&ActivityOutcome::TimedOut, Duration::from_millis(4));
+        handles.ended(&ActivityOutcome::Cancelled, Duration::from_millis(5));
+        assert_eq!(recorder.count("timed_out"), 2);
+        assert_eq!(recorder.count("cancelled"), 1);
+        assert_eq!(
+            recorder.count("completed"),
+            0,
+            "only the outcomes that ended count"
+        );
+    }
 
     #[test]
     fn the_lists_hold_each_label_core_records() {
@@ -255,6 +367,14 @@ mod tests {
         ];
         let labels: Vec<&str> = outcomes.iter().map(ActivityOutcome::label).collect();
         assert_eq!(labels, OUTCOME_LABELS);
+        let indexed: Vec<&str> = outcomes
+            .iter()
+            .map(|outcome| OUTCOME_LABELS[outcome_index(outcome)])
+            .collect();
+        assert_eq!(
+            indexed, labels,
+            "each outcome's handle is the one of its own label"
+        );
 
         let unserved = UnservedReason::ALL;
         let labels: Vec<&str> = unserved.iter().map(|r| r.as_str()).collect();

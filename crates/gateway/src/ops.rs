@@ -33,7 +33,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use backlog::{Backlog, REFRESH as BACKLOG_REFRESH};
-pub(crate) use history::record as record_dispatch;
+pub(crate) use history::{PoolCell, PoolHandles};
 pub(crate) use metrics::recorder as install_metrics_recorder;
 
 use crate::config::OpsSection;

@@ -280,6 +280,14 @@ impl WorkerStream {
         let mut acks = token.session().map(|_| ResultsAcks::default());
         let ack_due = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(ack_due);
+        // Waits made once (`changed` again each time it fires): made afresh each turn, once per
+        // frame, each would register and unregister a waiter under a lock.
+        let departed = token.departed();
+        tokio::pin!(departed);
+        let call_gone = self.control.closed();
+        tokio::pin!(call_gone);
+        let changed = delivery.changed();
+        tokio::pin!(changed);
         let end = loop {
             if let Some(farewell) = delivery.farewell_due() {
                 break End::Farewell(farewell);
@@ -319,14 +327,14 @@ impl WorkerStream {
                         }
                     }
                 }
-                reason = token.departed() => {
+                reason = &mut departed => {
                     break End::Refused(match reason {
                         DisconnectReason::Superseded => SessionError::Superseded,
                         reason => SessionError::Deregistered { worker, reason },
                     });
                 }
-                () = self.control.closed() => break End::CallGone,
-                () = delivery.changed() => {}
+                () = &mut call_gone => break End::CallGone,
+                () = &mut changed => changed.set(delivery.changed()),
             }
         };
         if let Some(acks) = acks.as_mut() {

@@ -4,9 +4,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::budget::LossBudget;
+use super::cancel::Cancel;
 use super::overflow::{Forwarded, Offered, OverflowFuture, OverflowOffer};
 use super::quota::{HeldInput, ParkedPlace};
 use super::unserved::{ParkTicket, UnservedAddress};
@@ -65,7 +65,7 @@ impl Dispatcher {
         &self,
         request: &ActivityRequest,
         deadline: Instant,
-        cancel: &CancellationToken,
+        cancel: &Cancel,
         held: &HeldInput<'_>,
         refusable: bool,
         hooks: &DispatchHooks,
@@ -103,7 +103,7 @@ impl Dispatcher {
         request: &ActivityRequest,
         pool: &Pool<'_>,
         deadline: Instant,
-        cancel: &CancellationToken,
+        cancel: &Cancel,
         held: &HeldInput<'_>,
         refusable: bool,
         hooks: &DispatchHooks,
@@ -265,7 +265,7 @@ impl Dispatcher {
         &self,
         remote: OverflowFuture<Forwarded>,
         deadline: Instant,
-        cancel: &CancellationToken,
+        cancel: &Cancel,
     ) -> Forwarded {
         tokio::select! {
             ended = remote => ended,

@@ -26,6 +26,8 @@ pub(crate) enum Signal {
     Cancelled,
     /// The worker resumed its session without ever having received the task: select again.
     Unreached,
+    /// The shutdown grace ended with the task unfinished.
+    ShuttingDown,
 }
 
 /// A task delivered to a worker and not yet finished.
@@ -218,6 +220,22 @@ impl TaskTable {
                 if let Some(signal) = pending.detach(now, reason) {
                     detached.push((*task, Arc::clone(&pending.delivery), signal));
                 }
+            }
+        }
+        detached
+    }
+
+    /// Ends the wait of every dispatch still waiting, as [`TaskTable::detach`] does for one;
+    /// returns each task with its delivery (for the cancel) and its caller's signal.
+    pub(crate) fn detach_every(
+        &mut self,
+        now: Instant,
+        reason: CancelReason,
+    ) -> Vec<(TaskId, Arc<dyn WorkerDelivery>, oneshot::Sender<Signal>)> {
+        let mut detached = Vec::new();
+        for (task, pending) in &mut self.pending {
+            if let Some(signal) = pending.detach(now, reason) {
+                detached.push((*task, Arc::clone(&pending.delivery), signal));
             }
         }
         detached

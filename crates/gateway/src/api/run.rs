@@ -6,6 +6,7 @@
 //! `AwaitOutcome` would return, and the dispatch goes on when the caller goes away (dropping
 //! the await leaves its driver running).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_core::{ActivityOutcome, CallerIdentity, Dispatcher, DurableDispatcher};
@@ -14,6 +15,7 @@ use tonic::Status;
 
 use super::durability::DurabilityDefaults;
 use super::outcome;
+use crate::ops::{PoolCell, PoolHandles};
 
 /// How long past its deadline a durable `Dispatch` waits for the outcome to be recorded: the
 /// driver records `timed_out` or `unserved` at the deadline, and the write takes a commit.
@@ -50,20 +52,27 @@ impl Runner {
     }
 
     /// Runs `wire` to its one outcome, or refuses it with the status of `Dispatch`; the
-    /// outcome goes into the console's pool history.
+    /// outcome goes into the console's history of `wire`'s pool, `pool`
+    /// ([`Runner::pool_of`]).
     pub(crate) async fn run(
         &self,
         caller: &CallerIdentity,
         wire: pb::DispatchRequest,
+        pool: &PoolCell,
     ) -> Result<ActivityOutcome, Status> {
-        let pool = (wire.namespace.clone(), wire.task_queue.clone());
         let started = tokio::time::Instant::now();
         let result = self.run_to_outcome(caller, wire).await;
         if let Ok(outcome) = &result {
-            let task_queue = switchyard_core::normalise_task_queue(&pool.1);
-            crate::ops::record_dispatch(&pool.0, task_queue, outcome.label(), started.elapsed());
+            let now = tokio::time::Instant::now();
+            pool.record(outcome.label(), now.saturating_duration_since(started), now);
         }
         result
+    }
+
+    /// The console's history cell of `wire`'s pool, from the producer's `handles`.
+    pub(crate) fn pool_of(handles: &mut PoolHandles, wire: &pb::DispatchRequest) -> Arc<PoolCell> {
+        let task_queue = switchyard_core::normalise_task_queue(&wire.task_queue);
+        handles.get(&wire.namespace, task_queue)
     }
 
     async fn run_to_outcome(

@@ -19,6 +19,7 @@ use super::run::Runner;
 use super::stream::StreamLimits;
 use super::{caller, convert, drain, outcome, stream};
 use crate::auth::Principals;
+use crate::ops::PoolHandles;
 
 /// Settings of the producer API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,7 +373,9 @@ impl GatewayRpc for GatewayApi {
         request: Request<pb::DispatchRequest>,
     ) -> Result<Response<pb::DispatchReply>, Status> {
         let caller = self.caller(&request, DISPATCH, "Dispatch")?;
-        let ended = self.runner.run(&caller, request.into_inner()).await?;
+        let wire = request.into_inner();
+        let pool = Runner::pool_of(&mut PoolHandles::default(), &wire);
+        let ended = self.runner.run(&caller, wire, &pool).await?;
         Ok(Response::new(pb::DispatchReply {
             outcome: Some(outcome::outcome(ended)),
         }))

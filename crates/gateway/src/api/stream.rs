@@ -32,6 +32,7 @@ use tracing::Instrument;
 
 use super::outcome;
 use super::run::Runner;
+use crate::ops::PoolHandles;
 
 type Reply = Result<pb::DispatchStreamReply, Status>;
 
@@ -199,7 +200,14 @@ impl Driver {
         let bound = replies.max_capacity();
         let mut running = FuturesUnordered::new();
         let mut correlation_ids = HashSet::new();
+        let mut pools = PoolHandles::default();
         let mut reading = true;
+        // Waits made once: a fresh one each turn (twice per dispatch) would register anew on
+        // the server's token, shared by every stream, and on the reply channel.
+        let closed = closing.cancelled();
+        tokio::pin!(closed);
+        let gone = replies.closed();
+        tokio::pin!(gone);
         // Since when the stream has sat at its bound with replies the producer has not taken.
         let mut stalled_since: Option<Instant> = None;
         while reading || !running.is_empty() {
@@ -229,8 +237,10 @@ impl Driver {
                                     correlation_ids.insert(correlation_id);
                                     let runner = Arc::clone(runner);
                                     let caller = Arc::clone(caller);
+                                    let pool = Runner::pool_of(&mut pools, &request);
                                     running.push(async move {
-                                        (correlation_id, runner.run(&caller, request).await)
+                                        let ended = runner.run(&caller, request, &pool).await;
+                                        (correlation_id, ended)
                                     });
                                     None
                                 }
@@ -276,10 +286,10 @@ impl Driver {
                     evict(&self.outlet, self.slow_consumer());
                     return;
                 }
-                () = replies.closed() => return,
+                () = &mut gone => return,
                 // The server is closing: read no more, but every dispatch already running still
                 // sends its one reply (core has ended them all by now).
-                () = closing.cancelled(), if reading => {
+                () = &mut closed, if reading => {
                     reading = false;
                     continue;
                 }

@@ -7,11 +7,15 @@
 //! 19 % of the true value) rather than as samples, so a busy pool costs the same memory as an
 //! idle one.
 //!
-//! Like the Prometheus recorder, the ring is process-wide ([`record`], [`snapshot`]): the
-//! producer API records each dispatch it ran, and the operations listener reads it.
+//! Like the Prometheus recorder, the ring is process-wide ([`pool`], [`snapshot`]): the
+//! producer API records each dispatch it ran, and the operations listener reads it. Each pool's
+//! ring sits behind a lock of its own ([`PoolCell`]), and a producer holds on to the cell of the
+//! pool it dispatches to ([`PoolHandles`]), so a dispatch records without naming its pool again
+//! (no copy of the names, no lookup, no process-wide lock).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -134,11 +138,60 @@ pub(crate) struct PoolSeries {
     pub(crate) points: Vec<Point>,
 }
 
+/// The index of the interval holding `now`, for intervals counted from `origin`.
+fn interval(origin: Instant, now: Instant) -> u64 {
+    (now.saturating_duration_since(origin).as_nanos() / BUCKET.as_nanos()) as u64
+}
+
+/// One pool's ring, shared by the history and the producers recording into it.
+#[derive(Debug)]
+pub(crate) struct PoolCell {
+    origin: Instant,
+    ring: Mutex<Ring>,
+    /// Set once the history let go of the pool (evicted or forgotten): a handle holding the
+    /// cell looks the pool up again rather than record where nobody reads.
+    forgotten: AtomicBool,
+}
+
+impl PoolCell {
+    fn new(origin: Instant) -> Self {
+        Self {
+            origin,
+            ring: Mutex::default(),
+            forgotten: AtomicBool::new(false),
+        }
+    }
+
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        // The ring's operations cannot panic part-way.
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records a dispatch of this pool that ended `outcome` after `latency`, at `now`.
+    pub(crate) fn record(&self, outcome: &'static str, latency: Duration, now: Instant) {
+        let index = interval(self.origin, now);
+        let mut ring = self.ring();
+        let Some(bucket) = ring.bucket(index) else {
+            return;
+        };
+        *bucket.outcomes.entry(outcome).or_insert(0) += 1;
+        bucket.latency[bin(latency)] += 1;
+    }
+
+    fn forget(&self) {
+        self.forgotten.store(true, Ordering::Relaxed);
+    }
+
+    fn is_forgotten(&self) -> bool {
+        self.forgotten.load(Ordering::Relaxed)
+    }
+}
+
 /// The recent dispatches of every pool; see the module documentation.
 #[derive(Debug)]
 pub(crate) struct PoolHistory {
     origin: Instant,
-    pools: HashMap<String, HashMap<String, Ring>>,
+    pools: HashMap<String, HashMap<String, Arc<PoolCell>>>,
     len: usize,
 }
 
@@ -152,12 +205,27 @@ impl PoolHistory {
         }
     }
 
-    fn index(&self, now: Instant) -> u64 {
-        (now.saturating_duration_since(self.origin).as_nanos() / BUCKET.as_nanos()) as u64
+    /// The cell of `(namespace, task_queue)`, made (evicting the stalest pool when
+    /// [`MAX_POOLS`] are kept) if the pool is new.
+    pub(crate) fn pool(&mut self, namespace: &str, task_queue: &str) -> Arc<PoolCell> {
+        if let Some(cell) = self.pools.get(namespace).and_then(|q| q.get(task_queue)) {
+            return Arc::clone(cell);
+        }
+        if self.len >= MAX_POOLS {
+            self.evict_stalest();
+        }
+        self.len += 1;
+        let cell = Arc::new(PoolCell::new(self.origin));
+        self.pools
+            .entry(namespace.to_owned())
+            .or_default()
+            .insert(task_queue.to_owned(), Arc::clone(&cell));
+        cell
     }
 
     /// Records a dispatch of `(namespace, task_queue)` that ended `outcome` after `latency`.
-    pub(crate) fn record(
+    #[cfg(test)]
+    fn record(
         &mut self,
         namespace: &str,
         task_queue: &str,
@@ -165,36 +233,19 @@ impl PoolHistory {
         latency: Duration,
         now: Instant,
     ) {
-        let index = self.index(now);
-        let known = self
-            .pools
-            .get(namespace)
-            .is_some_and(|queues| queues.contains_key(task_queue));
-        if !known {
-            if self.len >= MAX_POOLS {
-                self.evict_stalest();
-            }
-            self.len += 1;
-        }
-        let Some(ring) = self
-            .pools
-            .entry_ref(namespace)
-            .and_then(|queues| queues.entry_ref(task_queue))
-        else {
-            return;
-        };
-        let Some(bucket) = ring.bucket(index) else {
-            return;
-        };
-        *bucket.outcomes.entry(outcome).or_insert(0) += 1;
-        bucket.latency[bin(latency)] += 1;
+        self.pool(namespace, task_queue)
+            .record(outcome, latency, now);
     }
 
     fn evict_stalest(&mut self) {
         let stalest = self
             .pools
             .iter()
-            .flat_map(|(ns, queues)| queues.iter().map(move |(tq, ring)| (ns, tq, ring.latest())))
+            .flat_map(|(ns, queues)| {
+                queues
+                    .iter()
+                    .map(move |(tq, cell)| (ns, tq, cell.ring().latest()))
+            })
             .min_by_key(|(_, _, latest)| *latest)
             .map(|(ns, tq, _)| (ns.clone(), tq.clone()));
         if let Some((namespace, task_queue)) = stalest {
@@ -204,7 +255,8 @@ impl PoolHistory {
 
     fn remove(&mut self, namespace: &str, task_queue: &str) {
         if let Some(queues) = self.pools.get_mut(namespace) {
-            if queues.remove(task_queue).is_some() {
+            if let Some(cell) = queues.remove(task_queue) {
+                cell.forget();
                 self.len -= 1;
             }
             if queues.is_empty() {
@@ -216,12 +268,13 @@ impl PoolHistory {
     /// Every pool that ended a dispatch within the window ending `now`, ordered by namespace
     /// and task queue; pools silent for the whole window are forgotten.
     pub(crate) fn snapshot(&mut self, now: Instant) -> Vec<PoolSeries> {
-        let index = self.index(now);
+        let index = interval(self.origin, now);
         let first = index.saturating_sub(BUCKETS as u64 - 1);
         let mut silent = Vec::new();
         let mut series = Vec::new();
         for (namespace, queues) in &mut self.pools {
-            for (task_queue, ring) in queues.iter_mut() {
+            for (task_queue, cell) in queues.iter() {
+                let mut ring = cell.ring();
                 ring.expire(index);
                 if ring.buckets.is_empty() {
                     silent.push((namespace.clone(), task_queue.clone()));
@@ -256,33 +309,52 @@ impl PoolHistory {
     }
 }
 
-/// `entry` on a map of owned strings by a borrowed key, allocating only for a new key.
-trait EntryRef<V> {
-    fn entry_ref(&mut self, key: &str) -> Option<&mut V>;
-}
-
-impl<V: Default> EntryRef<V> for HashMap<String, V> {
-    fn entry_ref(&mut self, key: &str) -> Option<&mut V> {
-        if !self.contains_key(key) {
-            self.insert(key.to_owned(), V::default());
-        }
-        self.get_mut(key)
-    }
-}
-
 static HISTORY: OnceLock<Mutex<PoolHistory>> = OnceLock::new();
 
 fn global() -> &'static Mutex<PoolHistory> {
     HISTORY.get_or_init(|| Mutex::new(PoolHistory::new(Instant::now())))
 }
 
-/// Records a dispatch in the process-wide history.
-pub(crate) fn record(namespace: &str, task_queue: &str, outcome: &'static str, latency: Duration) {
-    let now = Instant::now();
+/// The cell of `(namespace, task_queue)` in the process-wide history.
+pub(crate) fn pool(namespace: &str, task_queue: &str) -> Arc<PoolCell> {
     global()
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .record(namespace, task_queue, outcome, latency, now);
+        .pool(namespace, task_queue)
+}
+
+/// A producer's cells of the process-wide history: the last pool it dispatched to, looked up
+/// again only when the pool changes or the history let go of it.
+#[derive(Debug, Default)]
+pub(crate) struct PoolHandles {
+    last: Option<(String, String, Arc<PoolCell>)>,
+}
+
+impl PoolHandles {
+    /// The cell of `(namespace, task_queue)`.
+    pub(crate) fn get(&mut self, namespace: &str, task_queue: &str) -> Arc<PoolCell> {
+        self.get_in(namespace, task_queue, pool)
+    }
+
+    fn get_in(
+        &mut self,
+        namespace: &str,
+        task_queue: &str,
+        lookup: impl FnOnce(&str, &str) -> Arc<PoolCell>,
+    ) -> Arc<PoolCell> {
+        if let Some((ns, tq, cell)) = &self.last {
+            if ns == namespace && tq == task_queue && !cell.is_forgotten() {
+                return Arc::clone(cell);
+            }
+        }
+        let cell = lookup(namespace, task_queue);
+        self.last = Some((
+            namespace.to_owned(),
+            task_queue.to_owned(),
+            Arc::clone(&cell),
+        ));
+        cell
+    }
 }
 
 /// The process-wide history now.
@@ -393,6 +465,47 @@ mod tests {
         // Control: exactly one stale pool gave way.
         let stale_left = (1..MAX_POOLS).filter(|i| named(&format!("ns-{i}"))).count();
         assert_eq!(stale_left, MAX_POOLS - 2);
+    }
+
+    #[test]
+    fn a_handle_records_into_its_pool_and_looks_it_up_again_once_forgotten() {
+        let origin = Instant::now();
+        let mut history = PoolHistory::new(origin);
+        let mut handles = PoolHandles::default();
+        let mut lookups = 0;
+        let mut get = |history: &mut PoolHistory, ns: &str| {
+            handles.get_in(ns, "q", |ns, tq| {
+                lookups += 1;
+                history.pool(ns, tq)
+            })
+        };
+        get(&mut history, "a").record("completed", MS, origin);
+        get(&mut history, "a").record("failed", MS, origin);
+        get(&mut history, "b").record("completed", MS, origin);
+        let series = history.snapshot(origin);
+        // A pool's dispatches and failures over the whole window.
+        let point = |series: &[PoolSeries], ns: &str| {
+            series.iter().find(|s| s.namespace == ns).map(|s| {
+                let failed = s.points.iter().filter_map(|p| p.outcomes.get("failed"));
+                let dispatches = s.points.iter().map(|p| p.dispatches).sum::<u64>();
+                (dispatches, failed.sum::<u64>())
+            })
+        };
+        assert_eq!(point(&series, "a"), Some((2, 1)));
+        assert_eq!(point(&series, "b"), Some((1, 0)));
+
+        // A whole window of silence forgets both pools; the handle's cell of `b` with them.
+        let silent = origin + BUCKET * BUCKETS as u32;
+        assert!(history.snapshot(silent).is_empty());
+        get(&mut history, "b").record("completed", MS, silent);
+        let series = history.snapshot(silent);
+        assert_eq!(
+            point(&series, "b"),
+            Some((1, 0)),
+            "recorded where the history reads, not into the forgotten cell"
+        );
+        // Control: the same pool twice in a row was looked up once.
+        assert_eq!(lookups, 3, "a, b, then b again after it was forgotten");
     }
 
     #[test]

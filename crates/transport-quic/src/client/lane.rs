@@ -382,9 +382,20 @@ pub(crate) fn write_reply(
     route: &Route,
     reply: TaskReply,
 ) -> Result<(), Fault> {
-    let size = frame(reply.clone()).encoded_len();
     let limit = usize::try_from(context.frame_limit).unwrap_or(usize::MAX);
-    let up = frame(reply.within_limit(size, limit));
+    let mut up = frame(reply);
+    let size = up.encoded_len();
+    if size > limit {
+        // Only a result can be too large: it becomes the failure saying so, which keeps
+        // nothing of the result but its id (the frame is built twice only then).
+        if let Some(quic_lane_up::Frame::Result(result)) = up.frame {
+            let too_large = TaskReply::Result {
+                task_id: TaskId::from_raw(result.task_id),
+                result: TaskResult::Success(Default::default()),
+            };
+            up = frame(too_large.within_limit(size, limit));
+        }
+    }
     let bytes = encode_frame(&up, context.frame_limit)
         .map_err(|error| Fault::close(ErrorCode::Internal, error.to_string()))?;
     if !context.outbox.push(&route.out, Item::Frame(bytes)) {
