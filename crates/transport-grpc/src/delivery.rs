@@ -6,9 +6,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use prost::Message;
 use switchyard_core::{DeliveryError, TransportName, WorkerDelivery, WorkerMessage};
-use switchyard_proto::v1::GatewayFrame;
 use tokio::sync::{Notify, mpsc};
 
+use crate::outbound::QueuedFrame;
 use crate::wire;
 
 /// The name this transport registers its workers under.
@@ -33,7 +33,7 @@ pub(crate) enum Farewell {
 /// The leg also remembers which pushed tasks the worker has not answered yet and whether it
 /// was asked to leave, so the stream can end the stream once a drained worker holds nothing.
 pub(crate) struct GrpcDelivery {
-    frames: mpsc::Sender<GatewayFrame>,
+    frames: mpsc::Sender<QueuedFrame>,
     max_frame_bytes: usize,
     closed: AtomicBool,
     state: Mutex<LegState>,
@@ -50,7 +50,7 @@ struct LegState {
 
 impl GrpcDelivery {
     /// A leg pushing into `frames`, refusing frames larger than `max_frame_bytes` encoded.
-    pub(crate) fn new(frames: mpsc::Sender<GatewayFrame>, max_frame_bytes: usize) -> Self {
+    pub(crate) fn new(frames: mpsc::Sender<QueuedFrame>, max_frame_bytes: usize) -> Self {
         Self {
             frames,
             max_frame_bytes,
@@ -93,7 +93,7 @@ impl GrpcDelivery {
     pub(crate) fn push_results_ack(&self, tasks: Vec<u64>) -> Result<(), Vec<u64>> {
         match self.frames.try_reserve() {
             Ok(permit) if self.is_connected() => {
-                permit.send(wire::results_ack(tasks));
+                permit.send(Box::new(wire::results_ack(tasks)));
                 Ok(())
             }
             _ => Err(tasks),
@@ -145,10 +145,13 @@ impl WorkerDelivery for GrpcDelivery {
         if let Some(task) = task {
             self.lock().held.insert(task);
         }
-        let queued = self.frames.try_send(frame).map_err(|error| match error {
-            mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
-            mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
-        });
+        let queued = self
+            .frames
+            .try_send(Box::new(frame))
+            .map_err(|error| match error {
+                mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
+                mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
+            });
         let mut state = self.lock();
         match (queued, task) {
             (Err(error), Some(task)) => {

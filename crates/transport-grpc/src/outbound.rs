@@ -8,6 +8,11 @@ use std::time::Duration;
 
 use futures::Stream;
 use switchyard_proto::v1::GatewayFrame;
+
+/// A frame in a worker's push queue, boxed: a tokio channel allocates its first block of 32
+/// slots when it is created, so queuing frames inline (128 bytes each) cost every connected
+/// worker 4 KiB before anything was pushed; boxed, the block is 256 bytes.
+pub(crate) type QueuedFrame = Box<GatewayFrame>;
 use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tonic::Status;
@@ -15,9 +20,7 @@ use tonic::Status;
 /// What the stream tells the response stream.
 pub(crate) enum Control {
     /// Registration accepted: send whatever arrives on `frames`, the acknowledgement first.
-    Registered {
-        frames: mpsc::Receiver<GatewayFrame>,
-    },
+    Registered { frames: mpsc::Receiver<QueuedFrame> },
     /// End the stream with this status.
     Close(Status),
 }
@@ -37,7 +40,7 @@ pub(crate) const CLOSE_FLUSH_LIMIT: Duration = Duration::from_secs(5);
 /// 5 s, so a worker that reads slowly cannot hold the end forever.
 pub struct Outbound {
     control: mpsc::Receiver<Control>,
-    frames: Option<mpsc::Receiver<GatewayFrame>>,
+    frames: Option<mpsc::Receiver<QueuedFrame>>,
     closing: Option<Closing>,
     done: bool,
 }
@@ -84,7 +87,7 @@ impl Outbound {
             if let Some(Poll::Ready(Some(frame))) =
                 self.frames.as_mut().map(|frames| frames.poll_recv(cx))
             {
-                return Poll::Ready(Some(Ok(frame)));
+                return Poll::Ready(Some(Ok(*frame)));
             }
         }
         self.done = true;
@@ -112,7 +115,7 @@ impl Stream for Outbound {
                     Poll::Ready(None) => break None,
                     Poll::Pending => {
                         return match this.frames.as_mut().map(|frames| frames.poll_recv(cx)) {
-                            Some(Poll::Ready(Some(frame))) => Poll::Ready(Some(Ok(frame))),
+                            Some(Poll::Ready(Some(frame))) => Poll::Ready(Some(Ok(*frame))),
                             // Every delivery handle is gone; the control channel decides the end.
                             Some(Poll::Ready(None)) | Some(Poll::Pending) | None => Poll::Pending,
                         };
@@ -135,10 +138,10 @@ mod tests {
 
     use super::*;
 
-    fn ping(seq: u64) -> GatewayFrame {
-        GatewayFrame {
+    fn ping(seq: u64) -> QueuedFrame {
+        Box::new(GatewayFrame {
             frame: Some(gateway_frame::Frame::Ping(LivenessPing { seq })),
-        }
+        })
     }
 
     #[tokio::test]
@@ -153,8 +156,8 @@ mod tests {
             .send(Control::Registered { frames: rx })
             .await
             .unwrap();
-        assert_eq!(stream.next().await.unwrap().unwrap(), ack);
-        assert_eq!(stream.next().await.unwrap().unwrap(), ping(1));
+        assert_eq!(stream.next().await.unwrap().unwrap(), *ack);
+        assert_eq!(stream.next().await.unwrap().unwrap(), *ping(1));
         drop(control);
         assert!(stream.next().await.is_none());
     }
@@ -174,8 +177,8 @@ mod tests {
     /// Registers the stream with the acknowledgement, `ping(0)`, queued first on `tx`.
     fn registered(
         stream_control: &mpsc::Sender<Control>,
-        tx: &mpsc::Sender<GatewayFrame>,
-        frames: mpsc::Receiver<GatewayFrame>,
+        tx: &mpsc::Sender<QueuedFrame>,
+        frames: mpsc::Receiver<QueuedFrame>,
     ) {
         tx.try_send(ping(0)).unwrap();
         stream_control
@@ -188,14 +191,14 @@ mod tests {
         let (mut stream, control) = Outbound::new();
         let (tx, rx) = mpsc::channel(4);
         registered(&control, &tx, rx);
-        assert_eq!(stream.next().await.unwrap().unwrap(), ping(0));
+        assert_eq!(stream.next().await.unwrap().unwrap(), *ping(0));
         tx.try_send(ping(1)).unwrap();
         tx.try_send(ping(2)).unwrap();
         control
             .try_send(Control::Close(Status::unavailable("bye")))
             .unwrap();
-        assert_eq!(stream.next().await.unwrap().unwrap(), ping(1));
-        assert_eq!(stream.next().await.unwrap().unwrap(), ping(2));
+        assert_eq!(stream.next().await.unwrap().unwrap(), *ping(1));
+        assert_eq!(stream.next().await.unwrap().unwrap(), *ping(2));
         let status = stream.next().await.unwrap().unwrap_err();
         assert_eq!(status.message(), "bye");
         assert!(stream.next().await.is_none());
@@ -206,10 +209,10 @@ mod tests {
         let (mut stream, control) = Outbound::new();
         let (tx, rx) = mpsc::channel(4);
         registered(&control, &tx, rx);
-        assert_eq!(stream.next().await.unwrap().unwrap(), ping(0));
+        assert_eq!(stream.next().await.unwrap().unwrap(), *ping(0));
         tx.try_send(ping(1)).unwrap();
         drop(control);
-        assert_eq!(stream.next().await.unwrap().unwrap(), ping(1));
+        assert_eq!(stream.next().await.unwrap().unwrap(), *ping(1));
         assert!(stream.next().await.is_none());
     }
 
@@ -218,13 +221,13 @@ mod tests {
         let (mut stream, control) = Outbound::new();
         let (tx, rx) = mpsc::channel(4);
         registered(&control, &tx, rx);
-        assert_eq!(stream.next().await.unwrap().unwrap(), ping(0));
+        assert_eq!(stream.next().await.unwrap().unwrap(), *ping(0));
         tx.try_send(ping(1)).unwrap();
         tx.try_send(ping(2)).unwrap();
         control
             .try_send(Control::Close(Status::unavailable("bye")))
             .unwrap();
-        assert_eq!(stream.next().await.unwrap().unwrap(), ping(1));
+        assert_eq!(stream.next().await.unwrap().unwrap(), *ping(1));
         // The reader stalls past the limit: what is left is dropped and the status goes out.
         tokio::time::advance(CLOSE_FLUSH_LIMIT + Duration::from_millis(1)).await;
         let status = stream.next().await.unwrap().unwrap_err();

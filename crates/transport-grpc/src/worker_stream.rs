@@ -185,7 +185,7 @@ impl WorkerStream {
         tracing::Span::current().record("worker", tracing::field::display(worker));
         // Core sends nothing to an unannounced worker, so the acknowledgement is the first
         // frame of the queue, and announcing after it is queued keeps it first.
-        let acknowledged = acknowledgement.send(ack).await.is_ok()
+        let acknowledged = acknowledgement.send(Box::new(ack)).await.is_ok()
             && self
                 .control
                 .send(Control::Registered { frames: pushed })
@@ -449,7 +449,7 @@ mod tests {
         }
         assert!(acks.is_full(), "a full batch goes at once");
         assert!(acks.flush(&delivery));
-        let first = acked(pushed.try_recv().ok());
+        let first = acked(pushed.try_recv().ok().map(|frame| *frame));
         assert_eq!(first, Some((1..=ACK_BATCH as u64).collect()), "one frame");
         assert!(!acks.is_pending());
         // The queue is full: the batch stays pending until there is room.
@@ -462,7 +462,7 @@ mod tests {
         let _ping = pushed.try_recv();
         assert!(acks.flush(&delivery));
         assert_eq!(
-            acked(pushed.try_recv().ok()),
+            acked(pushed.try_recv().ok().map(|frame| *frame)),
             Some(vec![ACK_BATCH as u64 + 1])
         );
     }

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use super::ServerShared;
 use super::connection::{CONTROL, write_control};
 use super::datagram;
-use super::delivery::QuicDelivery;
+use super::delivery::{QueuedControl, QuicDelivery};
 use super::intake::Pass;
 use super::lane::OpenedLane;
 use crate::convert;
@@ -33,7 +33,7 @@ pub(super) struct Admitted {
     pub(super) delivery: Arc<QuicDelivery>,
     pub(super) control_send: SendStream,
     pub(super) control_reader: FrameReader,
-    pub(super) control_rx: mpsc::Receiver<QuicControlDown>,
+    pub(super) control_rx: mpsc::Receiver<QueuedControl>,
     /// The capacity in force: none after a registration, the session's after a resume.
     pub(super) capacity: Option<u32>,
 }
@@ -210,7 +210,7 @@ fn connection_delivery(
     server: &ServerShared,
     redundancy: Redundancy,
     acks: bool,
-) -> (Arc<QuicDelivery>, mpsc::Receiver<QuicControlDown>) {
+) -> (Arc<QuicDelivery>, mpsc::Receiver<QueuedControl>) {
     let copies = redundancy
         .wants_datagrams()
         .then(|| Arc::clone(&server.copies));

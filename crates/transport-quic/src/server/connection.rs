@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::ServerShared;
 use super::admit::{Admitted, admit};
-use super::delivery::{FLUSH_PATIENCE, QuicDelivery};
+use super::delivery::{FLUSH_PATIENCE, QueuedControl, QuicDelivery};
 use super::intake::Pass;
 use super::lane::OpenedLane;
 use super::refusals::RegistrationEnd;
@@ -173,7 +173,7 @@ fn end_registration(token: RegistrationToken, exit: Exit, ending: Ending) {
 /// not lost with it.
 async fn flush_control(
     send: &mut SendStream,
-    queued: &mut mpsc::Receiver<QuicControlDown>,
+    queued: &mut mpsc::Receiver<QueuedControl>,
     limit: u32,
     deadline: Instant,
 ) {
@@ -190,7 +190,7 @@ async fn flush_control(
 async fn close_flushed(
     delivery: &QuicDelivery,
     control_send: &mut SendStream,
-    control_rx: &mut mpsc::Receiver<QuicControlDown>,
+    control_rx: &mut mpsc::Receiver<QueuedControl>,
     limit: u32,
     (code, reason): (ErrorCode, &str),
 ) {

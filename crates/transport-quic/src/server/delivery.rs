@@ -30,6 +30,11 @@ pub(crate) const LANE_QUEUE: usize = 8;
 /// Control frames queued toward the worker (only drains travel this way after registration).
 pub(crate) const CONTROL_QUEUE: usize = 4;
 
+/// A control frame queued toward the worker, boxed: a tokio channel allocates its first block
+/// of 32 slots when it is created, so queuing frames inline (128 bytes each) cost every
+/// connection 4 KiB for the drain it almost never sends; boxed, the block is 256 bytes.
+pub(crate) type QueuedControl = Box<QuicControlDown>;
+
 /// Longest a close waits for the frames queued before it to reach the worker (and, at
 /// shutdown, for the cancels of the tasks still held to be queued); a dead peer cannot hold
 /// the close longer.
@@ -43,7 +48,7 @@ pub(crate) struct QuicDelivery {
     conn: Connection,
     outbox: Outbox,
     lanes: Mutex<LaneTable<LaneOut>>,
-    control: mpsc::Sender<QuicControlDown>,
+    control: mpsc::Sender<QueuedControl>,
     connected: AtomicBool,
     lane_frame_limit: u32,
     /// The listener's counters when datagram redundancy is in force on this connection.
@@ -68,7 +73,7 @@ impl QuicDelivery {
         lane_frame_limit: u32,
         copies: Option<Arc<RedundancyCounters>>,
         acks: bool,
-    ) -> (Self, mpsc::Receiver<QuicControlDown>) {
+    ) -> (Self, mpsc::Receiver<QueuedControl>) {
         let (control, control_rx) = mpsc::channel(CONTROL_QUEUE);
         let closer = conn.clone();
         let outbox = Outbox::spawn(Arc::new(move |fault| {
@@ -272,10 +277,12 @@ impl QuicDelivery {
                 reason: reason.into(),
             })),
         };
-        self.control.try_send(drain).map_err(|error| match error {
-            mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
-            mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
-        })?;
+        self.control
+            .try_send(Box::new(drain))
+            .map_err(|error| match error {
+                mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
+                mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
+            })?;
         if self.lanes().start_drain() {
             self.drained.notify_one();
         }

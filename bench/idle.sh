@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# What idle workers cost one gateway process, per transport: `switchyard serve` alone, then
+# GRPC idle gRPC workers (one `switchyard bench --workers-only` process), then QUIC idle QUIC
+# workers (a second one); the gateway's VmRSS (/proc/PID/status) before and once each group is
+# eligible (counted through the ops API), and the time from the first connect to all eligible.
+# Then, with all of them still connected, PROBES dispatches one at a time to those workers from
+# a third process (`--external-workers`), whose JSON report gives the dispatch p99.
+#
+# Needs the release binary (B), curl. Loopback only; the gateway and the workers are separate
+# processes, so the RSS is the gateway's own. Prints one JSON object.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+B=${B:-target/release/switchyard}
+GRPC=${GRPC:-5000}
+QUIC=${QUIC:-5000}
+PROBES=${PROBES:-2000}
+BASE=${BASE:-18900}
+GRPC_ADDR=127.0.0.1:$BASE QUIC_ADDR=127.0.0.1:$((BASE + 1)) OPS=127.0.0.1:$((BASE + 2))
+DIR=$(mktemp -d /tmp/sy-idle.XXXXXX)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+ulimit -n "$(ulimit -Hn)"
+TOTAL=$((GRPC + QUIC))
+export SWITCHYARD_GRPC_MAX_CONNECTIONS=$((TOTAL + 1024))
+export SWITCHYARD_GRPC_MAX_CONNECTIONS_PER_ADDRESS=$((TOTAL + 64))
+export SWITCHYARD_QUIC_MAX_CONNECTIONS_PER_ADDRESS=$((TOTAL + 64))
+"$B" serve --data-dir "$DIR" --grpc-listen "$GRPC_ADDR" --quic-listen "$QUIC_ADDR" \
+    --ops-listen "$OPS" --log-filter warn >"$DIR/serve.log" 2>&1 &
+GATEWAY=$!
+PIDS+=("$GATEWAY")
+for _ in $(seq 100); do curl -sf "http://$OPS/readyz" >/dev/null && break; sleep 0.2; done
+sleep 2
+
+rss() { awk '/^VmRSS:/ { print $2 * 1024 }' "/proc/$GATEWAY/status"; }
+eligible() {
+    curl -sf "http://$OPS/v1/workers?limit=1&standing=eligible" |
+        sed -E 's/.*"total":([0-9]+).*/\1/'
+}
+# Waits (bounded: 600 s) until $1 workers are eligible.
+wait_eligible() {
+    local n=0
+    for _ in $(seq 1200); do
+        n=$(eligible || echo 0)
+        [ "${n:-0}" -ge "$1" ] && return 0
+        sleep 0.5
+    done
+    echo "only $n of $1 workers eligible after 600 s" >&2
+    return 1
+}
+now() { date +%s.%N; }
+
+rss_before=$(rss)
+started=$(now)
+connect() {
+    "$B" bench --connect "$GRPC_ADDR" --quic-connect "$QUIC_ADDR" --ca "$DIR/tls/ca.pem" \
+        --transport "$1" --workers "$2" --capacity 1 \
+        --workers-only 3600 >"$DIR/workers-$1.log" 2>&1 &
+    PIDS+=("$!")
+}
+[ "$GRPC" -gt 0 ] && connect grpc "$GRPC"
+wait_eligible "$GRPC"
+grpc_at=$(now)
+sleep 2
+rss_grpc=$(rss)
+[ "$QUIC" -gt 0 ] && connect quic "$QUIC"
+wait_eligible "$TOTAL"
+quic_at=$(now)
+sleep 2
+rss_all=$(rss)
+load_connected=$(cut -d' ' -f1 /proc/loadavg)
+
+probe=$("$B" bench --connect "$GRPC_ADDR" --quic-connect "$QUIC_ADDR" --ca "$DIR/tls/ca.pem" \
+    --external-workers --workers "$TOTAL" --tasks "$PROBES" --outstanding 1 --via stream)
+rss_end=$(rss)
+peak=$(awk '/^VmHWM:/ { print $2 * 1024 }' "/proc/$GATEWAY/status")
+
+awk -v g="$GRPC" -v q="$QUIC" -v b="$rss_before" -v rg="$rss_grpc" -v ra="$rss_all" \
+    -v re="$rss_end" -v pk="$peak" -v s="$started" -v tg="$grpc_at" -v tq="$quic_at" \
+    -v load="$load_connected" -v probe="$probe" 'BEGIN {
+    printf "{\"grpc_workers\":%.0f,\"quic_workers\":%.0f,\"rss_before_bytes\":%.0f,", g, q, b
+    printf "\"rss_grpc_connected_bytes\":%.0f,\"rss_all_connected_bytes\":%.0f,", rg, ra
+    printf "\"rss_after_probes_bytes\":%.0f,\"peak_rss_bytes\":%.0f,", re, pk
+    printf "\"rss_per_grpc_worker_bytes\":%.0f,", g ? (rg - b) / g : 0
+    printf "\"rss_per_quic_worker_bytes\":%.0f,", q ? (ra - rg) / q : 0
+    printf "\"rss_per_worker_bytes\":%.0f,", (ra - b) / (g + q)
+    printf "\"grpc_connect_to_eligible_s\":%.1f,\"quic_connect_to_eligible_s\":%.1f,", tg - s, tq - tg - 2
+    printf "\"load_average_1m_connected\":%s,\"probe\":%s}\n", load, probe
+}'
