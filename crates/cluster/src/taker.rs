@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::names::{Names, TAKERS};
-use crate::slots::{Subscriptions, free_slots};
+use crate::slots::{Announcements, Subscriptions, free_slots};
 use crate::status::{ClusterStatus, Standing};
 use crate::wire::{self, Answer, CancelMeta, OfferMeta, RemoteEnd};
 
@@ -114,8 +114,7 @@ impl Taker {
 pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
     let mut subscriptions = Subscriptions::new(SUBSCRIPTION_HOLD);
     let mut serving: HashMap<String, CancellationToken> = HashMap::new();
-    let mut had_free: HashMap<String, u32> = HashMap::new();
-    let mut announced: HashMap<String, Instant> = HashMap::new();
+    let mut announcements = Announcements::new(ANNOUNCE_EVERY);
     let mut scan = tokio::time::interval(SLOT_SCAN);
     scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -136,21 +135,12 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
             serving.insert(pool.clone(), served.clone());
             tokio::spawn(serve_pool(Arc::clone(&taker), pool, served));
         }
-        for (pool, slots) in &free {
-            let rose = *slots > 0 && had_free.get(pool).copied().unwrap_or(0) == 0;
-            let quiet = announced
-                .get(pool)
-                .is_none_or(|at| now.saturating_duration_since(*at) >= ANNOUNCE_EVERY);
-            if rose && quiet {
-                announced.insert(pool.clone(), now);
-                let _ = taker
-                    .client
-                    .publish(taker.names.capacity(pool), bytes::Bytes::new())
-                    .await;
-            }
+        for pool in announcements.due(&free, now) {
+            let _ = taker
+                .client
+                .publish(taker.names.capacity(&pool), bytes::Bytes::new())
+                .await;
         }
-        announced.retain(|_, at| now.saturating_duration_since(*at) < ANNOUNCE_EVERY);
-        had_free = free;
     }
     for served in serving.into_values() {
         served.cancel();
