@@ -3,9 +3,11 @@
 //! An offer is one NATS request on the pool's offer subject: the queue group hands it to one
 //! node subscribed there (only nodes with a free slot are), which answers "taken" or "busy";
 //! no subscriber at all is NATS's immediate no-responders, the dispatch's "no taker". A taken
-//! dispatch's end arrives on this node's outcome subject, matched by forward id; while it
-//! runs, the taker's membership is checked every second, and a taker whose entry aged out
-//! counts as lost (the dispatch is offered again within the loss budget).
+//! dispatch's end arrives in the answer (a task that ended at once) or on this node's outcome
+//! subject, matched by forward id. While forwarded dispatches run, one sweep a second checks
+//! each one's taker against the membership view, and a taker whose entry aged out (or whose
+//! name another process holds now) counts as lost: the dispatch is offered again within the
+//! loss budget.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,14 +27,13 @@ use tokio_util::sync::CancellationToken;
 use crate::members::Members;
 use crate::names::{Names, pool_hash};
 use crate::status::{ClusterStatus, Standing};
-use crate::taker::{BUSY, TAKEN};
-use crate::wire::{self, CancelMeta, OfferMeta, RemoteEnd};
+use crate::wire::{self, Answer, CancelMeta, OfferMeta, RemoteEnd};
 
 /// How long an offer waits for its "taken" or "busy".
 const OFFER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Offers one dispatch makes in a row while takers answer "busy".
 const BUSY_RETRIES: usize = 3;
-/// How often a forwarded dispatch checks that its taker is still a member.
+/// How often the forwarded dispatches' takers are checked against the membership view.
 const TAKER_CHECK: Duration = Duration::from_secs(1);
 /// A parked dispatch offers again at least this often, in case a capacity announcement was
 /// lost (NATS restarting, say).
@@ -50,7 +51,7 @@ pub(crate) struct Forwarder {
     member_ttl: Duration,
     next_forward: AtomicU64,
     /// Forwarded dispatches waiting for their end, by forward id.
-    waiting: Mutex<HashMap<u64, oneshot::Sender<RemoteEnd>>>,
+    waiting: Mutex<HashMap<u64, Waiting>>,
     /// Per pool hash: woken when a node announces a free slot there.
     capacity: Mutex<HashMap<String, Arc<Notify>>>,
     /// Woken when a node joins.
@@ -80,7 +81,7 @@ impl Forwarder {
         })
     }
 
-    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<RemoteEnd>>> {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting>> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -97,23 +98,35 @@ impl Forwarder {
         self.joined.notify_waiters();
     }
 
-    /// The process instance holding `node`'s name, as far as the membership view knows.
-    fn instance_of(&self, node: &str) -> Option<u64> {
-        let members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
-        members.instance(node)
+    /// A forward's offer was taken by `taker`: from now on the sweep checks it.
+    fn taken_by(&self, forward: u64, taker: &str) {
+        // The process that answered "taken" is the one the view holds now: a successor under
+        // its name can only write after its entry aged out.
+        let instance = self
+            .members
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .instance(taker);
+        if let Some(waiting) = self.waiting().get_mut(&forward) {
+            waiting.taker = Some((taker.to_owned(), instance));
+        }
     }
 
-    /// True when the process of `taker` that took a task (`instance`) is gone: another
-    /// process holds the name now, or the entry aged out.
-    fn taker_lost(&self, taker: &str, instance: &mut Option<u64>) -> bool {
+    /// Ends every forwarded dispatch whose taker is gone as lost (it is offered again).
+    fn sweep_lost_takers(&self) {
         let now = Instant::now();
-        let members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
-        if members.replaced(taker, instance) {
-            return true;
+        let lost = {
+            let members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+            // Only a node connected for a whole TTL has seen every live node's refresh.
+            let settled = self.status.connected_for(self.member_ttl, now);
+            let mut waiting = self.waiting();
+            lost_takers(&mut waiting, &members, settled, self.member_ttl, now)
+        };
+        for (forward, taker, ended) in lost {
+            tracing::info!(%taker, forward,
+                "cluster: the node holding a forwarded dispatch left; offering again");
+            let _ = ended.send(RemoteEnd::Lost);
         }
-        // Only a node connected for a whole TTL has seen every live node's refresh.
-        self.status.connected_for(self.member_ttl, now)
-            && !members.is_live(taker, self.member_ttl, now)
     }
 
     async fn offer(self: Arc<Self>, offer: OverflowOffer) -> Offered {
@@ -141,7 +154,13 @@ impl Forwarder {
         };
         let body = wire::encode_offer(&meta, &request.input);
         let (ended_tx, ended) = oneshot::channel();
-        self.waiting().insert(forward, ended_tx);
+        self.waiting().insert(
+            forward,
+            Waiting {
+                ended: ended_tx,
+                taker: None,
+            },
+        );
         let mut watch = ForwardWatch {
             forwarder: Arc::clone(&self),
             forward,
@@ -173,13 +192,20 @@ impl Forwarder {
                 }
             };
             watch.unanswered = false;
-            if let Some(taker) = answer.payload.strip_prefix(TAKEN) {
-                let taker = String::from_utf8_lossy(taker).trim().to_owned();
-                watch.taker = Some(taker);
-                return Offered::Taken(Box::pin(watch.wait(ended)));
-            }
-            if answer.payload.as_ref() != BUSY {
-                break;
+            match wire::decode_answer(&answer.payload) {
+                Ok(Answer::Taken(taker)) => {
+                    self.taken_by(forward, &taker);
+                    watch.taker = Some(taker);
+                    return Offered::Taken(Box::pin(watch.wait(ended)));
+                }
+                Ok(Answer::Ended(_, end)) => {
+                    return Offered::Taken(Box::pin(std::future::ready(forwarded(end))));
+                }
+                Ok(Answer::Busy) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "cluster: unreadable answer to an offer");
+                    break;
+                }
             }
         }
         Offered::NoTaker
@@ -197,33 +223,58 @@ struct ForwardWatch {
 }
 
 impl ForwardWatch {
-    async fn wait(mut self, mut ended: oneshot::Receiver<RemoteEnd>) -> Forwarded {
-        let taker = self.taker.clone().unwrap_or_default();
-        // The process that answered "taken" is the one the view holds now: a successor under
-        // its name can only write after its entry aged out.
-        let mut instance = self.forwarder.instance_of(&taker);
-        let mut check = tokio::time::interval(TAKER_CHECK);
-        check.tick().await;
-        loop {
-            tokio::select! {
-                end = &mut ended => {
-                    self.taker = None;
-                    return match end {
-                        Ok(RemoteEnd::Outcome(outcome)) => Forwarded::Outcome(outcome),
-                        Ok(RemoteEnd::Lost) | Err(_) => Forwarded::Lost,
-                    };
-                }
-                _ = check.tick() => {
-                    if self.forwarder.taker_lost(&taker, &mut instance) {
-                        tracing::info!(%taker, forward = self.forward,
-                            "cluster: the node holding a forwarded dispatch left; offering again");
-                        self.taker = None;
-                        return Forwarded::Lost;
-                    }
-                }
-            }
+    async fn wait(mut self, ended: oneshot::Receiver<RemoteEnd>) -> Forwarded {
+        let end = ended.await;
+        self.taker = None;
+        match end {
+            Ok(end) => forwarded(end),
+            Err(_) => Forwarded::Lost,
         }
     }
+}
+
+/// What the dispatcher hears of a remote end.
+fn forwarded(end: RemoteEnd) -> Forwarded {
+    match end {
+        RemoteEnd::Outcome(outcome) => Forwarded::Outcome(outcome),
+        RemoteEnd::Lost => Forwarded::Lost,
+    }
+}
+
+/// One forwarded dispatch waiting for its end.
+struct Waiting {
+    ended: oneshot::Sender<RemoteEnd>,
+    /// The node that took it, and its process instance as the view held it then; `None`
+    /// until "taken" is heard.
+    taker: Option<(String, Option<u64>)>,
+}
+
+/// Removes the forwards whose taker is gone at `now` from `waiting`, with their taker and
+/// channel: another process holds the taker's name now, or (once this node has been
+/// connected for a whole TTL, `settled`) its entry aged out.
+fn lost_takers(
+    waiting: &mut HashMap<u64, Waiting>,
+    members: &Members,
+    settled: bool,
+    ttl: Duration,
+    now: Instant,
+) -> Vec<(u64, String, oneshot::Sender<RemoteEnd>)> {
+    let lost: Vec<u64> = waiting
+        .iter_mut()
+        .filter_map(|(forward, waiting)| {
+            let (taker, instance) = waiting.taker.as_mut()?;
+            let gone =
+                members.replaced(taker, instance) || (settled && !members.is_live(taker, ttl, now));
+            gone.then_some(*forward)
+        })
+        .collect();
+    lost.into_iter()
+        .filter_map(|forward| {
+            let waiting = waiting.remove(&forward)?;
+            let (taker, _) = waiting.taker?;
+            Some((forward, taker, waiting.ended))
+        })
+        .collect()
 }
 
 impl Drop for ForwardWatch {
@@ -282,7 +333,8 @@ impl Overflow for ClusterOverflow {
     }
 }
 
-/// Routes the ends of forwarded dispatches to their waiting dispatch, until `stop`.
+/// Routes the ends of forwarded dispatches to their waiting dispatch, and sweeps for lost
+/// takers, until `stop`.
 pub(crate) async fn follow_outcomes(forwarder: Arc<Forwarder>, stop: CancellationToken) {
     let subject = forwarder.names.outcome(&forwarder.node);
     let mut ends = match forwarder.client.subscribe(subject.clone()).await {
@@ -292,16 +344,22 @@ pub(crate) async fn follow_outcomes(forwarder: Arc<Forwarder>, stop: Cancellatio
             return;
         }
     };
+    let mut sweep = tokio::time::interval(TAKER_CHECK);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let message = tokio::select! {
             () = stop.cancelled() => return,
+            _ = sweep.tick() => {
+                forwarder.sweep_lost_takers();
+                continue;
+            }
             message = ends.next() => message,
         };
         let Some(message) = message else { return };
         match wire::decode_end(&message.payload) {
             Ok((forward, end)) => {
                 if let Some(waiting) = forwarder.waiting().remove(&forward) {
-                    let _ = waiting.send(end);
+                    let _ = waiting.ended.send(end);
                 }
             }
             Err(error) => tracing::debug!(%error, "cluster: unreadable outcome dropped"),
@@ -337,5 +395,62 @@ pub(crate) async fn follow_capacity(forwarder: Arc<Forwarder>, stop: Cancellatio
                 notify.notify_waiters();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting_on(taker: &str, instance: Option<u64>) -> (Waiting, oneshot::Receiver<RemoteEnd>) {
+        let (ended, receiver) = oneshot::channel();
+        let taker = Some((taker.to_owned(), instance));
+        (Waiting { ended, taker }, receiver)
+    }
+
+    #[test]
+    fn the_sweep_ends_only_the_forwards_of_a_gone_taker() {
+        let ttl = Duration::from_secs(10);
+        let start = Instant::now();
+        let mut members = Members::default();
+        members.seen("a", 1, start);
+        members.seen("b", 2, start);
+        let mut waiting = HashMap::new();
+        let (on_a, _a) = waiting_on("a", Some(1));
+        let (on_b, _b) = waiting_on("b", Some(2));
+        let (offered, _o) = oneshot::channel();
+        waiting.insert(1, on_a);
+        waiting.insert(2, on_b);
+        waiting.insert(
+            3,
+            Waiting {
+                ended: offered,
+                taker: None,
+            },
+        );
+        // Control: every taker is live, nothing ends.
+        assert!(lost_takers(&mut waiting, &members, true, ttl, start).is_empty());
+        // "b" restarts under its name: its forward ends, "a"'s and the unanswered one stay.
+        members.seen("b", 3, start + Duration::from_secs(1));
+        let lost = lost_takers(
+            &mut waiting,
+            &members,
+            true,
+            ttl,
+            start + Duration::from_secs(1),
+        );
+        let lost: Vec<(u64, String)> = lost.into_iter().map(|(f, t, _)| (f, t)).collect();
+        assert_eq!(lost, vec![(2, "b".to_owned())]);
+        assert_eq!(waiting.len(), 2);
+        // "a" ages out, but only a settled node trusts that.
+        let late = start + ttl;
+        assert!(lost_takers(&mut waiting, &members, false, ttl, late).is_empty());
+        let lost = lost_takers(&mut waiting, &members, true, ttl, late);
+        assert_eq!(lost.len(), 1);
+        assert_eq!(lost[0].0, 1);
+        assert!(
+            waiting.contains_key(&3),
+            "an offer not yet taken is not swept"
+        );
     }
 }

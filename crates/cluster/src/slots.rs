@@ -105,6 +105,58 @@ impl Subscriptions {
     }
 }
 
+/// Which pools to announce as having a free slot again: a pool whose free slots rose from
+/// zero, at most once per [`Announcements::every`] each. A rise inside that interval is owed,
+/// not dropped, and announced when it ends if the pool still has a free slot: an origin whose
+/// offers all found the pool full waits for an announcement.
+#[derive(Debug)]
+pub(crate) struct Announcements {
+    had_free: HashMap<String, u32>,
+    announced: HashMap<String, Instant>,
+    owed: HashSet<String>,
+    every: Duration,
+}
+
+impl Announcements {
+    pub(crate) fn new(every: Duration) -> Self {
+        Self {
+            had_free: HashMap::new(),
+            announced: HashMap::new(),
+            owed: HashSet::new(),
+            every,
+        }
+    }
+
+    /// The pools to announce now, given this scan's free slots at `now`.
+    pub(crate) fn due(&mut self, free: &HashMap<String, u32>, now: Instant) -> Vec<String> {
+        for (pool, slots) in free {
+            if *slots > 0 && self.had_free.get(pool).copied().unwrap_or(0) == 0 {
+                self.owed.insert(pool.clone());
+            }
+        }
+        let every = self.every;
+        self.announced
+            .retain(|_, at| now.saturating_duration_since(*at) < every);
+        let mut due = Vec::new();
+        self.owed.retain(|pool| {
+            if free.get(pool).copied().unwrap_or(0) == 0 {
+                return false;
+            }
+            if self.announced.contains_key(pool) {
+                return true;
+            }
+            due.push(pool.clone());
+            false
+        });
+        for pool in &due {
+            self.announced.insert(pool.clone(), now);
+        }
+        self.had_free.clone_from(free);
+        due.sort();
+        due
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +215,39 @@ mod tests {
             subs.plan(&gone, start + Duration::from_secs(1)).unsubscribe,
             vec!["p".to_owned()]
         );
+    }
+
+    #[test]
+    fn a_rise_inside_the_interval_is_announced_when_it_ends() {
+        let every = Duration::from_secs(1);
+        let start = Instant::now();
+        let mut announce = Announcements::new(every);
+        assert_eq!(
+            announce.due(&free(&[("p", 1)]), start),
+            vec!["p".to_owned()]
+        );
+        assert!(
+            announce.due(&free(&[("p", 2)]), start).is_empty(),
+            "no rise from zero"
+        );
+        announce.due(&free(&[("p", 0)]), start + Duration::from_millis(200));
+        // Risen again inside the interval: owed, not sent ...
+        assert!(
+            announce
+                .due(&free(&[("p", 1)]), start + Duration::from_millis(500))
+                .is_empty()
+        );
+        // ... and sent once the interval is up, without another rise.
+        assert_eq!(
+            announce.due(&free(&[("p", 1)]), start + every),
+            vec!["p".to_owned()]
+        );
+        // Control: a rise owed, then full again before the interval is up, owes nothing.
+        let ms = |n| start + every + Duration::from_millis(n);
+        announce.due(&free(&[("p", 0)]), ms(200));
+        assert!(announce.due(&free(&[("p", 1)]), ms(500)).is_empty());
+        announce.due(&free(&[("p", 0)]), ms(800));
+        assert!(announce.due(&free(&[("p", 0)]), ms(1000)).is_empty());
+        assert!(announce.due(&free(&[("p", 0)]), ms(3000)).is_empty());
     }
 }

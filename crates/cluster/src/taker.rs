@@ -3,23 +3,26 @@
 //!
 //! A taker runs an offer as a `local_only` dispatch: a local worker takes it at once or the
 //! answer is "busy" (another offer or a local dispatch got the slot first). "taken" goes back
-//! the moment the task is delivered; the outcome follows on the origin's outcome subject.
+//! once the task is delivered; the outcome follows on the origin's outcome subject, or rides in
+//! the answer when the task ended first.
 
+use std::any::Any;
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::{Client, Message};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use switchyard_core::{ActivityOutcome, CallerIdentity, DispatchHooks, Dispatcher};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::names::{Names, TAKERS};
-use crate::slots::{Subscriptions, free_slots};
+use crate::slots::{Announcements, Subscriptions, free_slots};
 use crate::status::{ClusterStatus, Standing};
-use crate::wire::{self, CancelMeta, OfferMeta, RemoteEnd};
+use crate::wire::{self, Answer, CancelMeta, OfferMeta, RemoteEnd};
 
 /// How often the node looks at its free slots.
 const SLOT_SCAN: Duration = Duration::from_millis(50);
@@ -32,10 +35,10 @@ const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
 /// free slot there, or had one within the hold).
 pub const OFFER_POOLS: &str = "switchyard_cluster_offer_pools";
 
-/// Reply to an offer this node took.
-pub(crate) const TAKEN: &[u8] = b"taken";
-/// Reply to an offer this node could not take.
-pub(crate) const BUSY: &[u8] = b"busy";
+/// How long a taker holds its "taken" after the delivery, for the end to ride in the answer
+/// instead of a message of its own. The origin's outcome is never later for it: a task that
+/// ends within it is answered with its end, one that runs longer sends its end as before.
+const ANSWER_LINGER: Duration = Duration::from_millis(5);
 
 /// What the taking side shares between its tasks.
 pub(crate) struct Taker {
@@ -111,8 +114,7 @@ impl Taker {
 pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
     let mut subscriptions = Subscriptions::new(SUBSCRIPTION_HOLD);
     let mut serving: HashMap<String, CancellationToken> = HashMap::new();
-    let mut had_free: HashMap<String, u32> = HashMap::new();
-    let mut announced: HashMap<String, Instant> = HashMap::new();
+    let mut announcements = Announcements::new(ANNOUNCE_EVERY);
     let mut scan = tokio::time::interval(SLOT_SCAN);
     scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -133,21 +135,12 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
             serving.insert(pool.clone(), served.clone());
             tokio::spawn(serve_pool(Arc::clone(&taker), pool, served));
         }
-        for (pool, slots) in &free {
-            let rose = *slots > 0 && had_free.get(pool).copied().unwrap_or(0) == 0;
-            let quiet = announced
-                .get(pool)
-                .is_none_or(|at| now.saturating_duration_since(*at) >= ANNOUNCE_EVERY);
-            if rose && quiet {
-                announced.insert(pool.clone(), now);
-                let _ = taker
-                    .client
-                    .publish(taker.names.capacity(pool), bytes::Bytes::new())
-                    .await;
-            }
+        for pool in announcements.due(&free, now) {
+            let _ = taker
+                .client
+                .publish(taker.names.capacity(&pool), bytes::Bytes::new())
+                .await;
         }
-        announced.retain(|_, at| now.saturating_duration_since(*at) < ANNOUNCE_EVERY);
-        had_free = free;
     }
     for served in serving.into_values() {
         served.cancel();
@@ -188,27 +181,30 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
     let _ = offers.unsubscribe().await;
 }
 
-/// Answers one offer and, when taken, sends its outcome to the origin.
+/// Answers one offer and, when taken, sends its end to the origin: in the answer itself when
+/// the task ends within [`ANSWER_LINGER`] of its delivery (one message fewer), else as
+/// "taken" at once after the linger and the end on the origin's outcome subject.
 async fn take(taker: Arc<Taker>, offer: Message) {
     let Some(reply) = offer.reply.clone() else {
         return;
     };
+    let busy = || wire::encode_answer(&Answer::Busy);
     let parsed = wire::unframe::<OfferMeta>(&offer.payload);
     let (meta, input) = match parsed {
         Ok(parsed) if taker.status.standing() == Standing::Joined => parsed,
         Ok(_) => {
-            let _ = taker.client.publish(reply, BUSY.into()).await;
+            let _ = taker.client.publish(reply, busy()).await;
             return;
         }
         Err(error) => {
             tracing::debug!(%error, "cluster: unreadable offer refused");
-            let _ = taker.client.publish(reply, BUSY.into()).await;
+            let _ = taker.client.publish(reply, busy()).await;
             return;
         }
     };
     let key = (meta.origin.clone(), meta.forward);
     let Some(cancel) = taker.cancels().start(key.clone()) else {
-        let _ = taker.client.publish(reply, BUSY.into()).await;
+        let _ = taker.client.publish(reply, busy()).await;
         return;
     };
     let (delivered_tx, delivered) = oneshot::channel::<()>();
@@ -231,36 +227,37 @@ async fn take(taker: Arc<Taker>, offer: Message) {
     let caller = CallerIdentity::trusted(format!("cluster:{}", meta.origin));
     let request = wire::offered_request(&meta, input);
     let dispatcher = taker.dispatcher.clone();
-    let mut running =
-        tokio::spawn(async move { dispatcher.dispatch_with(&caller, request, hooks).await });
-    let answered = tokio::select! {
+    // Driven here rather than spawned: one task per offer. A panic in the dispatch is caught
+    // so the origin still hears of the loss.
+    let running =
+        AssertUnwindSafe(async move { dispatcher.dispatch_with(&caller, request, hooks).await })
+            .catch_unwind();
+    tokio::pin!(running);
+    tokio::select! {
         biased;
-        Ok(()) = delivered => {
-            let taken = [TAKEN, b" ", taker.node.as_bytes()].concat();
-            let _ = taker.client.publish(reply.clone(), taken.into()).await;
-            true
-        }
+        Ok(()) = delivered => {}
         ended = &mut running => {
             // Ended before any delivery: a local miss (busy), or refused outright.
             taker.cancels().running.remove(&key);
             tracing::trace!(ended = ?ended.map(|r| r.map(|o| o.label())), "cluster: offer not taken");
-            let _ = taker.client.publish(reply, BUSY.into()).await;
-            false
+            let _ = taker.client.publish(reply, busy()).await;
+            return;
         }
-    };
-    if !answered {
+    }
+    if let Ok(ended) = tokio::time::timeout(ANSWER_LINGER, &mut running).await {
+        taker.cancels().running.remove(&key);
+        let answer = Answer::Ended(meta.forward, remote_end(ended));
+        let _ = taker
+            .client
+            .publish(reply, wire::encode_answer(&answer))
+            .await;
         return;
     }
+    let taken = wire::encode_answer(&Answer::Taken(taker.node.clone()));
+    let _ = taker.client.publish(reply, taken).await;
     let ended = running.await;
     taker.cancels().running.remove(&key);
-    let end = match ended {
-        // A local-only dispatch that ends unserved after its delivery lost its worker and
-        // found no other here: the origin offers it again.
-        Ok(Ok(ActivityOutcome::Unserved { .. })) => RemoteEnd::Lost,
-        Ok(Ok(outcome)) => RemoteEnd::Outcome(outcome),
-        Ok(Err(_)) | Err(_) => RemoteEnd::Lost,
-    };
-    let body = wire::encode_end(meta.forward, &end);
+    let body = wire::encode_end(meta.forward, &remote_end(ended));
     if let Err(error) = taker
         .client
         .publish(taker.names.outcome(&meta.origin), body)
@@ -268,6 +265,17 @@ async fn take(taker: Arc<Taker>, offer: Message) {
     {
         tracing::warn!(origin = %meta.origin, forward = meta.forward, %error,
             "cluster: outcome of a forwarded dispatch not sent");
+    }
+}
+
+/// What the origin hears of a delivered dispatch's end.
+fn remote_end<E>(ended: Result<Result<ActivityOutcome, E>, Box<dyn Any + Send>>) -> RemoteEnd {
+    match ended {
+        // A local-only dispatch that ends unserved after its delivery lost its worker and
+        // found no other here: the origin offers it again.
+        Ok(Ok(ActivityOutcome::Unserved { .. })) => RemoteEnd::Lost,
+        Ok(Ok(outcome)) => RemoteEnd::Outcome(outcome),
+        Ok(Err(_)) | Err(_) => RemoteEnd::Lost,
     }
 }
 

@@ -1,5 +1,8 @@
 //! The bodies of cluster messages: a 4-byte big-endian length, that many bytes of JSON
-//! metadata, then the opaque payload (a task's input or output) as is.
+//! metadata, then the opaque payload (a task's input or output) as is. A taker's answer to an
+//! offer is a word (`busy`, `taken <node>`), or `ended ` followed by an end's body when the
+//! task finished before the answer went out (the answer then carries the outcome, and no
+//! outcome message follows).
 
 use std::time::Duration;
 
@@ -61,6 +64,54 @@ pub(crate) enum RemoteEnd {
 pub(crate) struct CancelMeta {
     pub(crate) origin: String,
     pub(crate) forward: u64,
+}
+
+/// Reply to an offer this node took.
+const TAKEN: &[u8] = b"taken ";
+/// Reply to an offer this node could not take.
+const BUSY: &[u8] = b"busy";
+/// Reply to an offer this node took and finished before it answered.
+const ENDED: &[u8] = b"ended ";
+
+/// A taker's answer to one offer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Not taken (no free slot here any more, or refused).
+    Busy,
+    /// Taken by the named node; the end follows on the origin's outcome subject.
+    Taken(String),
+    /// Taken and already ended: the one end of this forward, carried by the answer itself.
+    Ended(u64, RemoteEnd),
+}
+
+pub(crate) fn encode_answer(answer: &Answer) -> Bytes {
+    match answer {
+        Answer::Busy => Bytes::from_static(BUSY),
+        Answer::Taken(node) => [TAKEN, node.as_bytes()].concat().into(),
+        Answer::Ended(forward, end) => {
+            let body = encode_end(*forward, end);
+            let mut answer = BytesMut::with_capacity(ENDED.len() + body.len());
+            answer.put_slice(ENDED);
+            answer.put_slice(&body);
+            answer.freeze()
+        }
+    }
+}
+
+pub(crate) fn decode_answer(body: &Bytes) -> Result<Answer, WireError> {
+    if body.as_ref() == BUSY {
+        return Ok(Answer::Busy);
+    }
+    if let Some(node) = body.strip_prefix(TAKEN) {
+        return Ok(Answer::Taken(
+            String::from_utf8_lossy(node).trim().to_owned(),
+        ));
+    }
+    if body.starts_with(ENDED) {
+        let (forward, end) = decode_end(&body.slice(ENDED.len()..))?;
+        return Ok(Answer::Ended(forward, end));
+    }
+    Err(WireError::Metadata("unknown answer".to_owned()))
 }
 
 pub(crate) fn frame<T: Serialize>(meta: &T, payload: &[u8]) -> Bytes {
@@ -216,6 +267,25 @@ mod tests {
         assert_eq!(decode_end(&Bytes::from(wrong)), Err(WireError::Truncated));
         // Control: the intact body reads.
         assert!(decode_end(&body).is_ok());
+    }
+
+    #[test]
+    fn every_answer_round_trips_and_an_unknown_one_is_refused() {
+        let answers = [
+            Answer::Busy,
+            Answer::Taken("n2".to_owned()),
+            Answer::Ended(
+                9,
+                RemoteEnd::Outcome(ActivityOutcome::Completed(Bytes::from_static(b"out"))),
+            ),
+            Answer::Ended(10, RemoteEnd::Lost),
+        ];
+        for answer in answers {
+            assert_eq!(decode_answer(&encode_answer(&answer)), Ok(answer));
+        }
+        // Control: neither a word nor an end is read as an answer.
+        assert!(decode_answer(&Bytes::from_static(b"took n2")).is_err());
+        assert!(decode_answer(&Bytes::from_static(b"ended \0\0")).is_err());
     }
 
     #[test]
