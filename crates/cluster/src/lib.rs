@@ -36,5 +36,5 @@ pub use error::JoinError;
 pub use members::NodeInfo;
 pub use names::{check_name, pool_hash};
 pub use status::{ClusterStatus, Standing};
-pub use taker::OFFER_POOLS;
 pub use store::{JetStreamLimits, JetStreamStore, StoreOpenError};
+pub use taker::OFFER_POOLS;
