@@ -152,6 +152,9 @@ async fn restart(site: &Site) -> (Process, u16) {
         if node.line_or_exit("grpc").await.is_some() {
             return (node, ops);
         }
+        // Its stdout closed: wait for the exit and the last of its stderr (the refusal comes
+        // after the start-up warnings).
+        node.exit().await;
         let refused = node.stderr();
         assert!(
             refused.contains("is held by a live node"),
