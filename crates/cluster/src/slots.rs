@@ -105,15 +105,23 @@ impl Subscriptions {
     }
 }
 
+/// How long a "busy" answer keeps its pool owed an announcement: as long as an origin whose
+/// offer it turned away would otherwise wait before offering again.
+pub(crate) const BUSY_OWED_FOR: Duration = Duration::from_secs(5);
+
 /// Which pools to announce as having a free slot again: a pool whose free slots rose from
-/// zero, at most once per [`Announcements::every`] each. A rise inside that interval is owed,
-/// not dropped, and announced when it ends if the pool still has a free slot: an origin whose
-/// offers all found the pool full waits for an announcement.
+/// zero, or one this node answered "busy" for, at most once per [`Announcements::every`] each.
+/// A rise inside that interval is owed, not dropped, and announced when it ends if the pool
+/// still has a free slot: an origin whose offers all found the pool full waits for an
+/// announcement. A busy answer owes one until a scan finds a free slot (for at most
+/// [`BUSY_OWED_FOR`]): slots that free and fill between two scans never read zero, so no rise
+/// would ever be seen, and the origin would wait out its re-offer period.
 #[derive(Debug)]
 pub(crate) struct Announcements {
     had_free: HashMap<String, u32>,
     announced: HashMap<String, Instant>,
     owed: HashSet<String>,
+    busy: HashMap<String, Instant>,
     every: Duration,
 }
 
@@ -123,8 +131,14 @@ impl Announcements {
             had_free: HashMap::new(),
             announced: HashMap::new(),
             owed: HashSet::new(),
+            busy: HashMap::new(),
             every,
         }
+    }
+
+    /// This node answered an offer for `pool` "busy" at `at`.
+    pub(crate) fn answered_busy(&mut self, pool: String, at: Instant) {
+        self.busy.insert(pool, at);
     }
 
     /// The pools to announce now, given this scan's free slots at `now`.
@@ -138,8 +152,21 @@ impl Announcements {
         self.announced
             .retain(|_, at| now.saturating_duration_since(*at) < every);
         let mut due = Vec::new();
+        self.busy.retain(|pool, at| {
+            if now.saturating_duration_since(*at) >= BUSY_OWED_FOR {
+                return false;
+            }
+            if free.get(pool).copied().unwrap_or(0) == 0 || self.announced.contains_key(pool) {
+                return true;
+            }
+            due.push(pool.clone());
+            false
+        });
         self.owed.retain(|pool| {
             if free.get(pool).copied().unwrap_or(0) == 0 {
+                return false;
+            }
+            if due.contains(pool) {
                 return false;
             }
             if self.announced.contains_key(pool) {
@@ -215,6 +242,51 @@ mod tests {
             subs.plan(&gone, start + Duration::from_secs(1)).unsubscribe,
             vec!["p".to_owned()]
         );
+    }
+
+    #[test]
+    fn a_pool_answered_busy_is_announced_at_the_first_scan_with_a_free_slot() {
+        let every = Duration::from_secs(1);
+        let start = Instant::now();
+        let ms = |n| start + Duration::from_millis(n);
+        let mut announce = Announcements::new(every);
+        // The pool is seen with a free slot, announced once, and never reads zero again: its
+        // slots free and fill between scans.
+        assert_eq!(announce.due(&free(&[("p", 1)]), ms(0)), ["p"]);
+        assert!(announce.due(&free(&[("p", 1)]), ms(1500)).is_empty());
+        // Control: without a busy answer nothing more is announced.
+        assert!(announce.due(&free(&[("p", 2)]), ms(2000)).is_empty());
+        // A busy answer owes an announcement, made at the next scan that finds a free slot.
+        announce.answered_busy("p".to_owned(), ms(2100));
+        assert!(announce.due(&free(&[("p", 0)]), ms(2150)).is_empty());
+        assert_eq!(announce.due(&free(&[("p", 1)]), ms(2200)), ["p"]);
+        assert!(
+            announce.due(&free(&[("p", 1)]), ms(2250)).is_empty(),
+            "paid once"
+        );
+        // Inside the interval it waits for the interval to end.
+        announce.answered_busy("p".to_owned(), ms(2300));
+        assert!(announce.due(&free(&[("p", 1)]), ms(2350)).is_empty());
+        assert_eq!(announce.due(&free(&[("p", 1)]), ms(3200)), ["p"]);
+    }
+
+    #[test]
+    fn a_busy_debt_lapses_after_busy_owed_for() {
+        // An interval longer than the debt: the debt cannot be paid inside it.
+        let every = BUSY_OWED_FOR * 2;
+        let start = Instant::now();
+        let mut announce = Announcements::new(every);
+        assert_eq!(announce.due(&free(&[("p", 1)]), start), ["p"]);
+        announce.answered_busy("p".to_owned(), start);
+        let almost = start + BUSY_OWED_FOR - Duration::from_millis(1);
+        assert!(announce.due(&free(&[("p", 1)]), almost).is_empty());
+        assert!(
+            announce.due(&free(&[("p", 1)]), start + every).is_empty(),
+            "lapsed"
+        );
+        // Control: a debt once the interval is over is paid at the next scan.
+        announce.answered_busy("p".to_owned(), start + every);
+        assert_eq!(announce.due(&free(&[("p", 1)]), start + every), ["p"]);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! the answer when the task ended first.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -49,6 +49,9 @@ pub(crate) struct Taker {
     pub(crate) status: ClusterStatus,
     /// Forwarded dispatches running here, and cancels that came before their offer.
     cancels: Mutex<Cancels>,
+    /// Pools this node answered "busy" for since the last slot scan (it owes them an
+    /// announcement, see [`Announcements`]); at most one entry per pool.
+    busy: Mutex<HashSet<String>>,
 }
 
 /// How long a cancel that found no dispatch is remembered, for an offer still on its way.
@@ -101,11 +104,25 @@ impl Taker {
             dispatcher,
             status,
             cancels: Mutex::new(Cancels::default()),
+            busy: Mutex::new(HashSet::new()),
         })
     }
 
     fn cancels(&self) -> std::sync::MutexGuard<'_, Cancels> {
         self.cancels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes that an offer for `pool` was answered "busy" because its slots were all taken.
+    fn answered_busy(&self, pool: &str) {
+        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        if !busy.contains(pool) {
+            busy.insert(pool.to_owned());
+        }
+    }
+
+    /// The pools answered "busy" since the last call.
+    fn take_busy(&self) -> HashSet<String> {
+        std::mem::take(&mut *self.busy.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -135,6 +152,9 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
             serving.insert(pool.clone(), served.clone());
             tokio::spawn(serve_pool(Arc::clone(&taker), pool, served));
         }
+        for pool in taker.take_busy() {
+            announcements.answered_busy(pool, now);
+        }
         for pool in announcements.due(&free, now) {
             let _ = taker
                 .client
@@ -150,6 +170,7 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
 /// Takes offers for one pool until `stop`, then unsubscribes.
 async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
     let subject = taker.names.offer(&pool);
+    let pool: Arc<str> = Arc::from(pool);
     let mut offers = match taker
         .client
         .queue_subscribe(subject.clone(), TAKERS.to_owned())
@@ -171,7 +192,7 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
             () = stop.cancelled() => break,
             offer = offers.next() => match offer {
                 Some(offer) => {
-                    tokio::spawn(take(Arc::clone(&taker), offer));
+                    tokio::spawn(take(Arc::clone(&taker), Arc::clone(&pool), offer));
                 }
                 None => break,
             },
@@ -184,7 +205,7 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
 /// Answers one offer and, when taken, sends its end to the origin: in the answer itself when
 /// the task ends within [`ANSWER_LINGER`] of its delivery (one message fewer), else as
 /// "taken" at once after the linger and the end on the origin's outcome subject.
-async fn take(taker: Arc<Taker>, offer: Message) {
+async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
     let Some(reply) = offer.reply.clone() else {
         return;
     };
@@ -239,6 +260,7 @@ async fn take(taker: Arc<Taker>, offer: Message) {
         ended = &mut running => {
             // Ended before any delivery: a local miss (busy), or refused outright.
             taker.cancels().running.remove(&key);
+            taker.answered_busy(&pool);
             tracing::trace!(ended = ?ended.map(|r| r.map(|o| o.label())), "cluster: offer not taken");
             let _ = taker.client.publish(reply, busy()).await;
             return;
