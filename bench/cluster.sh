@@ -16,7 +16,8 @@
 # nats-server must be installed (Debian: apt-get install -y nats-server); this script starts
 # it on NATS_PORT and stops it on exit, and installs nothing.
 # Knobs (environment): NODES (3), WORKERS (4), CAPACITY (64), OUTSTANDING (256),
-# TASKS (200000), PAYLOAD (64), ROUNDS (3), NATS_PORT (14233), RUN_TIMEOUT (600, seconds per run).
+# TASKS (200000), PAYLOAD (64), ROUNDS (3), NATS_PORT (14233), RUN_TIMEOUT (600, seconds per run),
+# RESULTS (bench/results/cluster).
 # Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard`
 # and `switchyard-baselines`:
 #   cargo build --release --locked -p switchyard --bin switchyard
@@ -38,7 +39,7 @@ PAYLOAD=${PAYLOAD:-64}
 ROUNDS=${ROUNDS:-3}
 NATS_PORT=${NATS_PORT:-14233}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
-RESULTS=$ROOT/bench/results/cluster
+RESULTS=${RESULTS:-$ROOT/bench/results/cluster}
 
 if ! command -v nats-server >/dev/null; then
     echo "nats-server is not installed (Debian: apt-get install -y nats-server)" >&2
