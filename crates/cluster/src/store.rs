@@ -527,7 +527,7 @@ impl DispatchStore for JetStreamStore {
             .all_rows()
             .await?
             .into_iter()
-            .filter(|row| matches(filter, row))
+            .filter(|row| filter.admits(row))
             .take(limit)
             .collect())
     }
@@ -535,33 +535,10 @@ impl DispatchStore for JetStreamStore {
     /// The backlog of the dispatches this node drives (each node reports its own).
     async fn census(&self, now: SystemTime) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
         let owned = self.owned();
-        let mut pools: std::collections::BTreeMap<(String, String, String), BacklogCensus> =
-            std::collections::BTreeMap::new();
-        for (_, row) in owned.values() {
-            let d = &row.dispatch;
-            let census = pools
-                .entry((
-                    d.namespace.clone(),
-                    d.task_queue.clone(),
-                    d.activity_type.clone(),
-                ))
-                .or_insert_with(|| BacklogCensus {
-                    namespace: d.namespace.clone(),
-                    task_queue: d.task_queue.clone(),
-                    activity_type: d.activity_type.clone(),
-                    waiting: 0,
-                    running: 0,
-                    oldest_waiting: None,
-                });
-            if matches!(row.state, DispatchState::Running { .. }) {
-                census.running += 1;
-            } else {
-                census.waiting += 1;
-                let age = now.duration_since(d.submitted_at).unwrap_or_default();
-                census.oldest_waiting = Some(census.oldest_waiting.map_or(age, |a| a.max(age)));
-            }
-        }
-        Ok(pools.into_values().collect())
+        Ok(BacklogCensus::tally(
+            owned.values().map(|(_, row)| row),
+            now,
+        ))
     }
 
     /// Removes outcomes recorded before `finished_before`, with their idempotency keys and
@@ -606,16 +583,4 @@ impl DispatchStore for JetStreamStore {
         }
         Ok(purged)
     }
-}
-
-/// Whether `row` passes every field `filter` sets.
-fn matches(filter: &DispatchFilter, row: &StoredDispatch) -> bool {
-    let d = &row.dispatch;
-    let same =
-        |wanted: &Option<String>, actual: &str| wanted.as_deref().is_none_or(|w| w == actual);
-    same(&filter.namespace, &d.namespace)
-        && same(&filter.task_queue, &d.task_queue)
-        && same(&filter.activity_type, &d.activity_type)
-        && same(&filter.principal, &d.principal)
-        && same(&filter.state, row.state.label())
 }

@@ -272,45 +272,14 @@ impl DispatchStore for MemoryDispatchStore {
         };
         Ok(rows
             .in_order()
-            .filter(|row| matches(filter, row))
+            .filter(|row| filter.admits(row))
             .take(limit)
             .cloned()
             .collect())
     }
 
     async fn census(&self, now: SystemTime) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
-        let rows = self.lock();
-        let mut pools: BTreeMap<(String, String, String), BacklogCensus> = BTreeMap::new();
-        for row in rows.in_order() {
-            let waiting = match row.state {
-                DispatchState::Queued { .. } | DispatchState::Parked { .. } => true,
-                DispatchState::Running { .. } => false,
-                DispatchState::Finished { .. } => continue,
-            };
-            let d = &row.dispatch;
-            let census = pools
-                .entry((
-                    d.namespace.clone(),
-                    d.task_queue.clone(),
-                    d.activity_type.clone(),
-                ))
-                .or_insert_with(|| BacklogCensus {
-                    namespace: d.namespace.clone(),
-                    task_queue: d.task_queue.clone(),
-                    activity_type: d.activity_type.clone(),
-                    waiting: 0,
-                    running: 0,
-                    oldest_waiting: None,
-                });
-            if waiting {
-                census.waiting += 1;
-                let age = now.duration_since(d.submitted_at).unwrap_or_default();
-                census.oldest_waiting = Some(census.oldest_waiting.map_or(age, |a| a.max(age)));
-            } else {
-                census.running += 1;
-            }
-        }
-        Ok(pools.into_values().collect())
+        Ok(BacklogCensus::tally(self.lock().in_order(), now))
     }
 
     async fn purge(&self, finished_before: SystemTime) -> Result<u64, DispatchStoreError> {
@@ -341,18 +310,6 @@ impl DispatchStore for MemoryDispatchStore {
     fn orders_writes(&self) -> bool {
         true
     }
-}
-
-/// Whether `row` passes every field `filter` sets.
-fn matches(filter: &DispatchFilter, row: &StoredDispatch) -> bool {
-    let d = &row.dispatch;
-    let same =
-        |wanted: &Option<String>, actual: &str| wanted.as_deref().is_none_or(|w| w == actual);
-    same(&filter.namespace, &d.namespace)
-        && same(&filter.task_queue, &d.task_queue)
-        && same(&filter.activity_type, &d.activity_type)
-        && same(&filter.principal, &d.principal)
-        && same(&filter.state, row.state.label())
 }
 
 #[cfg(test)]

@@ -296,9 +296,147 @@ pub struct BacklogCensus {
     pub oldest_waiting: Option<Duration>,
 }
 
+impl DispatchFilter {
+    /// Whether `row` passes every field this filter sets (the limit aside).
+    pub fn admits(&self, row: &StoredDispatch) -> bool {
+        let d = &row.dispatch;
+        let same =
+            |wanted: &Option<String>, actual: &str| wanted.as_deref().is_none_or(|w| w == actual);
+        same(&self.namespace, &d.namespace)
+            && same(&self.task_queue, &d.task_queue)
+            && same(&self.activity_type, &d.activity_type)
+            && same(&self.principal, &d.principal)
+            && same(&self.state, row.state.label())
+    }
+}
+
+impl BacklogCensus {
+    /// The backlog per pool address of `rows` at `now`, ordered by address: finished rows are
+    /// skipped, running ones counted as running, the rest as waiting with the oldest's age.
+    pub fn tally<'a>(
+        rows: impl IntoIterator<Item = &'a StoredDispatch>,
+        now: SystemTime,
+    ) -> Vec<BacklogCensus> {
+        let mut pools: std::collections::BTreeMap<(String, String, String), BacklogCensus> =
+            std::collections::BTreeMap::new();
+        for row in rows {
+            let waiting = match row.state {
+                DispatchState::Queued { .. } | DispatchState::Parked { .. } => true,
+                DispatchState::Running { .. } => false,
+                DispatchState::Finished { .. } => continue,
+            };
+            let d = &row.dispatch;
+            let census = pools
+                .entry((
+                    d.namespace.clone(),
+                    d.task_queue.clone(),
+                    d.activity_type.clone(),
+                ))
+                .or_insert_with(|| BacklogCensus {
+                    namespace: d.namespace.clone(),
+                    task_queue: d.task_queue.clone(),
+                    activity_type: d.activity_type.clone(),
+                    waiting: 0,
+                    running: 0,
+                    oldest_waiting: None,
+                });
+            if waiting {
+                census.waiting += 1;
+                let age = now.duration_since(d.submitted_at).unwrap_or_default();
+                census.oldest_waiting = Some(census.oldest_waiting.map_or(age, |a| a.max(age)));
+            } else {
+                census.running += 1;
+            }
+        }
+        pools.into_values().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(activity: &str, principal: &str, age_s: u64, state: DispatchState) -> StoredDispatch {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        StoredDispatch {
+            dispatch: NewDispatch {
+                id: DispatchId::generate(),
+                namespace: "ns".to_owned(),
+                task_queue: "default".to_owned(),
+                activity_type: activity.to_owned(),
+                node: None,
+                input: Bytes::new(),
+                principal: principal.to_owned(),
+                idempotency_key: None,
+                submitted_at: now - Duration::from_secs(age_s),
+                deadline: now + Duration::from_secs(60),
+            },
+            state,
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn a_tally_counts_waiting_and_running_per_pool_and_skips_finished() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let queued = DispatchState::Queued { not_before: None };
+        let parked = DispatchState::Parked {
+            reason: "no_workers".to_owned(),
+        };
+        let running = DispatchState::Running {
+            worker: WorkerId::from_raw(1),
+            attempt: 1,
+        };
+        let finished = DispatchState::Finished {
+            outcome: OutcomeRecord::from(&ActivityOutcome::Cancelled),
+            at: now,
+        };
+        let rows = [
+            row("b", "p", 5, queued.clone()),
+            row("a", "p", 30, parked),
+            row("a", "p", 90, running),
+            row("a", "p", 10, queued),
+            row("c", "p", 99, finished),
+        ];
+        let census = BacklogCensus::tally(&rows, now);
+        let summary: Vec<(&str, u64, u64, Option<u64>)> = census
+            .iter()
+            .map(|c| {
+                let oldest = c.oldest_waiting.map(|age| age.as_secs());
+                (c.activity_type.as_str(), c.waiting, c.running, oldest)
+            })
+            .collect();
+        // The running row's age does not count as a wait; the finished pool is absent.
+        assert_eq!(
+            summary,
+            [("a", 2, 1, Some(30)), ("b", 1, 0, Some(5))],
+            "{census:?}"
+        );
+    }
+
+    #[test]
+    fn a_filter_admits_only_rows_matching_every_field_it_sets() {
+        let queued = DispatchState::Queued { not_before: None };
+        let mine = row("a", "me", 0, queued.clone());
+        let theirs = row("a", "them", 0, queued);
+        assert!(
+            DispatchFilter::default().admits(&theirs),
+            "an empty filter admits all"
+        );
+        let filter = DispatchFilter {
+            activity_type: Some("a".to_owned()),
+            principal: Some("me".to_owned()),
+            state: Some("queued".to_owned()),
+            ..DispatchFilter::default()
+        };
+        assert!(filter.admits(&mine));
+        assert!(!filter.admits(&theirs), "another principal");
+        let running = DispatchFilter {
+            state: Some("running".to_owned()),
+            ..DispatchFilter::default()
+        };
+        assert!(!running.admits(&mine), "another state");
+    }
 
     #[test]
     fn ids_sort_by_the_millisecond_they_were_made_in() {
