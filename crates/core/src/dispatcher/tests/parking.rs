@@ -243,7 +243,13 @@ async fn a_slot_freed_while_a_dispatch_misses_and_queues_is_not_lost() {
     let mut worker = s.worker(1).await;
     let dispatcher = s.dispatcher.clone();
     let id = worker.id;
+    // The responder starts once every producer but the one holding the slot has parked, so
+    // the control below holds however the threads happen to be scheduled.
+    let (start, started) = tokio::sync::oneshot::channel::<()>();
     let responder = tokio::spawn(async move {
+        if started.await.is_err() {
+            return;
+        }
         while let Some(message) = worker.rx.recv().await {
             if let WorkerMessage::Task(task) = message {
                 let _ = dispatcher.complete(id, task.task_id, TaskResult::Success(task.input));
@@ -267,6 +273,15 @@ async fn a_slot_freed_while_a_dispatch_misses_and_queues_is_not_lost() {
             })
         })
         .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while waiting(&s) < PRODUCERS as usize - 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the producers without the slot park"
+        );
+        tokio::task::yield_now().await;
+    }
+    start.send(()).expect("the responder waits for its start");
     let mut completed = 0;
     for producer in producers {
         completed += tokio::time::timeout(Duration::from_secs(120), producer)
@@ -281,4 +296,13 @@ async fn a_slot_freed_while_a_dispatch_misses_and_queues_is_not_lost() {
         "some dispatches missed and selected again"
     );
     responder.abort();
+}
+
+/// Dispatches parked now, over every pool.
+fn waiting(s: &super::fixture::Setup) -> usize {
+    s.dispatcher
+        .unserved_queues()
+        .iter()
+        .map(|q| q.waiting)
+        .sum()
 }
