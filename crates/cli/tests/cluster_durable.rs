@@ -145,7 +145,7 @@ async fn outcome_from(site: &Site, id: &str) -> pb::DispatchOutcome {
                 .expect("AwaitOutcome answers");
             match heard {
                 Some(outcome) => return outcome,
-                // Not driven on this node: answered at once from the store.
+                // No outcome within the wait (its owner was killed): ask again.
                 None => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
