@@ -65,12 +65,6 @@ impl Quota {
         }
     }
 
-    /// The count of `namespace` now (0 when it has none).
-    #[cfg(test)]
-    pub(super) async fn count(&self, namespace: &str) -> Result<u64, DispatchStoreError> {
-        Ok(self.read(&key(namespace)).await?.0)
-    }
-
     async fn read(&self, key: &str) -> Result<(u64, Option<u64>), DispatchStoreError> {
         let entry = self
             .counts
