@@ -145,7 +145,7 @@ async fn outcome_from(site: &Site, id: &str) -> pb::DispatchOutcome {
                 .expect("AwaitOutcome answers");
             match heard {
                 Some(outcome) => return outcome,
-                // Not driven on this node: answered at once from the store.
+                // No outcome within the wait (its owner was killed): ask again.
                 None => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
@@ -216,5 +216,101 @@ async fn durable_dispatches_accepted_on_a_node_killed_with_sigkill_each_end_with
         "{count} durable dispatches, {unfinished_at_kill} unfinished at the kill, {} runs",
         ledger.total()
     );
+    worker.stop().await;
+}
+
+/// Three jetstream nodes `a`, `b`, `c` of `cluster`, started.
+async fn three_nodes(nats: &NatsServer, cluster: &str) -> ([Site; 3], Vec<Process>) {
+    let sites = ["a", "b", "c"].map(|node| node_site(nats, JETSTREAM, cluster, node));
+    let mut processes = Vec::new();
+    for site in &sites {
+        processes.push(site.serve().await);
+    }
+    (sites, processes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn await_outcome_on_a_node_not_driving_the_dispatch_waits_for_its_outcome() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let ([a, b, c], _nodes) = three_nodes(&nats, "await").await;
+    let ledger = Arc::new(Ledger::default());
+    let worker = TestWorker::connect(&c, ACTIVITY, 2, Arc::clone(&ledger), a_third).await;
+    let mut on_a = a.producer().await.expect("a listens");
+    let mut on_b = b.producer().await.expect("b listens");
+    for tag in 0..3u64 {
+        let submitted = on_a
+            .submit(ACTIVITY, tag, None, PATIENCE)
+            .await
+            .expect("a takes durable dispatches");
+        // One call on b, which drives nothing: it waits for the outcome a records (the
+        // control: answering at once, as before, would be pending, a `None` here).
+        let heard = on_b
+            .await_outcome(&submitted.id, PATIENCE)
+            .await
+            .expect("AwaitOutcome answers");
+        let outcome = heard.unwrap_or_else(|| panic!("{}: b answered pending", submitted.id));
+        assert_eq!(completed(&outcome), Some(&tagged(tag)[..]), "{outcome:?}");
+    }
+    worker.stop().await;
+}
+
+/// The next outcome `watch` hears: its dispatch id and output (bounded by [`PATIENCE`]).
+async fn next_outcome(
+    watch: &mut tonic::Streaming<pb::WatchOutcomesReply>,
+) -> (String, Option<Vec<u8>>) {
+    let reply = tokio::time::timeout(PATIENCE, watch.message())
+        .await
+        .expect("an outcome within PATIENCE")
+        .expect("the watch stream is healthy")
+        .expect("the watch stream stays open");
+    let output = match reply.event {
+        Some(pb::watch_outcomes_reply::Event::Outcome(outcome)) => {
+            completed(&outcome).map(<[u8]>::to_vec)
+        }
+        other => panic!("not an outcome: {other:?}"),
+    };
+    (reply.dispatch_id, output)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_outcomes_on_any_node_hears_outcomes_recorded_by_another_node() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let ([a, b, c], _nodes) = three_nodes(&nats, "watch").await;
+    let ledger = Arc::new(Ledger::default());
+    let worker = TestWorker::connect(&c, ACTIVITY, 2, Arc::clone(&ledger), quick).await;
+    let mut watches = Vec::new();
+    for site in [&b, &a] {
+        let mut producer = site.producer().await.expect("the node listens");
+        let watch = producer
+            .0
+            .watch_outcomes(pb::WatchOutcomesRequest::default())
+            .await
+            .expect("WatchOutcomes opens")
+            .into_inner();
+        watches.push(watch);
+    }
+    let mut on_a = a.producer().await.expect("a listens");
+    let mut expected = std::collections::BTreeMap::new();
+    for tag in 0..3u64 {
+        let submitted = on_a
+            .submit(ACTIVITY, tag, None, PATIENCE)
+            .await
+            .expect("a takes durable dispatches");
+        expected.insert(submitted.id, Some(tagged(tag).to_vec()));
+    }
+    // b drives none of them (a does, on c's worker): b's watch hears each from the outcomes
+    // bucket. Control: a's watch, which hears them from its own drivers, hears each once.
+    for watch in &mut watches {
+        let mut heard = std::collections::BTreeMap::new();
+        for _ in 0..expected.len() {
+            let (id, output) = next_outcome(watch).await;
+            heard.insert(id, output);
+        }
+        assert_eq!(heard, expected);
+    }
     worker.stop().await;
 }

@@ -5,8 +5,8 @@
 //! `switchyard.<cluster>.node.<node>.outcome`, `.cancel` and `.admin` (addressed to one node),
 //! `switchyard.<cluster>.cancel` (a cancel whose taker is unknown). Buckets:
 //! `switchyard_<cluster>_nodes` (membership), `switchyard_<cluster>_numbers` (worker-id
-//! numbers); with the jetstream dispatch store `switchyard_<cluster>_dispatches`, `_outcomes`
-//! and `_idempotency`.
+//! numbers); with the jetstream dispatch store `switchyard_<cluster>_dispatches`, `_outcomes`,
+//! `_idempotency` and `_queued`.
 
 /// The queue group every node's offer subscriptions join: one taker per offer.
 pub(crate) const TAKERS: &str = "takers";
@@ -81,6 +81,11 @@ impl Names {
     /// Producers' idempotency keys, per namespace, to the id recorded with each.
     pub(crate) fn idempotency_bucket(&self) -> String {
         format!("switchyard_{}_idempotency", self.cluster)
+    }
+
+    /// Each namespace's count of unfinished durable dispatches (`max_queued_per_namespace`).
+    pub(crate) fn queued_bucket(&self) -> String {
+        format!("switchyard_{}_queued", self.cluster)
     }
 
     pub(crate) fn offer(&self, pool: &str) -> String {

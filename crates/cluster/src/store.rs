@@ -10,6 +10,12 @@
 //!   first outcome recorded wins, whichever node records it.
 //! - `switchyard_<cluster>_idempotency`: each producer key (per namespace) to its dispatch
 //!   id, also by *create*.
+//! - `switchyard_<cluster>_queued`: each namespace's count of unfinished dispatches, bounded
+//!   by `store.max_queued_per_namespace` ([`quota`]).
+//!
+//! Every node watches the outcomes bucket ([`feed`]): an `AwaitOutcome` for a dispatch
+//! another node drives waits for its outcome here, and the outcome watchers of every node hear
+//! every outcome.
 //!
 //! A node takes over the unfinished dispatches of an owner whose membership entry
 //! (`switchyard_<cluster>_nodes`) has been missing from two scans in a row
@@ -18,7 +24,9 @@
 
 mod buckets;
 mod codec;
+mod feed;
 mod orphans;
+mod quota;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -42,7 +50,9 @@ use buckets::{
     bucket, finished_outcome, idempotency_key, scan, unavailable, unreadable, with_sources,
 };
 use codec::{Row, decode, encode};
+use feed::Feed;
 use orphans::Orphans;
+use quota::Quota;
 
 /// How long opening waits for NATS before it gives up.
 const OPEN_WAIT: Duration = Duration::from_secs(5);
@@ -69,6 +79,9 @@ pub enum StoreOpenError {
 pub struct JetStreamLimits {
     /// Bytes the dispatches bucket may hold (`store.max_bytes`); a record past it is refused.
     pub max_bytes: u64,
+    /// Unfinished dispatches one namespace may have across the cluster
+    /// (`store.max_queued_per_namespace`); a record past it is refused.
+    pub max_queued_per_namespace: u64,
 }
 
 /// A [`DispatchStore`] in JetStream key-value buckets shared by the cluster's nodes.
@@ -79,6 +92,8 @@ pub struct JetStreamStore {
     dispatches: kv::Store,
     outcomes: kv::Store,
     keys: kv::Store,
+    quota: Quota,
+    feed: Feed,
     limits: JetStreamLimits,
     /// The unfinished dispatches this node owns, with the revision it last wrote.
     owned: Mutex<HashMap<DispatchId, (u64, StoredDispatch)>>,
@@ -118,7 +133,17 @@ impl JetStreamStore {
             let dispatches = bucket(&js, &names.dispatches_bucket(), max_bytes).await?;
             let outcomes = bucket(&js, &names.outcomes_bucket(), -1).await?;
             let keys = bucket(&js, &names.idempotency_bucket(), -1).await?;
-            Ok::<_, String>((js, dispatches, outcomes, keys))
+            let counts = bucket(&js, &names.queued_bucket(), -1).await?;
+            // Outcomes are heard from the first one recorded after the store opened.
+            let outcomes_from = outcomes
+                .status()
+                .await
+                .map_err(|error| format!("bucket {}: {error}", outcomes.name))?
+                .info
+                .state
+                .last_sequence
+                .saturating_add(1);
+            Ok::<_, String>((js, dispatches, outcomes, keys, counts, outcomes_from))
         })
         .await
         .map_err(|_| {
@@ -128,8 +153,10 @@ impl JetStreamStore {
             ))
         })?
         .map_err(failed)?;
-        let (js, dispatches, outcomes, keys) = opened;
+        let (js, dispatches, outcomes, keys, counts, outcomes_from) = opened;
         Ok(Self {
+            quota: Quota::new(counts, limits.max_queued_per_namespace),
+            feed: Feed::start(outcomes.clone(), config.node.clone(), outcomes_from),
             node: config.node.clone(),
             js,
             members_bucket: names.members_bucket(),
@@ -359,7 +386,14 @@ impl DispatchStore for JetStreamStore {
             }
             None => None,
         };
+        if let Err(refused) = self.quota.take(&dispatch.namespace).await {
+            if let Some(key) = key {
+                let _ = self.keys.purge(&key).await;
+            }
+            return Err(refused);
+        }
         let id = dispatch.id.clone();
+        let namespace = dispatch.namespace.clone();
         let stored = StoredDispatch {
             dispatch,
             state: DispatchState::Queued { not_before: None },
@@ -377,6 +411,7 @@ impl DispatchStore for JetStreamStore {
                 Ok(Recorded::New(id))
             }
             Err(error) => {
+                self.quota.give_back(&namespace).await;
                 if let Some(key) = key {
                     let _ = self.keys.purge(&key).await;
                 }
@@ -454,7 +489,11 @@ impl DispatchStore for JetStreamStore {
             owner: self.node.clone(),
         };
         let completion = match self.outcomes.create(id.as_str(), encode(&row)).await {
-            Ok(_) => Completion::Recorded,
+            Ok(_) => {
+                self.feed.waiters.finish(&row.stored);
+                self.quota.give_back(&row.stored.dispatch.namespace).await;
+                Completion::Recorded
+            }
             Err(error) if error.kind() == kv::CreateErrorKind::AlreadyExists => {
                 match self
                     .outcome_row(id)
@@ -484,6 +523,32 @@ impl DispatchStore for JetStreamStore {
             row.state = DispatchState::Queued { not_before };
         })
         .await
+    }
+
+    /// Waits on this node's watch of the outcomes bucket, which hears every node's outcomes.
+    async fn await_recorded(
+        &self,
+        id: &DispatchId,
+        wait: Duration,
+    ) -> Result<Option<StoredDispatch>, DispatchStoreError> {
+        // Subscribed before the read, so an outcome recorded between the two is not missed.
+        let mut heard = self.feed.waiters.subscribe(id);
+        let read = self.outcome_row(id).await;
+        let result = match read {
+            Ok(Some(row)) => Ok(Some(row.stored)),
+            Ok(None) => Ok(tokio::time::timeout(wait, heard.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|row| row.ok().and_then(|row| row.clone()))),
+            Err(error) => Err(error),
+        };
+        drop(heard);
+        self.feed.waiters.forget(id);
+        result
+    }
+
+    fn recorded_elsewhere(&self) -> Option<tokio::sync::mpsc::Receiver<StoredDispatch>> {
+        Some(self.feed.elsewhere())
     }
 
     /// The unfinished dispatches this node owns, each claimed again with the revision read

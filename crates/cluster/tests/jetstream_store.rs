@@ -18,7 +18,10 @@ use switchyard_core::{
 use switchyard_test_support::NatsServer;
 use tokio_util::sync::CancellationToken;
 
-const LIMITS: JetStreamLimits = JetStreamLimits { max_bytes: 1 << 24 };
+const LIMITS: JetStreamLimits = JetStreamLimits {
+    max_bytes: 1 << 24,
+    max_queued_per_namespace: 100_000,
+};
 
 async fn store(nats: &NatsServer, cluster: &str, node: &str) -> JetStreamStore {
     JetStreamStore::open(&ClusterConfig::new(nats.url(), cluster, node), LIMITS)
@@ -321,9 +324,15 @@ async fn a_full_dispatches_bucket_refuses_naming_store_max_bytes_and_nats_down_n
         return;
     };
     let config = ClusterConfig::new(nats.url(), "full", "a");
-    let small = JetStreamStore::open(&config, JetStreamLimits { max_bytes: 4096 })
-        .await
-        .expect("the store opens");
+    let small = JetStreamStore::open(
+        &config,
+        JetStreamLimits {
+            max_bytes: 4096,
+            ..LIMITS
+        },
+    )
+    .await
+    .expect("the store opens");
     let input = "x".repeat(1000);
     let mut refused = None;
     for _ in 0..10 {
@@ -350,4 +359,141 @@ async fn a_full_dispatches_bucket_refuses_naming_store_max_bytes_and_nats_down_n
         .expect_err("no NATS, no store");
     let text = down.to_string();
     assert!(text.contains(&nats.url()), "names the URL: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_not_driving_a_dispatch_waits_for_the_outcome_another_node_records() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b) = (
+        store(&nats, "await", "a").await,
+        store(&nats, "await", "b").await,
+    );
+    let id = a
+        .record(dispatch("ns", "slow", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    // b starts waiting before a records the outcome (a records it a moment later).
+    let (heard, recorded) = tokio::join!(b.await_recorded(&id, Duration::from_secs(30)), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        a.complete(&id, &outcome("a's"), SystemTime::now()).await
+    });
+    assert_eq!(recorded, Ok(Completion::Recorded));
+    let row = heard.unwrap().expect("b hears a's outcome within its wait");
+    assert_eq!(finished_with(&row), Some(&outcome("a's")));
+    // An outcome recorded before the call is answered at once.
+    let again = b
+        .await_recorded(&id, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.as_ref().and_then(finished_with),
+        Some(&outcome("a's"))
+    );
+    // Control: a dispatch nobody finishes has no outcome at the end of the wait.
+    let open = a
+        .record(dispatch("ns", "never", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    assert_eq!(
+        b.await_recorded(&open, Duration::from_millis(200)).await,
+        Ok(None)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_hears_the_outcomes_every_other_node_records_and_not_its_own() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b) = (
+        store(&nats, "hear", "a").await,
+        store(&nats, "hear", "b").await,
+    );
+    let mut on_b = b.recorded_elsewhere().expect("a cluster store has peers");
+    let at = SystemTime::now();
+    let finish = async |node: &JetStreamStore, text: &str| {
+        let id = node
+            .record(dispatch("ns", text, None))
+            .await
+            .unwrap()
+            .id()
+            .clone();
+        node.complete(&id, &outcome(text), at).await.unwrap();
+        id
+    };
+    let by_a = finish(&a, "a1").await;
+    let _by_b = finish(&b, "b1").await;
+    let by_a_again = finish(&a, "a2").await;
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(30), on_b.recv())
+            .await
+            .expect("b hears a's outcome")
+            .expect("the feed runs")
+    };
+    let first = next().await;
+    assert_eq!(first.dispatch.id, by_a);
+    assert_eq!(finished_with(&first), Some(&outcome("a1")));
+    // Control: b's own outcome (recorded between a's two) is not among them.
+    assert_eq!(next().await.dispatch.id, by_a_again);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_queued_per_namespace_holds_across_nodes_submitting_at_once() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let limits = JetStreamLimits {
+        max_queued_per_namespace: 5,
+        ..LIMITS
+    };
+    let open = |node: &'static str| {
+        let config = ClusterConfig::new(nats.url(), "quota", node);
+        async move { JetStreamStore::open(&config, limits).await.unwrap() }
+    };
+    let (a, b) = (open("a").await, open("b").await);
+    let submissions = (0..8)
+        .flat_map(|n| [&a, &b].map(|node| node.record(dispatch("ns", &format!("{n}"), None))));
+    let results = futures::future::join_all(submissions).await;
+    let admitted: Vec<DispatchId> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().map(|r| r.id().clone()))
+        .collect();
+    assert_eq!(admitted.len(), 5, "16 at once on two nodes: {results:?}");
+    for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert_eq!(
+            refused.to_string(),
+            "`store.max_queued_per_namespace` (5) reached for namespace \"ns\"",
+        );
+    }
+    // Control: another namespace has its own count.
+    assert!(b.record(dispatch("other", "x", None)).await.is_ok());
+    // An outcome (recorded by a node other than the submitter) frees one place, once.
+    b.complete(&admitted[0], &outcome("done"), SystemTime::now())
+        .await
+        .unwrap();
+    a.complete(&admitted[0], &outcome("again"), SystemTime::now())
+        .await
+        .unwrap();
+    assert!(a.record(dispatch("ns", "freed", None)).await.is_ok());
+    assert!(matches!(
+        b.record(dispatch("ns", "full again", None)).await,
+        Err(switchyard_core::DispatchStoreError::QueueFull { limit: 5, .. })
+    ));
+    // A refused submission does not keep its idempotency key.
+    let keyed = a.record(dispatch("ns", "k", Some("order-9"))).await;
+    assert!(keyed.is_err(), "{keyed:?}");
+    b.complete(&admitted[1], &outcome("done"), SystemTime::now())
+        .await
+        .unwrap();
+    let retried = b
+        .record(dispatch("ns", "k", Some("order-9")))
+        .await
+        .unwrap();
+    assert!(matches!(retried, Recorded::New(_)), "{retried:?}");
 }

@@ -34,6 +34,7 @@ pub(crate) async fn open(
         );
         let limits = JetStreamLimits {
             max_bytes: config.store.max_bytes,
+            max_queued_per_namespace: config.store.max_queued_per_namespace,
         };
         tracing::info!(nats_url = %settings.nats_url, cluster = %settings.name,
             "opening the jetstream dispatch store");

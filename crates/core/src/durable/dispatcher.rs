@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -293,6 +293,9 @@ impl DurableDispatcher {
         for (row, live) in resumed {
             shared.spawn_driver(row, live, true);
         }
+        if let Some(feed) = shared.store.recorded_elsewhere() {
+            tokio::spawn(hear_elsewhere(Arc::clone(&shared), feed));
+        }
         tokio::spawn(purge_loop(Arc::clone(&shared), config));
         Ok(Self { shared })
     }
@@ -459,9 +462,16 @@ impl DurableDispatcher {
                 }
                 match self.shared.live.get(id) {
                     Some(live) => live,
-                    // Its driver ended between the read and now, or none runs (after a
-                    // shutdown).
+                    // Its driver ended between the read and now, none runs (after a
+                    // shutdown), or another process sharing the store drives it.
                     None => {
+                        let heard = tokio::select! {
+                            heard = self.shared.store.await_recorded(id, wait) => heard?,
+                            () = self.shared.stopping.cancelled() => None,
+                        };
+                        if let Some(row) = heard {
+                            return finished(&row);
+                        }
                         let row = self.visible(caller, id).await?;
                         return finished(&row);
                     }
@@ -620,6 +630,23 @@ fn finished(row: &StoredDispatch) -> Result<Option<ActivityOutcome>, LookupError
                 outcome.kind, row.dispatch.id
             ),
         })),
+    }
+}
+
+/// Hands the outcomes other processes record in the store to this process's watchers, as
+/// its own drivers' outcomes are (same channels, same bound), until shutdown.
+async fn hear_elsewhere(shared: Arc<Shared>, mut feed: mpsc::Receiver<StoredDispatch>) {
+    loop {
+        let row = tokio::select! {
+            row = feed.recv() => row,
+            () = shared.stopping.cancelled() => return,
+        };
+        let Some(row) = row else { return };
+        if let Ok(Some(outcome)) = finished(&row) {
+            shared
+                .watchers
+                .announce(&row.dispatch.principal, &row.dispatch.id, &outcome);
+        }
     }
 }
 

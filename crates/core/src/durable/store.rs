@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use tokio::sync::mpsc;
 
 use super::record::{
     BacklogCensus, Completion, DispatchFilter, DispatchId, NewDispatch, OutcomeRecord, Recorded,
@@ -76,6 +77,25 @@ pub trait DispatchStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Deletes dispatches finished before `finished_before`; returns how many.
     async fn purge(&self, finished_before: SystemTime) -> Result<u64, DispatchStoreError>;
+
+    /// Waits up to `wait` for `id`'s outcome to be recorded, by this process or another one
+    /// sharing the store, and returns the finished row; `None` when none was recorded within
+    /// the wait. What `AwaitOutcome` does for a dispatch no driver runs here. Default: `None`
+    /// at once, for a store no other process writes to (its dispatches all run here).
+    async fn await_recorded(
+        &self,
+        _id: &DispatchId,
+        _wait: Duration,
+    ) -> Result<Option<StoredDispatch>, DispatchStoreError> {
+        Ok(None)
+    }
+
+    /// The outcomes other processes sharing this store record from now on, each as its
+    /// finished row, for this process's watchers; `None` (the default): no other process
+    /// writes to it. Called once, at start.
+    fn recorded_elsewhere(&self) -> Option<mpsc::Receiver<StoredDispatch>> {
+        None
+    }
 
     /// True when one task's writes are applied in the order that task first polled them (it
     /// polls the earlier one first whenever both are woken), so a [`complete`](Self::complete)

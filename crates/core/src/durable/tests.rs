@@ -4,6 +4,7 @@ mod fixture;
 
 mod access;
 mod early;
+mod elsewhere;
 mod lifecycle;
 mod quota;
 mod restart;
