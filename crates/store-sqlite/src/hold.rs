@@ -2,9 +2,9 @@
 //! batch until the batch that brings the dispatch's `complete` (or until its hold ends), so
 //! the two are written as one finished row instead of an insert and an update.
 //!
-//! Only a record whose sender hears of it with its outcome may wait (the early delivery of a
-//! keyless durable dispatch: its producer is told nothing before the outcome, which is
-//! answered only once the record is committed too), and only until `hold_until`. The notes of
+//! Only a record sent for a dispatch delivered while it records may wait (a keyless durable
+//! `Dispatch` or `Submit`: nobody is answered before the record commits), and only until
+//! `hold_until`. The notes of
 //! a held dispatch (`claim`, `park`, `release`) wait with it, so its writes keep their order.
 //! A batch with a `Barrier` or a `Purge` holds nothing back: a barrier answers once every
 //! write sent before it is committed, and a read behind it must see the held records too.

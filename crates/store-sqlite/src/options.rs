@@ -53,11 +53,12 @@ pub struct SqliteOptions {
     /// it commits. Default 0: the writer commits what is queued at once, and the commands that
     /// arrive while it commits form the next batch (a wait measured slower at 256 outstanding).
     pub max_delay: Duration,
-    /// Longest the writer holds back the record of a dispatch whose producer hears of it only
-    /// with its outcome (a durable `Dispatch` without an idempotency key, delivered while it
-    /// records), waiting for the outcome to write both as one finished row. The record is
-    /// still committed before its outcome is answered; a crash within the hold loses a
-    /// dispatch nobody was told of. Zero writes every record at once. Default 10 ms.
+    /// Longest the writer holds back the record of a dispatch delivered while it records (a
+    /// durable `Dispatch` or `Submit` without an idempotency key), waiting for its outcome to
+    /// write both as one finished row. Nothing is answered before its commit (the outcome,
+    /// or a `Submit`'s id, waits for it), so the hold only delays answers; a crash within it
+    /// loses a dispatch nobody was told of, which may have run. Zero writes every record at
+    /// once. Default 10 ms.
     pub hold_for_outcome: Duration,
 }
 
