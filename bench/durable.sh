@@ -16,7 +16,7 @@
 #
 # Knobs (environment): WORKERS (4), CAPACITY (64), OUTSTANDING (256), TASKS (100000),
 # PAYLOAD (64), SERVICE_TIME_US (0), ROUNDS (3), NATS_PORT (14222), RESULTS (where the JSON
-# goes; bench/results).
+# goes; bench/results), CONFIGS (a space-separated subset of the configurations below; all).
 # Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard` and
 # `switchyard-jetstream-baseline`:
 #   cargo build --release --locked -p switchyard
@@ -82,8 +82,7 @@ echo "nats-server $(nats-server --version | awk '{print $2}'), JetStream store i
 KNOBS=(--workers "$WORKERS" --capacity "$CAPACITY" --outstanding "$OUTSTANDING"
        --tasks "$TASKS" --payload "$PAYLOAD" --service-time-us "$SERVICE_TIME_US")
 mkdir -p "$RESULTS"
-CONFIGS=(jetstream durable-stream durable-submit durable-stream-normal durable-stream-memory
-         ephemeral-stream)
+read -r -a CONFIGS <<<"${CONFIGS:-jetstream durable-stream durable-submit durable-stream-normal durable-stream-memory ephemeral-stream}"
 for round in $(seq "$ROUNDS"); do
     for config in "${CONFIGS[@]}"; do
         case $config in
@@ -95,6 +94,7 @@ for round in $(seq "$ROUNDS"); do
             durable-stream-memory) command=("$SWITCHYARD" bench --durable --via stream
                                             --store memory "${KNOBS[@]}") ;;
             ephemeral-stream) command=("$SWITCHYARD" bench --via stream "${KNOBS[@]}") ;;
+            *) echo "unknown configuration $config" >&2; exit 1 ;;
         esac
         echo "round $round: ${command[*]}" >&2
         timeout 600 "${command[@]}" >"$RESULTS/durable-$config-$round.json"

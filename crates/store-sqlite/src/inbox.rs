@@ -97,17 +97,37 @@ impl Inbox {
     }
 
     /// The next batch, blocking until there is one: `None` once closed and empty.
+    #[cfg(test)]
     pub(crate) fn take(&self) -> Option<Vec<Command>> {
+        self.take_until(None)
+    }
+
+    /// The next batch, blocking until there is one or until `until` (then an empty batch, so
+    /// the writer can write what it held back): `None` once closed and empty.
+    pub(crate) fn take_until(&self, until: Option<Instant>) -> Option<Vec<Command>> {
         let mut state = self.lock();
         while state.commands.is_empty() {
             if state.closed {
                 return None;
             }
             state.waiting = Waiting::ForAny;
-            state = self
-                .wake
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+            state = match until {
+                None => self
+                    .wake
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner),
+                Some(until) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        state.waiting = Waiting::No;
+                        return Some(Vec::new());
+                    }
+                    self.wake
+                        .wait_timeout(state, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+            };
         }
         if let Some(first) = state.commands.first() {
             let deadline = self.policy.deadline(first.sent);
@@ -157,6 +177,7 @@ mod tests {
             },
             reply: None,
             sent: Instant::now(),
+            hold_until: None,
         }
     }
 

@@ -14,6 +14,7 @@
 mod backlog;
 mod codec;
 mod fold;
+mod hold;
 mod inbox;
 mod lock;
 mod open_error;

@@ -78,6 +78,18 @@ impl From<rusqlite::Error> for StepError {
 }
 
 impl Op {
+    /// The dispatch the write is about; `None` for a barrier or a purge.
+    pub(crate) fn id(&self) -> Option<&DispatchId> {
+        match self {
+            Self::Record(dispatch) => Some(&dispatch.id),
+            Self::Park { id, .. }
+            | Self::Claim { id, .. }
+            | Self::Release { id, .. }
+            | Self::Complete { id, .. } => Some(id),
+            Self::Barrier | Self::Purge { .. } => None,
+        }
+    }
+
     /// Applies the write inside the open transaction `conn`; a `complete` also raises the
     /// row's attempt count to `claimed` (the claims of its batch it superseded).
     pub(crate) fn apply(

@@ -53,6 +53,13 @@ pub struct SqliteOptions {
     /// it commits. Default 0: the writer commits what is queued at once, and the commands that
     /// arrive while it commits form the next batch (a wait measured slower at 256 outstanding).
     pub max_delay: Duration,
+    /// Longest the writer holds back the record of a dispatch delivered while it records (a
+    /// durable `Dispatch` or `Submit` without an idempotency key), waiting for its outcome to
+    /// write both as one finished row. Nothing is answered before its commit (the outcome,
+    /// or a `Submit`'s id, waits for it), so the hold only delays answers; a crash within it
+    /// loses a dispatch nobody was told of, which may have run. Zero writes every record at
+    /// once. Default 10 ms.
+    pub hold_for_outcome: Duration,
 }
 
 impl Default for SqliteOptions {
@@ -63,6 +70,7 @@ impl Default for SqliteOptions {
             max_bytes: 1 << 30,
             max_batch: 512,
             max_delay: Duration::ZERO,
+            hold_for_outcome: Duration::from_millis(10),
         }
     }
 }

@@ -87,6 +87,8 @@ pub struct SqliteStore {
     readers: Arc<Readers>,
     commits: Arc<AtomicU64>,
     lock: StoreLock,
+    /// [`SqliteOptions::hold_for_outcome`].
+    hold_for_outcome: Duration,
 }
 
 impl SqliteStore {
@@ -138,6 +140,7 @@ impl SqliteStore {
             writer: Some(writer),
             commits,
             lock,
+            hold_for_outcome: options.hold_for_outcome,
         })
     }
 
@@ -164,11 +167,21 @@ impl SqliteStore {
 
     /// Sends `op` to the writer and waits for its reply, which comes after its batch commits.
     async fn write(&self, op: Op) -> Result<Answer, DispatchStoreError> {
+        self.write_held(op, None).await
+    }
+
+    /// [`write`](Self::write), the writer allowed to hold `op` back until `hold_until`.
+    async fn write_held(
+        &self,
+        op: Op,
+        hold_until: Option<Instant>,
+    ) -> Result<Answer, DispatchStoreError> {
         let (reply, answer) = oneshot::channel();
         let command = Command {
             op,
             reply: Some(reply),
             sent: Instant::now(),
+            hold_until,
         };
         self.inbox.send(command).await.map_err(|_| self.stopped())?;
         answer.await.map_err(|_| self.stopped())?
@@ -180,6 +193,7 @@ impl SqliteStore {
             op,
             reply: None,
             sent: Instant::now(),
+            hold_until: None,
         };
         self.inbox.send(command).await.map_err(|_| self.stopped())
     }
@@ -209,6 +223,20 @@ fn mismatched(answer: &Answer) -> DispatchStoreError {
 impl DispatchStore for SqliteStore {
     async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError> {
         match self.write(Op::Record(dispatch)).await? {
+            Answer::Recorded(recorded) => Ok(recorded),
+            other => Err(mismatched(&other)),
+        }
+    }
+
+    /// Held back by the writer up to [`SqliteOptions::hold_for_outcome`] for the outcome to
+    /// be written with it.
+    async fn record_before_outcome(
+        &self,
+        dispatch: NewDispatch,
+    ) -> Result<Recorded, DispatchStoreError> {
+        let hold_until =
+            (!self.hold_for_outcome.is_zero()).then(|| Instant::now() + self.hold_for_outcome);
+        match self.write_held(Op::Record(dispatch), hold_until).await? {
             Answer::Recorded(recorded) => Ok(recorded),
             other => Err(mismatched(&other)),
         }

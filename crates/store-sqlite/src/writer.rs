@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::backlog::Backlog;
 use crate::fold::{Plan, Step};
+use crate::hold;
 use crate::inbox::Inbox;
 use crate::ops::{self, Answer, Finished, Limits, Op, StepError, StoreSize};
 use crate::schema;
@@ -31,6 +32,9 @@ pub(crate) struct Command {
     pub(crate) reply: Option<oneshot::Sender<Reply>>,
     /// When it was sent: the batch's delay counts from its first command's.
     pub(crate) sent: Instant,
+    /// Until when a record may wait for its dispatch's outcome to be written with it
+    /// ([`hold`](crate::hold)); `None` for a write that may not wait.
+    pub(crate) hold_until: Option<Instant>,
 }
 
 /// When the writer stops gathering a batch.
@@ -64,10 +68,21 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Serves commands until the inbox is closed and empty; the connection closes on return.
+    /// Serves commands until the inbox is closed and empty; the connection closes on return,
+    /// after writing every record still held back.
     pub(crate) fn run(mut self, inbox: &Inbox) {
-        while let Some(batch) = inbox.take() {
-            self.commit_batch(batch);
+        let mut held: Vec<Command> = Vec::new();
+        while let Some(taken) = inbox.take_until(hold::next_release(&held)) {
+            let mut batch = std::mem::take(&mut held);
+            batch.extend(taken);
+            let (write, hold) = hold::hold_back(batch, Instant::now());
+            held = hold;
+            if !write.is_empty() {
+                self.commit_batch(write);
+            }
+        }
+        if !held.is_empty() {
+            self.commit_batch(held);
         }
     }
 
@@ -202,7 +217,15 @@ mod tests {
             deadline: now,
         });
         let sent = Instant::now();
-        (Command { op, reply, sent }, answer)
+        (
+            Command {
+                op,
+                reply,
+                sent,
+                hold_until: None,
+            },
+            answer,
+        )
     }
 
     fn answer(mut answer: oneshot::Receiver<Reply>) -> Reply {
@@ -250,6 +273,7 @@ mod tests {
                 op,
                 reply: Some(reply),
                 sent,
+                hold_until: None,
             },
             answer,
         )

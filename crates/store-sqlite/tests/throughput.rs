@@ -97,3 +97,102 @@ async fn records_per_second_with_256_submitters() {
     measure(Synchronous::Full).await;
     measure(Synchronous::Normal).await;
 }
+
+/// CPU time the writer thread (`store-writer`) of this process has used; zero elsewhere.
+fn writer_cpu_time() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "store-writer" {
+            continue;
+        }
+        // The scheduler's own count, in nanoseconds: finer than the 100 Hz ticks of `stat`.
+        let schedstat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+        let on_cpu = schedstat
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        return Duration::from_nanos(on_cpu);
+    }
+    Duration::ZERO
+}
+
+/// Dispatches through their life as a durable `DispatchStream` gives them to the store, with
+/// `SUBMITTERS` at once: the record sent, the claim and the outcome sent behind it without
+/// waiting for its commit (the early delivery of a keyless dispatch), both awaited.
+async fn measure_lifecycle(synchronous: Synchronous) {
+    let dir = tempfile::tempdir_in(std::env::temp_dir()).expect("tempdir");
+    let options = SqliteOptions {
+        synchronous,
+        ..SqliteOptions::default()
+    };
+    let store = Arc::new(fixtures::open_with(dir.path(), options));
+    let input = "x".repeat(64);
+    let started = Instant::now();
+    let writer_before = writer_cpu_time();
+    let commits_before = store.commits();
+    let tasks: Vec<_> = (0..SUBMITTERS)
+        .map(|_| {
+            let (store, input) = (Arc::clone(&store), input.clone());
+            tokio::spawn(async move {
+                let mut done = 0usize;
+                for _ in 0..LIFECYCLES / SUBMITTERS {
+                    if started.elapsed() > TIME_LIMIT {
+                        break;
+                    }
+                    let dispatch = fixtures::dispatch("ns", &input);
+                    let id = dispatch.id.clone();
+                    let record = store.record(dispatch);
+                    let outcome = async {
+                        tokio::task::yield_now().await;
+                        store
+                            .claim(&id, switchyard_core::WorkerId::from_raw(1), 1)
+                            .await
+                            .expect("claim");
+                        store
+                            .complete(
+                                &id,
+                                &fixtures::completed("out"),
+                                std::time::SystemTime::now(),
+                            )
+                            .await
+                            .expect("complete")
+                    };
+                    let (recorded, _) = tokio::join!(record, outcome);
+                    recorded.expect("record");
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.expect("submitter");
+    }
+    let elapsed = started.elapsed();
+    let writer = writer_cpu_time() - writer_before;
+    let commits = store.commits() - commits_before;
+    println!(
+        "lifecycle synchronous={}: {done} dispatches in {:.2} s = {:.0}/s; {commits} commits \
+         ({:.1} dispatches each); writer CPU {:.1} us per dispatch",
+        synchronous.label(),
+        elapsed.as_secs_f64(),
+        done as f64 / elapsed.as_secs_f64(),
+        done as f64 / commits.max(1) as f64,
+        writer.as_secs_f64() * 1e6 / done.max(1) as f64,
+    );
+}
+
+/// Dispatches in all, at most, of one lifecycle run.
+const LIFECYCLES: usize = 60_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a figure for the benchmark page; run by hand in release"]
+async fn writer_cpu_per_dispatch_through_record_claim_complete() {
+    measure_lifecycle(Synchronous::Full).await;
+    measure_lifecycle(Synchronous::Full).await;
+}

@@ -324,7 +324,11 @@ impl DurableDispatcher {
     /// deadline is its timeout from now (clamped like any dispatch's). A repeated
     /// `idempotency_key` in the namespace returns the first dispatch's id and runs nothing.
     /// After [`shutdown`](Self::shutdown) a submission is still recorded; it runs at the
-    /// next start.
+    /// next start. Without an idempotency key, with a store that
+    /// [orders its writes](DispatchStore::orders_writes), the task is delivered while its
+    /// record commits, as [`dispatch`](Self::dispatch)'s: the reply still waits for the
+    /// commit, but a submission the store refuses, or one a crash stops before its commit,
+    /// may have run (execution is at least once).
     pub async fn submit(
         &self,
         caller: &CallerIdentity,
@@ -332,6 +336,16 @@ impl DurableDispatcher {
         idempotency_key: Option<String>,
     ) -> Result<Submitted, SubmitError> {
         let dispatch = self.new_dispatch(caller, request, idempotency_key)?;
+        let shared = &self.shared;
+        if dispatch.idempotency_key.is_none()
+            && shared.store.orders_writes()
+            && !shared.stopping.is_cancelled()
+        {
+            // Delivered while it records, as a durable `Dispatch`; the reply still waits for
+            // the record's commit. Only without a key: a repeated key must run nothing.
+            let (_, answer) = self.start_early(dispatch);
+            return heard_submitted(answer).await;
+        }
         let span = tracing::debug_span!("durable_submit", dispatch_id = %dispatch.id,
             namespace = %dispatch.namespace);
         // On its own task, which then drives it: a caller that goes away while the store
@@ -370,21 +384,7 @@ impl DurableDispatcher {
                 outcome: None,
             });
         }
-        let span = tracing::debug_span!("durable_dispatch_early", dispatch_id = %dispatch.id,
-            namespace = %dispatch.namespace);
-        let live = shared.live.insert(
-            dispatch.id.clone(),
-            &dispatch.principal,
-            &dispatch.namespace,
-        );
-        let mut outcome = live.outcome();
-        shared.drivers.send_modify(|n| *n += 1);
-        let running = DriverRunning(Arc::clone(shared));
-        let (submitted, answer) = oneshot::channel();
-        let early = shared.store.orders_writes();
-        tokio::spawn(
-            record_while_running(running, dispatch, live, early, submitted).instrument(span),
-        );
+        let (mut outcome, answer) = self.start_early(dispatch);
         let submitted = heard_submitted(answer).await?;
         let outcome = tokio::select! {
             heard = tokio::time::timeout(wait, outcome.wait_for(Option::is_some)) => {
@@ -396,6 +396,35 @@ impl DurableDispatcher {
             id: submitted.id,
             outcome,
         })
+    }
+
+    /// Starts `dispatch`'s driver, which records it and (with a store that
+    /// [orders its writes](DispatchStore::orders_writes)) delivers it meanwhile: its outcome
+    /// to watch, and the answer of its record.
+    fn start_early(
+        &self,
+        dispatch: NewDispatch,
+    ) -> (
+        watch::Receiver<Option<ActivityOutcome>>,
+        oneshot::Receiver<Result<Submitted, DispatchStoreError>>,
+    ) {
+        let shared = &self.shared;
+        let span = tracing::debug_span!("durable_dispatch_early", dispatch_id = %dispatch.id,
+            namespace = %dispatch.namespace);
+        let live = shared.live.insert(
+            dispatch.id.clone(),
+            &dispatch.principal,
+            &dispatch.namespace,
+        );
+        let outcome = live.outcome();
+        shared.drivers.send_modify(|n| *n += 1);
+        let running = DriverRunning(Arc::clone(shared));
+        let (submitted, answer) = oneshot::channel();
+        let early = shared.store.orders_writes();
+        tokio::spawn(
+            record_while_running(running, dispatch, live, early, submitted).instrument(span),
+        );
+        (outcome, answer)
     }
 
     /// `request` as a dispatch to record, once it passes the dispatcher's checks.

@@ -72,7 +72,11 @@ pub(super) async fn record_while_running(
     submitted: oneshot::Sender<Result<Submitted, DispatchStoreError>>,
 ) {
     let shared = &running.0;
-    let mut recording = shared.store.record(dispatch.clone());
+    let mut recording = if early {
+        shared.store.record_before_outcome(dispatch.clone())
+    } else {
+        shared.store.record(dispatch.clone())
+    };
     // Polled once before the task can reach a worker: the store queues the record ahead of
     // the notes and the outcome that follow.
     let mut recorded: Option<RecordResult> = None;

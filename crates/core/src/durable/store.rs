@@ -32,6 +32,18 @@ pub trait DispatchStore: Send + Sync + std::fmt::Debug + 'static {
     /// the first dispatch's id.
     async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError>;
 
+    /// [`record`](Self::record) for a dispatch delivered while it records (a keyless durable
+    /// `Dispatch` or `Submit`, see [`orders_writes`](Self::orders_writes)): the store may hold
+    /// the record back a short while so that an outcome sent meanwhile is written with it,
+    /// answering, as `record`, once the record is committed. Default:
+    /// [`record`](Self::record).
+    async fn record_before_outcome(
+        &self,
+        dispatch: NewDispatch,
+    ) -> Result<Recorded, DispatchStoreError> {
+        self.record(dispatch).await
+    }
+
     /// Notes that `id` waits for a worker, and why ([`UnservedReason`](crate::UnservedReason)
     /// label).
     async fn park(&self, id: &DispatchId, reason: &str) -> Result<(), DispatchStoreError>;

@@ -1,5 +1,6 @@
-//! A durable dispatch without an idempotency key is delivered while its record commits; its
-//! outcome waits for the record, and a refused record cancels it.
+//! A durable dispatch (or submission) without an idempotency key is delivered while its record
+//! commits; its outcome (or its submission's reply) waits for the record, and a refused record
+//! cancels it.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -223,4 +224,60 @@ async fn a_refused_record_is_the_callers_answer_and_the_worker_is_told_to_stop()
             .expect("reads")
             .is_empty()
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyless_submit_reaches_its_worker_while_the_record_commits_and_its_reply_waits() {
+    let gw = start_committing(true, None).await;
+    let mut worker = gw.setup.worker(1).await;
+    let durable = gw.durable.clone();
+    let submitting = tokio::spawn(async move {
+        durable
+            .submit(&producer("alice"), work("early"), None)
+            .await
+    });
+    let task = tokio::time::timeout(Duration::from_secs(5), worker.task())
+        .await
+        .expect("delivered while its record commits");
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("early"))
+        .expect("the task is pending");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        !submitting.is_finished(),
+        "the submission was answered before its record committed"
+    );
+    gw.commit.add_permits(1);
+    let submitted = submitting
+        .await
+        .expect("the submit task")
+        .expect("recorded");
+    let outcome = gw
+        .durable
+        .await_outcome(&producer("alice"), &submitted.id, Duration::from_secs(60))
+        .await
+        .expect("its own dispatch");
+    assert_eq!(outcome, Some(completed("early")));
+
+    // Control: with an idempotency key the task waits for the record's commit (a fresh
+    // store: a commit let through stays open).
+    let gw = start_committing(true, None).await;
+    let mut worker = gw.setup.worker(1).await;
+    let durable = gw.durable.clone();
+    let keyed = tokio::spawn(async move {
+        durable
+            .submit(&producer("alice"), work("keyed"), Some("k-1".into()))
+            .await
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), worker.task())
+            .await
+            .is_err(),
+        "a keyed submission ran before its record returned"
+    );
+    gw.commit.add_permits(1);
+    keyed.await.expect("the submit task").expect("recorded");
+    let task = worker.task().await;
+    assert_eq!(task.input, bytes::Bytes::from_static(b"keyed"));
 }
