@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::members::Members;
 use crate::names::{Names, pool_hash};
-use crate::offers::{Heard, OfferQueues, Queued};
+use crate::offers::{Heard, OfferQueues, Queued, Tries};
 use crate::status::{ClusterStatus, Standing};
 use crate::wire::{self, CancelMeta, EntryAnswer, OfferEntry, OfferHeader, RemoteEnd};
 
@@ -184,8 +184,8 @@ impl Forwarder {
             taker: None,
             unanswered: false,
         };
-        let mut busy = 0;
-        for _ in 0..MAX_OFFERS {
+        let mut tries = Tries::new(MAX_OFFERS, BUSY_RETRIES);
+        while tries.offer() {
             watch.unanswered = true;
             let (heard_tx, heard) = oneshot::channel();
             self.enqueue(
@@ -217,13 +217,7 @@ impl Forwarder {
                         EntryAnswer::Ended(end) => {
                             return Offered::Taken(Box::pin(std::future::ready(forwarded(end))));
                         }
-                        EntryAnswer::Busy if progress => {}
-                        EntryAnswer::Busy => {
-                            busy += 1;
-                            if busy >= BUSY_RETRIES {
-                                break;
-                            }
-                        }
+                        EntryAnswer::Busy => tries.busy(progress),
                     }
                 }
             }

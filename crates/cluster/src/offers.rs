@@ -1,5 +1,5 @@
 //! The origin's offer queues: dispatches parked on one pool wait here to be offered together,
-//! one NATS request for up to [`MAX_BATCH`] of them. Plain data behind a lock; the sending is
+//! one NATS request for up to [`MAX_BATCH`](crate::wire::MAX_BATCH) of them. Plain data behind a lock; the sending is
 //! [`crate::forward`]'s.
 //!
 //! A pool has at most [`MAX_IN_FLIGHT`] batches out at once. The first dispatch to arrive at
@@ -14,8 +14,6 @@ use tokio::sync::oneshot;
 
 use crate::wire::{EntryAnswer, OfferEntry, OfferHeader};
 
-pub(crate) use crate::wire::MAX_BATCH;
-
 /// The most input bytes one batch carries (a single larger input still goes, alone): well
 /// under NATS's default `max_payload` of 1 MiB.
 pub(crate) const BATCH_BYTES: usize = 256 * 1024;
@@ -25,6 +23,45 @@ pub(crate) const MAX_IN_FLIGHT: usize = 4;
 
 /// Pools whose queues are tracked before idle ones are forgotten.
 const TRACKED_POOLS: usize = 1024;
+
+/// One dispatch's offers so far, and whether a "busy" answer sends it round again.
+#[derive(Debug)]
+pub(crate) struct Tries {
+    offers: usize,
+    busy: usize,
+    max_offers: usize,
+    busy_retries: usize,
+}
+
+impl Tries {
+    /// At most `max_offers` offers in all, and `busy_retries` answered "busy" by a batch that
+    /// took nothing.
+    pub(crate) fn new(max_offers: usize, busy_retries: usize) -> Self {
+        Self {
+            offers: 0,
+            busy: 0,
+            max_offers,
+            busy_retries,
+        }
+    }
+
+    /// Counts an offer going out; false when the dispatch has had its offers (it parks).
+    pub(crate) fn offer(&mut self) -> bool {
+        if self.offers >= self.max_offers || self.busy >= self.busy_retries {
+            return false;
+        }
+        self.offers += 1;
+        true
+    }
+
+    /// The offer was answered "busy"; `progress`: its batch had another forward taken. Only a
+    /// batch that took nothing says the pool may be full everywhere.
+    pub(crate) fn busy(&mut self, progress: bool) {
+        if !progress {
+            self.busy += 1;
+        }
+    }
+}
 
 /// What a queued dispatch learns of its offer.
 #[derive(Debug, PartialEq, Eq)]
@@ -168,7 +205,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::wire::RemoteEnd;
+    use crate::wire::{MAX_BATCH, RemoteEnd};
 
     fn header() -> OfferHeader {
         OfferHeader {
@@ -258,6 +295,34 @@ mod tests {
             forwards(&pool.next_batch(MAX_BATCH).expect("small")),
             vec![4]
         );
+    }
+
+    #[test]
+    fn busy_in_a_partly_taken_batch_offers_again_and_busy_everywhere_parks() {
+        let mut tries = Tries::new(5, 2);
+        assert!(tries.offer());
+        tries.busy(true);
+        assert!(
+            tries.offer(),
+            "the taker filled up taking others: offer again"
+        );
+        tries.busy(true);
+        assert!(tries.offer());
+        tries.busy(false);
+        assert!(
+            tries.offer(),
+            "one batch that took nothing is not yet enough"
+        );
+        tries.busy(false);
+        // Control: the second batch that took nothing parks the dispatch.
+        assert!(!tries.offer());
+        // And progress alone is bounded too.
+        let mut tries = Tries::new(3, 2);
+        for _ in 0..3 {
+            assert!(tries.offer());
+            tries.busy(true);
+        }
+        assert!(!tries.offer(), "at most max_offers");
     }
 
     #[test]

@@ -219,6 +219,17 @@ enum Stage {
 }
 
 impl Stage {
+    /// Marks dispatch `index` delivered; true when it was starting.
+    fn deliver(stages: &mut [Self], index: usize) -> bool {
+        match stages.get_mut(index) {
+            Some(stage @ Self::Starting) => {
+                *stage = Self::Delivered;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The answer for this dispatch once the linger is over.
     fn answer(self) -> EntryAnswer {
         match self {
@@ -269,6 +280,7 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
     let mut stages: Vec<Stage> = Vec::with_capacity(entries.len());
     let (delivered_tx, mut delivered) = mpsc::unbounded_channel::<usize>();
     let mut running = FuturesUnordered::new();
+    let mut starting = 0usize;
     {
         let mut cancels = taker.cancels();
         for (index, entry) in entries.iter().enumerate() {
@@ -278,6 +290,7 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
                 continue;
             };
             stages.push(Stage::Starting);
+            starting += 1;
             let delivered_tx = delivered_tx.clone();
             let hooks = DispatchHooks {
                 attempt_offset: entry.attempt_offset,
@@ -315,19 +328,15 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
     };
     // Until every dispatch is delivered or turned away.
     let mut missed = false;
-    while stages.iter().any(|stage| matches!(stage, Stage::Starting)) {
+    while starting > 0 {
         tokio::select! {
             biased;
             Some(index) = delivered.recv() => {
-                if let Some(stage @ Stage::Starting) = stages.get_mut(index) {
-                    *stage = Stage::Delivered;
-                }
+                starting -= usize::from(Stage::deliver(&mut stages, index));
             }
             Some((index, end)) = running.next() => {
                 while let Ok(index) = delivered.try_recv() {
-                    if let Some(stage @ Stage::Starting) = stages.get_mut(index) {
-                        *stage = Stage::Delivered;
-                    }
+                    starting -= usize::from(Stage::deliver(&mut stages, index));
                 }
                 finished(&taker, index);
                 if let Some(stage) = stages.get_mut(index) {
@@ -335,6 +344,7 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
                         // Ended before any delivery: a local miss, or refused outright.
                         Stage::Starting => {
                             missed = true;
+                            starting -= 1;
                             Stage::Busy
                         }
                         _ => Stage::Ended(end),
@@ -457,6 +467,12 @@ mod tests {
         assert!(!token.is_cancelled());
         cancels.cancel(("a".to_owned(), 2), now);
         assert!(token.is_cancelled());
+        // Two forwards of one batch: a cancel of one leaves the other running.
+        let first = cancels.start(("a".to_owned(), 4)).expect("runs");
+        let second = cancels.start(("a".to_owned(), 5)).expect("runs");
+        cancels.cancel(("a".to_owned(), 5), now);
+        assert!(second.is_cancelled());
+        assert!(!first.is_cancelled(), "only the named forward stops");
         // An early cancel is forgotten after a while.
         cancels.cancel(("a".to_owned(), 3), now);
         cancels.cancel(("b".to_owned(), 9), now + EARLY_CANCEL_KEPT);

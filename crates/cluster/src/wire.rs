@@ -35,11 +35,9 @@ pub(crate) enum WireError {
     TrailingBytes { extra: usize },
 }
 
-#[cfg(test)]
-pub(crate) use batch::encode_answers;
 pub(crate) use batch::{
     BatchAnswer, EntryAnswer, MAX_BATCH, OfferEntry, OfferHeader, decode_answers, decode_ends,
-    decode_offers, encode_answers_bounded, encode_ends_bounded, encode_offers,
+    decode_offers, encode_answers, encode_answers_bounded, encode_ends_bounded, encode_offers,
 };
 
 /// How a forwarded dispatch ended on its taker; the payload is the output, failure message
