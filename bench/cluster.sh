@@ -17,7 +17,9 @@
 # it on NATS_PORT and stops it on exit, and installs nothing.
 # Knobs (environment): NODES (3), WORKERS (4), CAPACITY (64), OUTSTANDING (256),
 # TASKS (200000), PAYLOAD (64), ROUNDS (3), NATS_PORT (14233), RUN_TIMEOUT (600, seconds per run),
-# RESULTS (bench/results/cluster).
+# RESULTS (bench/results/cluster), BEFORE_BIN (unset; a directory holding another build's
+# `switchyard`: each round then also runs its cluster bench, between the baseline and this
+# build's, and the summary adds its rows as "before ...", for an interleaved A/B).
 # Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard`
 # and `switchyard-baselines`:
 #   cargo build --release --locked -p switchyard --bin switchyard
@@ -40,12 +42,13 @@ ROUNDS=${ROUNDS:-3}
 NATS_PORT=${NATS_PORT:-14233}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 RESULTS=${RESULTS:-$ROOT/bench/results/cluster}
+BEFORE_BIN=${BEFORE_BIN:-}
 
 if ! command -v nats-server >/dev/null; then
     echo "nats-server is not installed (Debian: apt-get install -y nats-server)" >&2
     exit 1
 fi
-for binary in "$SWITCHYARD" "$BASELINES"; do
+for binary in "$SWITCHYARD" "$BASELINES" ${BEFORE_BIN:+"$BEFORE_BIN/switchyard"}; do
     if [[ ! -x $binary ]]; then
         echo "$binary is missing; build it first (see the top of $0)" >&2
         exit 1
@@ -87,6 +90,9 @@ KNOBS=(--workers "$WORKERS" --capacity "$CAPACITY" --outstanding "$OUTSTANDING"
 mkdir -p "$RESULTS"
 : >"$RESULTS/load.txt"
 CONFIGS=(nats cluster)
+if [[ -n $BEFORE_BIN ]]; then
+    CONFIGS=(nats before cluster)
+fi
 for round in $(seq "$ROUNDS"); do
     for config in "${CONFIGS[@]}"; do
         case $config in
@@ -94,6 +100,7 @@ for round in $(seq "$ROUNDS"); do
             # The bench starts a nats-server of its own (the same program), so it can
             # also report that server's CPU time per dispatch.
             cluster) command=("$SWITCHYARD" bench --cluster "$NODES" "${KNOBS[@]}") ;;
+            before) command=("$BEFORE_BIN/switchyard" bench --cluster "$NODES" "${KNOBS[@]}") ;;
         esac
         echo "round $round $config: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$RESULTS/load.txt" >&2
         echo "round $round: ${command[*]}" >&2
@@ -101,7 +108,7 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
-python3 - "$RESULTS" "$ROUNDS" <<'PY' | tee "$RESULTS/summary.md"
+python3 - "$RESULTS" "$ROUNDS" "${BEFORE_BIN:+before}" <<'PY' | tee "$RESULTS/summary.md"
 import json, statistics, sys
 
 results, rounds = sys.argv[1], int(sys.argv[2])
@@ -113,8 +120,11 @@ def load(config):
     return out
 
 nats, cluster = load("nats"), load("cluster")
+before = load("before") if len(sys.argv) > 3 and sys.argv[3] else None
 runs = {"nats": nats}
 for phase in ("single", "local", "cross"):
+    if before:
+        runs[f"before {phase}"] = [r[phase] for r in before]
     runs[f"cluster {phase}"] = [r[phase] for r in cluster]
 
 def cell(values, fmt):
@@ -151,6 +161,14 @@ for name in names:
     cells = [cell([r[p].get("cpu_us_per_dispatch_by_process", {}).get(name) for r in cluster],
                   lambda v: f"{v:.1f}") for p in ("single", "local", "cross")]
     print(f"| {name} | " + " | ".join(cells) + " |")
+if before:
+    print()
+    print("| CPU µs per dispatch, cross phase, by process | before | after |")
+    print("| --- | --- | --- |")
+    for name in names:
+        cells = [cell([r["cross"].get("cpu_us_per_dispatch_by_process", {}).get(name) for r in runs_],
+                      lambda v: f"{v:.1f}") for runs_ in (before, cluster)]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 print()
 print("| ratio (per round) | median (min–max) |")
@@ -158,6 +176,10 @@ print("| --- | --- |")
 for label, a, fa, b, fb in [
     ("local path ÷ single node, throughput", "cluster local", "tasks_per_sec", "cluster single", "tasks_per_sec"),
     ("cross-node ÷ NATS request/reply, throughput", "cluster cross", "tasks_per_sec", "nats", "tasks_per_sec"),
+] + ([
+    ("before: cross-node ÷ NATS request/reply, throughput", "before cross", "tasks_per_sec", "nats", "tasks_per_sec"),
+    ("after ÷ before, cross-node throughput", "cluster cross", "tasks_per_sec", "before cross", "tasks_per_sec"),
+] if before else []) + [
     ("cross-node ÷ NATS request/reply, p99", "cluster cross", "p99_us", "nats", "p99_us"),
     ("cross-node ÷ NATS request/reply, CPU per task", "cluster cross", "cpu_us_per_dispatch", "nats", "cpu_us_per_dispatch"),
     ("cross-node ÷ single node, CPU per task", "cluster cross", "cpu_us_per_dispatch", "cluster single", "cpu_us_per_dispatch"),

@@ -1,10 +1,14 @@
 //! The offering side: the [`Overflow`] a node installs on its dispatcher.
 //!
-//! An offer is one NATS request on the pool's offer subject: the queue group hands it to one
-//! node subscribed there (only nodes with a free slot are), which answers "taken" or "busy";
-//! no subscriber at all is NATS's immediate no-responders, the dispatch's "no taker". A taken
-//! dispatch's end arrives in the answer (a task that ended at once) or on this node's outcome
-//! subject, matched by forward id. While forwarded dispatches run, one sweep a second checks
+//! An offer is one NATS request on the pool's offer subject carrying a batch of the dispatches
+//! parked on the pool ([`crate::offers`]): the queue group hands it to one node subscribed
+//! there (only nodes with a free slot are), which answers for each forward "taken", "busy" or
+//! "ended" with its end; no subscriber at all is NATS's immediate no-responders, the
+//! dispatch's "no taker". A taken dispatch's end arrives in the answer (a task that ended at
+//! once) or on this node's outcome subject, matched by forward id. A forward answered "busy"
+//! in a batch that had another forward taken is queued again at once (that taker filled up,
+//! others may not have); one answered "busy" by a batch nobody took counts one of its
+//! [`BUSY_RETRIES`]. While forwarded dispatches run, one sweep a second checks
 //! each one's taker against the membership view, and a taker whose entry aged out (or whose
 //! name another process holds now) counts as lost: the dispatch is offered again within the
 //! loss budget.
@@ -26,13 +30,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::members::Members;
 use crate::names::{Names, pool_hash};
+use crate::offers::{Heard, OfferQueues, Queued, Tries};
 use crate::status::{ClusterStatus, Standing};
-use crate::wire::{self, Answer, CancelMeta, OfferMeta, RemoteEnd};
+use crate::wire::{self, CancelMeta, EntryAnswer, OfferEntry, OfferHeader, RemoteEnd};
 
 /// How long an offer waits for its "taken" or "busy".
 const OFFER_TIMEOUT: Duration = Duration::from_secs(2);
-/// Offers one dispatch makes in a row while takers answer "busy".
+/// Offers one dispatch makes in a row while takers answer "busy" and take nothing else.
 const BUSY_RETRIES: usize = 3;
+/// Offers one dispatch makes in all before it parks, "busy" in partly taken batches included.
+const MAX_OFFERS: usize = 32;
+/// The most dispatches one offer carries (the wire allows more): about a taker's share of a
+/// busy pool, so a batch is mostly taken by the one node it reaches.
+const OFFER_BATCH: usize = 64;
 /// How often the forwarded dispatches' takers are checked against the membership view.
 const TAKER_CHECK: Duration = Duration::from_secs(1);
 /// A parked dispatch offers again at least this often, in case a capacity announcement was
@@ -56,6 +66,8 @@ pub(crate) struct Forwarder {
     capacity: Mutex<HashMap<String, Arc<Notify>>>,
     /// Woken when a node joins.
     joined: Notify,
+    /// Dispatches waiting to be offered, per pool.
+    queues: Mutex<OfferQueues>,
 }
 
 impl Forwarder {
@@ -78,7 +90,12 @@ impl Forwarder {
             waiting: Mutex::new(HashMap::new()),
             capacity: Mutex::new(HashMap::new()),
             joined: Notify::new(),
+            queues: Mutex::new(OfferQueues::default()),
         })
+    }
+
+    fn queues(&self) -> std::sync::MutexGuard<'_, OfferQueues> {
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting>> {
@@ -133,26 +150,26 @@ impl Forwarder {
         if self.status.standing() != Standing::Joined {
             return Offered::NoTaker;
         }
-        let request = &offer.request;
-        let pool = pool_hash(
-            &request.namespace,
-            switchyard_core::normalise_task_queue(&request.task_queue),
-            &request.activity_type,
-            request.node.as_deref().filter(|n| !n.is_empty()),
-        );
-        let forward = self.next_forward.fetch_add(1, Ordering::Relaxed);
-        let timeout = offer.deadline.saturating_duration_since(Instant::now());
-        let meta = OfferMeta {
-            forward,
+        let OverflowOffer {
+            request,
+            deadline,
+            attempt_offset,
+        } = offer;
+        let header = OfferHeader {
             origin: self.node.clone(),
-            namespace: request.namespace.clone(),
-            task_queue: request.task_queue.clone(),
-            activity_type: request.activity_type.clone(),
-            node: request.node.clone(),
-            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-            attempt_offset: offer.attempt_offset,
+            namespace: request.namespace,
+            task_queue: request.task_queue,
+            activity_type: request.activity_type,
+            node: request.node,
         };
-        let body = wire::encode_offer(&meta, &request.input);
+        let forward = self.next_forward.fetch_add(1, Ordering::Relaxed);
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let entry = OfferEntry {
+            forward,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            attempt_offset,
+            input: request.input,
+        };
         let (ended_tx, ended) = oneshot::channel();
         self.waiting().insert(
             forward,
@@ -167,48 +184,111 @@ impl Forwarder {
             taker: None,
             unanswered: false,
         };
-        let subject = self.names.offer(&pool);
-        for _ in 0..BUSY_RETRIES {
+        let mut tries = Tries::new(MAX_OFFERS, BUSY_RETRIES);
+        while tries.offer() {
             watch.unanswered = true;
-            let asked = self
-                .client
-                .send_request(
-                    subject.clone(),
-                    Request::new()
-                        .payload(body.clone())
-                        .timeout(Some(OFFER_TIMEOUT)),
-                )
-                .await;
-            let answer = match asked {
-                Ok(answer) => answer,
-                Err(error) if error.kind() == RequestErrorKind::NoResponders => {
+            let (heard_tx, heard) = oneshot::channel();
+            self.enqueue(
+                &header,
+                Queued {
+                    entry: entry.clone(),
+                    heard: heard_tx,
+                },
+            );
+            match heard.await.unwrap_or(Heard::Unanswered) {
+                Heard::NoResponders => {
                     watch.unanswered = false;
                     break;
                 }
                 // A lost or late answer may hide a taker: dropping the watch cancels it.
-                Err(error) => {
-                    tracing::debug!(%error, "cluster: offer unanswered");
-                    break;
-                }
-            };
-            watch.unanswered = false;
-            match wire::decode_answer(&answer.payload) {
-                Ok(Answer::Taken(taker)) => {
-                    self.taken_by(forward, &taker);
-                    watch.taker = Some(taker);
-                    return Offered::Taken(Box::pin(watch.wait(ended)));
-                }
-                Ok(Answer::Ended(_, end)) => {
-                    return Offered::Taken(Box::pin(std::future::ready(forwarded(end))));
-                }
-                Ok(Answer::Busy) => {}
-                Err(error) => {
-                    tracing::debug!(%error, "cluster: unreadable answer to an offer");
-                    break;
+                Heard::Unanswered => break,
+                Heard::Answered {
+                    taker,
+                    answer,
+                    progress,
+                } => {
+                    watch.unanswered = false;
+                    match answer {
+                        EntryAnswer::Taken => {
+                            self.taken_by(forward, &taker);
+                            watch.taker = Some(taker);
+                            return Offered::Taken(Box::pin(watch.wait(ended)));
+                        }
+                        EntryAnswer::Ended(end) => {
+                            return Offered::Taken(Box::pin(std::future::ready(forwarded(end))));
+                        }
+                        EntryAnswer::Busy => tries.busy(progress),
+                    }
                 }
             }
         }
         Offered::NoTaker
+    }
+
+    /// Queues a dispatch for its pool's next batch, starting a sender when the pool has a
+    /// batch slot free.
+    fn enqueue(self: &Arc<Self>, header: &OfferHeader, queued: Queued) {
+        let start = {
+            let mut queues = self.queues();
+            let pool = queues.pool(header, || {
+                self.names.offer(&pool_hash(
+                    &header.namespace,
+                    switchyard_core::normalise_task_queue(&header.task_queue),
+                    &header.activity_type,
+                    header.node.as_deref().filter(|n| !n.is_empty()),
+                ))
+            });
+            pool.push(queued)
+        };
+        if start {
+            tokio::spawn(Arc::clone(self).send_batches(header.clone()));
+        }
+    }
+
+    /// Offers the pool's queued dispatches, a batch at a time, until none is queued; each
+    /// dispatch hears its own answer.
+    async fn send_batches(self: Arc<Self>, header: OfferHeader) {
+        loop {
+            let next = {
+                let mut queues = self.queues();
+                queues.get_mut(&header).and_then(|pool| {
+                    let batch = pool.next_batch(OFFER_BATCH)?;
+                    Some((batch, pool.subject.clone()))
+                })
+            };
+            let Some((batch, subject)) = next else { return };
+            let (entries, listeners): (Vec<OfferEntry>, Vec<oneshot::Sender<Heard>>) = batch
+                .into_iter()
+                .map(|queued| (queued.entry, queued.heard))
+                .unzip();
+            let body = wire::encode_offers(&header, &entries);
+            let asked = self
+                .client
+                .send_request(
+                    subject,
+                    Request::new().payload(body).timeout(Some(OFFER_TIMEOUT)),
+                )
+                .await;
+            let heard: Vec<Heard> = match asked {
+                Ok(answer) => match wire::decode_answers(&answer.payload) {
+                    Ok(answer) => crate::offers::hear(&answer.taker, answer.entries, &entries),
+                    Err(error) => {
+                        tracing::debug!(%error, "cluster: unreadable answer to an offer");
+                        entries.iter().map(|_| Heard::Unanswered).collect()
+                    }
+                },
+                Err(error) if error.kind() == RequestErrorKind::NoResponders => {
+                    entries.iter().map(|_| Heard::NoResponders).collect()
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "cluster: offer unanswered");
+                    entries.iter().map(|_| Heard::Unanswered).collect()
+                }
+            };
+            for (listener, heard) in listeners.into_iter().zip(heard) {
+                let _ = listener.send(heard);
+            }
+        }
     }
 }
 
@@ -356,13 +436,16 @@ pub(crate) async fn follow_outcomes(forwarder: Arc<Forwarder>, stop: Cancellatio
             message = ends.next() => message,
         };
         let Some(message) = message else { return };
-        match wire::decode_end(&message.payload) {
-            Ok((forward, end)) => {
-                if let Some(waiting) = forwarder.waiting().remove(&forward) {
-                    let _ = waiting.ended.send(end);
+        match wire::decode_ends(&message.payload) {
+            Ok(ends) => {
+                let mut waiting = forwarder.waiting();
+                for (forward, end) in ends {
+                    if let Some(waiting) = waiting.remove(&forward) {
+                        let _ = waiting.ended.send(end);
+                    }
                 }
             }
-            Err(error) => tracing::debug!(%error, "cluster: unreadable outcome dropped"),
+            Err(error) => tracing::debug!(%error, "cluster: unreadable outcomes dropped"),
         }
     }
 }

@@ -20,6 +20,7 @@ mod members;
 mod membership;
 mod names;
 mod numbers;
+mod offers;
 mod slots;
 mod status;
 mod store;

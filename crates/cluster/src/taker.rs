@@ -1,10 +1,12 @@
 //! The taking side: offer subscriptions for the pools with a free slot, and running what
 //! another node offers on a local worker.
 //!
-//! A taker runs an offer as a `local_only` dispatch: a local worker takes it at once or the
-//! answer is "busy" (another offer or a local dispatch got the slot first). "taken" goes back
-//! once the task is delivered; the outcome follows on the origin's outcome subject, or rides in
-//! the answer when the task ended first.
+//! A taker runs each dispatch of an offer batch as a `local_only` dispatch: a local worker
+//! takes it at once or its answer is "busy" (another offer or a local dispatch got the slot
+//! first). One answer goes back for the whole batch once every dispatch of it is delivered or
+//! turned away, after a linger for the delivered ones to end: an end within it rides in the
+//! answer, a later one follows on the origin's outcome subject, with the other ends that are
+//! ready at the same moment.
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
@@ -13,16 +15,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::{Client, Message};
+use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use switchyard_core::{ActivityOutcome, CallerIdentity, DispatchHooks, Dispatcher};
-use tokio::sync::oneshot;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::names::{Names, TAKERS};
 use crate::slots::{Announcements, Subscriptions, free_slots};
 use crate::status::{ClusterStatus, Standing};
-use crate::wire::{self, Answer, CancelMeta, OfferMeta, RemoteEnd};
+use crate::wire::{self, BatchAnswer, CancelMeta, EntryAnswer, RemoteEnd};
 
 /// How often the node looks at its free slots.
 const SLOT_SCAN: Duration = Duration::from_millis(50);
@@ -202,91 +205,204 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
     let _ = offers.unsubscribe().await;
 }
 
-/// Answers one offer and, when taken, sends its end to the origin: in the answer itself when
-/// the task ends within [`ANSWER_LINGER`] of its delivery (one message fewer), else as
-/// "taken" at once after the linger and the end on the origin's outcome subject.
+/// Where one dispatch of an offer batch stands on the taker.
+#[derive(Debug)]
+enum Stage {
+    /// Running, not yet delivered to a worker.
+    Starting,
+    /// Delivered to a worker, still running.
+    Delivered,
+    /// Not taken here: answered "busy".
+    Busy,
+    /// Delivered and ended before the answer went out.
+    Ended(RemoteEnd),
+}
+
+impl Stage {
+    /// Marks dispatch `index` delivered; true when it was starting.
+    fn deliver(stages: &mut [Self], index: usize) -> bool {
+        match stages.get_mut(index) {
+            Some(stage @ Self::Starting) => {
+                *stage = Self::Delivered;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The answer for this dispatch once the linger is over.
+    fn answer(self) -> EntryAnswer {
+        match self {
+            Self::Starting | Self::Busy => EntryAnswer::Busy,
+            Self::Delivered => EntryAnswer::Taken,
+            Self::Ended(end) => EntryAnswer::Ended(end),
+        }
+    }
+}
+
+/// Answers one offer batch and sends the ends of the dispatches it took to the origin: in
+/// the answer for those that end within [`ANSWER_LINGER`] of the last delivery (no message of
+/// their own), the others on the origin's outcome subject, batched with the ends ready at the
+/// same moment.
 async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
     let Some(reply) = offer.reply.clone() else {
         return;
     };
-    let busy = || wire::encode_answer(&Answer::Busy);
-    let parsed = wire::unframe::<OfferMeta>(&offer.payload);
-    let (meta, input) = match parsed {
+    let mut answer = BatchAnswer {
+        taker: taker.node.clone(),
+        entries: Vec::new(),
+    };
+    let (header, entries) = match wire::decode_offers(&offer.payload) {
         Ok(parsed) if taker.status.standing() == Standing::Joined => parsed,
-        Ok(_) => {
-            let _ = taker.client.publish(reply, busy()).await;
+        Ok((_, entries)) => {
+            answer.entries = entries
+                .iter()
+                .map(|entry| (entry.forward, EntryAnswer::Busy))
+                .collect();
+            let _ = taker
+                .client
+                .publish(reply, wire::encode_answers(&answer))
+                .await;
             return;
         }
         Err(error) => {
+            // An answer naming no forward turns every one of them away.
             tracing::debug!(%error, "cluster: unreadable offer refused");
-            let _ = taker.client.publish(reply, busy()).await;
+            let _ = taker
+                .client
+                .publish(reply, wire::encode_answers(&answer))
+                .await;
             return;
         }
     };
-    let key = (meta.origin.clone(), meta.forward);
-    let Some(cancel) = taker.cancels().start(key.clone()) else {
-        let _ = taker.client.publish(reply, busy()).await;
-        return;
-    };
-    let (delivered_tx, delivered) = oneshot::channel::<()>();
-    let delivered_tx = Mutex::new(Some(delivered_tx));
-    let hooks = DispatchHooks {
-        attempt_offset: meta.attempt_offset,
-        on_delivered: Some(Arc::new(move |_, _| {
-            let sender = delivered_tx
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(sender) = sender {
-                let _ = sender.send(());
-            }
-        })),
-        cancel: Some(cancel),
-        local_only: true,
-        ..DispatchHooks::default()
-    };
-    let caller = CallerIdentity::trusted(format!("cluster:{}", meta.origin));
-    let request = wire::offered_request(&meta, input);
-    let dispatcher = taker.dispatcher.clone();
-    // Driven here rather than spawned: one task per offer. A panic in the dispatch is caught
-    // so the origin still hears of the loss.
-    let running =
-        AssertUnwindSafe(async move { dispatcher.dispatch_with(&caller, request, hooks).await })
-            .catch_unwind();
-    tokio::pin!(running);
-    tokio::select! {
-        biased;
-        Ok(()) = delivered => {}
-        ended = &mut running => {
-            // Ended before any delivery: a local miss (busy), or refused outright.
-            taker.cancels().running.remove(&key);
-            taker.answered_busy(&pool);
-            tracing::trace!(ended = ?ended.map(|r| r.map(|o| o.label())), "cluster: offer not taken");
-            let _ = taker.client.publish(reply, busy()).await;
-            return;
-        }
-    }
-    if let Ok(ended) = tokio::time::timeout(ANSWER_LINGER, &mut running).await {
-        taker.cancels().running.remove(&key);
-        let answer = Answer::Ended(meta.forward, remote_end(ended));
-        let _ = taker
-            .client
-            .publish(reply, wire::encode_answer(&answer))
-            .await;
-        return;
-    }
-    let taken = wire::encode_answer(&Answer::Taken(taker.node.clone()));
-    let _ = taker.client.publish(reply, taken).await;
-    let ended = running.await;
-    taker.cancels().running.remove(&key);
-    let body = wire::encode_end(meta.forward, &remote_end(ended));
-    if let Err(error) = taker
-        .client
-        .publish(taker.names.outcome(&meta.origin), body)
-        .await
+    let caller = CallerIdentity::trusted(format!("cluster:{}", header.origin));
+    let forwards: Vec<u64> = entries.iter().map(|entry| entry.forward).collect();
+    let mut stages: Vec<Stage> = Vec::with_capacity(entries.len());
+    let (delivered_tx, mut delivered) = mpsc::unbounded_channel::<usize>();
+    let mut running = FuturesUnordered::new();
+    let mut starting = 0usize;
     {
-        tracing::warn!(origin = %meta.origin, forward = meta.forward, %error,
-            "cluster: outcome of a forwarded dispatch not sent");
+        let mut cancels = taker.cancels();
+        for (index, entry) in entries.iter().enumerate() {
+            let key = (header.origin.clone(), entry.forward);
+            let Some(cancel) = cancels.start(key) else {
+                stages.push(Stage::Busy);
+                continue;
+            };
+            stages.push(Stage::Starting);
+            starting += 1;
+            let delivered_tx = delivered_tx.clone();
+            let hooks = DispatchHooks {
+                attempt_offset: entry.attempt_offset,
+                on_delivered: Some(Arc::new(move |_, _| {
+                    let _ = delivered_tx.send(index);
+                })),
+                cancel: Some(cancel),
+                local_only: true,
+                ..DispatchHooks::default()
+            };
+            let request = wire::offered_request(&header, entry);
+            let dispatcher = taker.dispatcher.clone();
+            let caller = caller.clone();
+            // Driven here rather than spawned: one task per batch. A panic in a dispatch is
+            // caught so the origin still hears of the loss.
+            running.push(async move {
+                let ended = AssertUnwindSafe(async move {
+                    dispatcher.dispatch_with(&caller, request, hooks).await
+                })
+                .catch_unwind()
+                .await;
+                (index, remote_end(ended))
+            });
+        }
+    }
+    drop(delivered_tx);
+    drop(entries);
+    let finished = |taker: &Taker, index: usize| {
+        if let Some(forward) = forwards.get(index) {
+            taker
+                .cancels()
+                .running
+                .remove(&(header.origin.clone(), *forward));
+        }
+    };
+    // Until every dispatch is delivered or turned away.
+    let mut missed = false;
+    while starting > 0 {
+        tokio::select! {
+            biased;
+            Some(index) = delivered.recv() => {
+                starting -= usize::from(Stage::deliver(&mut stages, index));
+            }
+            Some((index, end)) = running.next() => {
+                while let Ok(index) = delivered.try_recv() {
+                    starting -= usize::from(Stage::deliver(&mut stages, index));
+                }
+                finished(&taker, index);
+                if let Some(stage) = stages.get_mut(index) {
+                    *stage = match stage {
+                        // Ended before any delivery: a local miss, or refused outright.
+                        Stage::Starting => {
+                            missed = true;
+                            starting -= 1;
+                            Stage::Busy
+                        }
+                        _ => Stage::Ended(end),
+                    };
+                }
+            }
+            else => break,
+        }
+    }
+    if missed {
+        taker.answered_busy(&pool);
+    }
+    // The linger: ends within it ride in the answer.
+    let linger = tokio::time::sleep(ANSWER_LINGER);
+    tokio::pin!(linger);
+    while !running.is_empty() {
+        tokio::select! {
+            () = &mut linger => break,
+            Some((index, end)) = running.next() => {
+                finished(&taker, index);
+                if let Some(stage) = stages.get_mut(index) {
+                    *stage = Stage::Ended(end);
+                }
+            }
+        }
+    }
+    answer.entries = forwards
+        .iter()
+        .copied()
+        .zip(stages.into_iter().map(Stage::answer))
+        .collect();
+    let (body, late) = wire::encode_answers_bounded(answer);
+    let _ = taker.client.publish(reply, body).await;
+    let outcome = taker.names.outcome(&header.origin);
+    send_ends(&taker, &outcome, &late).await;
+    while let Some((index, end)) = running.next().await {
+        let mut ends = Vec::new();
+        let mut push = |index: usize, end: RemoteEnd| {
+            finished(&taker, index);
+            if let Some(forward) = forwards.get(index) {
+                ends.push((*forward, end));
+            }
+        };
+        push(index, end);
+        while let Some(Some((index, end))) = running.next().now_or_never() {
+            push(index, end);
+        }
+        send_ends(&taker, &outcome, &ends).await;
+    }
+}
+
+/// Sends the ends of forwarded dispatches to their origin's outcome `subject`.
+async fn send_ends(taker: &Taker, subject: &str, ends: &[(u64, RemoteEnd)]) {
+    for body in wire::encode_ends_bounded(ends) {
+        if let Err(error) = taker.client.publish(subject.to_owned(), body).await {
+            tracing::warn!(%subject, ends = ends.len(), %error,
+                "cluster: outcomes of forwarded dispatches not sent");
+        }
     }
 }
 
@@ -351,6 +467,12 @@ mod tests {
         assert!(!token.is_cancelled());
         cancels.cancel(("a".to_owned(), 2), now);
         assert!(token.is_cancelled());
+        // Two forwards of one batch: a cancel of one leaves the other running.
+        let first = cancels.start(("a".to_owned(), 4)).expect("runs");
+        let second = cancels.start(("a".to_owned(), 5)).expect("runs");
+        cancels.cancel(("a".to_owned(), 5), now);
+        assert!(second.is_cancelled());
+        assert!(!first.is_cancelled(), "only the named forward stops");
         // An early cancel is forgotten after a while.
         cancels.cancel(("a".to_owned(), 3), now);
         cancels.cancel(("b".to_owned(), 9), now + EARLY_CANCEL_KEPT);

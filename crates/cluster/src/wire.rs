@@ -1,10 +1,15 @@
-//! The bodies of cluster messages: a 4-byte big-endian length, that many bytes of JSON
-//! metadata, then the opaque payload (a task's input or output) as is. A taker's answer to an
-//! offer is a word (`busy`, `taken <node>`), or `ended ` followed by an end's body when the
-//! task finished before the answer went out (the answer then carries the outcome, and no
-//! outcome message follows).
+//! The bodies of cluster messages.
+//!
+//! Offers, their answers and the ends of forwarded dispatches travel in batches (wire version
+//! 1, [`batch`]): one offer message carries up to [`MAX_BATCH`] dispatches of one pool, the
+//! taker answers once for all of them (per forward: busy, taken, or ended with its end), and
+//! the ends that come later travel several to a message. Inside a batch, an end (and a
+//! cancel) is a *frame*: a 4-byte big-endian length, that many bytes of JSON metadata, then
+//! the opaque payload (a task's output or failure message) as is.
 
 use std::time::Duration;
+
+mod batch;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -19,20 +24,21 @@ pub(crate) enum WireError {
     /// The metadata is not the expected JSON.
     #[error("message metadata: {0}")]
     Metadata(String),
+    /// The body opens with another kind's or another version's tag.
+    #[error("message tag {found}, expected {expected} (another wire version?)")]
+    Tag { expected: String, found: String },
+    /// A batch declares more entries than [`MAX_BATCH`].
+    #[error("batch of {count} entries, more than the limit of {}", MAX_BATCH)]
+    TooManyEntries { count: usize },
+    /// Bytes follow the last entry of a batch.
+    #[error("{extra} bytes after the last entry of a batch")]
+    TrailingBytes { extra: usize },
 }
 
-/// An offer's metadata; the payload is the input.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct OfferMeta {
-    pub(crate) forward: u64,
-    pub(crate) origin: String,
-    pub(crate) namespace: String,
-    pub(crate) task_queue: String,
-    pub(crate) activity_type: String,
-    pub(crate) node: Option<String>,
-    pub(crate) timeout_ms: u64,
-    pub(crate) attempt_offset: u32,
-}
+pub(crate) use batch::{
+    BatchAnswer, EntryAnswer, MAX_BATCH, OfferEntry, OfferHeader, decode_answers, decode_ends,
+    decode_offers, encode_answers, encode_answers_bounded, encode_ends_bounded, encode_offers,
+};
 
 /// How a forwarded dispatch ended on its taker; the payload is the output, failure message
 /// or unserved detail.
@@ -66,54 +72,6 @@ pub(crate) struct CancelMeta {
     pub(crate) forward: u64,
 }
 
-/// Reply to an offer this node took.
-const TAKEN: &[u8] = b"taken ";
-/// Reply to an offer this node could not take.
-const BUSY: &[u8] = b"busy";
-/// Reply to an offer this node took and finished before it answered.
-const ENDED: &[u8] = b"ended ";
-
-/// A taker's answer to one offer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Answer {
-    /// Not taken (no free slot here any more, or refused).
-    Busy,
-    /// Taken by the named node; the end follows on the origin's outcome subject.
-    Taken(String),
-    /// Taken and already ended: the one end of this forward, carried by the answer itself.
-    Ended(u64, RemoteEnd),
-}
-
-pub(crate) fn encode_answer(answer: &Answer) -> Bytes {
-    match answer {
-        Answer::Busy => Bytes::from_static(BUSY),
-        Answer::Taken(node) => [TAKEN, node.as_bytes()].concat().into(),
-        Answer::Ended(forward, end) => {
-            let body = encode_end(*forward, end);
-            let mut answer = BytesMut::with_capacity(ENDED.len() + body.len());
-            answer.put_slice(ENDED);
-            answer.put_slice(&body);
-            answer.freeze()
-        }
-    }
-}
-
-pub(crate) fn decode_answer(body: &Bytes) -> Result<Answer, WireError> {
-    if body.as_ref() == BUSY {
-        return Ok(Answer::Busy);
-    }
-    if let Some(node) = body.strip_prefix(TAKEN) {
-        return Ok(Answer::Taken(
-            String::from_utf8_lossy(node).trim().to_owned(),
-        ));
-    }
-    if body.starts_with(ENDED) {
-        let (forward, end) = decode_end(&body.slice(ENDED.len()..))?;
-        return Ok(Answer::Ended(forward, end));
-    }
-    Err(WireError::Metadata("unknown answer".to_owned()))
-}
-
 pub(crate) fn frame<T: Serialize>(meta: &T, payload: &[u8]) -> Bytes {
     let json = serde_json::to_vec(meta).unwrap_or_default();
     let mut body = BytesMut::with_capacity(4 + json.len() + payload.len());
@@ -135,20 +93,16 @@ pub(crate) fn unframe<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<(T, 
     Ok((meta, body.slice(end..)))
 }
 
-pub(crate) fn encode_offer(meta: &OfferMeta, input: &[u8]) -> Bytes {
-    frame(meta, input)
-}
-
 /// The request an offer asks the taker to run (no activity id: the origin holds it).
-pub(crate) fn offered_request(meta: &OfferMeta, input: Bytes) -> ActivityRequest {
+pub(crate) fn offered_request(header: &OfferHeader, entry: &OfferEntry) -> ActivityRequest {
     ActivityRequest {
-        namespace: meta.namespace.clone(),
-        task_queue: meta.task_queue.clone(),
-        activity_type: meta.activity_type.clone(),
-        node: meta.node.clone(),
-        input,
+        namespace: header.namespace.clone(),
+        task_queue: header.task_queue.clone(),
+        activity_type: header.activity_type.clone(),
+        node: header.node.clone(),
+        input: entry.input.clone(),
         activity_id: None,
-        timeout: Duration::from_millis(meta.timeout_ms),
+        timeout: Duration::from_millis(entry.timeout_ms),
     }
 }
 
@@ -271,39 +225,46 @@ mod tests {
 
     #[test]
     fn every_answer_round_trips_and_an_unknown_one_is_refused() {
-        let answers = [
-            Answer::Busy,
-            Answer::Taken("n2".to_owned()),
-            Answer::Ended(
-                9,
-                RemoteEnd::Outcome(ActivityOutcome::Completed(Bytes::from_static(b"out"))),
-            ),
-            Answer::Ended(10, RemoteEnd::Lost),
-        ];
-        for answer in answers {
-            assert_eq!(decode_answer(&encode_answer(&answer)), Ok(answer));
-        }
-        // Control: neither a word nor an end is read as an answer.
-        assert!(decode_answer(&Bytes::from_static(b"took n2")).is_err());
-        assert!(decode_answer(&Bytes::from_static(b"ended \0\0")).is_err());
+        let answer = BatchAnswer {
+            taker: "n2".to_owned(),
+            entries: vec![
+                (1, EntryAnswer::Busy),
+                (2, EntryAnswer::Taken),
+                (
+                    9,
+                    EntryAnswer::Ended(RemoteEnd::Outcome(ActivityOutcome::Completed(
+                        Bytes::from_static(b"out"),
+                    ))),
+                ),
+                (10, EntryAnswer::Ended(RemoteEnd::Lost)),
+            ],
+        };
+        assert_eq!(decode_answers(&encode_answers(&answer)), Ok(answer));
+        // Control: the words of the unbatched format are not read as answers.
+        assert!(decode_answers(&Bytes::from_static(b"busy")).is_err());
+        assert!(decode_answers(&Bytes::from_static(b"taken n2")).is_err());
     }
 
     #[test]
     fn an_offer_round_trips_without_its_activity_id() {
-        let meta = OfferMeta {
-            forward: 1,
+        let header = OfferHeader {
             origin: "a".to_owned(),
             namespace: "ns".to_owned(),
             task_queue: "q".to_owned(),
             activity_type: "act".to_owned(),
             node: None,
+        };
+        let entry = OfferEntry {
+            forward: 1,
             timeout_ms: 1500,
             attempt_offset: 0,
+            input: Bytes::from_static(b"input"),
         };
-        let body = encode_offer(&meta, b"input");
-        let (read, input): (OfferMeta, Bytes) = unframe(&body).expect("round trip");
-        assert_eq!(read, meta);
-        let request = offered_request(&read, input);
+        let body = encode_offers(&header, std::slice::from_ref(&entry));
+        let (read, entries) = decode_offers(&body).expect("round trip");
+        assert_eq!(read, header);
+        assert_eq!(entries, vec![entry]);
+        let request = offered_request(&read, &entries[0]);
         assert_eq!(&request.input[..], b"input");
         assert_eq!(request.timeout, Duration::from_millis(1500));
         assert_eq!(request.activity_id, None);

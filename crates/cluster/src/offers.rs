@@ -1,0 +1,372 @@
+//! The origin's offer queues: dispatches parked on one pool wait here to be offered together,
+//! one NATS request for up to [`MAX_BATCH`](crate::wire::MAX_BATCH) of them. Plain data behind a lock; the sending is
+//! [`crate::forward`]'s.
+//!
+//! A pool has at most [`MAX_IN_FLIGHT`] batches out at once. The first dispatch to arrive at
+//! an idle pool is offered at once (a batch of one: no added latency when the cluster is
+//! quiet); while batches are out, the dispatches arriving meanwhile queue and leave together
+//! when one comes back. So under load k dispatches share a request and its answer, and at
+//! low load nothing waits.
+
+use std::collections::{HashMap, VecDeque};
+
+use tokio::sync::oneshot;
+
+use crate::wire::{EntryAnswer, OfferEntry, OfferHeader};
+
+/// The most input bytes one batch carries (a single larger input still goes, alone): well
+/// under NATS's default `max_payload` of 1 MiB.
+pub(crate) const BATCH_BYTES: usize = 256 * 1024;
+
+/// The most batches one pool has out at once.
+pub(crate) const MAX_IN_FLIGHT: usize = 4;
+
+/// Pools whose queues are tracked before idle ones are forgotten.
+const TRACKED_POOLS: usize = 1024;
+
+/// One dispatch's offers so far, and whether a "busy" answer sends it round again.
+#[derive(Debug)]
+pub(crate) struct Tries {
+    offers: usize,
+    busy: usize,
+    max_offers: usize,
+    busy_retries: usize,
+}
+
+impl Tries {
+    /// At most `max_offers` offers in all, and `busy_retries` answered "busy" by a batch that
+    /// took nothing.
+    pub(crate) fn new(max_offers: usize, busy_retries: usize) -> Self {
+        Self {
+            offers: 0,
+            busy: 0,
+            max_offers,
+            busy_retries,
+        }
+    }
+
+    /// Counts an offer going out; false when the dispatch has had its offers (it parks).
+    pub(crate) fn offer(&mut self) -> bool {
+        if self.offers >= self.max_offers || self.busy >= self.busy_retries {
+            return false;
+        }
+        self.offers += 1;
+        true
+    }
+
+    /// The offer was answered "busy"; `progress`: its batch had another forward taken. Only a
+    /// batch that took nothing says the pool may be full everywhere.
+    pub(crate) fn busy(&mut self, progress: bool) {
+        if !progress {
+            self.busy += 1;
+        }
+    }
+}
+
+/// What a queued dispatch learns of its offer.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// A taker's answer for this forward, with the taker's name; `progress` says whether the
+    /// same batch had a forward taken (a "busy" in a partly taken batch is not the pool
+    /// being full everywhere, just this taker).
+    Answered {
+        taker: String,
+        answer: EntryAnswer,
+        progress: bool,
+    },
+    /// Nobody subscribes to the pool: no node has a free slot.
+    NoResponders,
+    /// No readable answer (lost, late or garbled): someone may have taken it.
+    Unanswered,
+}
+
+/// One dispatch waiting for a batch.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub(crate) entry: OfferEntry,
+    pub(crate) heard: oneshot::Sender<Heard>,
+}
+
+/// One pool's queue and its batches out.
+#[derive(Debug)]
+pub(crate) struct PoolQueue {
+    pub(crate) subject: String,
+    waiting: VecDeque<Queued>,
+    in_flight: usize,
+}
+
+impl PoolQueue {
+    fn new(subject: String) -> Self {
+        Self {
+            subject,
+            waiting: VecDeque::new(),
+            in_flight: 0,
+        }
+    }
+
+    /// Queues `queued`; true when the caller must start a sender for the pool (fewer than
+    /// [`MAX_IN_FLIGHT`] batches are out), which then owns one batch slot.
+    pub(crate) fn push(&mut self, queued: Queued) -> bool {
+        self.waiting.push_back(queued);
+        if self.in_flight < MAX_IN_FLIGHT {
+            self.in_flight += 1;
+            return true;
+        }
+        false
+    }
+
+    /// The next batch for a sender holding a batch slot: up to `max` queued dispatches whose
+    /// caller still waits, with at most [`BATCH_BYTES`] of input unless the first alone has
+    /// more. `None` gives the slot back (nothing is waiting).
+    pub(crate) fn next_batch(&mut self, max: usize) -> Option<Vec<Queued>> {
+        let mut batch: Vec<Queued> = Vec::new();
+        let mut bytes = 0usize;
+        while batch.len() < max {
+            let Some(next) = self.waiting.front() else {
+                break;
+            };
+            let size = next.entry.input.len();
+            if !batch.is_empty() && bytes.saturating_add(size) > BATCH_BYTES {
+                break;
+            }
+            let Some(queued) = self.waiting.pop_front() else {
+                break;
+            };
+            // A dispatch that stopped waiting (cancelled, deadline) is not offered.
+            if !queued.heard.is_closed() {
+                bytes = bytes.saturating_add(size);
+                batch.push(queued);
+            }
+        }
+        if batch.is_empty() {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            return None;
+        }
+        Some(batch)
+    }
+
+    fn idle(&self) -> bool {
+        self.in_flight == 0 && self.waiting.is_empty()
+    }
+}
+
+/// Every pool's queue, by the offer header its dispatches share.
+#[derive(Debug, Default)]
+pub(crate) struct OfferQueues {
+    pools: HashMap<OfferHeader, PoolQueue>,
+}
+
+impl OfferQueues {
+    /// The queue for `header`, created with `subject` when new.
+    pub(crate) fn pool(
+        &mut self,
+        header: &OfferHeader,
+        subject: impl FnOnce() -> String,
+    ) -> &mut PoolQueue {
+        if !self.pools.contains_key(header) && self.pools.len() >= TRACKED_POOLS {
+            self.pools.retain(|_, pool| !pool.idle());
+        }
+        self.pools
+            .entry(header.clone())
+            .or_insert_with(|| PoolQueue::new(subject()))
+    }
+
+    /// The queue for `header`, if it exists.
+    pub(crate) fn get_mut(&mut self, header: &OfferHeader) -> Option<&mut PoolQueue> {
+        self.pools.get_mut(header)
+    }
+}
+
+/// What each dispatch of a batch hears from the taker's answer: its own entry, or "busy" for
+/// a forward the answer leaves out (the taker did not start it).
+pub(crate) fn hear(
+    taker: &str,
+    answers: Vec<(u64, EntryAnswer)>,
+    batch: &[OfferEntry],
+) -> Vec<Heard> {
+    let progress = answers
+        .iter()
+        .any(|(_, answer)| !matches!(answer, EntryAnswer::Busy));
+    let mut by_forward: HashMap<u64, EntryAnswer> = answers.into_iter().collect();
+    batch
+        .iter()
+        .map(|entry| Heard::Answered {
+            taker: taker.to_owned(),
+            answer: by_forward
+                .remove(&entry.forward)
+                .unwrap_or(EntryAnswer::Busy),
+            progress,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::wire::{MAX_BATCH, RemoteEnd};
+
+    fn header() -> OfferHeader {
+        OfferHeader {
+            origin: "a".to_owned(),
+            namespace: "ns".to_owned(),
+            task_queue: "q".to_owned(),
+            activity_type: "act".to_owned(),
+            node: None,
+        }
+    }
+
+    fn queued(forward: u64) -> (Queued, oneshot::Receiver<Heard>) {
+        sized(forward, 0)
+    }
+
+    fn sized(forward: u64, size: usize) -> (Queued, oneshot::Receiver<Heard>) {
+        let (heard, receiver) = oneshot::channel();
+        let entry = OfferEntry {
+            forward,
+            timeout_ms: 1000,
+            attempt_offset: 0,
+            input: Bytes::from(vec![0; size]),
+        };
+        (Queued { entry, heard }, receiver)
+    }
+
+    fn forwards(batch: &[Queued]) -> Vec<u64> {
+        batch.iter().map(|q| q.entry.forward).collect()
+    }
+
+    #[test]
+    fn an_idle_pool_sends_at_once_and_a_busy_one_gathers_a_batch() {
+        let mut queues = OfferQueues::default();
+        let pool = queues.pool(&header(), || "offer.p".to_owned());
+        let mut receivers = Vec::new();
+        // The first MAX_IN_FLIGHT dispatches each start a sender, with a batch of one.
+        for forward in 0..MAX_IN_FLIGHT as u64 {
+            let (q, r) = queued(forward);
+            receivers.push(r);
+            assert!(pool.push(q), "a free batch slot starts a sender");
+            let batch = pool.next_batch(MAX_BATCH).expect("one waits");
+            assert_eq!(forwards(&batch), vec![forward]);
+        }
+        // Every slot is out: the next ones queue ...
+        for forward in 10..15 {
+            let (q, r) = queued(forward);
+            receivers.push(r);
+            assert!(!pool.push(q), "no sender while every batch slot is out");
+        }
+        // ... and leave together with the next sender's batch, capped at its max.
+        let batch = pool.next_batch(3).expect("queued");
+        assert_eq!(forwards(&batch), vec![10, 11, 12]);
+        let batch = pool.next_batch(3).expect("queued");
+        assert_eq!(forwards(&batch), vec![13, 14]);
+        // Control: with nothing left the sender gives its slot back, and the next dispatch
+        // starts a sender again.
+        assert!(pool.next_batch(3).is_none());
+        let (q, _r) = queued(20);
+        assert!(pool.push(q));
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_byte_budget_but_a_large_input_still_goes_alone() {
+        let mut queues = OfferQueues::default();
+        let pool = queues.pool(&header(), || "offer.p".to_owned());
+        let mut keep = Vec::new();
+        for (forward, size) in [
+            (1, BATCH_BYTES * 2),
+            (2, BATCH_BYTES / 2),
+            (3, BATCH_BYTES / 2),
+        ] {
+            let (q, r) = sized(forward, size);
+            keep.push(r);
+            pool.push(q);
+        }
+        let (q, r) = sized(4, 1);
+        keep.push(r);
+        pool.push(q);
+        assert_eq!(forwards(&pool.next_batch(MAX_BATCH).expect("big")), vec![1]);
+        assert_eq!(
+            forwards(&pool.next_batch(MAX_BATCH).expect("two halves")),
+            vec![2, 3],
+            "exactly at the budget"
+        );
+        // Control: what is left fits and goes.
+        assert_eq!(
+            forwards(&pool.next_batch(MAX_BATCH).expect("small")),
+            vec![4]
+        );
+    }
+
+    #[test]
+    fn busy_in_a_partly_taken_batch_offers_again_and_busy_everywhere_parks() {
+        let mut tries = Tries::new(5, 2);
+        assert!(tries.offer());
+        tries.busy(true);
+        assert!(
+            tries.offer(),
+            "the taker filled up taking others: offer again"
+        );
+        tries.busy(true);
+        assert!(tries.offer());
+        tries.busy(false);
+        assert!(
+            tries.offer(),
+            "one batch that took nothing is not yet enough"
+        );
+        tries.busy(false);
+        // Control: the second batch that took nothing parks the dispatch.
+        assert!(!tries.offer());
+        // And progress alone is bounded too.
+        let mut tries = Tries::new(3, 2);
+        for _ in 0..3 {
+            assert!(tries.offer());
+            tries.busy(true);
+        }
+        assert!(!tries.offer(), "at most max_offers");
+    }
+
+    #[test]
+    fn a_dispatch_that_stopped_waiting_is_not_offered() {
+        let mut queues = OfferQueues::default();
+        let pool = queues.pool(&header(), || "offer.p".to_owned());
+        let (first, _keep) = queued(1);
+        let (gone, dropped) = queued(2);
+        let (last, _keep_too) = queued(3);
+        pool.push(first);
+        pool.push(gone);
+        pool.push(last);
+        drop(dropped);
+        let batch = pool.next_batch(MAX_BATCH).expect("two wait");
+        assert_eq!(forwards(&batch), vec![1, 3]);
+    }
+
+    #[test]
+    fn a_partly_taken_batch_hears_busy_with_progress_and_a_left_out_forward_is_busy() {
+        let batch: Vec<OfferEntry> = (1..=4).map(|f| queued(f).0.entry).collect();
+        let answers = vec![
+            (1, EntryAnswer::Taken),
+            (2, EntryAnswer::Ended(RemoteEnd::Lost)),
+            (3, EntryAnswer::Busy),
+        ];
+        let heard = hear("n2", answers, &batch);
+        let answer = |n: usize| match &heard[n] {
+            Heard::Answered {
+                answer, progress, ..
+            } => (answer.clone(), *progress),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(answer(0), (EntryAnswer::Taken, true));
+        assert_eq!(answer(1), (EntryAnswer::Ended(RemoteEnd::Lost), true));
+        assert_eq!(answer(2), (EntryAnswer::Busy, true));
+        assert_eq!(answer(3), (EntryAnswer::Busy, true), "left out: not taken");
+        // Control: a batch answered all busy made no progress.
+        let heard = hear("n2", vec![(1, EntryAnswer::Busy)], &batch[..1]);
+        assert!(matches!(
+            heard[0],
+            Heard::Answered {
+                progress: false,
+                ..
+            }
+        ));
+    }
+}
