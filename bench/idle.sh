@@ -6,12 +6,16 @@
 # Then, with all of them still connected, PROBES dispatches one at a time to those workers from
 # a third process (`--external-workers`), whose JSON report gives the dispatch p99.
 #
-# Needs the release binary (B), curl. Loopback only; the gateway and the workers are separate
-# processes, so the RSS is the gateway's own. Prints one JSON object.
+# Needs the release binary (B; WB for the workers and the probe, default B), curl. Loopback
+# only; the gateway and the workers are separate processes, so the RSS is the gateway's own.
+# Stops early if a worker process ends (its last line says why). Prints one JSON object.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 B=${B:-target/release/switchyard}
+# The binary of the worker and probe processes (default: B), so that gateways of two builds can
+# be compared with the same workers.
+WB=${WB:-$B}
 GRPC=${GRPC:-5000}
 QUIC=${QUIC:-5000}
 PROBES=${PROBES:-2000}
@@ -19,6 +23,7 @@ BASE=${BASE:-18900}
 GRPC_ADDR=127.0.0.1:$BASE QUIC_ADDR=127.0.0.1:$((BASE + 1)) OPS=127.0.0.1:$((BASE + 2))
 DIR=$(mktemp -d /tmp/sy-idle.XXXXXX)
 PIDS=()
+declare -A WORKERS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
@@ -43,12 +48,19 @@ eligible() {
     curl -sf "http://$OPS/v1/workers?limit=1&standing=eligible" |
         sed -E 's/.*"total":([0-9]+).*/\1/'
 }
-# Waits (bounded: 600 s) until $1 workers are eligible.
+# Waits (bounded: 600 s) until $1 workers are eligible; gives up at once if a worker process
+# ended (its log says why).
 wait_eligible() {
     local n=0
     for _ in $(seq 1200); do
         n=$(eligible || echo 0)
         [ "${n:-0}" -ge "$1" ] && return 0
+        for log in "${!WORKERS[@]}"; do
+            if ! kill -0 "${WORKERS[$log]}" 2>/dev/null; then
+                echo "a worker process ended with $n of $1 eligible: $(tail -1 "$log")" >&2
+                return 1
+            fi
+        done
         sleep 0.5
     done
     echo "only $n of $1 workers eligible after 600 s" >&2
@@ -59,10 +71,11 @@ now() { date +%s.%N; }
 rss_before=$(rss)
 started=$(now)
 connect() {
-    "$B" bench --connect "$GRPC_ADDR" --quic-connect "$QUIC_ADDR" --ca "$DIR/tls/ca.pem" \
+    "$WB" bench --connect "$GRPC_ADDR" --quic-connect "$QUIC_ADDR" --ca "$DIR/tls/ca.pem" \
         --transport "$1" --workers "$2" --capacity 1 \
         --workers-only 3600 >"$DIR/workers-$1.log" 2>&1 &
     PIDS+=("$!")
+    WORKERS["$DIR/workers-$1.log"]=$!
 }
 [ "$GRPC" -gt 0 ] && connect grpc "$GRPC"
 wait_eligible "$GRPC"
@@ -76,7 +89,7 @@ sleep 2
 rss_all=$(rss)
 load_connected=$(cut -d' ' -f1 /proc/loadavg)
 
-probe=$("$B" bench --connect "$GRPC_ADDR" --quic-connect "$QUIC_ADDR" --ca "$DIR/tls/ca.pem" \
+probe=$("$WB" bench --connect "$GRPC_ADDR" --quic-connect "$QUIC_ADDR" --ca "$DIR/tls/ca.pem" \
     --external-workers --workers "$TOTAL" --tasks "$PROBES" --outstanding 1 --via stream)
 rss_end=$(rss)
 peak=$(awk '/^VmHWM:/ { print $2 * 1024 }' "/proc/$GATEWAY/status")

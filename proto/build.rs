@@ -17,6 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     tonic_prost_build::configure()
         .bytes(".")
+        // tonic's codec with 1 KiB first buffers (see src/codec.rs).
+        .codec_path("crate::WireCodec")
         .compile_fds(descriptors)?;
     Ok(())
 }

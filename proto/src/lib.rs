@@ -4,6 +4,10 @@
 //! types and tonic service stubs generated from them at build time by `protox` (no `protoc`
 //! needed). Everything lives in package `switchyard.v1`, re-exported here as [`v1`].
 
+mod codec;
+
+pub use codec::{CALL_BUFFER_BYTES, WireCodec};
+
 /// Package `switchyard.v1`: worker, producer and operator messages and services.
 #[allow(
     missing_docs,

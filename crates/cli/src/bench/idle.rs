@@ -27,21 +27,22 @@ const ATTEMPTS: u32 = 3;
 
 /// Retries made during the connect phase, and why the first one was needed.
 #[derive(Default)]
-struct Retries {
-    count: AtomicU32,
-    first_reason: Mutex<Option<String>>,
+pub(super) struct Retries {
+    pub(super) count: AtomicU32,
+    pub(super) first_reason: Mutex<Option<String>>,
 }
 
-/// Connects one idle worker, trying up to [`ATTEMPTS`] times.
-async fn start_idle(
+/// Connects one worker, trying up to [`ATTEMPTS`] times.
+pub(super) async fn start_retrying(
     target: &Target,
     wire: Wire,
     profile: &Profile<'_>,
+    counters: Arc<Counters>,
     retries: &Retries,
 ) -> Result<workers::Running, Failure> {
     let mut attempt = 1;
     loop {
-        match workers::start(target, wire, profile, Arc::new(Counters::default())).await {
+        match workers::start(target, wire, profile, Arc::clone(&counters)).await {
             Err(failure) if attempt < ATTEMPTS => {
                 attempt += 1;
                 retries.count.fetch_add(1, Ordering::Relaxed);
@@ -74,7 +75,7 @@ pub(crate) async fn run(args: &BenchArgs, target: &Target, count: u32) -> Result
     let connects = futures::stream::iter(0..count)
         .map(|index| {
             let wire = Wire::nth(BenchTransport::Mixed, index);
-            start_idle(target, wire, &profile, &retries)
+            start_retrying(target, wire, &profile, Arc::default(), &retries)
         })
         .buffer_unordered(CONNECTS_AT_ONCE)
         .collect::<Vec<_>>();

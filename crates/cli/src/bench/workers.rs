@@ -218,10 +218,21 @@ impl Fleet {
             counters: Vec::new(),
             executions: Arc::clone(&profile.executions),
         };
+        // Like a real worker, one whose connect failed tries again (on a loaded machine a
+        // handshake now and then misses the registration deadline).
+        let retries = super::idle::Retries::default();
         for index in 0..args.workers {
             let counters = Arc::new(Counters::default());
             let wire = Wire::nth(args.transport, index);
-            match start(target, wire, &profile, Arc::clone(&counters)).await {
+            match super::idle::start_retrying(
+                target,
+                wire,
+                &profile,
+                Arc::clone(&counters),
+                &retries,
+            )
+            .await
+            {
                 Ok(worker) => {
                     fleet.workers.push(worker);
                     fleet.counters.push(counters);
