@@ -153,12 +153,17 @@ fn three_nodes_complete_every_dispatch_and_only_the_cross_node_path_uses_nats() 
         .map(|node| node.as_str().unwrap())
         .collect();
     assert_eq!(cross_nodes, ["n2", "n2", "n3", "n3"]);
-    // A forwarded dispatch publishes at least its offer and the offer's reply (which carries
-    // the outcome of a task that ends within the taker's linger; a longer one adds a third).
+    // Forwarded dispatches cross NATS: an offer request and its answer (which carries the ends
+    // of tasks done within the taker's linger; a longer one adds an outcome message), shared
+    // by up to 64 dispatches of a pool under load (docs/cluster.md, Batched offers). So some
+    // messages per dispatch, and never more than the unbatched three.
     let cross = report["cross"]["nats_messages_per_dispatch"]
         .as_f64()
         .unwrap();
-    assert!(cross >= 2.0, "cross-node messages per dispatch: {cross}");
+    assert!(
+        cross > 0.0 && cross <= 3.0,
+        "cross-node messages per dispatch: {cross}"
+    );
     // Control for the same counter: a local dispatch publishes nothing, and neither does a lone
     // node.
     assert_eq!(report["local"]["nats_in_msgs"], 0, "{}", report["local"]);
