@@ -324,11 +324,8 @@ impl DurableDispatcher {
     /// deadline is its timeout from now (clamped like any dispatch's). A repeated
     /// `idempotency_key` in the namespace returns the first dispatch's id and runs nothing.
     /// After [`shutdown`](Self::shutdown) a submission is still recorded; it runs at the
-    /// next start. Without an idempotency key, with a store that
-    /// [orders its writes](DispatchStore::orders_writes), the task is delivered while its
-    /// record commits, as [`dispatch`](Self::dispatch)'s: the reply still waits for the
-    /// commit, but a submission the store refuses, or one a crash stops before its commit,
-    /// may have run (execution is at least once).
+    /// next start. Nothing runs before the record commits, so a refused submission ran
+    /// nothing (unlike [`dispatch`](Self::dispatch), which delivers while it records).
     pub async fn submit(
         &self,
         caller: &CallerIdentity,
@@ -336,16 +333,6 @@ impl DurableDispatcher {
         idempotency_key: Option<String>,
     ) -> Result<Submitted, SubmitError> {
         let dispatch = self.new_dispatch(caller, request, idempotency_key)?;
-        let shared = &self.shared;
-        if dispatch.idempotency_key.is_none()
-            && shared.store.orders_writes()
-            && !shared.stopping.is_cancelled()
-        {
-            // Delivered while it records, as a durable `Dispatch`; the reply still waits for
-            // the record's commit. Only without a key: a repeated key must run nothing.
-            let (_, answer) = self.start_early(dispatch);
-            return heard_submitted(answer).await;
-        }
         let span = tracing::debug_span!("durable_submit", dispatch_id = %dispatch.id,
             namespace = %dispatch.namespace);
         // On its own task, which then drives it: a caller that goes away while the store
