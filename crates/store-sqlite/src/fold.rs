@@ -96,25 +96,10 @@ mod tests {
     use std::time::SystemTime;
 
     use bytes::Bytes;
-    use switchyard_core::{NewDispatch, OutcomeRecord, WorkerId};
+    use switchyard_core::{OutcomeRecord, WorkerId};
 
     use super::*;
-
-    fn record(id: &DispatchId) -> Op {
-        let now = SystemTime::now();
-        Op::Record(NewDispatch {
-            id: id.clone(),
-            namespace: "ns".into(),
-            task_queue: "q".into(),
-            activity_type: "a".into(),
-            node: None,
-            input: Bytes::from_static(b"in"),
-            principal: "p".into(),
-            idempotency_key: None,
-            submitted_at: now,
-            deadline: now,
-        })
-    }
+    use crate::test_ops::record;
 
     fn claim(id: &DispatchId, attempt: u32) -> Op {
         Op::Claim {

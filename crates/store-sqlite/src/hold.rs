@@ -62,9 +62,10 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use bytes::Bytes;
-    use switchyard_core::{NewDispatch, OutcomeRecord, WorkerId};
+    use switchyard_core::{OutcomeRecord, WorkerId};
 
     use super::*;
+    use crate::test_ops::record;
 
     fn command(op: Op, hold_until: Option<Instant>) -> Command {
         Command {
@@ -73,22 +74,6 @@ mod tests {
             sent: Instant::now(),
             hold_until,
         }
-    }
-
-    fn record(id: &DispatchId) -> Op {
-        let now = SystemTime::now();
-        Op::Record(NewDispatch {
-            id: id.clone(),
-            namespace: "ns".into(),
-            task_queue: "q".into(),
-            activity_type: "a".into(),
-            node: None,
-            input: Bytes::from_static(b"in"),
-            principal: "p".into(),
-            idempotency_key: None,
-            submitted_at: now,
-            deadline: now,
-        })
     }
 
     fn claim(id: &DispatchId) -> Op {

@@ -23,6 +23,8 @@ mod options;
 mod reads;
 mod schema;
 mod store;
+#[cfg(test)]
+mod test_ops;
 mod writer;
 
 pub use lock::LockHolder;
