@@ -38,46 +38,9 @@ ROUNDS=${ROUNDS:-3}
 NATS_PORT=${NATS_PORT:-14222}
 RESULTS=${RESULTS:-$ROOT/bench/results}
 
-if ! command -v nats-server >/dev/null; then
-    echo "nats-server is not installed (Debian: apt-get install -y nats-server)" >&2
-    exit 1
-fi
-for binary in "$SWITCHYARD" "$BASELINE"; do
-    if [[ ! -x $binary ]]; then
-        echo "$binary is missing; build it first (see the top of $0)" >&2
-        exit 1
-    fi
-done
-if (( ROUNDS < 1 || ROUNDS > 20 )); then
-    echo "ROUNDS must be 1..20" >&2
-    exit 1
-fi
-
-SCRATCH=$(mktemp -d)
-NATS_PID=
-cleanup() {
-    if [[ -n $NATS_PID ]]; then
-        kill "$NATS_PID" 2>/dev/null || true
-        wait "$NATS_PID" 2>/dev/null || true
-    fi
-    rm -rf "$SCRATCH"
-}
-trap cleanup EXIT
-
-nats-server -js -sd "$SCRATCH/jetstream" -a 127.0.0.1 -p "$NATS_PORT" >"$SCRATCH/nats.log" 2>&1 &
-NATS_PID=$!
-for _ in $(seq 100); do
-    if grep -q "Server is ready" "$SCRATCH/nats.log"; then
-        break
-    fi
-    sleep 0.1
-done
-if ! grep -q "Server is ready" "$SCRATCH/nats.log"; then
-    echo "nats-server did not start:" >&2
-    cat "$SCRATCH/nats.log" >&2
-    exit 1
-fi
-echo "nats-server $(nats-server --version | awk '{print $2}'), JetStream store in $SCRATCH/jetstream" >&2
+. "$ROOT/bench/lib/nats.sh"
+bench_preflight "$SWITCHYARD" "$BASELINE"
+start_nats jetstream
 
 KNOBS=(--workers "$WORKERS" --capacity "$CAPACITY" --outstanding "$OUTSTANDING"
        --tasks "$TASKS" --payload "$PAYLOAD" --service-time-us "$SERVICE_TIME_US")
