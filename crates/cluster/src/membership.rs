@@ -12,6 +12,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::kv_bucket::{self, BucketLimits};
 use crate::members::{Members, NodeInfo};
 use crate::status::{ClusterStatus, Standing};
 
@@ -27,38 +28,18 @@ pub(crate) enum ClaimError {
     Nats(String),
 }
 
-/// Opens (creating if needed) the membership bucket.
-///
-/// The bucket's stream is made here rather than with `create_key_value`, which first reads
-/// the account info, a reply async-nats 0.42 cannot parse from a 2.9 server; the stream is
-/// the one `create_key_value` would make (one message per key, rollups, no deletes).
+/// Opens (creating if needed) the membership bucket (or the numbers bucket, of the same
+/// shape): entries live `ttl` unless refreshed.
 pub(crate) async fn bucket(
     js: &jetstream::Context,
     name: &str,
     ttl: Duration,
 ) -> Result<kv::Store, String> {
-    let stream = jetstream::stream::Config {
-        name: format!("KV_{name}"),
-        subjects: vec![format!("$KV.{name}.>")],
-        max_messages_per_subject: 1,
-        max_bytes: -1,
-        max_messages: -1,
+    let limits = BucketLimits {
         max_age: ttl,
-        max_message_size: -1,
-        storage: jetstream::stream::StorageType::File,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        num_replicas: 1,
-        discard: jetstream::stream::DiscardPolicy::New,
-        ..jetstream::stream::Config::default()
+        max_bytes: -1,
     };
-    js.get_or_create_stream(stream)
-        .await
-        .map_err(|error| format!("membership bucket {name}: {error}"))?;
-    js.get_key_value(name)
-        .await
-        .map_err(|error| format!("membership bucket {name}: {error}"))
+    kv_bucket::open(js, "membership bucket", name, limits).await
 }
 
 /// Where the membership bucket lives, to open it again after an outage.

@@ -6,36 +6,20 @@ use futures::TryStreamExt;
 use switchyard_core::{DispatchId, DispatchState, DispatchStoreError, OutcomeRecord};
 
 use super::codec::{Row, decode};
+use crate::kv_bucket::BucketLimits;
 
-/// Opens (creating if needed) a file-storage bucket of one entry per key holding at most
-/// `max_bytes` (-1: no bound). Made as a stream rather than with `create_key_value`, which
-/// first reads the account info, a reply async-nats 0.42 cannot parse from a 2.9 server.
+/// Opens (creating if needed) a bucket of the store holding at most `max_bytes` (-1: no
+/// bound), its entries kept until deleted.
 pub(super) async fn bucket(
     js: &jetstream::Context,
     name: &str,
     max_bytes: i64,
 ) -> Result<kv::Store, String> {
-    let stream = jetstream::stream::Config {
-        name: format!("KV_{name}"),
-        subjects: vec![format!("$KV.{name}.>")],
-        max_messages_per_subject: 1,
+    let limits = BucketLimits {
+        max_age: std::time::Duration::ZERO,
         max_bytes,
-        max_messages: -1,
-        max_message_size: -1,
-        storage: jetstream::stream::StorageType::File,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        num_replicas: 1,
-        discard: jetstream::stream::DiscardPolicy::New,
-        ..jetstream::stream::Config::default()
     };
-    js.get_or_create_stream(stream)
-        .await
-        .map_err(|error| format!("bucket {name}: {error}"))?;
-    js.get_key_value(name)
-        .await
-        .map_err(|error| format!("bucket {name}: {error}"))
+    crate::kv_bucket::open(js, "bucket", name, limits).await
 }
 
 /// Every live entry of `kv`: key, revision, row (unreadable entries are skipped, logged).
