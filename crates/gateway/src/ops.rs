@@ -83,9 +83,9 @@ pub(crate) fn serve(
         .map_or_else(|_| section.listen.to_string(), |a| a.to_string());
     feed.start(core.registry(), stop.clone());
     let cluster = cluster.map(|admin| std::sync::Arc::new(crate::api::ClusterViews::new(admin)));
-    let cluster_events = cluster
-        .as_ref()
-        .map(|views| cluster_events::ClusterEvents::start(std::sync::Arc::clone(views), stop.clone()));
+    let cluster_events = cluster.as_ref().map(|views| {
+        cluster_events::ClusterEvents::start(std::sync::Arc::clone(views), stop.clone())
+    });
     let app = Router::new()
         .route("/", get(console::index))
         .route("/console.js", get(console::script))
@@ -250,7 +250,13 @@ async fn unserved(State(state): State<OpsState>) -> axum::Json<Value> {
 
 /// This node's (`node`'s) answer to another node's `ops.<view>` call (`query` its query
 /// string, or for `events` the asker's cursor).
-fn remote_view(core: &Core, feed: &EventFeed, node: &str, view: &str, query: &str) -> Option<Value> {
+fn remote_view(
+    core: &Core,
+    feed: &EventFeed,
+    node: &str,
+    view: &str,
+    query: &str,
+) -> Option<Value> {
     match view {
         "workers" => Some(workers::page(
             &core.registry().workers(),

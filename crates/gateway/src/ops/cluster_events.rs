@@ -12,8 +12,8 @@
 //! `{"kind":"silent_nodes"}` line, at the start and whenever the set changes.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use axum::http::HeaderMap;
@@ -381,7 +381,8 @@ impl Stream {
                     Ok(Remote::Restarted(node)) => self.cursor.set(&node, 0),
                     Ok(Remote::Silent(silent)) => {
                         let line = silent_line(&silent, SystemTime::now());
-                        self.pending.push_back(Event::default().data(line.to_string()));
+                        self.pending
+                            .push_back(Event::default().data(line.to_string()));
                     }
                     Err(RecvError::Lagged(count)) => self.missed(count),
                     Err(RecvError::Closed) => return None,
@@ -437,7 +438,11 @@ mod tests {
     use super::*;
 
     fn line(node: &str, seq: u64, at: u64) -> NodeLine {
-        NodeLine::of(node, json!({ "seq": seq, "at_unix_ms": at, "kind": "connected" })).unwrap()
+        NodeLine::of(
+            node,
+            json!({ "seq": seq, "at_unix_ms": at, "kind": "connected" }),
+        )
+        .unwrap()
     }
 
     fn order(lines: &[NodeLine]) -> Vec<(&str, u64)> {
@@ -452,7 +457,11 @@ mod tests {
             vec![],
         ]);
         assert_eq!(order(&merged), [("a", 1), ("c", 7), ("a", 2), ("c", 8)]);
-        assert!(merged.iter().all(|l| l.json["gateway_node"] == l.node.as_str()));
+        assert!(
+            merged
+                .iter()
+                .all(|l| l.json["gateway_node"] == l.node.as_str())
+        );
         // Control: a node whose clock stepped back keeps its own order; the merge does not
         // put its later line before its earlier one.
         let merged = merge_in_time_order(vec![
@@ -484,7 +493,11 @@ mod tests {
         }
         let after: NodeEvents = serde_json::from_value(answer(&feed, "c", "a:9,c:2")).unwrap();
         assert_eq!(after.next_seq, 4);
-        let seqs: Vec<u64> = after.events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+        let seqs: Vec<u64> = after
+            .events
+            .iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect();
         assert_eq!(seqs, [3], "only what the asker has not seen from c");
         // Control: a cursor past c's numbers was given out before c restarted: all of it.
         let restarted: NodeEvents = serde_json::from_value(answer(&feed, "c", "c:50")).unwrap();
@@ -510,7 +523,12 @@ mod tests {
     fn a_stream_sends_each_line_once_with_the_cursor_as_its_id() {
         let mut cursor = Cursor::parse("c:3", "a");
         let mut sent = Vec::new();
-        for l in [line("a", 1, 10), line("c", 3, 20), line("c", 4, 30), line("a", 1, 10)] {
+        for l in [
+            line("a", 1, 10),
+            line("c", 3, 20),
+            line("c", 4, 30),
+            line("a", 1, 10),
+        ] {
             if cursor.advance(&l.node, l.seq) {
                 sent.push((l.node.clone(), l.seq, cursor.encode()));
             }

@@ -173,7 +173,9 @@ fn merge_history(
     let pools = history::merge(
         first,
         last,
-        parts.into_iter().map(|(node, recorded)| (Some(node), recorded)),
+        parts
+            .into_iter()
+            .map(|(node, recorded)| (Some(node), recorded)),
     );
     json!({
         "bucket_seconds": BUCKET.as_secs(),
@@ -303,7 +305,43 @@ mod tests {
         parts.swap(1, 2);
         let merged = merge_history(parts, &[], 0);
         let points = merged["pools"][0]["points"].as_array().unwrap();
-        let counts: Vec<u64> = points.iter().map(|p| p["dispatches"].as_u64().unwrap()).collect();
+        let counts: Vec<u64> = points
+            .iter()
+            .map(|p| p["dispatches"].as_u64().unwrap())
+            .collect();
         assert_eq!(counts, [1, 1]);
+    }
+
+    fn sorted_keys(value: &Value) -> Vec<String> {
+        let mut keys: Vec<String> = value.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    #[tokio::test]
+    async fn outside_a_cluster_history_keeps_its_fields_and_names_no_node() {
+        history::pool("outside", "q").record("completed", Duration::from_millis(3), Instant::now());
+        let body = history(None).await;
+        assert_eq!(
+            sorted_keys(&body),
+            ["bucket_seconds", "now_unix_ms", "pools"]
+        );
+        let find = |body: &Value| {
+            body["pools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["namespace"] == "outside")
+                .cloned()
+                .unwrap()
+        };
+        assert_eq!(
+            sorted_keys(&find(&body)),
+            ["namespace", "points", "task_queue"]
+        );
+        // Control: in a cluster the same pool names its nodes and the silent ones are listed.
+        let merged = merge_history(vec![("a".to_owned(), history::recorded())], &[], 0);
+        assert_eq!(merged["silent_nodes"], json!([]));
+        assert_eq!(find(&merged)["gateway_nodes"], json!(["a"]));
     }
 }

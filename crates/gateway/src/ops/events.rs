@@ -377,6 +377,7 @@ mod tests {
             !text.contains("\"seq\":1"),
             "seen before Last-Event-ID: {text}"
         );
+        assert!(!text.contains("gateway_node"), "outside a cluster: {text}");
 
         // Control: while the listener runs, the stream stays open.
         let wait = Duration::from_secs(1);

@@ -434,7 +434,8 @@ pub(crate) fn merge(
             }
         }
     }
-    let width = usize::try_from(last.saturating_sub(first)).map_or(BUCKETS, |w| (w + 1).min(BUCKETS));
+    let width =
+        usize::try_from(last.saturating_sub(first)).map_or(BUCKETS, |w| (w + 1).min(BUCKETS));
     pools
         .into_iter()
         .filter(|(_, (_, sums))| !sums.is_empty())
