@@ -73,6 +73,16 @@ impl Cursor {
         self.0.insert(node.to_owned(), seq);
     }
 
+    /// Whether `node`, whose next event will carry `next_seq`, restarted since the cursor was
+    /// given out (its numbers are below the cursor's); if so its entry starts again at 0.
+    pub(crate) fn restarted(&mut self, node: &str, next_seq: u64) -> bool {
+        if next_seq.saturating_sub(1) >= self.get(node) {
+            return false;
+        }
+        self.set(node, 0);
+        true
+    }
+
     /// Whether line `seq` of `node` is past the cursor (the page has not seen it); if so the
     /// cursor moves to it.
     pub(crate) fn advance(&mut self, node: &str, seq: u64) -> bool {
@@ -265,8 +275,7 @@ impl ClusterEvents {
                 () = stop.cancelled() => return,
             };
             for (node, answer) in answers {
-                let newest = answer.next_seq.saturating_sub(1);
-                if newest < cursor.get(&node) {
+                if cursor.restarted(&node, answer.next_seq) {
                     let _ = self.sender.send(Remote::Restarted(node.clone()));
                 }
                 for json in answer.events {
@@ -274,7 +283,7 @@ impl ClusterEvents {
                         let _ = self.sender.send(Remote::Line(line));
                     }
                 }
-                cursor.set(&node, newest);
+                cursor.set(&node, answer.next_seq.saturating_sub(1));
             }
             let names: Vec<String> = silent.iter().map(|s| s.node.clone()).collect();
             if silent_before.as_ref() != Some(&names) {
@@ -304,7 +313,7 @@ impl ClusterEvents {
             return events::too_many_watchers();
         };
         let node = self.views.node().to_owned();
-        let cursor = headers
+        let mut cursor = headers
             .get("last-event-id")
             .and_then(|v| v.to_str().ok())
             .map(|v| Cursor::parse(v, &node))
@@ -312,7 +321,8 @@ impl ClusterEvents {
         // Receivers first, the replay after: nothing falls between them; what both carry is
         // sent once, by the cursor.
         let (watching, remote) = self.watch();
-        let (recent, local) = feed.subscribe(cursor.get(&node));
+        let (next_seq, recent, local) = feed.resume(cursor.get(&node));
+        cursor.restarted(&node, next_seq);
         let stream = Stream {
             events: Arc::clone(self),
             node,
@@ -407,6 +417,7 @@ impl Stream {
         }
         let mut nodes = vec![own];
         for (node, answer) in answers {
+            self.cursor.restarted(&node, answer.next_seq);
             let lines = answer.events.into_iter();
             nodes.push(lines.filter_map(|json| NodeLine::of(&node, json)).collect());
         }
@@ -541,8 +552,14 @@ mod tests {
                 ("c".to_owned(), 4, "a:1,c:4".to_owned()),
             ]
         );
-        // Control: after a restart of c (cursor reset), its low numbers are new again.
-        cursor.set("c", 0);
+        // Control: once c restarted (its next number is below the cursor), its low numbers
+        // are new again.
+        assert!(!cursor.advance("c", 1));
+        assert!(
+            !cursor.restarted("c", 5),
+            "c's next is 5, past the cursor's 4"
+        );
+        assert!(cursor.restarted("c", 2));
         assert!(cursor.advance("c", 1));
     }
 }

@@ -110,13 +110,23 @@ impl EventFeed {
     /// cursor at or past the next number was given out before this node restarted (its
     /// numbers start again at 1): every recent line is after it.
     pub(crate) fn after(&self, after: u64) -> (u64, Vec<Line>) {
-        let next_seq = self
-            .feed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .next_seq;
+        let (next_seq, lines, _) = self.resume(after);
+        (next_seq, lines)
+    }
+
+    /// [`EventFeed::subscribe`] for a cursor that may predate a restart (as
+    /// [`EventFeed::after`] reads it), with the next sequence number.
+    pub(crate) fn resume(&self, after: u64) -> (u64, Vec<Line>, broadcast::Receiver<Line>) {
+        let feed = self.feed.lock().unwrap_or_else(PoisonError::into_inner);
+        let next_seq = feed.next_seq;
         let after = if after >= next_seq { 0 } else { after };
-        (next_seq, self.subscribe(after).0)
+        let recent = feed
+            .recent
+            .iter()
+            .filter(|line| line.seq > after)
+            .cloned()
+            .collect();
+        (next_seq, recent, feed.sender.subscribe())
     }
 
     /// A place on the event streams served at once, if one is free.
