@@ -574,7 +574,7 @@ async fn history_and_events_asked_on_any_node_cover_the_cluster() {
     );
     let (node_a, ops_a) = nodes::serve_with_ops(&a).await;
     let (node_b, ops_b) = nodes::serve_with_ops(&b).await;
-    let _nodes: Vec<Process> = vec![node_a, node_b, c.serve().await];
+    let mut nodes: Vec<Process> = vec![node_a, node_b, c.serve().await];
     // Every node answers B's history before anything is dispatched.
     let before = nodes::http_until_with(ops_b, "/v1/history", |response| {
         response.contains("\"silent_nodes\":[]")
@@ -618,7 +618,16 @@ async fn history_and_events_asked_on_any_node_cover_the_cluster() {
         "resent after the cursor: {}",
         resumed.seen
     );
-    for stop in [on_c, on_b] {
-        stop.cancel();
-    }
+
+    // C killed: still a member for its TTL, so named silent, and A's count stays.
+    on_c.cancel();
+    nodes[2].kill_9();
+    let silent = get_json(SocketAddr::from(([127, 0, 0, 1], ops_b)), "/v1/history").await;
+    assert_eq!(silent["silent_nodes"][0]["node"], "c", "{silent}");
+    assert_eq!(history_dispatches(&silent), 1, "{silent}");
+    let mut opened = EventStream::open(ops_a, None).await;
+    let (line, id) = opened.until(|json| json["kind"] == "silent_nodes").await;
+    assert_eq!(line["silent_nodes"][0]["node"], "c", "{line}");
+    assert!(id.is_empty(), "a silent_nodes line moves no cursor: {id}");
+    on_b.cancel();
 }
