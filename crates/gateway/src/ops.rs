@@ -67,6 +67,7 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, TransportError
 
 /// Serves the operations endpoints and the console on `listener`, within `section`'s limits,
 /// until `stop` fires; `/v1/events` serves `feed`.
+// The gateway's parts the listener reads; a struct would only name them a second time.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     listener: TcpListener,
