@@ -11,6 +11,8 @@
 
 #[path = "durable_support/harness.rs"]
 mod harness;
+#[path = "cluster_support/nodes.rs"]
+mod nodes;
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -477,4 +479,155 @@ async fn without_cluster_each_node_lists_only_its_own_workers() {
     for stop in stops {
         stop.cancel();
     }
+}
+
+/// An open `/v1/events` stream on a loopback operations port, read as raw text.
+struct EventStream {
+    stream: tokio::net::TcpStream,
+    seen: String,
+}
+
+impl EventStream {
+    /// Opens `/v1/events` on `port`, sending `last_event_id` when given.
+    async fn open(port: u16, last_event_id: Option<&str>) -> Self {
+        use tokio::io::AsyncWriteExt;
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("ops listens");
+        let resume = last_event_id.map_or(String::new(), |id| format!("Last-Event-ID: {id}\r\n"));
+        stream
+            .write_all(
+                format!("GET /v1/events HTTP/1.0\r\nHost: localhost\r\n{resume}\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+        Self {
+            stream,
+            seen: String::new(),
+        }
+    }
+
+    /// Reads until an event's data line satisfies `wanted`; returns that line's JSON and the
+    /// `id` sent with it.
+    async fn until(&mut self, wanted: impl Fn(&Value) -> bool) -> (Value, String) {
+        use tokio::io::AsyncReadExt;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(found) = self.events().into_iter().find(|(json, _)| wanted(json)) {
+                return found;
+            }
+            let mut buffer = [0u8; 4096];
+            let read = tokio::time::timeout_at(deadline, self.stream.read(&mut buffer))
+                .await
+                .unwrap_or_else(|_| panic!("no such event; the stream sent: {}", self.seen))
+                .unwrap();
+            assert!(read > 0, "the stream ended: {}", self.seen);
+            self.seen
+                .push_str(&String::from_utf8_lossy(&buffer[..read]));
+        }
+    }
+
+    /// Every complete event read so far: its data as JSON and its id (empty when none).
+    fn events(&self) -> Vec<(Value, String)> {
+        let body = self
+            .seen
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, body)| body);
+        let complete = body.rsplit_once("\n\n").map_or("", |(done, _)| done);
+        complete
+            .split("\n\n")
+            .filter_map(|event| {
+                let field = |name: &str| {
+                    event
+                        .lines()
+                        .find_map(|line| line.strip_prefix(name))
+                        .map(str::to_owned)
+                };
+                let data = serde_json::from_str(&field("data: ")?).ok()?;
+                Some((data, field("id: ").unwrap_or_default()))
+            })
+            .collect()
+    }
+}
+
+/// The dispatches of pool `(NAMESPACE, default)` in a `/v1/history` body, over its window.
+fn history_dispatches(history: &Value) -> u64 {
+    history["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["namespace"] == NAMESPACE)
+        .flat_map(|p| p["points"].as_array().unwrap())
+        .map(|point| point["dispatches"].as_u64().unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_events_asked_on_any_node_cover_the_cluster() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b, c) = (
+        node_site(&nats, "history", "a"),
+        node_site(&nats, "history", "b"),
+        node_site(&nats, "history", "c"),
+    );
+    let (node_a, ops_a) = nodes::serve_with_ops(&a).await;
+    let (node_b, ops_b) = nodes::serve_with_ops(&b).await;
+    let mut nodes: Vec<Process> = vec![node_a, node_b, c.serve().await];
+    // Every node answers B's history before anything is dispatched.
+    let before = nodes::http_until_with(ops_b, "/v1/history", |response| {
+        response.contains("\"silent_nodes\":[]")
+    })
+    .await;
+    let before: Value = serde_json::from_str(before.split_once("\r\n\r\n").unwrap().1).unwrap();
+    // Control: no dispatch of the pool anywhere yet, so none is shown.
+    assert_eq!(history_dispatches(&before), 0, "{before}");
+
+    // A stream on A, opened before C has a worker, follows C's events live.
+    let mut live = EventStream::open(ops_a, None).await;
+    let on_c = labelled_worker(&c, "rack-c").await;
+    let from_c = |json: &Value| json["kind"] == "connected" && json["gateway_node"] == "c";
+    let (connected, cursor) = live.until(from_c).await;
+    assert!(connected["seq"].as_u64().is_some(), "{connected}");
+    assert!(cursor.contains("c:"), "a per-node cursor: {cursor}");
+
+    // A dispatch from a producer on A, served by the only worker, on C, shows on B.
+    let outcome = nodes::dispatch(&a, ACTIVITY, 1, PATIENCE).await;
+    assert!(nodes::completed(&outcome).is_some(), "{outcome:?}");
+    let after = get_json(SocketAddr::from(([127, 0, 0, 1], ops_b)), "/v1/history").await;
+    assert_eq!(history_dispatches(&after), 1, "counted once, on A: {after}");
+    let pool = after["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["namespace"] == NAMESPACE)
+        .unwrap();
+    assert_eq!(pool["gateway_nodes"], serde_json::json!(["a"]), "{after}");
+
+    // A new stream resuming from the cursor is not sent C's connection again; one opened
+    // afresh is (control), from every node's recent events.
+    let mut fresh = EventStream::open(ops_a, None).await;
+    fresh.until(from_c).await;
+    let mut resumed = EventStream::open(ops_a, Some(&cursor)).await;
+    let on_b = labelled_worker(&b, "rack-b").await;
+    let from_b = |json: &Value| json["kind"] == "connected" && json["gateway_node"] == "b";
+    resumed.until(from_b).await;
+    assert!(
+        !resumed.events().iter().any(|(json, _)| from_c(json)),
+        "resent after the cursor: {}",
+        resumed.seen
+    );
+
+    // C killed: still a member for its TTL, so named silent, and A's count stays.
+    on_c.cancel();
+    nodes[2].kill_9();
+    let silent = get_json(SocketAddr::from(([127, 0, 0, 1], ops_b)), "/v1/history").await;
+    assert_eq!(silent["silent_nodes"][0]["node"], "c", "{silent}");
+    assert_eq!(history_dispatches(&silent), 1, "{silent}");
+    let mut opened = EventStream::open(ops_a, None).await;
+    let (line, id) = opened.until(|json| json["kind"] == "silent_nodes").await;
+    assert_eq!(line["silent_nodes"][0]["node"], "c", "{line}");
+    assert!(id.is_empty(), "a silent_nodes line moves no cursor: {id}");
+    on_b.cancel();
 }

@@ -190,8 +190,9 @@ impl GatewayBuilder {
         let stop_accepting = CancellationToken::new();
         let close = CancellationToken::new();
         let admin = cluster.as_ref().map(|cluster| cluster.admin().clone());
+        let events = ops::EventFeed::default();
         if let Some(admin) = &admin {
-            crate::ops::answer_cluster_views(admin, &core, &durable, &principals, &close);
+            crate::ops::answer_cluster_views(admin, &core, &events, &durable, &principals, &close);
         }
 
         let mut transports: Vec<Box<dyn Transport>> = Vec::new();
@@ -224,6 +225,7 @@ impl GatewayBuilder {
                 core.clone(),
                 readiness.clone(),
                 backlog,
+                events,
                 admin.clone(),
                 ops_stop.clone(),
             )));

@@ -7,6 +7,7 @@
 //! take longer than `ops.header_read_timeout` or it moves nothing for `ops.idle_timeout`.
 
 mod backlog;
+mod cluster_events;
 mod cluster_views;
 mod connections;
 mod console;
@@ -33,6 +34,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use backlog::{Backlog, REFRESH as BACKLOG_REFRESH};
+pub(crate) use events::EventFeed;
 pub(crate) use history::{PoolCell, PoolHandles};
 pub(crate) use metrics::recorder as install_metrics_recorder;
 
@@ -52,6 +54,8 @@ struct OpsState {
     /// In a cluster: the other nodes, whose views `/v1/workers`, `/v1/pools` and
     /// `/v1/unserved` merge in.
     cluster: Option<std::sync::Arc<crate::api::ClusterViews>>,
+    /// In a cluster: the other nodes' events, which `/v1/events` merges in.
+    cluster_events: Option<std::sync::Arc<cluster_events::ClusterEvents>>,
 }
 
 /// Binds the operations listener.
@@ -62,21 +66,27 @@ pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, TransportError
 }
 
 /// Serves the operations endpoints and the console on `listener`, within `section`'s limits,
-/// until `stop` fires.
+/// until `stop` fires; `/v1/events` serves `feed`.
+// The gateway's parts the listener reads; a struct would only name them a second time.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     listener: TcpListener,
     section: &OpsSection,
     core: Core,
     readiness: Readiness,
     backlog: Backlog,
+    feed: EventFeed,
     cluster: Option<switchyard_cluster::Admin>,
     stop: CancellationToken,
 ) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
     let ops_addr = listener
         .local_addr()
         .map_or_else(|_| section.listen.to_string(), |a| a.to_string());
-    let feed = events::EventFeed::default();
-    tokio::spawn(feed.clone().collect(core.registry().clone(), stop.clone()));
+    feed.start(core.registry(), stop.clone());
+    let cluster = cluster.map(|admin| std::sync::Arc::new(crate::api::ClusterViews::new(admin)));
+    let cluster_events = cluster.as_ref().map(|views| {
+        cluster_events::ClusterEvents::start(std::sync::Arc::clone(views), stop.clone())
+    });
     let app = Router::new()
         .route("/", get(console::index))
         .route("/console.js", get(console::script))
@@ -99,7 +109,8 @@ pub(crate) fn serve(
             about: console::About::here(ops_addr),
             idle_timeout: section.idle_timeout.get(),
             stop: stop.clone(),
-            cluster: cluster.map(|admin| std::sync::Arc::new(crate::api::ClusterViews::new(admin))),
+            cluster,
+            cluster_events,
         });
     let incoming = limited_incoming(
         listener,
@@ -192,12 +203,8 @@ async fn workers(State(state): State<OpsState>, uri: Uri) -> axum::Json<Value> {
     axum::Json(cluster_views::merge_workers(parts, &silent, &query))
 }
 
-async fn history_json() -> axum::Json<Value> {
-    axum::Json(json!({
-        "bucket_seconds": history::BUCKET.as_secs(),
-        "now_unix_ms": crate::api::unix_ms(std::time::SystemTime::now()),
-        "pools": history::snapshot(),
-    }))
+async fn history_json(State(state): State<OpsState>) -> axum::Json<Value> {
+    axum::Json(cluster_views::history(state.cluster.as_deref()).await)
 }
 
 async fn explain(State(state): State<OpsState>, uri: Uri) -> Response {
@@ -225,9 +232,11 @@ async fn about(State(state): State<OpsState>) -> axum::Json<Value> {
 }
 
 async fn events_sse(State(state): State<OpsState>, headers: HeaderMap) -> Response {
-    state
-        .events
-        .serve(&headers, state.idle_timeout, state.stop.clone())
+    let stop = state.stop.clone();
+    match &state.cluster_events {
+        Some(cluster) => cluster.serve(&state.events, &headers, state.idle_timeout, stop),
+        None => state.events.serve(&headers, state.idle_timeout, stop),
+    }
 }
 
 async fn pools_json(State(state): State<OpsState>) -> axum::Json<Value> {
@@ -240,8 +249,15 @@ async fn unserved(State(state): State<OpsState>) -> axum::Json<Value> {
     axum::Json(cluster_views::listed(state.cluster.as_deref(), "unserved", local).await)
 }
 
-/// This node's answer to another node's `ops.<view>` call (`query` its query string).
-fn remote_view(core: &Core, view: &str, query: &str) -> Option<Value> {
+/// This node's (`node`'s) answer to another node's `ops.<view>` call (`query` its query
+/// string, or for `events` the asker's cursor).
+fn remote_view(
+    core: &Core,
+    feed: &EventFeed,
+    node: &str,
+    view: &str,
+    query: &str,
+) -> Option<Value> {
     match view {
         "workers" => Some(workers::page(
             &core.registry().workers(),
@@ -250,15 +266,19 @@ fn remote_view(core: &Core, view: &str, query: &str) -> Option<Value> {
         "pools" => Some(json!({ "pools": pools::pool_stats(core) })),
         "unserved" => Some(unserved_json(core)),
         "explain" => console::explain_json(core.registry(), &query::Query::parse(query)).ok(),
+        "history" => serde_json::to_value(history::recorded()).ok(),
+        cluster_events::VIEW => Some(cluster_events::answer(feed, node, query)),
         _ => None,
     }
 }
 
-/// Answers the other nodes' cluster-wide views and drains, over this node's own API and
-/// operations views, until the gateway closes.
+/// Answers the other nodes' cluster-wide views and drains, over this node's own API,
+/// operations views and worker events (`feed`, collected from now on), until the gateway
+/// closes.
 pub(crate) fn answer_cluster_views(
     admin: &switchyard_cluster::Admin,
     core: &Core,
+    feed: &EventFeed,
     durable: &switchyard_core::DurableDispatcher,
     principals: &std::sync::Arc<crate::auth::Principals>,
     close: &CancellationToken,
@@ -271,10 +291,12 @@ pub(crate) fn answer_cluster_views(
     )
     .ending_on(close.clone());
     let views_core = core.clone();
+    feed.start(core.registry(), close.clone());
+    let (views_feed, node) = (feed.clone(), admin.node().to_owned());
     admin.serve(std::sync::Arc::new(crate::api::ViewsHandler::new(
         api,
         admin.node().to_owned(),
-        move |view, query| remote_view(&views_core, view, query),
+        move |view, query| remote_view(&views_core, &views_feed, &node, view, query),
     )));
 }
 

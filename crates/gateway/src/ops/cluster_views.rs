@@ -1,12 +1,16 @@
 //! The operations views across a cluster: `/v1/workers` lists every node's workers (each
 //! with `gateway_node`, paged after the merge), `/v1/pools` and `/v1/unserved` list each
 //! node's rows with the node they come from, and `/v1/explain` lists every node's workers of
-//! the pool. Nodes that did not answer are listed in
+//! the pool, and `/v1/history` merges every node's counts and latency bins interval by interval
+//! (each pool naming its `gateway_nodes`). Nodes that did not answer are listed in
 //! `silent_nodes` (`{node, reason}`); outside a cluster the views are unchanged.
+
+use std::time::SystemTime;
 
 use serde_json::{Value, json};
 use switchyard_proto::v1 as pb;
 
+use super::history::{self, BUCKET, BUCKETS, Recorded};
 use super::query::Query;
 use super::workers::page_bounds;
 use crate::api::ClusterViews;
@@ -121,8 +125,73 @@ pub(crate) async fn merged(
     local
 }
 
+/// `/v1/history`: this node's pools; in a cluster, every node's, merged.
+///
+/// A dispatch is counted by the node whose producer ran it (its origin), with the latency
+/// that producer saw, whichever node's worker served it; the taker of a forwarded dispatch
+/// does not count it, so the sum over nodes counts each dispatch once.
+pub(crate) async fn history(views: Option<&ClusterViews>) -> Value {
+    let now_unix_ms = crate::api::unix_ms(SystemTime::now());
+    let Some(views) = views else {
+        return json!({
+            "bucket_seconds": BUCKET.as_secs(),
+            "now_unix_ms": now_unix_ms,
+            "pools": history::snapshot(),
+        });
+    };
+    let local = history::recorded();
+    let (answers, mut silent) = views.ops("history", "").await;
+    let mut parts = Vec::new();
+    for (node, answer) in answers {
+        match serde_json::from_value::<Recorded>(answer) {
+            Ok(recorded) => parts.push((node, recorded)),
+            Err(error) => silent.push(pb::SilentNode {
+                node,
+                reason: format!("unreadable answer: {error}"),
+            }),
+        }
+    }
+    parts.push((views.node().to_owned(), local));
+    merge_history(parts, &silent, now_unix_ms)
+}
+
+/// Every node's recorded history over the window ending at the asking node's interval (the
+/// last part's): intervals are wall-clock aligned, so they are summed index by index.
+fn merge_history(
+    parts: Vec<(String, Recorded)>,
+    silent: &[pb::SilentNode],
+    now_unix_ms: u64,
+) -> Value {
+    let last = parts.last().map_or(0, |(_, own)| own.last);
+    let oldest = last.saturating_sub(BUCKETS as u64 - 1);
+    let first = parts
+        .iter()
+        .map(|(_, recorded)| recorded.first)
+        .min()
+        .unwrap_or(last)
+        .max(oldest);
+    let pools = history::merge(
+        first,
+        last,
+        parts
+            .into_iter()
+            .map(|(node, recorded)| (Some(node), recorded)),
+    );
+    json!({
+        "bucket_seconds": BUCKET.as_secs(),
+        "now_unix_ms": now_unix_ms,
+        "pools": pools,
+        "silent_nodes": silent_json(silent),
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::history::PoolHistory;
     use super::*;
 
     fn body(ids: &[u64], node_label: &str) -> Value {
@@ -168,5 +237,111 @@ mod tests {
         assert_eq!(page["total"], 3);
         assert_eq!(page["workers"].as_array().unwrap().len(), 1);
         assert_eq!(page["workers"][0]["worker_id"], 2);
+    }
+
+    /// A node's history with `latencies_ms` recorded into its pool `n/q` at `at`.
+    fn node_history(wall: u64, latencies_ms: &[u64]) -> Recorded {
+        let origin = Instant::now();
+        let mut node = PoolHistory::new(origin, wall);
+        let cell = node.pool("n", "q");
+        for &ms in latencies_ms {
+            cell.record("completed", Duration::from_millis(ms), origin);
+        }
+        node.recorded(origin)
+    }
+
+    #[test]
+    fn history_merges_bins_so_the_merged_percentiles_are_those_of_the_union() {
+        let wall = 1_700_000_000_000;
+        // Node a: 60 fast dispatches; node b: 40 slow ones. Each node's own p50 is its own.
+        let fast = vec![2; 60];
+        let slow = vec![300; 40];
+        let parts = vec![
+            ("b".to_owned(), node_history(wall + 3_000, &slow)),
+            ("a".to_owned(), node_history(wall, &fast)),
+        ];
+        let merged = merge_history(parts, &[], 0);
+        let union = node_history(wall, &[fast.clone(), slow.clone()].concat());
+        let union = history::merge(union.first, union.last, [(None, union)]);
+        let pool = &merged["pools"][0];
+        assert_eq!(pool["gateway_nodes"], json!(["a", "b"]));
+        let point = pool["points"].as_array().unwrap().last().unwrap().clone();
+        let expected = serde_json::to_value(union[0].points.last().unwrap()).unwrap();
+        assert_eq!(point, expected, "the histogram of the union");
+        assert_eq!(point["dispatches"], 100);
+        // The union's p99 is the slow node's, its p50 the fast node's: 60 of 100 are fast.
+        assert!(point["p50_ms"].as_f64().unwrap() < 3.0, "{point}");
+        assert!(point["p99_ms"].as_f64().unwrap() >= 300.0, "{point}");
+        // Control: averaging the nodes' own medians (2 ms and 300 ms) is not what it gives.
+        let mean_of_medians = (2.0 + 300.0) / 2.0;
+        assert!(point["p50_ms"].as_f64().unwrap() < mean_of_medians);
+        assert_eq!(merged["silent_nodes"], json!([]));
+    }
+
+    #[test]
+    fn history_intervals_line_up_on_the_wall_clock_across_nodes() {
+        let wall = 1_700_000_000_000;
+        // b started 4 s into the same 10 s interval as a: its dispatch lands in a's interval.
+        let parts = vec![
+            ("b".to_owned(), node_history(wall + 4_000, &[5])),
+            ("a".to_owned(), node_history(wall, &[5])),
+        ];
+        let silent = [pb::SilentNode {
+            node: "c".to_owned(),
+            reason: "no answer within 2000 ms".to_owned(),
+        }];
+        let merged = merge_history(parts, &silent, 0);
+        let points = merged["pools"][0]["points"].as_array().unwrap();
+        assert_eq!(points.len(), 1);
+        assert_eq!(points[0]["dispatches"], 2);
+        assert_eq!(merged["silent_nodes"][0]["node"], "c");
+        // Control: a node whose dispatch fell in the next interval shows in the next point.
+        let parts = vec![
+            ("b".to_owned(), node_history(wall + 10_000, &[5])),
+            ("a".to_owned(), node_history(wall + 10_000, &[])),
+            ("a0".to_owned(), node_history(wall, &[5])),
+        ];
+        let mut parts = parts;
+        parts.swap(1, 2);
+        let merged = merge_history(parts, &[], 0);
+        let points = merged["pools"][0]["points"].as_array().unwrap();
+        let counts: Vec<u64> = points
+            .iter()
+            .map(|p| p["dispatches"].as_u64().unwrap())
+            .collect();
+        assert_eq!(counts, [1, 1]);
+    }
+
+    fn sorted_keys(value: &Value) -> Vec<String> {
+        let mut keys: Vec<String> = value.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    #[tokio::test]
+    async fn outside_a_cluster_history_keeps_its_fields_and_names_no_node() {
+        history::pool("outside", "q").record("completed", Duration::from_millis(3), Instant::now());
+        let body = history(None).await;
+        assert_eq!(
+            sorted_keys(&body),
+            ["bucket_seconds", "now_unix_ms", "pools"]
+        );
+        let find = |body: &Value| {
+            body["pools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["namespace"] == "outside")
+                .cloned()
+                .unwrap()
+        };
+        assert_eq!(
+            sorted_keys(&find(&body)),
+            ["namespace", "points", "task_queue"]
+        );
+        // Control: in a cluster the same pool names its nodes and the silent ones are listed.
+        let merged = merge_history(vec![("a".to_owned(), history::recorded())], &[], 0);
+        assert_eq!(merged["silent_nodes"], json!([]));
+        assert_eq!(find(&merged)["gateway_nodes"], json!(["a"]));
     }
 }

@@ -6,9 +6,14 @@
 //! how many it missed (`{"kind":"missed"}`) instead of holding memory for it. Every line
 //! carries a sequence number (`seq`, also the SSE `id`), so a page that reconnects with
 //! `Last-Event-ID` is not sent again what it has.
+//!
+//! In a cluster, [`super::cluster_events`] serves the stream instead: every node's lines, each
+//! with its `gateway_node`, from the same ring and receiver ([`EventFeed::subscribe`],
+//! [`EventFeed::after`]).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -33,9 +38,11 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// One event line and its sequence number.
 #[derive(Clone, Debug)]
-struct Line {
-    seq: u64,
-    json: Arc<str>,
+pub(crate) struct Line {
+    /// Its sequence number on this node (0 for a "missed" line, which has none).
+    pub(crate) seq: u64,
+    /// The event as JSON, `seq` included.
+    pub(crate) json: Arc<str>,
 }
 
 #[derive(Debug)]
@@ -50,6 +57,7 @@ struct Feed {
 pub(crate) struct EventFeed {
     feed: Arc<Mutex<Feed>>,
     watchers: Arc<Semaphore>,
+    started: Arc<AtomicBool>,
 }
 
 impl Default for EventFeed {
@@ -61,13 +69,14 @@ impl Default for EventFeed {
                 sender: broadcast::channel(WATCHER_BUFFER).0,
             })),
             watchers: Arc::new(Semaphore::new(MAX_WATCHERS)),
+            started: Arc::new(AtomicBool::new(false)),
         }
     }
 }
 
 impl EventFeed {
     /// Publishes one event to the recent ring and every watcher.
-    fn publish(&self, mut event: Value) {
+    pub(crate) fn publish(&self, mut event: Value) {
         let mut feed = self.feed.lock().unwrap_or_else(PoisonError::into_inner);
         let seq = feed.next_seq;
         feed.next_seq += 1;
@@ -86,7 +95,7 @@ impl EventFeed {
 
     /// The recent lines after `after`, and a receiver of every later one: taken under one
     /// lock, so nothing falls between them and nothing is sent twice.
-    fn subscribe(&self, after: u64) -> (Vec<Line>, broadcast::Receiver<Line>) {
+    pub(crate) fn subscribe(&self, after: u64) -> (Vec<Line>, broadcast::Receiver<Line>) {
         let feed = self.feed.lock().unwrap_or_else(PoisonError::into_inner);
         let recent = feed
             .recent
@@ -97,8 +106,43 @@ impl EventFeed {
         (recent, feed.sender.subscribe())
     }
 
+    /// The recent lines after `after` and the next sequence number, for another node. A
+    /// cursor at or past the next number was given out before this node restarted (its
+    /// numbers start again at 1): every recent line is after it.
+    pub(crate) fn after(&self, after: u64) -> (u64, Vec<Line>) {
+        let (next_seq, lines, _) = self.resume(after);
+        (next_seq, lines)
+    }
+
+    /// [`EventFeed::subscribe`] for a cursor that may predate a restart (as
+    /// [`EventFeed::after`] reads it), with the next sequence number.
+    pub(crate) fn resume(&self, after: u64) -> (u64, Vec<Line>, broadcast::Receiver<Line>) {
+        let feed = self.feed.lock().unwrap_or_else(PoisonError::into_inner);
+        let next_seq = feed.next_seq;
+        let after = if after >= next_seq { 0 } else { after };
+        let recent = feed
+            .recent
+            .iter()
+            .filter(|line| line.seq > after)
+            .cloned()
+            .collect();
+        (next_seq, recent, feed.sender.subscribe())
+    }
+
+    /// A place on the event streams served at once, if one is free.
+    pub(crate) fn watcher(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        Arc::clone(&self.watchers).try_acquire_owned().ok()
+    }
+
+    /// Starts publishing `registry`'s events until `stop` fires, unless already started.
+    pub(crate) fn start(&self, registry: &Registry, stop: CancellationToken) {
+        if !self.started.swap(true, Ordering::SeqCst) {
+            tokio::spawn(self.clone().collect(registry.clone(), stop));
+        }
+    }
+
     /// Publishes `registry`'s events until `stop` fires.
-    pub(crate) async fn collect(self, registry: Registry, stop: CancellationToken) {
+    async fn collect(self, registry: Registry, stop: CancellationToken) {
         let mut receiver = registry.subscribe_events();
         loop {
             let event = tokio::select! {
@@ -125,12 +169,8 @@ impl EventFeed {
         idle_timeout: Duration,
         stop: CancellationToken,
     ) -> Response {
-        let Ok(permit) = Arc::clone(&self.watchers).try_acquire_owned() else {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("too many event streams open (the limit is {MAX_WATCHERS})\n"),
-            )
-                .into_response();
+        let Some(permit) = self.watcher() else {
+            return too_many_watchers();
         };
         let after = headers
             .get("last-event-id")
@@ -149,27 +189,47 @@ impl EventFeed {
             };
             Some((line, (receiver, permit)))
         });
-        let lines = futures::stream::iter(recent)
-            .chain(live)
-            .map(|line| {
-                let event = Event::default().data(&*line.json);
-                Ok::<_, Infallible>(if line.seq == 0 {
-                    event
-                } else {
-                    event.id(line.seq.to_string())
-                })
-            })
-            .take_until(stop.cancelled_owned());
-        let keep_alive = KEEP_ALIVE
-            .min(idle_timeout / 2)
-            .max(Duration::from_millis(100));
-        Sse::new(lines)
-            .keep_alive(KeepAlive::new().interval(keep_alive))
-            .into_response()
+        let lines = futures::stream::iter(recent).chain(live).map(|line| {
+            let event = Event::default().data(&*line.json);
+            if line.seq == 0 {
+                event
+            } else {
+                event.id(line.seq.to_string())
+            }
+        });
+        sse(lines, idle_timeout, stop)
     }
 }
 
-fn missed(count: u64, at: SystemTime) -> Value {
+/// The answer when [`MAX_WATCHERS`] streams are already served.
+pub(crate) fn too_many_watchers() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("too many event streams open (the limit is {MAX_WATCHERS})\n"),
+    )
+        .into_response()
+}
+
+/// `events` as a server-sent event stream that ends when `stop` fires, kept alive within
+/// `idle_timeout`.
+pub(crate) fn sse(
+    events: impl futures::Stream<Item = Event> + Send + 'static,
+    idle_timeout: Duration,
+    stop: CancellationToken,
+) -> Response {
+    let lines = events
+        .map(Ok::<_, Infallible>)
+        .take_until(stop.cancelled_owned());
+    let keep_alive = KEEP_ALIVE
+        .min(idle_timeout / 2)
+        .max(Duration::from_millis(100));
+    Sse::new(lines)
+        .keep_alive(KeepAlive::new().interval(keep_alive))
+        .into_response()
+}
+
+/// The line telling a page it missed `count` events.
+pub(crate) fn missed(count: u64, at: SystemTime) -> Value {
     json!({
         "kind": "missed",
         "at_unix_ms": crate::api::unix_ms(at),
@@ -327,6 +387,7 @@ mod tests {
             !text.contains("\"seq\":1"),
             "seen before Last-Event-ID: {text}"
         );
+        assert!(!text.contains("gateway_node"), "outside a cluster: {text}");
 
         // Control: while the listener runs, the stream stays open.
         let wait = Duration::from_secs(1);

@@ -7,6 +7,11 @@
 //! 19 % of the true value) rather than as samples, so a busy pool costs the same memory as an
 //! idle one.
 //!
+//! Intervals are aligned on wall-clock boundaries (a multiple of [`BUCKET`] since the Unix
+//! epoch), so the rings of several nodes line up interval by interval and merge by summing
+//! ([`Recorded`], [`merge`]): outcome counts add, and so do latency bins, from which the merged
+//! percentiles are read (percentiles themselves cannot be added).
+//!
 //! Like the Prometheus recorder, the ring is process-wide ([`pool`], [`snapshot`]): the
 //! producer API records each dispatch it ran, and the operations listener reads it. Each pool's
 //! ring sits behind a lock of its own ([`PoolCell`]), and a producer holds on to the cell of the
@@ -18,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 /// Length of one interval of the ring.
@@ -31,6 +36,8 @@ pub(crate) const MAX_POOLS: usize = 256;
 const BINS_PER_OCTAVE: f64 = 4.0;
 /// Latency bins: from 1 µs to about 2^31 µs (36 minutes); longer lands in the last one.
 const BINS: usize = 124;
+/// [`BUCKET`] in milliseconds.
+const BUCKET_MS: u64 = BUCKET.as_millis() as u64;
 
 /// One interval of one pool.
 #[derive(Clone, Debug)]
@@ -52,22 +59,42 @@ impl Bucket {
         }
     }
 
-    /// The upper bound of the bin holding the `q` quantile, in milliseconds.
-    fn quantile_ms(&self, q: f64) -> Option<f64> {
-        let total: u64 = self.latency.iter().map(|&n| u64::from(n)).sum();
-        if total == 0 {
-            return None;
+    /// The bucket as [`Recorded`] carries it: latency bins listed only when not empty.
+    fn recorded(&self) -> RecordedBucket {
+        RecordedBucket {
+            index: self.index,
+            outcomes: self
+                .outcomes
+                .iter()
+                .map(|(label, &n)| ((*label).to_owned(), n))
+                .collect(),
+            latency: self
+                .latency
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(bin, &n)| (bin, u64::from(n)))
+                .collect(),
         }
-        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
-        let mut seen = 0u64;
-        for (bin, &count) in self.latency.iter().enumerate() {
-            seen += u64::from(count);
-            if seen >= rank {
-                return Some(bin_upper_micros(bin) / 1000.0);
-            }
-        }
-        None
     }
+}
+
+/// The upper bound of the bin holding the `q` quantile of `latency` (counts per bin), in
+/// milliseconds.
+fn quantile_ms(latency: &[u64; BINS], q: f64) -> Option<f64> {
+    let total: u64 = latency.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+    let mut seen = 0u64;
+    for (bin, &count) in latency.iter().enumerate() {
+        seen += count;
+        if seen >= rank {
+            return Some(bin_upper_micros(bin) / 1000.0);
+        }
+    }
+    None
 }
 
 /// The bin of a latency.
@@ -120,7 +147,7 @@ pub(crate) struct Point {
     /// Dispatches that ended in the interval.
     pub(crate) dispatches: u64,
     /// Of those, by outcome label.
-    pub(crate) outcomes: BTreeMap<&'static str, u64>,
+    pub(crate) outcomes: BTreeMap<String, u64>,
     /// Median latency in milliseconds (upper bound of its bin), when any ended.
     pub(crate) p50_ms: Option<f64>,
     /// 99th percentile latency in milliseconds, likewise.
@@ -136,17 +163,69 @@ pub(crate) struct PoolSeries {
     pub(crate) task_queue: String,
     /// One point per interval; empty intervals are zero.
     pub(crate) points: Vec<Point>,
+    /// In a cluster: the gateway nodes whose producers ended dispatches of the pool in the
+    /// window (absent outside a cluster).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) gateway_nodes: Option<Vec<String>>,
 }
 
-/// The index of the interval holding `now`, for intervals counted from `origin`.
-fn interval(origin: Instant, now: Instant) -> u64 {
-    (now.saturating_duration_since(origin).as_nanos() / BUCKET.as_nanos()) as u64
+/// One interval of one pool as a node sends it to another: the counts, not the percentiles.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RecordedBucket {
+    /// Which wall-clock interval: the bucket holds `[index, index + 1) × BUCKET` since the
+    /// Unix epoch.
+    pub(crate) index: u64,
+    /// Dispatches ended, by outcome label.
+    pub(crate) outcomes: BTreeMap<String, u64>,
+    /// `(bin, count)` of the latency bins that are not empty.
+    pub(crate) latency: Vec<(usize, u64)>,
+}
+
+/// One pool's recorded intervals, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RecordedPool {
+    /// Namespace.
+    pub(crate) namespace: String,
+    /// Task queue.
+    pub(crate) task_queue: String,
+    /// The intervals in which the pool ended a dispatch.
+    pub(crate) buckets: Vec<RecordedBucket>,
+}
+
+/// One node's history over its window, as counts and bins: what [`merge`] sums.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Recorded {
+    /// The window's first interval (the node's start, or [`BUCKETS`] intervals back).
+    pub(crate) first: u64,
+    /// The window's last interval: the one holding the node's `now`.
+    pub(crate) last: u64,
+    /// Every pool that ended a dispatch in the window.
+    pub(crate) pools: Vec<RecordedPool>,
+}
+
+/// Where an [`Instant`] falls on the wall clock: intervals are counted from the Unix epoch,
+/// so two nodes' intervals begin together (to within their clocks' difference).
+#[derive(Clone, Copy, Debug)]
+struct Clock {
+    origin: Instant,
+    origin_unix_ms: u64,
+}
+
+impl Clock {
+    /// The index of the wall-clock interval holding `now`.
+    fn interval(&self, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(self.origin).as_millis();
+        let unix_ms = self
+            .origin_unix_ms
+            .saturating_add(u64::try_from(since).unwrap_or(u64::MAX));
+        unix_ms / BUCKET_MS
+    }
 }
 
 /// One pool's ring, shared by the history and the producers recording into it.
 #[derive(Debug)]
 pub(crate) struct PoolCell {
-    origin: Instant,
+    clock: Clock,
     ring: Mutex<Ring>,
     /// Set once the history let go of the pool (evicted or forgotten): a handle holding the
     /// cell looks the pool up again rather than record where nobody reads.
@@ -154,9 +233,9 @@ pub(crate) struct PoolCell {
 }
 
 impl PoolCell {
-    fn new(origin: Instant) -> Self {
+    fn new(clock: Clock) -> Self {
         Self {
-            origin,
+            clock,
             ring: Mutex::default(),
             forgotten: AtomicBool::new(false),
         }
@@ -169,7 +248,7 @@ impl PoolCell {
 
     /// Records a dispatch of this pool that ended `outcome` after `latency`, at `now`.
     pub(crate) fn record(&self, outcome: &'static str, latency: Duration, now: Instant) {
-        let index = interval(self.origin, now);
+        let index = self.clock.interval(now);
         let mut ring = self.ring();
         let Some(bucket) = ring.bucket(index) else {
             return;
@@ -190,16 +269,19 @@ impl PoolCell {
 /// The recent dispatches of every pool; see the module documentation.
 #[derive(Debug)]
 pub(crate) struct PoolHistory {
-    origin: Instant,
+    clock: Clock,
     pools: HashMap<String, HashMap<String, Arc<PoolCell>>>,
     len: usize,
 }
 
 impl PoolHistory {
-    /// An empty history whose intervals count from `origin`.
-    pub(crate) fn new(origin: Instant) -> Self {
+    /// An empty history started at `origin`, which was `origin_unix_ms` on the wall clock.
+    pub(crate) fn new(origin: Instant, origin_unix_ms: u64) -> Self {
         Self {
-            origin,
+            clock: Clock {
+                origin,
+                origin_unix_ms,
+            },
             pools: HashMap::new(),
             len: 0,
         }
@@ -215,7 +297,7 @@ impl PoolHistory {
             self.evict_stalest();
         }
         self.len += 1;
-        let cell = Arc::new(PoolCell::new(self.origin));
+        let cell = Arc::new(PoolCell::new(self.clock));
         self.pools
             .entry(namespace.to_owned())
             .or_default()
@@ -268,51 +350,126 @@ impl PoolHistory {
     /// Every pool that ended a dispatch within the window ending `now`, ordered by namespace
     /// and task queue; pools silent for the whole window are forgotten.
     pub(crate) fn snapshot(&mut self, now: Instant) -> Vec<PoolSeries> {
-        let index = interval(self.origin, now);
-        let first = index.saturating_sub(BUCKETS as u64 - 1);
+        let recorded = self.recorded(now);
+        merge(recorded.first, recorded.last, [(None, recorded)])
+    }
+
+    /// Every pool's counts and bins within the window ending `now`; pools silent for the
+    /// whole window are forgotten.
+    pub(crate) fn recorded(&mut self, now: Instant) -> Recorded {
+        let last = self.clock.interval(now);
+        let start = self.clock.interval(self.clock.origin);
+        let first = last.saturating_sub(BUCKETS as u64 - 1).max(start);
         let mut silent = Vec::new();
-        let mut series = Vec::new();
+        let mut pools = Vec::new();
         for (namespace, queues) in &mut self.pools {
             for (task_queue, cell) in queues.iter() {
                 let mut ring = cell.ring();
-                ring.expire(index);
+                ring.expire(last);
                 if ring.buckets.is_empty() {
                     silent.push((namespace.clone(), task_queue.clone()));
                     continue;
                 }
-                let mut points = vec![Point::default(); (index - first + 1) as usize];
-                for bucket in &ring.buckets {
-                    let Some(slot) = bucket.index.checked_sub(first) else {
-                        continue;
-                    };
-                    if let Some(point) = points.get_mut(slot as usize) {
-                        *point = Point {
-                            dispatches: bucket.outcomes.values().sum(),
-                            outcomes: bucket.outcomes.clone(),
-                            p50_ms: bucket.quantile_ms(0.5),
-                            p99_ms: bucket.quantile_ms(0.99),
-                        };
-                    }
-                }
-                series.push(PoolSeries {
+                pools.push(RecordedPool {
                     namespace: namespace.clone(),
                     task_queue: task_queue.clone(),
-                    points,
+                    buckets: ring.buckets.iter().map(Bucket::recorded).collect(),
                 });
             }
         }
         for (namespace, task_queue) in silent {
             self.remove(&namespace, &task_queue);
         }
-        series.sort_by(|a, b| (&a.namespace, &a.task_queue).cmp(&(&b.namespace, &b.task_queue)));
-        series
+        Recorded { first, last, pools }
     }
+}
+
+/// One interval of one pool summed over nodes.
+struct Sum {
+    outcomes: BTreeMap<String, u64>,
+    latency: Box<[u64; BINS]>,
+}
+
+/// The pools of every `(node, recorded)` part as the console draws them over the intervals
+/// `first..=last`: a pool's intervals are summed over the parts that hold it (outcome counts
+/// and latency bins), its percentiles read from the summed bins. A part's intervals outside
+/// the window, and latency bins no ring has, are left out. With a node named, each pool lists
+/// the nodes it came from (`gateway_nodes`).
+pub(crate) fn merge(
+    first: u64,
+    last: u64,
+    parts: impl IntoIterator<Item = (Option<String>, Recorded)>,
+) -> Vec<PoolSeries> {
+    type Pool = (Vec<String>, BTreeMap<u64, Sum>);
+    let mut pools: BTreeMap<(String, String), Pool> = BTreeMap::new();
+    let mut named = false;
+    for (node, recorded) in parts {
+        named |= node.is_some();
+        for pool in recorded.pools {
+            let (nodes, sums) = pools
+                .entry((pool.namespace, pool.task_queue))
+                .or_insert_with(|| (Vec::new(), BTreeMap::new()));
+            if let Some(node) = &node
+                && !nodes.contains(node)
+            {
+                nodes.push(node.clone());
+            }
+            for bucket in pool.buckets {
+                if bucket.index < first || bucket.index > last {
+                    continue;
+                }
+                let sum = sums.entry(bucket.index).or_insert_with(|| Sum {
+                    outcomes: BTreeMap::new(),
+                    latency: Box::new([0; BINS]),
+                });
+                for (label, n) in bucket.outcomes {
+                    let count = sum.outcomes.entry(label).or_insert(0);
+                    *count = count.saturating_add(n);
+                }
+                for (bin, n) in bucket.latency {
+                    if let Some(count) = sum.latency.get_mut(bin) {
+                        *count = count.saturating_add(n);
+                    }
+                }
+            }
+        }
+    }
+    let width =
+        usize::try_from(last.saturating_sub(first)).map_or(BUCKETS, |w| (w + 1).min(BUCKETS));
+    pools
+        .into_iter()
+        .filter(|(_, (_, sums))| !sums.is_empty())
+        .map(|((namespace, task_queue), (mut nodes, sums))| {
+            let mut points = vec![Point::default(); width];
+            for (index, sum) in sums {
+                let slot = usize::try_from(index - first).unwrap_or(usize::MAX);
+                if let Some(point) = points.get_mut(slot) {
+                    *point = Point {
+                        dispatches: sum.outcomes.values().sum(),
+                        p50_ms: quantile_ms(&sum.latency, 0.5),
+                        p99_ms: quantile_ms(&sum.latency, 0.99),
+                        outcomes: sum.outcomes,
+                    };
+                }
+            }
+            nodes.sort();
+            PoolSeries {
+                namespace,
+                task_queue,
+                points,
+                gateway_nodes: named.then_some(nodes),
+            }
+        })
+        .collect()
 }
 
 static HISTORY: OnceLock<Mutex<PoolHistory>> = OnceLock::new();
 
 fn global() -> &'static Mutex<PoolHistory> {
-    HISTORY.get_or_init(|| Mutex::new(PoolHistory::new(Instant::now())))
+    HISTORY.get_or_init(|| {
+        let now = std::time::SystemTime::now();
+        Mutex::new(PoolHistory::new(Instant::now(), crate::api::unix_ms(now)))
+    })
 }
 
 /// The cell of `(namespace, task_queue)` in the process-wide history.
@@ -366,16 +523,27 @@ pub(crate) fn snapshot() -> Vec<PoolSeries> {
         .snapshot(now)
 }
 
+/// The process-wide history now, as counts and bins for another node to merge.
+pub(crate) fn recorded() -> Recorded {
+    let now = Instant::now();
+    global()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .recorded(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+    /// A wall-clock start on an interval boundary.
+    const WALL: u64 = 1_700_000_000_000;
 
     #[test]
     fn outcomes_and_percentiles_land_in_their_interval() {
         let origin = Instant::now();
-        let mut history = PoolHistory::new(origin);
+        let mut history = PoolHistory::new(origin, WALL);
         for _ in 0..98 {
             history.record("billing", "default", "completed", 2 * MS, origin);
         }
@@ -406,7 +574,7 @@ mod tests {
     #[test]
     fn the_slowest_percent_sets_the_p99() {
         let origin = Instant::now();
-        let mut history = PoolHistory::new(origin);
+        let mut history = PoolHistory::new(origin, WALL);
         for _ in 0..95 {
             history.record("a", "q", "completed", MS, origin);
         }
@@ -423,7 +591,7 @@ mod tests {
     #[test]
     fn the_window_is_bounded_and_silent_pools_are_forgotten() {
         let origin = Instant::now();
-        let mut history = PoolHistory::new(origin);
+        let mut history = PoolHistory::new(origin, WALL);
         history.record("a", "q", "completed", MS, origin);
         let end = origin + BUCKET * (BUCKETS as u32 - 1);
         history.record("a", "q", "completed", MS, end);
@@ -450,7 +618,7 @@ mod tests {
     #[test]
     fn at_most_max_pools_are_kept_and_the_stalest_gives_way() {
         let origin = Instant::now();
-        let mut history = PoolHistory::new(origin);
+        let mut history = PoolHistory::new(origin, WALL);
         for i in 0..MAX_POOLS {
             history.record(&format!("ns-{i}"), "q", "completed", MS, origin);
         }
@@ -470,7 +638,7 @@ mod tests {
     #[test]
     fn a_handle_records_into_its_pool_and_looks_it_up_again_once_forgotten() {
         let origin = Instant::now();
-        let mut history = PoolHistory::new(origin);
+        let mut history = PoolHistory::new(origin, WALL);
         let mut handles = PoolHandles::default();
         let mut lookups = 0;
         let mut get = |history: &mut PoolHistory, ns: &str| {

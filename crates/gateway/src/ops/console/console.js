@@ -20,7 +20,8 @@ const state = {
   history: new Map(),
   bucketSeconds: 10,
   identities: new Map(),
-  lastSeq: 0,
+  // The last event number seen from each gateway node ("" outside a cluster).
+  lastSeq: new Map(),
   explained: null,
   lastHistory: 0,
 };
@@ -360,7 +361,8 @@ function eventItem(e) {
   return el("li", { "data-kind": e.kind, "data-worker-id": e.worker_id, "data-detail": e.detail },
     el("time", {}, fmtClock(e.at_unix_ms)),
     el("span", { class: `kind ${e.kind}` }, e.kind),
-    e.kind === "missed" ? null : el("span", { class: "who" }, `worker ${e.worker_id}${who ? ` (${who})` : ""}`),
+    e.kind === "missed" || e.kind === "silent_nodes" ? null
+      : el("span", { class: "who" }, `worker ${e.worker_id}${who ? ` (${who})` : ""}${e.gateway_node ? ` on ${e.gateway_node}` : ""}`),
     el("span", { class: "detail" }, e.detail));
 }
 
@@ -369,8 +371,9 @@ function followEvents() {
   source.onmessage = (message) => {
     let e;
     try { e = JSON.parse(message.data); } catch { return; }
-    if (e.seq && e.seq <= state.lastSeq) return;
-    if (e.seq) state.lastSeq = e.seq;
+    const from = e.gateway_node || "";
+    if (e.seq && e.seq <= (state.lastSeq.get(from) || 0)) return;
+    if (e.seq) state.lastSeq.set(from, e.seq);
     if (e.kind === "connected" && e.identity) state.identities.set(e.worker_id, e.identity);
     const list = $("events");
     list.prepend(eventItem(e));

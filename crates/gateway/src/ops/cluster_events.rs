@@ -1,0 +1,565 @@
+//! `/v1/events` across a cluster: every node's worker events, each line carrying the
+//! `gateway_node` it happened on.
+//!
+//! A stream opens with the recent events of every node ([`super::events::RECENT`] per node)
+//! merged in time order ([`merge_in_time_order`]; each node's own lines keep their order),
+//! then follows live: this node's events as they happen, the other nodes' as [`ClusterEvents`]
+//! polls them every [`POLL`] while any stream is open (one poll per node for all its streams,
+//! so a remote event reaches a page up to one poll late and live lines are in arrival order).
+//! Sequence numbers are per node, so the SSE `id` is a per-node cursor ([`Cursor`],
+//! `a:12,b:5`): a page that reconnects with it as `Last-Event-ID` is sent, from each node,
+//! only what it has not seen. Nodes that did not answer are named in a
+//! `{"kind":"silent_nodes"}` line, at the start and whenever the set changes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::response::sse::Event;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use switchyard_proto::v1 as pb;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{Notify, OwnedSemaphorePermit, broadcast};
+use tokio_util::sync::CancellationToken;
+
+use super::events::{self, EventFeed, Line};
+use crate::api::ClusterViews;
+
+/// How often the other nodes' events are asked for while a stream is open.
+pub(crate) const POLL: Duration = Duration::from_secs(1);
+/// The operations view another node answers with its recent events.
+pub(crate) const VIEW: &str = "events";
+/// Remote lines one stream may be behind before it is told it missed some.
+const REMOTE_BUFFER: usize = 256;
+
+/// The last sequence number seen from each node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Cursor(BTreeMap<String, u64>);
+
+impl Cursor {
+    /// Reads `a:12,b:5`; a bare number (an id given out outside a cluster) is `own`'s.
+    /// Unreadable entries are left out: their nodes replay all they keep.
+    pub(crate) fn parse(text: &str, own: &str) -> Self {
+        if let Ok(seq) = text.trim().parse::<u64>() {
+            return Self(BTreeMap::from([(own.to_owned(), seq)]));
+        }
+        let entries = text.split(',').take(MAX_NODES);
+        Self(
+            entries
+                .filter_map(|entry| {
+                    let (node, seq) = entry.rsplit_once(':')?;
+                    Some((node.trim().to_owned(), seq.trim().parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// The cursor as [`Cursor::parse`] reads it back.
+    pub(crate) fn encode(&self) -> String {
+        let entries: Vec<String> = self.0.iter().map(|(n, s)| format!("{n}:{s}")).collect();
+        entries.join(",")
+    }
+
+    /// The last number seen from `node` (0 for none).
+    pub(crate) fn get(&self, node: &str) -> u64 {
+        self.0.get(node).copied().unwrap_or(0)
+    }
+
+    fn set(&mut self, node: &str, seq: u64) {
+        self.0.insert(node.to_owned(), seq);
+    }
+
+    /// Whether `node`, whose next event will carry `next_seq`, restarted since the cursor was
+    /// given out (its numbers are below the cursor's); if so its entry starts again at 0.
+    pub(crate) fn restarted(&mut self, node: &str, next_seq: u64) -> bool {
+        if next_seq.saturating_sub(1) >= self.get(node) {
+            return false;
+        }
+        self.set(node, 0);
+        true
+    }
+
+    /// Whether line `seq` of `node` is past the cursor (the page has not seen it); if so the
+    /// cursor moves to it.
+    pub(crate) fn advance(&mut self, node: &str, seq: u64) -> bool {
+        if seq <= self.get(node) {
+            return false;
+        }
+        self.set(node, seq);
+        true
+    }
+}
+
+/// Nodes a cursor names at most; a longer `Last-Event-ID` is cut.
+const MAX_NODES: usize = 64;
+
+/// One node's answer to [`VIEW`]: its recent lines after the asker's cursor.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct NodeEvents {
+    /// The number its next event will carry.
+    pub(crate) next_seq: u64,
+    /// Its recent lines after the cursor, oldest first.
+    pub(crate) events: Vec<Value>,
+}
+
+/// This node's answer to another node's [`VIEW`] call; `body` is the asker's cursor.
+pub(crate) fn answer(feed: &EventFeed, node: &str, body: &str) -> Value {
+    let (next_seq, lines) = feed.after(Cursor::parse(body, "").get(node));
+    let events = lines
+        .iter()
+        .filter_map(|line| serde_json::from_str(&line.json).ok())
+        .collect();
+    serde_json::to_value(NodeEvents { next_seq, events }).unwrap_or(Value::Null)
+}
+
+/// An event line from one node.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct NodeLine {
+    /// The node it happened on.
+    pub(crate) node: String,
+    /// Its number on that node.
+    pub(crate) seq: u64,
+    /// The line, `gateway_node` included.
+    pub(crate) json: Value,
+}
+
+impl NodeLine {
+    fn of(node: &str, mut json: Value) -> Option<Self> {
+        let seq = json.get("seq").and_then(Value::as_u64)?;
+        json.as_object_mut()?
+            .insert("gateway_node".to_owned(), Value::String(node.to_owned()));
+        Some(Self {
+            node: node.to_owned(),
+            seq,
+            json,
+        })
+    }
+
+    fn at(&self) -> u64 {
+        self.json
+            .get("at_unix_ms")
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    }
+}
+
+/// Every node's lines (each node's in its own order) as one list in time order: at each step
+/// the earliest head of any node goes next (ties by node name), so a node's lines are never
+/// reordered among themselves even when its clock stepped back.
+pub(crate) fn merge_in_time_order(nodes: Vec<Vec<NodeLine>>) -> Vec<NodeLine> {
+    let mut queues: Vec<VecDeque<NodeLine>> = nodes.into_iter().map(VecDeque::from).collect();
+    let mut merged = Vec::with_capacity(queues.iter().map(VecDeque::len).sum());
+    loop {
+        let next = queues
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| q.front().map(|line| ((line.at(), line.node.clone()), i)))
+            .min();
+        let Some((_, i)) = next else {
+            return merged;
+        };
+        if let Some(line) = queues.get_mut(i).and_then(VecDeque::pop_front) {
+            merged.push(line);
+        }
+    }
+}
+
+/// The line naming the nodes that did not answer (an empty list: every node answers again).
+pub(crate) fn silent_line(silent: &[pb::SilentNode], at: SystemTime) -> Value {
+    let named: Vec<String> = silent
+        .iter()
+        .map(|s| format!("{}: {}", s.node, s.reason))
+        .collect();
+    let detail = if named.is_empty() {
+        "every node answers".to_owned()
+    } else {
+        format!("no events from {}", named.join("; "))
+    };
+    json!({
+        "kind": "silent_nodes",
+        "at_unix_ms": crate::api::unix_ms(at),
+        "silent_nodes": silent
+            .iter()
+            .map(|s| json!({ "node": s.node, "reason": s.reason }))
+            .collect::<Vec<_>>(),
+        "detail": detail,
+    })
+}
+
+/// What the poller hands every open stream.
+#[derive(Clone, Debug)]
+enum Remote {
+    /// A line from another node.
+    Line(NodeLine),
+    /// The node restarted: its numbers start again.
+    Restarted(String),
+    /// The nodes that did not answer changed to these.
+    Silent(Vec<pb::SilentNode>),
+}
+
+/// The other nodes' events, polled while any stream is open; see the module documentation.
+#[derive(Debug)]
+pub(crate) struct ClusterEvents {
+    views: Arc<ClusterViews>,
+    sender: broadcast::Sender<Remote>,
+    watching: AtomicUsize,
+    opened: Notify,
+}
+
+/// Counts one open stream while it lives.
+#[derive(Debug)]
+struct Watching(Arc<ClusterEvents>);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.watching.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl ClusterEvents {
+    /// Starts polling the other nodes of `views` while streams are open, until `stop`.
+    pub(crate) fn start(views: Arc<ClusterViews>, stop: CancellationToken) -> Arc<Self> {
+        let events = Arc::new(Self {
+            views,
+            sender: broadcast::channel(REMOTE_BUFFER).0,
+            watching: AtomicUsize::new(0),
+            opened: Notify::new(),
+        });
+        tokio::spawn(Arc::clone(&events).follow(stop));
+        events
+    }
+
+    fn watch(self: &Arc<Self>) -> (Watching, broadcast::Receiver<Remote>) {
+        let receiver = self.sender.subscribe();
+        self.watching.fetch_add(1, Ordering::SeqCst);
+        self.opened.notify_one();
+        (Watching(Arc::clone(self)), receiver)
+    }
+
+    /// Every other node's lines after `cursor`, by node, and the nodes that gave none.
+    async fn gather(&self, cursor: &Cursor) -> (Vec<(String, NodeEvents)>, Vec<pb::SilentNode>) {
+        let (answers, mut silent) = self.views.ops(VIEW, &cursor.encode()).await;
+        let mut read = Vec::new();
+        for (node, answer) in answers {
+            match serde_json::from_value::<NodeEvents>(answer) {
+                Ok(events) => read.push((node, events)),
+                Err(error) => silent.push(pb::SilentNode {
+                    node,
+                    reason: format!("unreadable answer: {error}"),
+                }),
+            }
+        }
+        (read, silent)
+    }
+
+    async fn follow(self: Arc<Self>, stop: CancellationToken) {
+        let mut cursor = Cursor::default();
+        let mut silent_before: Option<Vec<String>> = None;
+        loop {
+            while self.watching.load(Ordering::SeqCst) == 0 {
+                let opened = self.opened.notified();
+                if self.watching.load(Ordering::SeqCst) > 0 {
+                    break;
+                }
+                tokio::select! {
+                    () = opened => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+            let (answers, silent) = tokio::select! {
+                gathered = self.gather(&cursor) => gathered,
+                () = stop.cancelled() => return,
+            };
+            for (node, answer) in answers {
+                if cursor.restarted(&node, answer.next_seq) {
+                    let _ = self.sender.send(Remote::Restarted(node.clone()));
+                }
+                for json in answer.events {
+                    if let Some(line) = NodeLine::of(&node, json) {
+                        let _ = self.sender.send(Remote::Line(line));
+                    }
+                }
+                cursor.set(&node, answer.next_seq.saturating_sub(1));
+            }
+            let names: Vec<String> = silent.iter().map(|s| s.node.clone()).collect();
+            if silent_before.as_ref() != Some(&names) {
+                // The first poll's silence was told by each stream's own opening.
+                if silent_before.is_some() {
+                    let _ = self.sender.send(Remote::Silent(silent));
+                }
+                silent_before = Some(names);
+            }
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// The `/v1/events` response in a cluster: every node's recent events the page has not
+    /// seen, then live ones, until `stop`; 503 when the stream limit is reached.
+    pub(crate) fn serve(
+        self: &Arc<Self>,
+        feed: &EventFeed,
+        headers: &HeaderMap,
+        idle_timeout: Duration,
+        stop: CancellationToken,
+    ) -> Response {
+        let Some(permit) = feed.watcher() else {
+            return events::too_many_watchers();
+        };
+        let node = self.views.node().to_owned();
+        let mut cursor = headers
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| Cursor::parse(v, &node))
+            .unwrap_or_default();
+        // Receivers first, the replay after: nothing falls between them; what both carry is
+        // sent once, by the cursor.
+        let (watching, remote) = self.watch();
+        let (next_seq, recent, local) = feed.resume(cursor.get(&node));
+        cursor.restarted(&node, next_seq);
+        let stream = Stream {
+            events: Arc::clone(self),
+            node,
+            cursor,
+            replay: Some(recent),
+            pending: VecDeque::new(),
+            local,
+            remote,
+            _held: (permit, watching),
+        };
+        let events = futures::stream::unfold(stream, |mut stream| async move {
+            let event = stream.next().await?;
+            Some((event, stream))
+        });
+        events::sse(events, idle_timeout, stop)
+    }
+}
+
+/// What a stream heard next.
+enum Got {
+    Local(Result<Line, RecvError>),
+    Remote(Result<Remote, RecvError>),
+}
+
+/// One open stream's state.
+struct Stream {
+    events: Arc<ClusterEvents>,
+    node: String,
+    cursor: Cursor,
+    /// This node's recent lines, until the opening replay ran.
+    replay: Option<Vec<Line>>,
+    pending: VecDeque<Event>,
+    local: broadcast::Receiver<Line>,
+    remote: broadcast::Receiver<Remote>,
+    _held: (OwnedSemaphorePermit, Watching),
+}
+
+impl Stream {
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(event);
+            }
+            if let Some(recent) = self.replay.take() {
+                self.open(recent).await;
+                continue;
+            }
+            let got = tokio::select! {
+                line = self.local.recv() => Got::Local(line),
+                remote = self.remote.recv() => Got::Remote(remote),
+            };
+            match got {
+                Got::Local(line) => match line {
+                    Ok(line) => {
+                        let json = serde_json::from_str(&line.json).ok();
+                        let node = self.node.clone();
+                        if let Some(line) = json.and_then(|json| NodeLine::of(&node, json)) {
+                            self.push(line);
+                        }
+                    }
+                    Err(RecvError::Lagged(count)) => self.missed(count),
+                    Err(RecvError::Closed) => return None,
+                },
+                Got::Remote(remote) => match remote {
+                    Ok(Remote::Line(line)) => self.push(line),
+                    Ok(Remote::Restarted(node)) => self.cursor.set(&node, 0),
+                    Ok(Remote::Silent(silent)) => {
+                        let line = silent_line(&silent, SystemTime::now());
+                        self.pending
+                            .push_back(Event::default().data(line.to_string()));
+                    }
+                    Err(RecvError::Lagged(count)) => self.missed(count),
+                    Err(RecvError::Closed) => return None,
+                },
+            }
+        }
+    }
+
+    /// The opening: the nodes that did not answer, then every node's recent lines after the
+    /// cursor in time order.
+    async fn open(&mut self, recent: Vec<Line>) {
+        let own: Vec<NodeLine> = recent
+            .iter()
+            .filter_map(|line| serde_json::from_str(&line.json).ok())
+            .filter_map(|json| NodeLine::of(&self.node, json))
+            .collect();
+        let (answers, silent) = self.events.gather(&self.cursor).await;
+        if !silent.is_empty() {
+            let line = silent_line(&silent, SystemTime::now());
+            self.pending
+                .push_back(Event::default().data(line.to_string()));
+        }
+        let mut nodes = vec![own];
+        for (node, answer) in answers {
+            self.cursor.restarted(&node, answer.next_seq);
+            let lines = answer.events.into_iter();
+            nodes.push(lines.filter_map(|json| NodeLine::of(&node, json)).collect());
+        }
+        for line in merge_in_time_order(nodes) {
+            self.push(line);
+        }
+    }
+
+    /// Queues `line` unless the page has it, moving the cursor past it.
+    fn push(&mut self, line: NodeLine) {
+        if !self.cursor.advance(&line.node, line.seq) {
+            return;
+        }
+        let event = Event::default()
+            .data(line.json.to_string())
+            .id(self.cursor.encode());
+        self.pending.push_back(event);
+    }
+
+    fn missed(&mut self, count: u64) {
+        let line = events::missed(count, SystemTime::now());
+        self.pending
+            .push_back(Event::default().data(line.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(node: &str, seq: u64, at: u64) -> NodeLine {
+        NodeLine::of(
+            node,
+            json!({ "seq": seq, "at_unix_ms": at, "kind": "connected" }),
+        )
+        .unwrap()
+    }
+
+    fn order(lines: &[NodeLine]) -> Vec<(&str, u64)> {
+        lines.iter().map(|l| (l.node.as_str(), l.seq)).collect()
+    }
+
+    #[test]
+    fn every_nodes_events_are_merged_in_time_order_and_tagged_with_their_node() {
+        let merged = merge_in_time_order(vec![
+            vec![line("a", 1, 100), line("a", 2, 300)],
+            vec![line("c", 7, 200), line("c", 8, 400)],
+            vec![],
+        ]);
+        assert_eq!(order(&merged), [("a", 1), ("c", 7), ("a", 2), ("c", 8)]);
+        assert!(
+            merged
+                .iter()
+                .all(|l| l.json["gateway_node"] == l.node.as_str())
+        );
+        // Control: a node whose clock stepped back keeps its own order; the merge does not
+        // put its later line before its earlier one.
+        let merged = merge_in_time_order(vec![
+            vec![line("a", 1, 500), line("a", 2, 100)],
+            vec![line("b", 1, 300)],
+        ]);
+        assert_eq!(order(&merged), [("b", 1), ("a", 1), ("a", 2)]);
+    }
+
+    #[test]
+    fn the_cursor_is_per_node_and_reads_back_a_single_nodes_id() {
+        let mut cursor = Cursor::default();
+        cursor.set("a", 12);
+        cursor.set("b", 5);
+        assert_eq!(cursor.encode(), "a:12,b:5");
+        assert_eq!(Cursor::parse(&cursor.encode(), "a"), cursor);
+        // An id given out before the node joined a cluster is its own number.
+        assert_eq!(Cursor::parse("40", "c").get("c"), 40);
+        // Control: unreadable entries are left out, not read as zero for everyone.
+        let read = Cursor::parse("a:x,b:3,garbage", "a");
+        assert_eq!((read.get("a"), read.get("b")), (0, 3));
+    }
+
+    #[test]
+    fn a_node_answers_after_the_askers_cursor_and_from_the_start_after_a_restart() {
+        let feed = EventFeed::default();
+        for i in 0..3 {
+            feed.publish(json!({ "kind": "test", "worker_id": i }));
+        }
+        let after: NodeEvents = serde_json::from_value(answer(&feed, "c", "a:9,c:2")).unwrap();
+        assert_eq!(after.next_seq, 4);
+        let seqs: Vec<u64> = after
+            .events
+            .iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, [3], "only what the asker has not seen from c");
+        // Control: a cursor past c's numbers was given out before c restarted: all of it.
+        let restarted: NodeEvents = serde_json::from_value(answer(&feed, "c", "c:50")).unwrap();
+        assert_eq!(restarted.events.len(), 3);
+    }
+
+    #[test]
+    fn a_silent_node_is_named_with_its_reason() {
+        let silent = [pb::SilentNode {
+            node: "b".to_owned(),
+            reason: "no answer within 2000 ms".to_owned(),
+        }];
+        let line = silent_line(&silent, SystemTime::UNIX_EPOCH);
+        assert_eq!(line["kind"], "silent_nodes");
+        assert_eq!(line["silent_nodes"][0]["node"], "b");
+        assert!(line["detail"].as_str().unwrap().contains("b: no answer"));
+        // Control: with every node answering, none is named.
+        let line = silent_line(&[], SystemTime::UNIX_EPOCH);
+        assert_eq!(line["silent_nodes"], json!([]));
+    }
+
+    #[test]
+    fn a_stream_sends_each_line_once_with_the_cursor_as_its_id() {
+        let mut cursor = Cursor::parse("c:3", "a");
+        let mut sent = Vec::new();
+        for l in [
+            line("a", 1, 10),
+            line("c", 3, 20),
+            line("c", 4, 30),
+            line("a", 1, 10),
+        ] {
+            if cursor.advance(&l.node, l.seq) {
+                sent.push((l.node.clone(), l.seq, cursor.encode()));
+            }
+        }
+        // c:3 was seen before the reconnection, a:1 arrives twice (replay and poll).
+        assert_eq!(
+            sent,
+            [
+                ("a".to_owned(), 1, "a:1,c:3".to_owned()),
+                ("c".to_owned(), 4, "a:1,c:4".to_owned()),
+            ]
+        );
+        // Control: once c restarted (its next number is below the cursor), its low numbers
+        // are new again.
+        assert!(!cursor.advance("c", 1));
+        assert!(
+            !cursor.restarted("c", 5),
+            "c's next is 5, past the cursor's 4"
+        );
+        assert!(cursor.restarted("c", 2));
+        assert!(cursor.advance("c", 1));
+    }
+}
