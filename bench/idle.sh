@@ -108,12 +108,17 @@ ticks() {
     done
     echo "$sum"
 }
+# InDatagrams of /proc/net/snmp's Udp line.
+udp_in() { awk '/^Udp: [0-9]/ { print $2; exit }' /proc/net/snmp; }
 hz=$(getconf CLK_TCK)
-gateway_cpu=0 workers_cpu=0
+gateway_cpu=0 workers_cpu=0 udp_rate=0
 if [ "$CPU_WINDOW" -gt 0 ]; then
-    g0=$(ticks "$GATEWAY") w0=$(ticks "${WORKERS[@]}") c0=$(now)
+    g0=$(ticks "$GATEWAY") w0=$(ticks "${WORKERS[@]}") u0=$(udp_in) c0=$(now)
     sleep "$CPU_WINDOW"
-    g1=$(ticks "$GATEWAY") w1=$(ticks "${WORKERS[@]}") c1=$(now)
+    g1=$(ticks "$GATEWAY") w1=$(ticks "${WORKERS[@]}") u1=$(udp_in) c1=$(now)
+    # Every UDP datagram received on this machine (on loopback, each one sent by either side;
+    # other processes' UDP counts too, so read it on a quiet machine).
+    udp_rate=$(awk -v a="$u0" -v b="$u1" -v s="$c0" -v e="$c1" 'BEGIN { printf "%.0f", (b - a) / (e - s) }')
     # CPU milliseconds per wall second (1000 = one core busy).
     gateway_cpu=$(awk -v a="$g0" -v b="$g1" -v s="$c0" -v e="$c1" -v hz="$hz" \
         'BEGIN { printf "%.1f", (b - a) * 1000 / hz / (e - s) }')
@@ -142,7 +147,7 @@ peak=$(awk '/^VmHWM:/ { print $2 * 1024 }' "/proc/$GATEWAY/status")
 awk -v g="$GRPC" -v q="$QUIC" -v b="$rss_before" -v rg="$rss_grpc" -v ra="$rss_all" \
     -v re="$rss_end" -v pk="$peak" -v s="$started" -v tg="$grpc_at" -v tq="$quic_at" \
     -v load="$load_connected" -v probe="$probe" -v gcpu="$gateway_cpu" -v wcpu="$workers_cpu" \
-    -v cw="$CPU_WINDOW" -v li="$load_idle" -v held="$held" 'BEGIN {
+    -v cw="$CPU_WINDOW" -v li="$load_idle" -v held="$held" -v udp="$udp_rate" 'BEGIN {
     printf "{\"grpc_workers\":%.0f,\"quic_workers\":%.0f,\"rss_before_bytes\":%.0f,", g, q, b
     printf "\"rss_grpc_connected_bytes\":%.0f,\"rss_all_connected_bytes\":%.0f,", rg, ra
     printf "\"rss_after_probes_bytes\":%.0f,\"peak_rss_bytes\":%.0f,", re, pk
@@ -151,6 +156,7 @@ awk -v g="$GRPC" -v q="$QUIC" -v b="$rss_before" -v rg="$rss_grpc" -v ra="$rss_a
     printf "\"rss_per_worker_bytes\":%.0f,", (ra - b) / (g + q)
     printf "\"grpc_connect_to_eligible_s\":%.1f,\"quic_connect_to_eligible_s\":%.1f,", tg - s, tq - tg - 2
     printf "\"cpu_window_s\":%s,\"gateway_cpu_ms_per_s\":%s,\"workers_cpu_ms_per_s\":%s,", cw, gcpu, wcpu
-    printf "\"load_average_1m_after_window\":%s,\"rss_bytes_after_eligible_s\":%s,", li, held
+    printf "\"udp_datagrams_per_s\":%s,\"load_average_1m_after_window\":%s,", udp, li
+    printf "\"rss_bytes_after_eligible_s\":%s,", held
     printf "\"load_average_1m_connected\":%s,\"probe\":%s}\n", load, probe
 }'
