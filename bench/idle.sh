@@ -132,7 +132,7 @@ if [ -n "$PERF_OUT" ]; then
 fi
 held="{"
 for at in $HOLD; do
-    wait_s=$(awk -v at="$at" -v q="$quic_at" -v n="$(now)" 'BEGIN { d = q + at - n; print d > 0 ? d : 0 }')
+    wait_s=$(awk -v at="$at" -v q="$quic_at" -v n="$(now)" 'BEGIN { d = q + at - n; print (d > 0 ? d : 0) }')
     sleep "$wait_s"
     [ "$held" = "{" ] || held="$held,"
     held="$held\"$at\":$(rss)"

@@ -591,7 +591,11 @@ mod tests {
                 }
             }
         }
-        assert_eq!(tracker.exclusion(w(1)), None, "answered pings expire harmlessly");
+        assert_eq!(
+            tracker.exclusion(w(1)),
+            None,
+            "answered pings expire harmlessly"
+        );
         assert_eq!(
             tracker.exclusion(w(2)),
             Some(DispatchExclusion::ReachabilityLost),
@@ -621,7 +625,12 @@ mod tests {
             Some(t0 + Duration::from_secs(15)),
             "w(2)'s window runs from its last frame"
         );
-        assert!(tracker.tick(t0 + Duration::from_millis(14_999)).timed_out.is_empty());
+        assert!(
+            tracker
+                .tick(t0 + Duration::from_millis(14_999))
+                .timed_out
+                .is_empty()
+        );
         assert_eq!(
             tracker.tick(t0 + Duration::from_secs(15)).timed_out,
             vec![w(2)],
