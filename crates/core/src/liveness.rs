@@ -199,11 +199,11 @@ impl Liveness {
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             let mut last_round = Instant::now();
             loop {
-                // Rounds run on the ticker (expiries, verdicts) and also exactly when a ping
-                // falls due, so pings keep `ping_interval` instead of the ticker's granularity.
+                // Rounds run on the ticker (expiries, verdicts) and also when a ping falls
+                // due, so pings keep `ping_interval` instead of the ticker's granularity.
                 // Workers registered at different moments fall due at different moments; a
                 // round no sooner than MIN_ROUND_GAP after the last takes whatever fell due
-                // meanwhile, so thousands of workers cost a few hundred rounds a second, not
+                // meanwhile, so thousands of workers cost at most 200 rounds a second, not
                 // one per timer tick.
                 let next_ping = liveness
                     .tracker()
