@@ -9,6 +9,12 @@
 # Needs the release binary (B; WB for the workers and the probe, default B), curl. Loopback
 # only; the gateway and the workers are separate processes, so the RSS is the gateway's own.
 # Stops early if a worker process ends (its last line says why). Prints one JSON object.
+#
+# With all connected and before the probes it also measures what idleness costs: the CPU time
+# (utime + stime, /proc/PID/stat) of the gateway and of the worker processes over CPU_WINDOW
+# seconds (default 30; 0 skips it), and, when HOLD is a list of seconds ("30 180"), the
+# gateway's RSS that long after all were eligible. PERF_OUT=file records the gateway with
+# `perf record -F 499 -g` for PERF_SECONDS (default 10) after the CPU window.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +26,10 @@ GRPC=${GRPC:-5000}
 QUIC=${QUIC:-5000}
 PROBES=${PROBES:-2000}
 BASE=${BASE:-18900}
+CPU_WINDOW=${CPU_WINDOW:-30}
+HOLD=${HOLD:-}
+PERF_OUT=${PERF_OUT:-}
+PERF_SECONDS=${PERF_SECONDS:-10}
 GRPC_ADDR=127.0.0.1:$BASE QUIC_ADDR=127.0.0.1:$((BASE + 1)) OPS=127.0.0.1:$((BASE + 2))
 DIR=$(mktemp -d /tmp/sy-idle.XXXXXX)
 PIDS=()
@@ -89,6 +99,46 @@ sleep 2
 rss_all=$(rss)
 load_connected=$(cut -d' ' -f1 /proc/loadavg)
 
+# CPU ticks (utime + stime) of the processes given; a process that ended counts 0.
+ticks() {
+    local sum=0 t
+    for pid in "$@"; do
+        t=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
+        sum=$((sum + t))
+    done
+    echo "$sum"
+}
+# InDatagrams of /proc/net/snmp's Udp line.
+udp_in() { awk '/^Udp: [0-9]/ { print $2; exit }' /proc/net/snmp; }
+hz=$(getconf CLK_TCK)
+gateway_cpu=0 workers_cpu=0 udp_rate=0
+if [ "$CPU_WINDOW" -gt 0 ]; then
+    g0=$(ticks "$GATEWAY") w0=$(ticks "${WORKERS[@]}") u0=$(udp_in) c0=$(now)
+    sleep "$CPU_WINDOW"
+    g1=$(ticks "$GATEWAY") w1=$(ticks "${WORKERS[@]}") u1=$(udp_in) c1=$(now)
+    # Every UDP datagram received on this machine (on loopback, each one sent by either side;
+    # other processes' UDP counts too, so read it on a quiet machine).
+    udp_rate=$(awk -v a="$u0" -v b="$u1" -v s="$c0" -v e="$c1" 'BEGIN { printf "%.0f", (b - a) / (e - s) }')
+    # CPU milliseconds per wall second (1000 = one core busy).
+    gateway_cpu=$(awk -v a="$g0" -v b="$g1" -v s="$c0" -v e="$c1" -v hz="$hz" \
+        'BEGIN { printf "%.1f", (b - a) * 1000 / hz / (e - s) }')
+    workers_cpu=$(awk -v a="$w0" -v b="$w1" -v s="$c0" -v e="$c1" -v hz="$hz" \
+        'BEGIN { printf "%.1f", (b - a) * 1000 / hz / (e - s) }')
+fi
+load_idle=$(cut -d' ' -f1 /proc/loadavg)
+if [ -n "$PERF_OUT" ]; then
+    perf record -F 499 -g -p "$GATEWAY" -o "$PERF_OUT" -- sleep "$PERF_SECONDS" \
+        >/dev/null 2>&1 || echo "perf record failed" >&2
+fi
+held="{"
+for at in $HOLD; do
+    wait_s=$(awk -v at="$at" -v q="$quic_at" -v n="$(now)" 'BEGIN { d = q + at - n; print (d > 0 ? d : 0) }')
+    sleep "$wait_s"
+    [ "$held" = "{" ] || held="$held,"
+    held="$held\"$at\":$(rss)"
+done
+held="$held}"
+
 probe=$("$WB" bench --connect "$GRPC_ADDR" --quic-connect "$QUIC_ADDR" --ca "$DIR/tls/ca.pem" \
     --external-workers --workers "$TOTAL" --tasks "$PROBES" --outstanding 1 --via stream)
 rss_end=$(rss)
@@ -96,7 +146,8 @@ peak=$(awk '/^VmHWM:/ { print $2 * 1024 }' "/proc/$GATEWAY/status")
 
 awk -v g="$GRPC" -v q="$QUIC" -v b="$rss_before" -v rg="$rss_grpc" -v ra="$rss_all" \
     -v re="$rss_end" -v pk="$peak" -v s="$started" -v tg="$grpc_at" -v tq="$quic_at" \
-    -v load="$load_connected" -v probe="$probe" 'BEGIN {
+    -v load="$load_connected" -v probe="$probe" -v gcpu="$gateway_cpu" -v wcpu="$workers_cpu" \
+    -v cw="$CPU_WINDOW" -v li="$load_idle" -v held="$held" -v udp="$udp_rate" 'BEGIN {
     printf "{\"grpc_workers\":%.0f,\"quic_workers\":%.0f,\"rss_before_bytes\":%.0f,", g, q, b
     printf "\"rss_grpc_connected_bytes\":%.0f,\"rss_all_connected_bytes\":%.0f,", rg, ra
     printf "\"rss_after_probes_bytes\":%.0f,\"peak_rss_bytes\":%.0f,", re, pk
@@ -104,5 +155,8 @@ awk -v g="$GRPC" -v q="$QUIC" -v b="$rss_before" -v rg="$rss_grpc" -v ra="$rss_a
     printf "\"rss_per_quic_worker_bytes\":%.0f,", q ? (ra - rg) / q : 0
     printf "\"rss_per_worker_bytes\":%.0f,", (ra - b) / (g + q)
     printf "\"grpc_connect_to_eligible_s\":%.1f,\"quic_connect_to_eligible_s\":%.1f,", tg - s, tq - tg - 2
+    printf "\"cpu_window_s\":%s,\"gateway_cpu_ms_per_s\":%s,\"workers_cpu_ms_per_s\":%s,", cw, gcpu, wcpu
+    printf "\"udp_datagrams_per_s\":%s,\"load_average_1m_after_window\":%s,", udp, li
+    printf "\"rss_bytes_after_eligible_s\":%s,", held
     printf "\"load_average_1m_connected\":%s,\"probe\":%s}\n", load, probe
 }'

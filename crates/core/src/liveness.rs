@@ -24,6 +24,10 @@ use crate::eligibility::DispatchExclusion;
 use crate::events::{DisconnectReason, WorkerEvent};
 use crate::registry::Registry;
 
+/// The least time between two rounds run for pings falling due: a ping goes out at most this
+/// late, on a schedule that stays anchored to whole intervals.
+const MIN_ROUND_GAP: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Handle on the liveness prober; transports report pongs and frames here.
 #[derive(Clone)]
 pub struct Liveness {
@@ -101,7 +105,7 @@ impl Liveness {
     fn publish(&self) {
         let (exclusions, newest) = {
             let tracker = self.tracker();
-            (tracker.exclusions(), tracker.workers().max())
+            (tracker.exclusions(), tracker.newest())
         };
         let newest = newest.unwrap_or(WorkerId::from_raw(0));
         self.inner
@@ -109,17 +113,24 @@ impl Liveness {
             .publish_verdicts(exclusions, Some(newest));
     }
 
-    fn send_pings(&self, pings: impl IntoIterator<Item = (WorkerId, u64)>) {
-        for (worker, seq) in pings {
-            let Some(snapshot) = self.inner.registry.worker(worker) else {
-                continue;
-            };
+    fn send_pings(&self, pings: Vec<(WorkerId, u64)>) {
+        if pings.is_empty() {
+            return;
+        }
+        // One registry lock for the round's pings; delivered after it is released.
+        let legs: Vec<_> = {
+            let state = self.inner.registry.inner.lock();
+            pings
+                .into_iter()
+                .filter_map(|(worker, seq)| {
+                    let entry = state.workers.get(worker)?;
+                    Some((worker, seq, entry.worker.clone()))
+                })
+                .collect()
+        };
+        for (worker, seq, leg) in legs {
             // A refused ping is simply never answered; it counts as missed when it expires.
-            if let Err(error) = snapshot
-                .worker
-                .delivery()
-                .deliver(WorkerMessage::Ping { seq })
-            {
+            if let Err(error) = leg.delivery().deliver(WorkerMessage::Ping { seq }) {
                 tracing::trace!(worker = %worker, %error, "ping not delivered");
             }
         }
@@ -127,7 +138,7 @@ impl Liveness {
 
     fn admit(&self, worker: WorkerId) {
         let pings = self.tracker().add_worker(worker, Instant::now());
-        self.send_pings(pings.into_iter().map(|seq| (worker, seq)));
+        self.send_pings(pings.into_iter().map(|seq| (worker, seq)).collect());
     }
 
     /// Brings the tracker in line with the registry after missed events: forgets workers that
@@ -186,10 +197,18 @@ impl Liveness {
                 / 2;
             let mut ticker = tokio::time::interval(period.max(std::time::Duration::from_millis(1)));
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            let mut last_round = Instant::now();
             loop {
-                // Rounds run on the ticker (expiries, verdicts) and also exactly when a ping
-                // falls due, so pings keep `ping_interval` instead of the ticker's granularity.
-                let next_ping = liveness.tracker().next_ping_due();
+                // Rounds run on the ticker (expiries, verdicts) and also when a ping falls
+                // due, so pings keep `ping_interval` instead of the ticker's granularity.
+                // Workers registered at different moments fall due at different moments; a
+                // round no sooner than MIN_ROUND_GAP after the last takes whatever fell due
+                // meanwhile, so thousands of workers cost at most 200 rounds a second, not
+                // one per timer tick.
+                let next_ping = liveness
+                    .tracker()
+                    .next_ping_due()
+                    .map(|at| at.max(last_round + MIN_ROUND_GAP));
                 let ping_due = async move {
                     match next_ping {
                         Some(at) => tokio::time::sleep_until(at).await,
@@ -214,8 +233,14 @@ impl Liveness {
                         Err(RecvError::Lagged(_)) => liveness.reconcile(),
                         Err(RecvError::Closed) => break,
                     },
-                    _ = ticker.tick() => liveness.round(),
-                    () = ping_due => liveness.round(),
+                    _ = ticker.tick() => {
+                        liveness.round();
+                        last_round = Instant::now();
+                    }
+                    () = ping_due => {
+                        liveness.round();
+                        last_round = Instant::now();
+                    }
                 }
             }
         })

@@ -454,3 +454,51 @@ async fn a_silent_worker_departs_with_the_timeout_reason() {
     assert_eq!(reason.ok(), Some(DisconnectReason::Timeout));
     assert!(!registry.is_registered(worker.id));
 }
+
+#[tokio::test(start_paused = true)]
+async fn pings_falling_due_within_the_round_gap_share_a_round() {
+    let (registry, liveness, _prober) = prober();
+    // 40 proven workers admitted 1 ms apart: their regular pings fall due 1 ms apart.
+    let mut workers = Vec::new();
+    for _ in 0..40 {
+        workers.push(healthy(&registry, &liveness).await);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let first_due = Instant::now() - Duration::from_millis(40) + Duration::from_secs(2);
+    let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (n, mut worker) in workers.into_iter().enumerate() {
+        let arrivals = Arc::clone(&arrivals);
+        let liveness = liveness.clone();
+        let due = first_due + Duration::from_millis(n as u64);
+        tasks.push(tokio::spawn(async move {
+            let seq = worker.ping().await;
+            let at = Instant::now();
+            liveness.record_pong(worker.id, seq);
+            arrivals.lock().expect("not poisoned").push((due, at));
+            worker
+        }));
+    }
+    for task in tasks {
+        task.await.expect("joined");
+    }
+    let arrivals = arrivals.lock().expect("not poisoned").clone();
+    for (due, at) in &arrivals {
+        assert!(*at >= *due, "never before its due time");
+        assert!(
+            *at - *due <= MIN_ROUND_GAP,
+            "at most the round gap late: {:?}",
+            *at - *due
+        );
+    }
+    let rounds: BTreeSet<Instant> = arrivals.iter().map(|(_, at)| *at).collect();
+    assert!(
+        rounds.len() <= 40 / 5 + 2,
+        "40 pings due 1 ms apart went out in {} rounds",
+        rounds.len()
+    );
+    assert!(
+        rounds.len() > 1,
+        "control: pings 40 ms apart do not all wait for one round"
+    );
+}

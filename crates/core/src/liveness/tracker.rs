@@ -1,6 +1,12 @@
 //! Liveness verdicts as plain data: fed pings, pongs, frames and the current time.
+//!
+//! A round costs what falls due in it, not the number of workers: each worker has one entry in
+//! a schedule ordered by when it next needs a look (its next ping, or the end of its heartbeat
+//! window if that comes first), every ping sent waits in one queue ordered by when it was sent
+//! (so by when it expires), and the workers under an exclusion are kept apart. With 10,000 idle
+//! workers a round visits the few due, not all of them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use tokio::time::Instant;
 
@@ -18,6 +24,16 @@ enum Standing {
     Lost { answered: u32 },
 }
 
+impl Standing {
+    fn exclusion(self) -> Option<DispatchExclusion> {
+        match self {
+            Standing::Healthy => None,
+            Standing::Probation { .. } => Some(DispatchExclusion::OpeningProbation),
+            Standing::Lost { .. } => Some(DispatchExclusion::ReachabilityLost),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Probe {
     standing: Standing,
@@ -29,6 +45,8 @@ struct Probe {
     /// from the previous due time, not from when a round happened to run), so a round running
     /// a millisecond late never pushes a ping a whole round later.
     next_ping: Instant,
+    /// This worker's key in [`LivenessTracker::schedule`].
+    visit: Instant,
 }
 
 impl Probe {
@@ -39,6 +57,13 @@ impl Probe {
             Standing::Probation { answered } | Standing::Lost { answered } => *answered = 0,
             Standing::Healthy => {}
         }
+    }
+
+    /// When a round next has something to do for this worker: its next ping, or the end of
+    /// its heartbeat window if the worker stays silent until then. A frame moves the window
+    /// without touching the schedule; a visit that finds the window moved just reschedules.
+    fn next_visit(&self, heartbeat_window: std::time::Duration) -> Instant {
+        self.next_ping.min(self.last_frame + heartbeat_window)
     }
 }
 
@@ -57,8 +82,18 @@ pub struct TickActions {
 #[derive(Debug)]
 pub struct LivenessTracker {
     config: LivenessConfig,
-    probes: HashMap<WorkerId, Probe>,
+    probes: BTreeMap<WorkerId, Probe>,
+    /// One entry per tracked worker: when it next needs a look (see [`Probe::next_visit`]).
+    schedule: BTreeSet<(Instant, WorkerId)>,
+    /// Every ping sent and not yet expired, in the order sent, which is the order they expire
+    /// in. Answered pings stay until they would have expired and are skipped then.
+    sent: VecDeque<(Instant, WorkerId, u64)>,
+    /// The workers whose standing is not `Healthy`.
+    excluded: BTreeSet<WorkerId>,
     next_seq: u64,
+    /// Schedule entries and sent pings looked at by ticks so far.
+    #[cfg(test)]
+    visited: usize,
 }
 
 impl LivenessTracker {
@@ -66,8 +101,13 @@ impl LivenessTracker {
     pub fn new(config: LivenessConfig) -> Self {
         Self {
             config,
-            probes: HashMap::new(),
+            probes: BTreeMap::new(),
+            schedule: BTreeSet::new(),
+            sent: VecDeque::new(),
+            excluded: BTreeSet::new(),
             next_seq: 1,
+            #[cfg(test)]
+            visited: 0,
         }
     }
 
@@ -77,16 +117,19 @@ impl LivenessTracker {
         if self.probes.contains_key(&worker) {
             return Vec::new();
         }
-        self.probes.insert(
-            worker,
-            Probe {
-                standing: Standing::Probation { answered: 0 },
-                outstanding: BTreeMap::new(),
-                misses: 0,
-                last_frame: now,
-                next_ping: now + self.config.ping_interval,
-            },
-        );
+        let next_ping = now + self.config.ping_interval;
+        let mut probe = Probe {
+            standing: Standing::Probation { answered: 0 },
+            outstanding: BTreeMap::new(),
+            misses: 0,
+            last_frame: now,
+            next_ping,
+            visit: next_ping,
+        };
+        probe.visit = probe.next_visit(self.config.heartbeat_window);
+        self.schedule.insert((probe.visit, worker));
+        self.excluded.insert(worker);
+        self.probes.insert(worker, probe);
         (0..self.config.probation_pings.max(1))
             .map(|_| self.ping(worker, now))
             .collect()
@@ -94,12 +137,20 @@ impl LivenessTracker {
 
     /// Stops tracking a worker.
     pub fn remove_worker(&mut self, worker: WorkerId) {
-        self.probes.remove(&worker);
+        if let Some(probe) = self.probes.remove(&worker) {
+            self.schedule.remove(&(probe.visit, worker));
+            self.excluded.remove(&worker);
+        }
     }
 
-    /// Workers being tracked.
+    /// Workers being tracked, in id order.
     pub fn workers(&self) -> impl Iterator<Item = WorkerId> + '_ {
         self.probes.keys().copied()
+    }
+
+    /// The newest (highest id) worker being tracked.
+    pub fn newest(&self) -> Option<WorkerId> {
+        self.probes.keys().next_back().copied()
     }
 
     fn ping(&mut self, worker: WorkerId, now: Instant) -> u64 {
@@ -107,6 +158,7 @@ impl LivenessTracker {
         self.next_seq += 1;
         if let Some(probe) = self.probes.get_mut(&worker) {
             probe.outstanding.insert(seq, now);
+            self.sent.push_back((now, worker, seq));
         }
         seq
     }
@@ -158,48 +210,52 @@ impl LivenessTracker {
             ),
         };
         probe.standing = next;
+        if changed {
+            self.excluded.remove(&worker);
+        }
         changed
     }
 
     /// Expires overdue pings, decides who is lost or silent, and schedules the next pings.
+    /// Visits only the pings that expire and the workers that fall due by `now`.
     pub fn tick(&mut self, now: Instant) -> TickActions {
         let mut actions = TickActions::default();
-        let config = &self.config;
+        self.expire(now, &mut actions);
+        let window = self.config.heartbeat_window;
         let mut due = Vec::new();
-        for (worker, probe) in &mut self.probes {
-            let overdue: Vec<u64> = probe
-                .outstanding
-                .iter()
-                .filter(|(_, sent)| now.saturating_duration_since(**sent) >= config.ping_timeout)
-                .map(|(seq, _)| *seq)
-                .collect();
-            for seq in overdue {
-                probe.outstanding.remove(&seq);
-                probe.misses += 1;
-                probe.restart_progress();
+        while let Some(&(at, worker)) = self.schedule.first() {
+            if at > now {
+                break;
             }
-            if probe.misses >= config.miss_threshold
-                && !matches!(probe.standing, Standing::Lost { .. })
+            self.schedule.pop_first();
+            #[cfg(test)]
             {
-                probe.standing = Standing::Lost { answered: 0 };
-                actions.newly_lost.push(*worker);
+                self.visited += 1;
             }
-            if now.saturating_duration_since(probe.last_frame) >= config.heartbeat_window {
-                actions.timed_out.push(*worker);
+            let Some(probe) = self.probes.get_mut(&worker) else {
+                continue;
+            };
+            if now.saturating_duration_since(probe.last_frame) >= window {
+                actions.timed_out.push(worker);
                 continue;
             }
             if now >= probe.next_ping {
-                probe.next_ping += config.ping_interval;
+                probe.next_ping += self.config.ping_interval;
                 if probe.next_ping <= now {
                     // The prober stalled for more than an interval: resume the cadence from
                     // now rather than sending the missed pings in a burst.
-                    probe.next_ping = now + config.ping_interval;
+                    probe.next_ping = now + self.config.ping_interval;
                 }
-                due.push(*worker);
+                due.push(worker);
             }
+            // Always after `now`: the next ping was just moved past it, and a worker not
+            // timed out heard from within the window. So no worker is visited twice a round.
+            probe.visit = probe.next_visit(window);
+            self.schedule.insert((probe.visit, worker));
         }
         for worker in &actions.timed_out {
             self.probes.remove(worker);
+            self.excluded.remove(worker);
         }
         for worker in due {
             let seq = self.ping(worker, now);
@@ -208,24 +264,52 @@ impl LivenessTracker {
         actions
     }
 
-    /// The earliest time a regular ping falls due, so the driver can run a round exactly then.
+    /// Counts the pings sent at least `ping_timeout` before `now` and still unanswered as
+    /// missed, and marks lost the workers that reach `miss_threshold` misses in a row.
+    fn expire(&mut self, now: Instant, actions: &mut TickActions) {
+        while let Some(&(sent, worker, seq)) = self.sent.front() {
+            if now.saturating_duration_since(sent) < self.config.ping_timeout {
+                break;
+            }
+            self.sent.pop_front();
+            #[cfg(test)]
+            {
+                self.visited += 1;
+            }
+            let Some(probe) = self.probes.get_mut(&worker) else {
+                continue;
+            };
+            if probe.outstanding.remove(&seq).is_none() {
+                continue;
+            }
+            probe.misses += 1;
+            probe.restart_progress();
+            if probe.misses >= self.config.miss_threshold
+                && !matches!(probe.standing, Standing::Lost { .. })
+            {
+                probe.standing = Standing::Lost { answered: 0 };
+                self.excluded.insert(worker);
+                actions.newly_lost.push(worker);
+            }
+        }
+    }
+
+    /// The earliest time a worker needs a round (a ping falls due or a heartbeat window may
+    /// end), so the driver can run one exactly then. Expiries wait for the next round.
     pub fn next_ping_due(&self) -> Option<Instant> {
-        self.probes.values().map(|probe| probe.next_ping).min()
+        self.schedule.first().map(|(at, _)| *at)
     }
 
     /// The exclusion `worker` stands under now (`None` when healthy or untracked).
     pub fn exclusion(&self, worker: WorkerId) -> Option<DispatchExclusion> {
-        match self.probes.get(&worker)?.standing {
-            Standing::Healthy => None,
-            Standing::Probation { .. } => Some(DispatchExclusion::OpeningProbation),
-            Standing::Lost { .. } => Some(DispatchExclusion::ReachabilityLost),
-        }
+        self.probes.get(&worker)?.standing.exclusion()
     }
 
-    /// The whole exclusion map, for [`crate::Registry::publish_verdicts`].
+    /// The whole exclusion map, for [`crate::Registry::publish_verdicts`]; costs the number
+    /// of excluded workers, not of tracked ones.
     pub fn exclusions(&self) -> HashMap<WorkerId, DispatchExclusion> {
-        self.probes
-            .keys()
+        self.excluded
+            .iter()
             .filter_map(|id| Some((*id, self.exclusion(*id)?)))
             .collect()
     }
@@ -457,5 +541,102 @@ mod tests {
             Some(resumed + Duration::from_secs(1))
         );
         assert!(tracker.tick(resumed).pings.is_empty());
+    }
+
+    #[test]
+    fn a_round_visits_the_workers_due_not_every_worker() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        // 1,000 proven workers registered 1 ms apart: their pings fall due 1 ms apart.
+        for n in 1..=1000 {
+            let at = t0 + Duration::from_millis(n);
+            for seq in tracker.add_worker(w(n), at) {
+                tracker.record_pong(w(n), seq, at);
+            }
+        }
+        assert!(tracker.exclusions().is_empty());
+        let start = tracker.visited;
+        let round = tracker.tick(t0 + Duration::from_millis(1003));
+        assert_eq!(
+            round.pings.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            vec![w(1), w(2), w(3)],
+            "exactly the workers whose interval ended"
+        );
+        assert!(
+            tracker.visited - start <= 3,
+            "a round looked at {} entries for 3 due",
+            tracker.visited - start
+        );
+        // Control: a round when every worker is due visits and pings every one.
+        let start = tracker.visited;
+        let all = tracker.tick(t0 + Duration::from_millis(2000));
+        assert_eq!(all.pings.len(), 997);
+        assert!(tracker.visited - start >= 997);
+    }
+
+    #[test]
+    fn answered_pings_are_not_counted_as_missed_when_their_time_comes() {
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config());
+        healthy(&mut tracker, w(1), t0);
+        healthy(&mut tracker, w(2), t0);
+        let mut now = t0;
+        // w(1) answers every ping; w(2) answers none (but sends frames, so it is not silent).
+        for _ in 0..8 {
+            now += Duration::from_secs(1);
+            tracker.record_frame(w(2), now);
+            for (worker, seq) in tracker.tick(now).pings {
+                if worker == w(1) {
+                    tracker.record_pong(worker, seq, now);
+                }
+            }
+        }
+        assert_eq!(
+            tracker.exclusion(w(1)),
+            None,
+            "answered pings expire harmlessly"
+        );
+        assert_eq!(
+            tracker.exclusion(w(2)),
+            Some(DispatchExclusion::ReachabilityLost),
+            "control: the unanswered ones count"
+        );
+        assert_eq!(
+            tracker.exclusions().keys().copied().collect::<Vec<_>>(),
+            vec![w(2)]
+        );
+    }
+
+    #[test]
+    fn a_frame_during_the_window_moves_the_timeout_without_an_extra_ping() {
+        let mut config = config();
+        config.ping_interval = Duration::from_secs(60);
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config);
+        healthy(&mut tracker, w(1), t0);
+        healthy(&mut tracker, w(2), t0);
+        tracker.record_frame(w(2), t0 + Duration::from_secs(5));
+        assert_eq!(tracker.next_ping_due(), Some(t0 + Duration::from_secs(10)));
+        let first = tracker.tick(t0 + Duration::from_secs(10));
+        assert_eq!(first.timed_out, vec![w(1)], "silent for the window");
+        assert!(first.pings.is_empty(), "a window check sends no ping");
+        assert_eq!(
+            tracker.next_ping_due(),
+            Some(t0 + Duration::from_secs(15)),
+            "w(2)'s window runs from its last frame"
+        );
+        assert!(
+            tracker
+                .tick(t0 + Duration::from_millis(14_999))
+                .timed_out
+                .is_empty()
+        );
+        assert_eq!(
+            tracker.tick(t0 + Duration::from_secs(15)).timed_out,
+            vec![w(2)],
+            "control: silent for the window since its frame"
+        );
+        assert_eq!(tracker.workers().count(), 0);
+        assert_eq!(tracker.next_ping_due(), None);
     }
 }
