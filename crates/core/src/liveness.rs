@@ -118,19 +118,9 @@ impl Liveness {
             return;
         }
         // One registry lock for the round's pings; delivered after it is released.
-        let legs: Vec<_> = {
-            let state = self.inner.registry.inner.lock();
-            pings
-                .into_iter()
-                .filter_map(|(worker, seq)| {
-                    let entry = state.workers.get(worker)?;
-                    Some((worker, seq, entry.worker.clone()))
-                })
-                .collect()
-        };
-        for (worker, seq, leg) in legs {
+        for (worker, seq, delivery) in self.inner.registry.deliveries_of(pings) {
             // A refused ping is simply never answered; it counts as missed when it expires.
-            if let Err(error) = leg.delivery().deliver(WorkerMessage::Ping { seq }) {
+            if let Err(error) = delivery.deliver(WorkerMessage::Ping { seq }) {
                 tracing::trace!(worker = %worker, %error, "ping not delivered");
             }
         }

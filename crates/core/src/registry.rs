@@ -720,6 +720,22 @@ impl Registry {
             .map(|entry| snapshot(&state, entry))
     }
 
+    /// The delivery legs of those of `items`' workers still registered, each beside its
+    /// item, looked up under one lock (what a liveness round sends its pings through).
+    pub(crate) fn deliveries_of<T>(
+        &self,
+        items: Vec<(WorkerId, T)>,
+    ) -> Vec<(WorkerId, T, Arc<dyn WorkerDelivery>)> {
+        let state = self.inner.lock();
+        items
+            .into_iter()
+            .filter_map(|(worker, item)| {
+                let entry = state.workers.get(worker)?;
+                Some((worker, item, Arc::clone(&entry.delivery)))
+            })
+            .collect()
+    }
+
     /// Every registered worker, ordered by id.
     pub fn workers(&self) -> Vec<WorkerSnapshot> {
         let state = self.inner.lock();
