@@ -9,6 +9,10 @@ use std::collections::HashMap;
 
 use rusqlite::Connection;
 
+/// The count per namespace at open, read from the pool index.
+pub(crate) const LOAD: &str =
+    "SELECT namespace, count(*) FROM dispatches WHERE state <> 'finished' GROUP BY namespace";
+
 /// Unfinished dispatches per namespace: committed counts plus the open batch's changes.
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
@@ -19,10 +23,7 @@ pub(crate) struct Backlog {
 impl Backlog {
     /// Counts the unfinished rows of a store.
     pub(crate) fn load(conn: &Connection) -> rusqlite::Result<Self> {
-        let mut statement = conn.prepare(
-            "SELECT namespace, count(*) FROM dispatches WHERE state <> 'finished' \
-             GROUP BY namespace",
-        )?;
+        let mut statement = conn.prepare(LOAD)?;
         let committed = statement
             .query_map([], |row| {
                 Ok((row.get::<_, String>(0)?, row.get::<_, u64>(1)?))

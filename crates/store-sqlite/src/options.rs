@@ -54,10 +54,11 @@ pub struct SqliteOptions {
     /// arrive while it commits form the next batch (a wait measured slower at 256 outstanding).
     pub max_delay: Duration,
     /// Longest the writer holds back the record of a dispatch delivered while it records (a
-    /// durable `Dispatch` or `Submit` without an idempotency key), waiting for its outcome to
-    /// write both as one finished row. Nothing is answered before its commit (the outcome,
-    /// or a `Submit`'s id, waits for it), so the hold only delays answers; a crash within it
-    /// loses a dispatch nobody was told of, which may have run. Zero writes every record at
+    /// durable `Dispatch` without an idempotency key), or a `claim` note, waiting for the
+    /// dispatch's outcome to write them with it (one finished row; the claim's attempt in it).
+    /// Nothing is answered before a record's commit (the outcome waits for it), so the hold
+    /// only delays answers; a crash within it loses a dispatch nobody was told of, which may
+    /// have run, or a claim (a repeated attempt number). Zero writes every record and note at
     /// once. Default 10 ms.
     pub hold_for_outcome: Duration,
 }

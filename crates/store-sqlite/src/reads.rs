@@ -91,16 +91,18 @@ pub(crate) fn get(
         .transpose()
 }
 
+/// The query of [`unfinished`]: the pool index finds the rows (its `WHERE` is this one's),
+/// then they are sorted.
+fn unfinished_query() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM dispatches WHERE state <> 'finished' \
+         ORDER BY submitted_at_ns, seq"
+    )
+}
+
 /// Every unfinished dispatch, oldest submission first.
 pub(crate) fn unfinished(conn: &Connection) -> Result<Vec<StoredDispatch>, DispatchStoreError> {
-    rows(
-        conn,
-        &format!(
-            "SELECT {COLUMNS} FROM dispatches WHERE state <> 'finished' \
-             ORDER BY submitted_at_ns, seq"
-        ),
-        &[],
-    )
+    rows(conn, &unfinished_query(), &[])
 }
 
 /// Dispatches matching `filter`, oldest submission first; `limit` 0 is no limit.
@@ -147,21 +149,20 @@ fn rows(
     raw.into_iter().map(RawRow::into_stored).collect()
 }
 
+/// The query of [`census`].
+const CENSUS: &str = "SELECT namespace, task_queue, activity_type, \
+    sum(state <> 'running'), sum(state = 'running'), \
+    min(CASE WHEN state <> 'running' THEN submitted_at_ns END) \
+    FROM dispatches WHERE state <> 'finished' \
+    GROUP BY namespace, task_queue, activity_type \
+    ORDER BY namespace, task_queue, activity_type";
+
 /// Backlog per pool address at `now`.
 pub(crate) fn census(
     conn: &Connection,
     now: SystemTime,
 ) -> Result<Vec<BacklogCensus>, DispatchStoreError> {
-    let mut statement = conn
-        .prepare_cached(
-            "SELECT namespace, task_queue, activity_type, \
-             sum(state <> 'running'), sum(state = 'running'), \
-             min(CASE WHEN state <> 'running' THEN submitted_at_ns END) \
-             FROM dispatches WHERE state <> 'finished' \
-             GROUP BY namespace, task_queue, activity_type \
-             ORDER BY namespace, task_queue, activity_type",
-        )
-        .map_err(sql)?;
+    let mut statement = conn.prepare_cached(CENSUS).map_err(sql)?;
     statement
         .query_map([], |row| {
             let oldest: Option<i64> = row.get(5)?;
@@ -180,4 +181,42 @@ pub(crate) fn census(
         .map_err(sql)?
         .collect::<rusqlite::Result<Vec<_>>>()
         .map_err(sql)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::Synchronous;
+
+    /// SQLite's plan for `query`, its steps joined.
+    fn plan(conn: &Connection, query: &str) -> String {
+        let mut statement = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {query}"))
+            .expect("explain");
+        let steps: Vec<String> = statement
+            .query_map([], |row| row.get(3))
+            .expect("plan")
+            .collect::<rusqlite::Result<_>>()
+            .expect("steps");
+        steps.join("; ")
+    }
+
+    #[test]
+    fn reads_of_unfinished_rows_go_through_the_pool_index_not_the_whole_table() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn =
+            schema::open_writer(&dir.path().join("s.sqlite3"), Synchronous::Full).expect("open");
+        for query in [
+            unfinished_query(),
+            CENSUS.to_owned(),
+            crate::backlog::LOAD.to_owned(),
+        ] {
+            let plan = plan(&conn, &query);
+            assert!(plan.contains("INDEX dispatches_pool"), "{query}: {plan}");
+        }
+        // Control: the same read of every row, finished ones included, scans the table.
+        let every = unfinished_query().replace("WHERE state <> 'finished'", "");
+        let plan = plan(&conn, &every);
+        assert!(!plan.contains("dispatches_pool"), "{plan}");
+    }
 }

@@ -12,8 +12,9 @@ use crate::options::Synchronous;
 /// `application_id` of a Switchyard store: "SWYD".
 pub(crate) const APPLICATION_ID: u32 = 0x5357_5944;
 
-/// The schema this build writes, and the newest it reads.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+/// The schema this build writes, and the newest it reads; it opens every older one, migrating
+/// it first ([`migrate`]).
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for another's lock (a reader during a checkpoint) before it
 /// reports busy.
@@ -23,11 +24,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// to, and SQLite's default (2 MiB) makes a large backlog spill to the OS between batches.
 const WRITER_CACHE_KIB: i64 = 16 * 1024;
 
-/// Schema version 1. Times are nanoseconds since the Unix epoch; `seq` is the submission
-/// order among equal `submitted_at_ns`. Every index but the idempotency one covers only
-/// unfinished rows, so finished outcomes kept for their retention cost nothing to the hot
-/// queries.
-const SCHEMA_V1: &str = "
+/// Schema version 2. Times are nanoseconds since the Unix epoch; `seq` is the submission
+/// order among equal `submitted_at_ns`. The indexes a write maintains are kept few: the pool
+/// index covers only unfinished rows (the census, the restart's `unfinished` and the backlog
+/// count at open read it, sorting when they need another order), so a finished row costs the
+/// table, the `id` index and `finished_at_ns` (the retention's purge) and nothing else.
+const SCHEMA_V2: &str = "
 CREATE TABLE dispatches (
     seq               INTEGER PRIMARY KEY,
     id                TEXT    NOT NULL UNIQUE,
@@ -54,8 +56,6 @@ CREATE TABLE dispatches (
     outcome_reason    TEXT,
     outcome_attempts  INTEGER
 ) STRICT;
-CREATE INDEX dispatches_unfinished ON dispatches (submitted_at_ns)
-    WHERE state <> 'finished';
 CREATE INDEX dispatches_pool
     ON dispatches (namespace, task_queue, activity_type, state, submitted_at_ns)
     WHERE state <> 'finished';
@@ -65,13 +65,17 @@ CREATE INDEX dispatches_finished_at ON dispatches (finished_at_ns)
     WHERE finished_at_ns IS NOT NULL;
 ";
 
+/// From schema 1 to 2: schema 1 had a second index of unfinished rows by submission time,
+/// which every unfinished write maintained and only a restart read.
+const MIGRATE_1_TO_2: &str = "DROP INDEX IF EXISTS dispatches_unfinished;";
+
 /// What a file's header and catalogue say it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Identity {
     /// Empty: make it a store.
     Fresh,
-    /// A store this build reads.
-    Store,
+    /// A store this build reads, of schema `version` (older ones are migrated).
+    Store { version: i64 },
     /// Another application's database.
     Foreign { found: u32 },
     /// A store of a newer schema.
@@ -85,7 +89,7 @@ fn identify(application_id: u32, user_version: i64, objects: i64) -> Identity {
         (APPLICATION_ID, version, _) if version > SCHEMA_VERSION => {
             Identity::Newer { found: version }
         }
-        (APPLICATION_ID, _, _) => Identity::Store,
+        (APPLICATION_ID, version, _) => Identity::Store { version },
         (found, _, _) => Identity::Foreign { found },
     }
 }
@@ -124,7 +128,7 @@ pub(crate) fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Conne
                 supported: SCHEMA_VERSION,
             });
         }
-        Identity::Fresh | Identity::Store => {}
+        Identity::Fresh | Identity::Store { .. } => {}
     }
     let mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
@@ -139,19 +143,36 @@ pub(crate) fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Conne
         .map_err(fail)?;
     conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)
         .map_err(fail)?;
-    if identity == Identity::Fresh {
-        create_schema(&conn).map_err(fail)?;
+    match identity {
+        Identity::Fresh => create_schema(&conn).map_err(fail)?,
+        Identity::Store { version } if version < SCHEMA_VERSION => {
+            migrate(&conn, version).map_err(fail)?;
+        }
+        _ => {}
     }
     Ok(conn)
 }
 
 fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
     let tx = conn.unchecked_transaction()?;
-    tx.execute_batch(SCHEMA_V1)?;
+    tx.execute_batch(SCHEMA_V2)?;
     // Bit pattern of the id as SQLite's signed 32-bit integer.
     tx.pragma_update(None, "application_id", APPLICATION_ID as i32)?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()
+}
+
+/// Brings a store of schema `from` to [`SCHEMA_VERSION`] in one transaction: a crash during
+/// it leaves the store as it was.
+fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    if from <= 1 {
+        tx.execute_batch(MIGRATE_1_TO_2)?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
+    tracing::info!(from, to = SCHEMA_VERSION, "dispatch store migrated");
+    Ok(())
 }
 
 /// Opens a reading connection to a store the writer has opened.
@@ -206,7 +227,7 @@ mod tests {
         assert_eq!(pragma(&full, "journal_mode"), "wal");
         assert_eq!(pragma(&full, "synchronous"), "2", "FULL");
         assert_eq!(pragma(&full, "application_id"), APPLICATION_ID.to_string());
-        assert_eq!(pragma(&full, "user_version"), "1");
+        assert_eq!(pragma(&full, "user_version"), "2");
         let normal =
             open_writer(&dir.path().join("normal.sqlite3"), Synchronous::Normal).expect("open");
         assert_eq!(pragma(&normal, "synchronous"), "1", "NORMAL");
@@ -215,8 +236,15 @@ mod tests {
     #[test]
     fn files_are_judged_by_application_id_version_and_contents() {
         assert_eq!(identify(0, 0, 0), Identity::Fresh);
-        assert_eq!(identify(APPLICATION_ID, 1, 5), Identity::Store);
-        assert_eq!(identify(APPLICATION_ID, 2, 5), Identity::Newer { found: 2 });
+        assert_eq!(
+            identify(APPLICATION_ID, 1, 5),
+            Identity::Store { version: 1 }
+        );
+        assert_eq!(
+            identify(APPLICATION_ID, 2, 5),
+            Identity::Store { version: 2 }
+        );
+        assert_eq!(identify(APPLICATION_ID, 3, 5), Identity::Newer { found: 3 });
         assert_eq!(identify(7, 0, 1), Identity::Foreign { found: 7 });
         assert_eq!(
             identify(0, 0, 1),

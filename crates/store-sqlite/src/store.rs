@@ -165,6 +165,11 @@ impl SqliteStore {
         }
     }
 
+    /// Until when a write sent now may be held back for its dispatch's outcome.
+    fn hold_until(&self) -> Option<Instant> {
+        (!self.hold_for_outcome.is_zero()).then(|| Instant::now() + self.hold_for_outcome)
+    }
+
     /// Sends `op` to the writer and waits for its reply, which comes after its batch commits.
     async fn write(&self, op: Op) -> Result<Answer, DispatchStoreError> {
         self.write_held(op, None).await
@@ -187,13 +192,14 @@ impl SqliteStore {
         answer.await.map_err(|_| self.stopped())?
     }
 
-    /// Queues the state note `op` for the writer without waiting for its commit.
-    async fn note(&self, op: Op) -> Result<(), DispatchStoreError> {
+    /// Queues the state note `op` for the writer without waiting for its commit; with
+    /// `may_wait`, the writer may hold it back for its dispatch's outcome.
+    async fn note(&self, op: Op, may_wait: bool) -> Result<(), DispatchStoreError> {
         let command = Command {
             op,
             reply: None,
             sent: Instant::now(),
-            hold_until: None,
+            hold_until: if may_wait { self.hold_until() } else { None },
         };
         self.inbox.send(command).await.map_err(|_| self.stopped())
     }
@@ -234,33 +240,42 @@ impl DispatchStore for SqliteStore {
         &self,
         dispatch: NewDispatch,
     ) -> Result<Recorded, DispatchStoreError> {
-        let hold_until =
-            (!self.hold_for_outcome.is_zero()).then(|| Instant::now() + self.hold_for_outcome);
-        match self.write_held(Op::Record(dispatch), hold_until).await? {
+        match self
+            .write_held(Op::Record(dispatch), self.hold_until())
+            .await?
+        {
             Answer::Recorded(recorded) => Ok(recorded),
             other => Err(mismatched(&other)),
         }
     }
 
     async fn park(&self, id: &DispatchId, reason: &str) -> Result<(), DispatchStoreError> {
-        self.note(Op::Park {
-            id: id.clone(),
-            reason: reason.to_owned(),
-        })
+        self.note(
+            Op::Park {
+                id: id.clone(),
+                reason: reason.to_owned(),
+            },
+            false,
+        )
         .await
     }
 
+    /// Held back by the writer up to [`SqliteOptions::hold_for_outcome`]: a claim that its
+    /// outcome follows within the hold is not written (its attempt goes into the outcome's row).
     async fn claim(
         &self,
         id: &DispatchId,
         worker: WorkerId,
         attempt: u32,
     ) -> Result<(), DispatchStoreError> {
-        self.note(Op::Claim {
-            id: id.clone(),
-            worker,
-            attempt,
-        })
+        self.note(
+            Op::Claim {
+                id: id.clone(),
+                worker,
+                attempt,
+            },
+            true,
+        )
         .await
     }
 
@@ -287,10 +302,13 @@ impl DispatchStore for SqliteStore {
 
     async fn release(&self, id: &DispatchId, delay: Duration) -> Result<(), DispatchStoreError> {
         let not_before = (!delay.is_zero()).then(|| SystemTime::now() + delay);
-        self.note(Op::Release {
-            id: id.clone(),
-            not_before,
-        })
+        self.note(
+            Op::Release {
+                id: id.clone(),
+                not_before,
+            },
+            false,
+        )
         .await
     }
 

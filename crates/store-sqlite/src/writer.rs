@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::backlog::Backlog;
 use crate::fold::{Plan, Step};
-use crate::hold;
+use crate::hold::Held;
 use crate::inbox::Inbox;
 use crate::ops::{self, Answer, Finished, Limits, Op, StepError, StoreSize};
 use crate::schema;
@@ -71,18 +71,16 @@ impl Writer {
     /// Serves commands until the inbox is closed and empty; the connection closes on return,
     /// after writing every record still held back.
     pub(crate) fn run(mut self, inbox: &Inbox) {
-        let mut held: Vec<Command> = Vec::new();
-        while let Some(taken) = inbox.take_until(hold::next_release(&held)) {
-            let mut batch = std::mem::take(&mut held);
-            batch.extend(taken);
-            let (write, hold) = hold::hold_back(batch, Instant::now());
-            held = hold;
+        let mut held = Held::default();
+        while let Some(taken) = inbox.take_until(held.next_release()) {
+            let write = held.admit(taken, Instant::now());
             if !write.is_empty() {
                 self.commit_batch(write);
             }
         }
-        if !held.is_empty() {
-            self.commit_batch(held);
+        let rest = held.release_all();
+        if !rest.is_empty() {
+            self.commit_batch(rest);
         }
     }
 

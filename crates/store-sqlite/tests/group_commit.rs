@@ -175,3 +175,43 @@ async fn a_held_record_is_written_for_a_read_behind_it_and_when_the_store_closes
         "the held record was lost at close"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waits_for_its_outcome_and_is_written_for_a_read_that_comes_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = holding(dir.path());
+    let dispatch = fixtures::dispatch("ns", "in");
+    let id = dispatch.id.clone();
+    assert_eq!(store.record(dispatch).await, Ok(Recorded::New(id.clone())));
+    let before = store.commits();
+    store
+        .claim(&id, WorkerId::from_raw(1), 2)
+        .await
+        .expect("claim");
+    let completion = store
+        .complete(&id, &fixtures::completed("out"), SystemTime::now())
+        .await;
+    assert_eq!(completion, Ok(Completion::Recorded));
+    assert_eq!(
+        store.commits() - before,
+        1,
+        "the claim went into its outcome's transaction"
+    );
+    let row = store.get(&id).await.expect("get").expect("recorded");
+    assert_eq!(finished_attempts(&row), Some(2), "the claim's attempt kept");
+
+    // Control: a read before the outcome finds the claim written.
+    let dispatch = fixtures::dispatch("ns", "in");
+    let id = dispatch.id.clone();
+    assert_eq!(store.record(dispatch).await, Ok(Recorded::New(id.clone())));
+    store
+        .claim(&id, WorkerId::from_raw(1), 1)
+        .await
+        .expect("claim");
+    let row = store.get(&id).await.expect("get").expect("recorded");
+    assert!(
+        matches!(row.state, DispatchState::Running { attempt: 1, .. }),
+        "{:?}",
+        row.state
+    );
+}

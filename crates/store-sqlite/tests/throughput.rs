@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use switchyard_core::DispatchStore;
-use switchyard_store_sqlite::{SqliteOptions, Synchronous};
+use switchyard_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 const SUBMITTERS: usize = 256;
 /// Records in all, at most, and the time limit of one run.
@@ -120,10 +120,54 @@ fn writer_cpu_time() -> Duration {
     Duration::ZERO
 }
 
-/// Dispatches through their life as a durable `DispatchStream` gives them to the store, with
-/// `SUBMITTERS` at once: the record sent, the claim and the outcome sent behind it without
-/// waiting for its commit (the early delivery of a keyless dispatch), both awaited.
-async fn measure_lifecycle(synchronous: Synchronous) {
+/// Which of the gateway's durable paths a lifecycle run plays.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// A durable `DispatchStream` item: the record sent with `record_before_outcome`, the
+    /// claim and the outcome sent behind it without waiting for its commit.
+    Stream,
+    /// A `Submit`: the record awaited (its reply), then the claim and the outcome.
+    Submit,
+}
+
+/// One dispatch through its life along `path`.
+async fn lifecycle(store: &SqliteStore, path: Path, input: &str) {
+    let dispatch = fixtures::dispatch("ns", input);
+    let id = dispatch.id.clone();
+    let outcome = async {
+        store
+            .claim(&id, switchyard_core::WorkerId::from_raw(1), 1)
+            .await
+            .expect("claim");
+        store
+            .complete(
+                &id,
+                &fixtures::completed("out"),
+                std::time::SystemTime::now(),
+            )
+            .await
+            .expect("complete")
+    };
+    match path {
+        Path::Stream => {
+            let record = store.record_before_outcome(dispatch);
+            let outcome = async {
+                tokio::task::yield_now().await;
+                outcome.await
+            };
+            let (recorded, _) = tokio::join!(record, outcome);
+            recorded.expect("record");
+        }
+        Path::Submit => {
+            store.record(dispatch).await.expect("record");
+            outcome.await;
+        }
+    }
+}
+
+/// Dispatches through their life along `path`, `SUBMITTERS` at once; prints the rate, the
+/// commits and the writer thread's CPU per dispatch.
+async fn measure_lifecycle(synchronous: Synchronous, path: Path) {
     let dir = tempfile::tempdir_in(std::env::temp_dir()).expect("tempdir");
     let options = SqliteOptions {
         synchronous,
@@ -143,26 +187,7 @@ async fn measure_lifecycle(synchronous: Synchronous) {
                     if started.elapsed() > TIME_LIMIT {
                         break;
                     }
-                    let dispatch = fixtures::dispatch("ns", &input);
-                    let id = dispatch.id.clone();
-                    let record = store.record(dispatch);
-                    let outcome = async {
-                        tokio::task::yield_now().await;
-                        store
-                            .claim(&id, switchyard_core::WorkerId::from_raw(1), 1)
-                            .await
-                            .expect("claim");
-                        store
-                            .complete(
-                                &id,
-                                &fixtures::completed("out"),
-                                std::time::SystemTime::now(),
-                            )
-                            .await
-                            .expect("complete")
-                    };
-                    let (recorded, _) = tokio::join!(record, outcome);
-                    recorded.expect("record");
+                    lifecycle(&store, path, &input).await;
                     done += 1;
                 }
                 done
@@ -177,8 +202,8 @@ async fn measure_lifecycle(synchronous: Synchronous) {
     let writer = writer_cpu_time() - writer_before;
     let commits = store.commits() - commits_before;
     println!(
-        "lifecycle synchronous={}: {done} dispatches in {:.2} s = {:.0}/s; {commits} commits \
-         ({:.1} dispatches each); writer CPU {:.1} us per dispatch",
+        "lifecycle {path:?} synchronous={}: {done} dispatches in {:.2} s = {:.0}/s; {commits} \
+         commits ({:.1} dispatches each); writer CPU {:.1} us per dispatch",
         synchronous.label(),
         elapsed.as_secs_f64(),
         done as f64 / elapsed.as_secs_f64(),
@@ -193,6 +218,7 @@ const LIFECYCLES: usize = 60_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a figure for the benchmark page; run by hand in release"]
 async fn writer_cpu_per_dispatch_through_record_claim_complete() {
-    measure_lifecycle(Synchronous::Full).await;
-    measure_lifecycle(Synchronous::Full).await;
+    for path in [Path::Stream, Path::Submit, Path::Stream, Path::Submit] {
+        measure_lifecycle(Synchronous::Full, path).await;
+    }
 }
