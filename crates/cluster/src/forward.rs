@@ -211,7 +211,7 @@ impl Forwarder {
                     match answer {
                         EntryAnswer::Taken => {
                             self.taken_by(forward, &taker);
-                            watch.taker = Some(taker);
+                            watch.taker = Some(taker.as_ref().to_owned());
                             return Offered::Taken(Box::pin(watch.wait(ended)));
                         }
                         EntryAnswer::Ended(end) => {

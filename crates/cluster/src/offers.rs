@@ -9,6 +9,7 @@
 //! low load nothing waits.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
@@ -70,7 +71,7 @@ pub(crate) enum Heard {
     /// same batch had a forward taken (a "busy" in a partly taken batch is not the pool
     /// being full everywhere, just this taker).
     Answered {
-        taker: String,
+        taker: Arc<str>,
         answer: EntryAnswer,
         progress: bool,
     },
@@ -188,10 +189,11 @@ pub(crate) fn hear(
         .iter()
         .any(|(_, answer)| !matches!(answer, EntryAnswer::Busy));
     let mut by_forward: HashMap<u64, EntryAnswer> = answers.into_iter().collect();
+    let taker: Arc<str> = Arc::from(taker);
     batch
         .iter()
         .map(|entry| Heard::Answered {
-            taker: taker.to_owned(),
+            taker: Arc::clone(&taker),
             answer: by_forward
                 .remove(&entry.forward)
                 .unwrap_or(EntryAnswer::Busy),
