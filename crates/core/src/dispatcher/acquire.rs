@@ -139,11 +139,11 @@ impl Dispatcher {
             pool.activity_type,
             pool.node,
         );
-        waiting.arm();
         let mut ticket: Option<ParkTicket> = None;
         let mut classified_at: Option<Instant> = None;
         let mut told: Option<UnservedReason> = None;
-        // Queued now: select again at once, for what changed between the miss and the queueing.
+        // The loop's first pass queues the waiter and selects again at once, for what changed
+        // between the miss and the queueing.
         let mut wait = false;
         // Durable dispatches stay on their node unless every node reads the same store.
         let overflow = self
