@@ -211,7 +211,7 @@ impl Forwarder {
                     match answer {
                         EntryAnswer::Taken => {
                             self.taken_by(forward, &taker);
-                            watch.taker = Some(taker);
+                            watch.taker = Some(taker.as_ref().to_owned());
                             return Offered::Taken(Box::pin(watch.wait(ended)));
                         }
                         EntryAnswer::Ended(end) => {
@@ -229,16 +229,14 @@ impl Forwarder {
     /// batch slot free.
     fn enqueue(self: &Arc<Self>, header: &OfferHeader, queued: Queued) {
         let start = {
-            let mut queues = self.queues();
-            let pool = queues.pool(header, || {
+            self.queues().push(header, queued, || {
                 self.names.offer(&pool_hash(
                     &header.namespace,
                     switchyard_core::normalise_task_queue(&header.task_queue),
                     &header.activity_type,
                     header.node.as_deref().filter(|n| !n.is_empty()),
                 ))
-            });
-            pool.push(queued)
+            })
         };
         if start {
             tokio::spawn(Arc::clone(self).send_batches(header.clone()));

@@ -9,6 +9,7 @@
 //! low load nothing waits.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
@@ -70,7 +71,7 @@ pub(crate) enum Heard {
     /// same batch had a forward taken (a "busy" in a partly taken batch is not the pool
     /// being full everywhere, just this taker).
     Answered {
-        taker: String,
+        taker: Arc<str>,
         answer: EntryAnswer,
         progress: bool,
     },
@@ -171,6 +172,21 @@ impl OfferQueues {
             .or_insert_with(|| PoolQueue::new(subject()))
     }
 
+    /// Queues `queued` in `header`'s pool (created with `subject` when new); true when the
+    /// caller must start a sender (see [`PoolQueue::push`]). A pool already tracked (every
+    /// dispatch after its pool's first) costs one lookup and no copy of the header.
+    pub(crate) fn push(
+        &mut self,
+        header: &OfferHeader,
+        queued: Queued,
+        subject: impl FnOnce() -> String,
+    ) -> bool {
+        match self.pools.get_mut(header) {
+            Some(pool) => pool.push(queued),
+            None => self.pool(header, subject).push(queued),
+        }
+    }
+
     /// The queue for `header`, if it exists.
     pub(crate) fn get_mut(&mut self, header: &OfferHeader) -> Option<&mut PoolQueue> {
         self.pools.get_mut(header)
@@ -187,15 +203,33 @@ pub(crate) fn hear(
     let progress = answers
         .iter()
         .any(|(_, answer)| !matches!(answer, EntryAnswer::Busy));
+    let taker: Arc<str> = Arc::from(taker);
+    let heard = |answer| Heard::Answered {
+        taker: Arc::clone(&taker),
+        answer,
+        progress,
+    };
+    // A taker answers in the batch's order: matched in place, without a map.
+    let in_order = answers.len() == batch.len()
+        && answers
+            .iter()
+            .zip(batch)
+            .all(|((forward, _), entry)| *forward == entry.forward);
+    if in_order {
+        return answers
+            .into_iter()
+            .map(|(_, answer)| heard(answer))
+            .collect();
+    }
     let mut by_forward: HashMap<u64, EntryAnswer> = answers.into_iter().collect();
     batch
         .iter()
-        .map(|entry| Heard::Answered {
-            taker: taker.to_owned(),
-            answer: by_forward
-                .remove(&entry.forward)
-                .unwrap_or(EntryAnswer::Busy),
-            progress,
+        .map(|entry| {
+            heard(
+                by_forward
+                    .remove(&entry.forward)
+                    .unwrap_or(EntryAnswer::Busy),
+            )
         })
         .collect()
 }
@@ -359,6 +393,30 @@ mod tests {
         assert_eq!(answer(1), (EntryAnswer::Ended(RemoteEnd::Lost), true));
         assert_eq!(answer(2), (EntryAnswer::Busy, true));
         assert_eq!(answer(3), (EntryAnswer::Busy, true), "left out: not taken");
+        // Answered in another order than the batch's, each forward still hears its own.
+        let shuffled = vec![
+            (4, EntryAnswer::Busy),
+            (2, EntryAnswer::Taken),
+            (1, EntryAnswer::Busy),
+            (3, EntryAnswer::Busy),
+        ];
+        let heard = hear("n2", shuffled, &batch);
+        let answers: Vec<EntryAnswer> = heard
+            .into_iter()
+            .map(|heard| match heard {
+                Heard::Answered { answer, .. } => answer,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            answers,
+            vec![
+                EntryAnswer::Busy,
+                EntryAnswer::Taken,
+                EntryAnswer::Busy,
+                EntryAnswer::Busy
+            ]
+        );
         // Control: a batch answered all busy made no progress.
         let heard = hear("n2", vec![(1, EntryAnswer::Busy)], &batch[..1]);
         assert!(matches!(

@@ -64,13 +64,13 @@ const EARLY_CANCEL_KEPT: Duration = Duration::from_secs(30);
 /// before their offer was handled (an origin that stopped waiting before it heard "taken").
 #[derive(Default)]
 struct Cancels {
-    running: HashMap<(String, u64), CancellationToken>,
-    early: HashMap<(String, u64), Instant>,
+    running: HashMap<(Arc<str>, u64), CancellationToken>,
+    early: HashMap<(Arc<str>, u64), Instant>,
 }
 
 impl Cancels {
     /// A token for a forwarded dispatch about to run; `None` when its cancel came first.
-    fn start(&mut self, key: (String, u64)) -> Option<CancellationToken> {
+    fn start(&mut self, key: (Arc<str>, u64)) -> Option<CancellationToken> {
         if self.early.remove(&key).is_some() {
             return None;
         }
@@ -80,7 +80,7 @@ impl Cancels {
     }
 
     /// The origin asks to cancel `key` at `now`.
-    fn cancel(&mut self, key: (String, u64), now: Instant) {
+    fn cancel(&mut self, key: (Arc<str>, u64), now: Instant) {
         match self.running.remove(&key) {
             Some(token) => token.cancel(),
             None => {
@@ -275,7 +275,12 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
             return;
         }
     };
-    let caller = CallerIdentity::trusted(format!("cluster:{}", header.origin));
+    // Shared by the batch's dispatches: one allocation per batch, not one per dispatch.
+    let caller = Arc::new(CallerIdentity::trusted(format!(
+        "cluster:{}",
+        header.origin
+    )));
+    let origin: Arc<str> = Arc::from(header.origin.as_str());
     let forwards: Vec<u64> = entries.iter().map(|entry| entry.forward).collect();
     let mut stages: Vec<Stage> = Vec::with_capacity(entries.len());
     let (delivered_tx, mut delivered) = mpsc::unbounded_channel::<usize>();
@@ -284,7 +289,7 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
     {
         let mut cancels = taker.cancels();
         for (index, entry) in entries.iter().enumerate() {
-            let key = (header.origin.clone(), entry.forward);
+            let key = (Arc::clone(&origin), entry.forward);
             let Some(cancel) = cancels.start(key) else {
                 stages.push(Stage::Busy);
                 continue;
@@ -303,7 +308,7 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
             };
             let request = wire::offered_request(&header, entry);
             let dispatcher = taker.dispatcher.clone();
-            let caller = caller.clone();
+            let caller = Arc::clone(&caller);
             // Driven here rather than spawned: one task per batch. A panic in a dispatch is
             // caught so the origin still hears of the loss.
             running.push(async move {
@@ -323,7 +328,7 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
             taker
                 .cancels()
                 .running
-                .remove(&(header.origin.clone(), *forward));
+                .remove(&(Arc::clone(&origin), *forward));
         }
     };
     // Until every dispatch is delivered or turned away.
@@ -445,7 +450,7 @@ pub(crate) async fn follow_cancels(taker: Arc<Taker>, stop: CancellationToken) {
         };
         taker
             .cancels()
-            .cancel((meta.origin, meta.forward), Instant::now());
+            .cancel((Arc::from(meta.origin), meta.forward), Instant::now());
     }
 }
 
@@ -457,25 +462,22 @@ mod tests {
     fn a_cancel_before_its_offer_stops_the_offer_from_running() {
         let now = Instant::now();
         let mut cancels = Cancels::default();
-        cancels.cancel(("a".to_owned(), 1), now);
-        assert!(
-            cancels.start(("a".to_owned(), 1)).is_none(),
-            "cancelled first"
-        );
+        cancels.cancel(("a".into(), 1), now);
+        assert!(cancels.start(("a".into(), 1)).is_none(), "cancelled first");
         // Control: another forward runs, and its cancel fires its token.
-        let token = cancels.start(("a".to_owned(), 2)).expect("not cancelled");
+        let token = cancels.start(("a".into(), 2)).expect("not cancelled");
         assert!(!token.is_cancelled());
-        cancels.cancel(("a".to_owned(), 2), now);
+        cancels.cancel(("a".into(), 2), now);
         assert!(token.is_cancelled());
         // Two forwards of one batch: a cancel of one leaves the other running.
-        let first = cancels.start(("a".to_owned(), 4)).expect("runs");
-        let second = cancels.start(("a".to_owned(), 5)).expect("runs");
-        cancels.cancel(("a".to_owned(), 5), now);
+        let first = cancels.start(("a".into(), 4)).expect("runs");
+        let second = cancels.start(("a".into(), 5)).expect("runs");
+        cancels.cancel(("a".into(), 5), now);
         assert!(second.is_cancelled());
         assert!(!first.is_cancelled(), "only the named forward stops");
         // An early cancel is forgotten after a while.
-        cancels.cancel(("a".to_owned(), 3), now);
-        cancels.cancel(("b".to_owned(), 9), now + EARLY_CANCEL_KEPT);
-        assert!(cancels.start(("a".to_owned(), 3)).is_some());
+        cancels.cancel(("a".into(), 3), now);
+        cancels.cancel(("b".into(), 9), now + EARLY_CANCEL_KEPT);
+        assert!(cancels.start(("a".into(), 3)).is_some());
     }
 }

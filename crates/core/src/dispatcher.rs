@@ -364,7 +364,7 @@ impl Dispatcher {
         &self,
         caller: &CallerIdentity,
         request: ActivityRequest,
-        hooks: DispatchHooks,
+        mut hooks: DispatchHooks,
     ) -> Result<ActivityOutcome, DispatchError> {
         self.check(caller, &request)?;
         let held = self.inner.quotas.hold(
@@ -374,8 +374,7 @@ impl Dispatcher {
             request.input.len(),
             hooks.durable,
         )?;
-        let (cancel, _activity) =
-            self.claim_activity_id(caller, &request, hooks.cancel.as_ref())?;
+        let (cancel, _activity) = self.claim_activity_id(caller, &request, hooks.cancel.take())?;
         let started = Instant::now();
         let span = tracing::debug_span!("dispatch", namespace = %request.namespace,
             activity_type = %request.activity_type, activity_id = request.activity_id.as_deref());
@@ -414,14 +413,14 @@ impl Dispatcher {
         &self,
         caller: &CallerIdentity,
         request: &ActivityRequest,
-        token: Option<&CancellationToken>,
+        token: Option<CancellationToken>,
     ) -> Result<(Cancel, ActivityGuard<'_>), DispatchError> {
         let Some(id) = &request.activity_id else {
             let guard = ActivityGuard {
                 inner: &self.inner,
                 key: None,
             };
-            return Ok((Cancel::new(token.cloned()), guard));
+            return Ok((Cancel::new(token), guard));
         };
         let key = (
             request.namespace.clone(),
@@ -435,7 +434,7 @@ impl Dispatcher {
                 activity_id: key.2,
             });
         }
-        let token = token.cloned().unwrap_or_default();
+        let token = token.unwrap_or_default();
         activities.insert(key.clone(), token.clone());
         let guard = ActivityGuard {
             inner: &self.inner,

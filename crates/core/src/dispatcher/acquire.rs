@@ -22,6 +22,12 @@ use crate::worker::Worker;
 /// dispatch would cost more than the selection it explains.
 const RECLASSIFY_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a dispatch whose offer to the other nodes is out stays off the unserved table.
+/// Such an offer is answered within a round trip; listing each one (a census, a ticket in the
+/// table and its removal) cost about as much as the offer. One still out this long, or
+/// answered "no taker", is listed as any parked dispatch is.
+pub(super) const OFFERED_UNLISTED: Duration = Duration::from_millis(250);
+
 /// How long past its deadline a forwarded dispatch waits for the remote node's own
 /// `TimedOut` before it ends `TimedOut` itself (the remote outcome crossing the network).
 const FORWARD_GRACE: Duration = Duration::from_secs(2);
@@ -97,6 +103,8 @@ impl Dispatcher {
 
     /// After a first miss: takes a parked place (or refuses), queues in the pool's waiters,
     /// selects again, then once per wake until a worker takes the dispatch or the wait ends.
+    /// It is listed in the unserved table once it waits, unless its offer to the other nodes
+    /// is out and younger than [`OFFERED_UNLISTED`].
     #[allow(clippy::too_many_arguments)]
     async fn park(
         &self,
@@ -131,11 +139,11 @@ impl Dispatcher {
             pool.activity_type,
             pool.node,
         );
-        waiting.arm();
         let mut ticket: Option<ParkTicket> = None;
         let mut classified_at: Option<Instant> = None;
         let mut told: Option<UnservedReason> = None;
-        // Queued now: select again at once, for what changed between the miss and the queueing.
+        // The loop's first pass queues the waiter and selects again at once, for what changed
+        // between the miss and the queueing.
         let mut wait = false;
         // Durable dispatches stay on their node unless every node reads the same store.
         let overflow = self
@@ -158,11 +166,25 @@ impl Dispatcher {
         let mut losses =
             LossBudget::new(self.inner.config.loss_budget, self.inner.config.loss_window);
         let mut forwarded: u32 = 0;
+        // Off the unserved table while the first offer is out (see `OFFERED_UNLISTED`); one
+        // timer serves that and the deadline, for every pass of the loop.
+        let mut unlisted = offering.is_some();
+        let timer = tokio::time::sleep_until(if unlisted {
+            deadline.min(Instant::now() + OFFERED_UNLISTED)
+        } else {
+            deadline
+        });
+        tokio::pin!(timer);
         loop {
             if wait {
+                if unlisted && (offering.is_none() || no_taker) {
+                    unlisted = false;
+                    timer.as_mut().reset(deadline);
+                }
                 let now = Instant::now();
-                if classified_at
-                    .is_none_or(|at| now.saturating_duration_since(at) >= RECLASSIFY_AFTER)
+                if !unlisted
+                    && classified_at
+                        .is_none_or(|at| now.saturating_duration_since(at) >= RECLASSIFY_AFTER)
                 {
                     let census = registry.pool_census(
                         pool.namespace,
@@ -232,7 +254,13 @@ impl Dispatcher {
                         offering = offer();
                         continue;
                     }
-                    () = tokio::time::sleep_until(deadline) => {
+                    () = &mut timer => {
+                        if unlisted && Instant::now() < deadline {
+                            // The offer is out longer than a round trip: list the dispatch.
+                            unlisted = false;
+                            timer.as_mut().reset(deadline);
+                            continue;
+                        }
                         let outcome = if no_taker {
                             let reason = UnservedReason::NoCapacityInCluster;
                             let detail = format!("{reason}: no local worker can take it and no \
@@ -268,6 +296,8 @@ impl Dispatcher {
         cancel: &Cancel,
     ) -> Forwarded {
         tokio::select! {
+            // An end already in the answer registers no timer and no shutdown wait.
+            biased;
             ended = remote => ended,
             () = cancel.cancelled() => Forwarded::Outcome(ActivityOutcome::Cancelled),
             () = self.inner.stop_all.cancelled() => Forwarded::Outcome(ActivityOutcome::ShuttingDown),

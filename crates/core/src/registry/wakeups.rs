@@ -64,11 +64,16 @@ pub(crate) struct Wakeups {
 
 impl Wakeups {
     fn enqueue(&mut self, key: &PoolKey, seq: u64, node: Option<String>, signal: Arc<Signal>) {
-        let replaced = self
-            .queues
-            .entry(key.clone())
-            .or_default()
-            .insert(seq, Waiter { node, signal });
+        let waiter = Waiter { node, signal };
+        // The key is copied only for a pool's first waiter, not on every arming.
+        let replaced = match self.queues.get_mut(key) {
+            Some(queue) => queue.insert(seq, waiter),
+            None => self
+                .queues
+                .entry(key.clone())
+                .or_default()
+                .insert(seq, waiter),
+        };
         if replaced.is_none() {
             self.len += 1;
         }

@@ -1,6 +1,7 @@
 //! The overflow seam: local first at no cost, offers only after a local miss, a remote outcome
 //! ends the dispatch, no taker parks with `no capacity in cluster` until a capacity hint, a
-//! lost taker is offered again, and `local_only` never parks.
+//! lost taker is offered again, an offer out is not listed as unserved while a local worker
+//! freed meanwhile still takes the dispatch, and `local_only` never parks.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,6 +13,7 @@ use crate::outcome::ActivityOutcome;
 use crate::registry::UnservedReason;
 
 use super::fixture::*;
+use crate::dispatcher::acquire::OFFERED_UNLISTED;
 
 /// A scripted overflow: each offer takes the next scripted answer (none left → no taker);
 /// hints fire on `hint.notify_waiters()`.
@@ -28,6 +30,8 @@ enum Answer {
     Ends(Forwarded),
     /// Taken, and runs until the returned future is dropped (reported on the channel).
     Runs(mpsc::UnboundedSender<()>),
+    /// Never answered: the offer stays out until dropped (reported on the channel).
+    Out(mpsc::UnboundedSender<()>),
 }
 
 struct DropSignal(mpsc::UnboundedSender<()>);
@@ -56,6 +60,10 @@ impl Overflow for Scripted {
                     let _signal = DropSignal(dropped);
                     std::future::pending::<Forwarded>().await
                 })),
+                Some(Answer::Out(dropped)) => {
+                    let _signal = DropSignal(dropped);
+                    std::future::pending::<Offered>().await
+                }
             }
         })
     }
@@ -276,4 +284,64 @@ async fn a_durable_dispatch_is_offered_only_by_an_overflow_that_carries_durable(
             assert!(offers(&scripted).is_empty(), "{:?}", offers(&scripted));
         }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_miss_while_its_offer_is_out_takes_no_unserved_ticket_until_the_offer_lasts() {
+    let s = setup();
+    let (dropped, _heard) = mpsc::unbounded_channel();
+    let scripted = install(&s, vec![Answer::Out(dropped)]);
+    let running = s.spawn(request("x", Duration::from_secs(60)));
+    while offers(&scripted).is_empty() {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(OFFERED_UNLISTED / 2).await;
+    assert!(
+        s.dispatcher.unserved_queues().is_empty(),
+        "{:?}",
+        s.dispatcher.unserved_queues()
+    );
+    assert_eq!(s.dispatcher.unserved_warnings(), 0);
+    assert!(!running.is_finished());
+    // An offer out longer than a round trip should be: listed with the local reason.
+    tokio::time::sleep(OFFERED_UNLISTED).await;
+    s.parked(1).await;
+    assert_eq!(
+        s.dispatcher.unserved_queues()[0].reason,
+        UnservedReason::NoWorkers
+    );
+    // Control: without an overflow the same miss is listed at once.
+    let plain = setup();
+    let _parked = plain.spawn(request("x", Duration::from_secs(60)));
+    plain.parked(1).await;
+    assert_eq!(plain.dispatcher.unserved_warnings(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_local_worker_freed_while_the_offer_is_out_still_gets_the_dispatch() {
+    let s = setup();
+    let (dropped, mut heard) = mpsc::unbounded_channel();
+    let scripted = install(&s, vec![Answer::Out(dropped)]);
+    let mut worker = s.worker(1).await;
+    let held = s.spawn(request("holds the slot", Duration::from_secs(60)));
+    let first = worker.task().await;
+    let running = s.spawn(request("x", Duration::from_secs(60)));
+    while offers(&scripted).is_empty() {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Control: while the slot is held the dispatch is not delivered here.
+    assert!(worker.sent().is_empty(), "the slot is held");
+    s.dispatcher
+        .complete(worker.id, first.task_id, success("held"))
+        .expect("pending");
+    assert_eq!(held.await.expect("dispatch"), completed("held"));
+    let task = worker.task().await;
+    assert_eq!(&task.input[..], b"x");
+    assert!(heard.recv().await.is_some(), "the offer was withdrawn");
+    s.dispatcher
+        .complete(worker.id, task.task_id, success("x"))
+        .expect("pending");
+    assert_eq!(running.await.expect("dispatch"), completed("x"));
+    assert_eq!(offers(&scripted), vec!["x".to_owned()], "offered once");
 }
