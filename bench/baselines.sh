@@ -15,7 +15,8 @@
 # nats-server must be installed (Debian: apt-get install -y nats-server); this script starts
 # it on NATS_PORT and stops it on exit, and installs nothing.
 # Knobs (environment): WORKERS (4), CAPACITY (64), OUTSTANDING (256), TASKS (200000),
-# PAYLOAD (64), ROUNDS (3), NATS_PORT (14223), RUN_TIMEOUT (300, seconds per run).
+# PAYLOAD (64), ROUNDS (3), NATS_PORT (14223), RUN_TIMEOUT (300, seconds per run), RESULTS
+# (bench/results/baselines).
 # Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard`
 # and `switchyard-baselines`:
 #   cargo build --release --locked -p switchyard --bin switchyard
@@ -35,7 +36,7 @@ PAYLOAD=${PAYLOAD:-64}
 ROUNDS=${ROUNDS:-3}
 NATS_PORT=${NATS_PORT:-14223}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
-RESULTS=$ROOT/bench/results/baselines
+RESULTS=${RESULTS:-$ROOT/bench/results/baselines}
 
 . "$ROOT/bench/lib/nats.sh"
 bench_preflight "$SWITCHYARD" "$BASELINES"
