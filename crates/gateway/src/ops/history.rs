@@ -80,21 +80,25 @@ impl Bucket {
 }
 
 /// The upper bound of the bin holding the `q` quantile of `latency` (counts per bin), in
-/// milliseconds.
+/// milliseconds. Counts summed from other nodes are peer input: sums saturate.
 fn quantile_ms(latency: &[u64; BINS], q: f64) -> Option<f64> {
-    let total: u64 = latency.iter().sum();
+    let total = saturating_sum(latency.iter().copied());
     if total == 0 {
         return None;
     }
     let rank = ((total as f64) * q).ceil().max(1.0) as u64;
     let mut seen = 0u64;
     for (bin, &count) in latency.iter().enumerate() {
-        seen += count;
+        seen = seen.saturating_add(count);
         if seen >= rank {
             return Some(bin_upper_micros(bin) / 1000.0);
         }
     }
     None
+}
+
+fn saturating_sum(counts: impl Iterator<Item = u64>) -> u64 {
+    counts.fold(0, u64::saturating_add)
 }
 
 /// The bin of a latency.
@@ -445,7 +449,7 @@ pub(crate) fn merge(
                 let slot = usize::try_from(index - first).unwrap_or(usize::MAX);
                 if let Some(point) = points.get_mut(slot) {
                     *point = Point {
-                        dispatches: sum.outcomes.values().sum(),
+                        dispatches: saturating_sum(sum.outcomes.values().copied()),
                         p50_ms: quantile_ms(&sum.latency, 0.5),
                         p99_ms: quantile_ms(&sum.latency, 0.99),
                         outcomes: sum.outcomes,
@@ -690,5 +694,37 @@ mod tests {
             last = b;
         }
         assert_eq!(bin(Duration::from_secs(100_000)), BINS - 1);
+    }
+
+    #[test]
+    fn counts_another_node_sends_near_the_limit_saturate_instead_of_overflowing() {
+        let part = |outcomes: &[(&str, u64)], latency: Vec<(usize, u64)>| Recorded {
+            first: 7,
+            last: 7,
+            pools: vec![RecordedPool {
+                namespace: "n".to_owned(),
+                task_queue: "q".to_owned(),
+                buckets: vec![RecordedBucket {
+                    index: 7,
+                    outcomes: outcomes
+                        .iter()
+                        .map(|(l, n)| ((*l).to_owned(), *n))
+                        .collect(),
+                    latency,
+                }],
+            }],
+        };
+        let huge = part(
+            &[("completed", u64::MAX), ("failed", 1)],
+            vec![(0, u64::MAX), (3, 5)],
+        );
+        let merged = merge(7, 7, [(Some("b".to_owned()), huge)]);
+        let point = &merged[0].points[0];
+        assert_eq!(point.dispatches, u64::MAX);
+        assert!(point.p50_ms.is_some() && point.p99_ms.is_some());
+        // Control: ordinary counts are summed exactly.
+        let plain = part(&[("completed", 3), ("failed", 1)], vec![(0, 4)]);
+        let merged = merge(7, 7, [(Some("b".to_owned()), plain)]);
+        assert_eq!(merged[0].points[0].dispatches, 4);
     }
 }
