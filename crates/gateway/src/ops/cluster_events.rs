@@ -83,6 +83,15 @@ impl Cursor {
         true
     }
 
+    /// How many lines of `node` before `oldest` the cursor has not seen, when the node
+    /// keeps no line before `oldest` any more; 0 for a node the cursor does not name (a page
+    /// that opened after them was never owed them).
+    pub(crate) fn missed_before(&self, node: &str, oldest: u64) -> u64 {
+        self.0
+            .get(node)
+            .map_or(0, |&seen| oldest.saturating_sub(seen.saturating_add(1)))
+    }
+
     /// Whether line `seq` of `node` is past the cursor (the page has not seen it); if so the
     /// cursor moves to it.
     pub(crate) fn advance(&mut self, node: &str, seq: u64) -> bool {
@@ -199,6 +208,41 @@ enum Remote {
     Restarted(String),
     /// The nodes that did not answer changed to these.
     Silent(Vec<pb::SilentNode>),
+    /// A node had more events between two polls than it keeps: its lines before `oldest`
+    /// (past the poller's cursor) were never seen. A stream counts those past its own cursor.
+    Missed { node: String, oldest: u64 },
+}
+
+/// What one poll's `answers` tell the streams, in order, moving `cursor` past them. A node
+/// the cursor names whose oldest line is past the cursor's next number lost lines between the
+/// polls ([`Remote::Missed`]); one it does not name yet is polled for the first time.
+fn heard(cursor: &mut Cursor, answers: Vec<(String, NodeEvents)>) -> Vec<Remote> {
+    let mut told = Vec::new();
+    for (node, answer) in answers {
+        if cursor.restarted(&node, answer.next_seq) {
+            told.push(Remote::Restarted(node.clone()));
+        }
+        let last = answer.next_seq.saturating_sub(1);
+        let oldest = answer
+            .events
+            .first()
+            .and_then(|json| json.get("seq"))
+            .and_then(Value::as_u64)
+            .map_or(answer.next_seq, |seq| seq.min(answer.next_seq));
+        if cursor.missed_before(&node, oldest) > 0 {
+            told.push(Remote::Missed {
+                node: node.clone(),
+                oldest,
+            });
+        }
+        for json in answer.events {
+            if let Some(line) = NodeLine::of(&node, json) {
+                told.push(Remote::Line(line));
+            }
+        }
+        cursor.set(&node, last);
+    }
+    told
 }
 
 /// The other nodes' events, polled while any stream is open; see the module documentation.
@@ -274,16 +318,8 @@ impl ClusterEvents {
                 gathered = self.gather(&cursor) => gathered,
                 () = stop.cancelled() => return,
             };
-            for (node, answer) in answers {
-                if cursor.restarted(&node, answer.next_seq) {
-                    let _ = self.sender.send(Remote::Restarted(node.clone()));
-                }
-                for json in answer.events {
-                    if let Some(line) = NodeLine::of(&node, json) {
-                        let _ = self.sender.send(Remote::Line(line));
-                    }
-                }
-                cursor.set(&node, answer.next_seq.saturating_sub(1));
+            for remote in heard(&mut cursor, answers) {
+                let _ = self.sender.send(remote);
             }
             let names: Vec<String> = silent.iter().map(|s| s.node.clone()).collect();
             if silent_before.as_ref() != Some(&names) {
@@ -389,6 +425,12 @@ impl Stream {
                 Got::Remote(remote) => match remote {
                     Ok(Remote::Line(line)) => self.push(line),
                     Ok(Remote::Restarted(node)) => self.cursor.set(&node, 0),
+                    Ok(Remote::Missed { node, oldest }) => {
+                        let count = self.cursor.missed_before(&node, oldest);
+                        if count > 0 {
+                            self.missed(count);
+                        }
+                    }
                     Ok(Remote::Silent(silent)) => {
                         let line = silent_line(&silent, SystemTime::now());
                         self.pending
@@ -561,5 +603,50 @@ mod tests {
         );
         assert!(cursor.restarted("c", 2));
         assert!(cursor.advance("c", 1));
+    }
+
+    fn node_events(seqs: std::ops::RangeInclusive<u64>) -> NodeEvents {
+        NodeEvents {
+            next_seq: seqs.end() + 1,
+            events: seqs
+                .map(|seq| json!({ "seq": seq, "kind": "test" }))
+                .collect(),
+        }
+    }
+
+    fn oldest_kept(told: &[Remote]) -> Vec<u64> {
+        told.iter()
+            .filter_map(|remote| match remote {
+                Remote::Missed { oldest, .. } => Some(*oldest),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_poll_finding_lines_a_node_no_longer_keeps_tells_the_streams_how_many() {
+        let mut cursor = Cursor::default();
+        // A first poll: the node keeps 11..=20 of its 20; nothing seen before, nothing missed.
+        let told = heard(&mut cursor, vec![("b".to_owned(), node_events(11..=20))]);
+        assert!(oldest_kept(&told).is_empty());
+        assert_eq!(cursor.get("b"), 20);
+        // Control: the next poll gets 21..=25, right after the cursor: nothing missed.
+        let told = heard(&mut cursor, vec![("b".to_owned(), node_events(21..=25))]);
+        assert!(oldest_kept(&told).is_empty());
+        assert_eq!(told.len(), 5);
+        // 26..=300 happened between two polls; b keeps only 101..=300.
+        let told = heard(&mut cursor, vec![("b".to_owned(), node_events(101..=300))]);
+        assert_eq!(oldest_kept(&told), [101], "26..=100 were never sent");
+        assert_eq!(cursor.get("b"), 300);
+        // A stream that saw b up to 25 is told of 75; one opened since, at 300, of none; one
+        // that never heard from b is owed nothing.
+        let page = Cursor::parse("b:25", "a");
+        assert_eq!(page.missed_before("b", 101), 75);
+        assert_eq!(Cursor::parse("b:300", "a").missed_before("b", 101), 0);
+        assert_eq!(Cursor::parse("c:3", "a").missed_before("b", 101), 0);
+        // A restart is not a gap: b numbers from 1 again.
+        let told = heard(&mut cursor, vec![("b".to_owned(), node_events(1..=3))]);
+        assert!(matches!(told.first(), Some(Remote::Restarted(node)) if node == "b"));
+        assert!(oldest_kept(&told).is_empty());
     }
 }
