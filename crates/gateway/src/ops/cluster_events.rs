@@ -33,8 +33,11 @@ use crate::api::ClusterViews;
 pub(crate) const POLL: Duration = Duration::from_secs(1);
 /// The operations view another node answers with its recent events.
 pub(crate) const VIEW: &str = "events";
-/// Remote lines one stream may be behind before it is told it missed some.
-const REMOTE_BUFFER: usize = 256;
+/// Remote lines one stream may be behind before it is told it missed some. A poll sends all
+/// at once, before any stream reads: this holds a whole first poll (every node's kept lines,
+/// which each stream's opening fetched too) of a cluster of up to five nodes, so a page does
+/// not open on a `missed` line for lines it has.
+const REMOTE_BUFFER: usize = 4 * events::RECENT + 16;
 
 /// The last sequence number seen from each node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -648,5 +651,29 @@ mod tests {
         let told = heard(&mut cursor, vec![("b".to_owned(), node_events(1..=3))]);
         assert!(matches!(told.first(), Some(Remote::Restarted(node)) if node == "b"));
         assert!(oldest_kept(&told).is_empty());
+    }
+
+    #[test]
+    fn a_first_poll_of_four_other_nodes_keeping_all_they_can_fits_the_buffer() {
+        let lines_heard = |buffer: usize| {
+            let full = || node_events(1..=events::RECENT as u64);
+            let answers = ["b", "c", "d", "e"].map(|node| (node.to_owned(), full()));
+            let (sender, mut stream) = broadcast::channel(buffer);
+            for remote in heard(&mut Cursor::default(), answers.into()) {
+                let _ = sender.send(remote);
+            }
+            let mut lines = 0;
+            loop {
+                match stream.try_recv() {
+                    Ok(Remote::Line(_)) => lines += 1,
+                    Ok(_) => {}
+                    Err(broadcast::error::TryRecvError::Empty) => return Ok(lines),
+                    Err(error) => return Err(error),
+                }
+            }
+        };
+        assert_eq!(lines_heard(REMOTE_BUFFER), Ok(4 * events::RECENT));
+        // Control: a buffer of a node's worth of lines falls behind the same poll.
+        assert!(lines_heard(events::RECENT).is_err());
     }
 }
