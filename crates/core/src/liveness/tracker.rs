@@ -62,8 +62,11 @@ impl Probe {
     /// When a round next has something to do for this worker: its next ping, or the end of
     /// its heartbeat window if the worker stays silent until then. A frame moves the window
     /// without touching the schedule; a visit that finds the window moved just reschedules.
+    /// A window too long for the clock to reach its end never ends: the next ping is the visit.
     fn next_visit(&self, heartbeat_window: std::time::Duration) -> Instant {
-        self.next_ping.min(self.last_frame + heartbeat_window)
+        self.last_frame
+            .checked_add(heartbeat_window)
+            .map_or(self.next_ping, |end| self.next_ping.min(end))
     }
 }
 
@@ -638,5 +641,23 @@ mod tests {
         );
         assert_eq!(tracker.workers().count(), 0);
         assert_eq!(tracker.next_ping_due(), None);
+    }
+
+    #[test]
+    fn a_heartbeat_window_past_the_clocks_end_schedules_pings_and_never_times_out() {
+        let mut config = config();
+        config.heartbeat_window = Duration::MAX;
+        let t0 = Instant::now();
+        let mut tracker = LivenessTracker::new(config);
+        healthy(&mut tracker, w(1), t0);
+        assert_eq!(tracker.next_ping_due(), Some(t0 + Duration::from_secs(1)));
+        let round = tracker.tick(t0 + Duration::from_secs(1));
+        assert_eq!(round.pings.len(), 1, "pinged on its interval");
+        assert!(round.timed_out.is_empty());
+        // Control: with an ordinary window the same silent worker times out.
+        let mut tracker = LivenessTracker::new(self::config());
+        healthy(&mut tracker, w(1), t0);
+        let round = tracker.tick(t0 + Duration::from_secs(10));
+        assert_eq!(round.timed_out, vec![w(1)]);
     }
 }
