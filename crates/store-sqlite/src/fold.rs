@@ -93,36 +93,9 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
-
-    use bytes::Bytes;
-    use switchyard_core::{OutcomeRecord, WorkerId};
 
     use super::*;
-    use crate::test_ops::record;
-
-    fn claim(id: &DispatchId, attempt: u32) -> Op {
-        Op::Claim {
-            id: id.clone(),
-            worker: WorkerId::from_raw(7),
-            attempt,
-        }
-    }
-
-    fn complete(id: &DispatchId) -> Op {
-        Op::Complete {
-            id: id.clone(),
-            outcome: OutcomeRecord {
-                kind: "completed".into(),
-                output: Bytes::new(),
-                message: String::new(),
-                retryable: false,
-                reason: String::new(),
-                attempts: 1,
-            },
-            at: SystemTime::now(),
-        }
-    }
+    use crate::test_ops::{claim, complete, record};
 
     #[test]
     fn a_record_and_its_complete_in_one_batch_fold_and_the_notes_between_are_superseded() {

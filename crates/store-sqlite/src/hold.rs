@@ -134,11 +134,8 @@ impl Held {
 mod tests {
     use std::time::{Duration, SystemTime};
 
-    use bytes::Bytes;
-    use switchyard_core::{OutcomeRecord, WorkerId};
-
     use super::*;
-    use crate::test_ops::record;
+    use crate::test_ops::{claim, complete, record};
 
     fn command(op: Op, hold_until: Option<Instant>) -> Command {
         Command {
@@ -146,29 +143,6 @@ mod tests {
             reply: None,
             sent: Instant::now(),
             hold_until,
-        }
-    }
-
-    fn claim(id: &DispatchId) -> Op {
-        Op::Claim {
-            id: id.clone(),
-            worker: WorkerId::from_raw(1),
-            attempt: 1,
-        }
-    }
-
-    fn complete(id: &DispatchId) -> Op {
-        Op::Complete {
-            id: id.clone(),
-            outcome: OutcomeRecord {
-                kind: "completed".into(),
-                output: Bytes::new(),
-                message: String::new(),
-                retryable: false,
-                reason: String::new(),
-                attempts: 1,
-            },
-            at: SystemTime::now(),
         }
     }
 
@@ -201,8 +175,8 @@ mod tests {
             command(record(&folded), later),
             // Control: a record that may not wait is written though its outcome is missing.
             command(record(&plain), None),
-            command(claim(&held), None),
-            command(claim(&folded), None),
+            command(claim(&held, 1), None),
+            command(claim(&folded, 1), None),
             command(complete(&folded), None),
         ];
         let mut hold = Held::default();
@@ -236,7 +210,7 @@ mod tests {
         );
         // A note that may not wait still waits behind its held record.
         let write = hold.admit(
-            vec![command(claim(&id), None), command(record(&other), None)],
+            vec![command(claim(&id, 1), None), command(record(&other), None)],
             now,
         );
         assert_eq!(ids(&write), [("record", other.clone())]);
@@ -264,7 +238,10 @@ mod tests {
         let (waits, plain) = (DispatchId::generate(), DispatchId::generate());
         let mut hold = Held::default();
         let write = hold.admit(
-            vec![command(claim(&waits), later), command(claim(&plain), None)],
+            vec![
+                command(claim(&waits, 1), later),
+                command(claim(&plain, 1), None),
+            ],
             now,
         );
         assert_eq!(ids(&write), [("claim", plain)], "control: written at once");

@@ -3,7 +3,7 @@
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use switchyard_core::{DispatchId, NewDispatch};
+use switchyard_core::{DispatchId, NewDispatch, OutcomeRecord, WorkerId};
 
 use crate::ops::Op;
 
@@ -22,4 +22,29 @@ pub(crate) fn record(id: &DispatchId) -> Op {
         submitted_at: now,
         deadline: now,
     })
+}
+
+/// A claim of `id` by worker 1 as delivery number `attempt`.
+pub(crate) fn claim(id: &DispatchId, attempt: u32) -> Op {
+    Op::Claim {
+        id: id.clone(),
+        worker: WorkerId::from_raw(1),
+        attempt,
+    }
+}
+
+/// A `completed` outcome of `id`, recorded now.
+pub(crate) fn complete(id: &DispatchId) -> Op {
+    Op::Complete {
+        id: id.clone(),
+        outcome: OutcomeRecord {
+            kind: "completed".into(),
+            output: Bytes::new(),
+            message: String::new(),
+            retryable: false,
+            reason: String::new(),
+            attempts: 1,
+        },
+        at: SystemTime::now(),
+    }
 }
