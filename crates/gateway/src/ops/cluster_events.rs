@@ -76,13 +76,15 @@ impl Cursor {
         self.0.insert(node.to_owned(), seq);
     }
 
-    /// Whether `node`, whose next event will carry `next_seq`, restarted since the cursor was
-    /// given out (its numbers are below the cursor's); if so its entry starts again at 0.
-    pub(crate) fn restarted(&mut self, node: &str, next_seq: u64) -> bool {
-        if next_seq.saturating_sub(1) >= self.get(node) {
+    /// Whether `node`, whose run numbers from `first_seq` and whose next event will carry
+    /// `next_seq`, restarted since the cursor was given out (the cursor's number is not one
+    /// of this run's: [`events::from_this_run`]); if so its entry moves to just before the
+    /// run's first number, so that what the run no longer keeps counts as missed.
+    pub(crate) fn restarted(&mut self, node: &str, first_seq: u64, next_seq: u64) -> bool {
+        if events::from_this_run(self.get(node), first_seq, next_seq) {
             return false;
         }
-        self.set(node, 0);
+        self.set(node, first_seq.saturating_sub(1));
         true
     }
 
@@ -112,6 +114,9 @@ const MAX_NODES: usize = 64;
 /// One node's answer to [`VIEW`]: its recent lines after the asker's cursor.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct NodeEvents {
+    /// The number of its run's first event (0 from a node that does not say).
+    #[serde(default)]
+    pub(crate) first_seq: u64,
     /// The number its next event will carry.
     pub(crate) next_seq: u64,
     /// Its recent lines after the cursor, oldest first.
@@ -125,7 +130,13 @@ pub(crate) fn answer(feed: &EventFeed, node: &str, body: &str) -> Value {
         .iter()
         .filter_map(|line| serde_json::from_str(&line.json).ok())
         .collect();
-    serde_json::to_value(NodeEvents { next_seq, events }).unwrap_or(Value::Null)
+    let first_seq = feed.first_seq();
+    serde_json::to_value(NodeEvents {
+        first_seq,
+        next_seq,
+        events,
+    })
+    .unwrap_or(Value::Null)
 }
 
 /// An event line from one node.
@@ -207,8 +218,8 @@ pub(crate) fn silent_line(silent: &[pb::SilentNode], at: SystemTime) -> Value {
 enum Remote {
     /// A line from another node.
     Line(NodeLine),
-    /// The node restarted: its numbers start again.
-    Restarted(String),
+    /// The node restarted: its new run numbers from `first_seq`.
+    Restarted { node: String, first_seq: u64 },
     /// The nodes that did not answer changed to these.
     Silent(Vec<pb::SilentNode>),
     /// A node had more events between two polls than it keeps: its lines before `oldest`
@@ -222,8 +233,11 @@ enum Remote {
 fn heard(cursor: &mut Cursor, answers: Vec<(String, NodeEvents)>) -> Vec<Remote> {
     let mut told = Vec::new();
     for (node, answer) in answers {
-        if cursor.restarted(&node, answer.next_seq) {
-            told.push(Remote::Restarted(node.clone()));
+        if cursor.restarted(&node, answer.first_seq, answer.next_seq) {
+            told.push(Remote::Restarted {
+                node: node.clone(),
+                first_seq: answer.first_seq,
+            });
         }
         let last = answer.next_seq.saturating_sub(1);
         let oldest = answer
@@ -361,7 +375,7 @@ impl ClusterEvents {
         // sent once, by the cursor.
         let (watching, remote) = self.watch();
         let (next_seq, recent, local) = feed.resume(cursor.get(&node));
-        cursor.restarted(&node, next_seq);
+        cursor.restarted(&node, feed.first_seq(), next_seq);
         let stream = Stream {
             events: Arc::clone(self),
             node,
@@ -427,7 +441,9 @@ impl Stream {
                 },
                 Got::Remote(remote) => match remote {
                     Ok(Remote::Line(line)) => self.push(line),
-                    Ok(Remote::Restarted(node)) => self.cursor.set(&node, 0),
+                    Ok(Remote::Restarted { node, first_seq }) => {
+                        self.cursor.set(&node, first_seq.saturating_sub(1));
+                    }
                     Ok(Remote::Missed { node, oldest }) => {
                         let count = self.cursor.missed_before(&node, oldest);
                         if count > 0 {
@@ -462,7 +478,8 @@ impl Stream {
         }
         let mut nodes = vec![own];
         for (node, answer) in answers {
-            self.cursor.restarted(&node, answer.next_seq);
+            self.cursor
+                .restarted(&node, answer.first_seq, answer.next_seq);
             let lines = answer.events.into_iter();
             nodes.push(lines.filter_map(|json| NodeLine::of(&node, json)).collect());
         }
@@ -543,7 +560,7 @@ mod tests {
 
     #[test]
     fn a_node_answers_after_the_askers_cursor_and_from_the_start_after_a_restart() {
-        let feed = EventFeed::default();
+        let feed = EventFeed::numbered_from(1);
         for i in 0..3 {
             feed.publish(json!({ "kind": "test", "worker_id": i }));
         }
@@ -558,6 +575,42 @@ mod tests {
         // Control: a cursor past c's numbers was given out before c restarted: all of it.
         let restarted: NodeEvents = serde_json::from_value(answer(&feed, "c", "c:50")).unwrap();
         assert_eq!(restarted.events.len(), 3);
+    }
+
+    #[test]
+    fn a_node_that_restarted_sends_all_its_new_run_keeps_whatever_the_pages_number() {
+        let published = |feed: &EventFeed, n: u64| {
+            for i in 0..n {
+                feed.publish(json!({ "kind": "test", "worker_id": i }));
+            }
+        };
+        let ask = |feed: &EventFeed, cursor: &str| -> NodeEvents {
+            serde_json::from_value(answer(feed, "c", cursor)).unwrap()
+        };
+        // c's first run numbers from 100; the page saw all ten of its events.
+        let first = EventFeed::numbered_from(100);
+        published(&first, 10);
+        let mut page = Cursor::parse("c:109", "a");
+        // c restarts numbering from where its clock is, and has twenty events before the
+        // page asks again: more than the page had seen.
+        let second = EventFeed::numbered_from(5_000);
+        published(&second, 20);
+        let answered = ask(&second, &page.encode());
+        assert_eq!(answered.first_seq, 5_000);
+        assert_eq!(answered.events.len(), 20, "all the new run keeps");
+        assert!(page.restarted("c", answered.first_seq, answered.next_seq));
+        assert_eq!(page.get("c"), 4_999, "just before the new run");
+        assert!(page.advance("c", 5_000));
+        // Control: a number of the new run is from this run, and gets only what follows it.
+        assert!(!page.restarted("c", 5_000, 5_020));
+        assert_eq!(ask(&second, "c:5010").events.len(), 9);
+        // Control: had the new run numbered from 1 again (as before numbers followed the
+        // clock), the page's 10 would read as this run's and hide its first ten events.
+        let first = EventFeed::numbered_from(1);
+        published(&first, 10);
+        let again_from_one = EventFeed::numbered_from(1);
+        published(&again_from_one, 20);
+        assert_eq!(ask(&again_from_one, "c:10").events.len(), 10);
     }
 
     #[test]
@@ -601,15 +654,16 @@ mod tests {
         // are new again.
         assert!(!cursor.advance("c", 1));
         assert!(
-            !cursor.restarted("c", 5),
+            !cursor.restarted("c", 1, 5),
             "c's next is 5, past the cursor's 4"
         );
-        assert!(cursor.restarted("c", 2));
+        assert!(cursor.restarted("c", 1, 2));
         assert!(cursor.advance("c", 1));
     }
 
     fn node_events(seqs: std::ops::RangeInclusive<u64>) -> NodeEvents {
         NodeEvents {
+            first_seq: 1,
             next_seq: seqs.end() + 1,
             events: seqs
                 .map(|seq| json!({ "seq": seq, "kind": "test" }))
@@ -649,8 +703,28 @@ mod tests {
         assert_eq!(Cursor::parse("c:3", "a").missed_before("b", 101), 0);
         // A restart is not a gap: b numbers from 1 again.
         let told = heard(&mut cursor, vec![("b".to_owned(), node_events(1..=3))]);
-        assert!(matches!(told.first(), Some(Remote::Restarted(node)) if node == "b"));
+        assert!(
+            matches!(told.first(), Some(Remote::Restarted { node, first_seq: 1 }) if node == "b")
+        );
         assert!(oldest_kept(&told).is_empty());
+        // But a new run that lost lines before the poll reached it is: b restarted numbering
+        // from 1,000 and keeps 1,101..=1,300 of them; 101 were never sent.
+        let restarted = NodeEvents {
+            first_seq: 1_000,
+            ..node_events(1_101..=1_300)
+        };
+        let told = heard(&mut cursor, vec![("b".to_owned(), restarted)]);
+        assert!(matches!(
+            told.first(),
+            Some(Remote::Restarted {
+                first_seq: 1_000,
+                ..
+            })
+        ));
+        assert_eq!(oldest_kept(&told), [1_101]);
+        let mut page = Cursor::parse("b:3", "a");
+        assert!(page.restarted("b", 1_000, 1_301));
+        assert_eq!(page.missed_before("b", 1_101), 101);
     }
 
     #[test]

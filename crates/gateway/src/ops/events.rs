@@ -5,7 +5,10 @@
 //! each with a buffer of [`WATCHER_BUFFER`] lines: a watcher that falls further behind is told
 //! how many it missed (`{"kind":"missed"}`) instead of holding memory for it. Every line
 //! carries a sequence number (`seq`, also the SSE `id`), so a page that reconnects with
-//! `Last-Event-ID` is not sent again what it has.
+//! `Last-Event-ID` is not sent again what it has. Numbers start at the microseconds since the
+//! Unix epoch when the gateway started ([`EventFeed::default`]), so they keep growing across
+//! restarts: a page that saw number 500 of one run and reconnects to the next is sent all the
+//! next run keeps, and a client dropping the numbers it has seen drops none of the new run's.
 //!
 //! In a cluster, [`super::cluster_events`] serves the stream instead: every node's lines, each
 //! with its `gateway_node`, from the same ring and receiver ([`EventFeed::subscribe`],
@@ -55,16 +58,39 @@ struct Feed {
 /// The events served on `/v1/events`; see the module documentation.
 #[derive(Clone, Debug)]
 pub(crate) struct EventFeed {
+    /// The number of this run's first event.
+    first_seq: u64,
     feed: Arc<Mutex<Feed>>,
     watchers: Arc<Semaphore>,
     started: Arc<AtomicBool>,
 }
 
 impl Default for EventFeed {
+    /// A feed numbering from the microseconds since the Unix epoch now.
     fn default() -> Self {
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+        let micros = now.map_or(0, |since| since.as_micros());
+        Self::numbered_from(u64::try_from(micros).unwrap_or(u64::MAX / 2))
+    }
+}
+
+/// Whether `seen`, the last number a page saw, was given out by a run of the feed numbering
+/// from `first_seq` whose next number is `next_seq` (0, nothing seen, always is). A number
+/// outside it comes from an earlier run (or a clock set back since): the page has seen
+/// nothing of this one. A `first_seq` of 0 (another node that does not say) only catches a
+/// number past the last.
+pub(crate) fn from_this_run(seen: u64, first_seq: u64, next_seq: u64) -> bool {
+    seen == 0 || (seen.saturating_add(1) >= first_seq && seen < next_seq)
+}
+
+impl EventFeed {
+    /// A feed whose first event carries `first_seq` (at least 1).
+    pub(crate) fn numbered_from(first_seq: u64) -> Self {
+        let first_seq = first_seq.max(1);
         Self {
+            first_seq,
             feed: Arc::new(Mutex::new(Feed {
-                next_seq: 1,
+                next_seq: first_seq,
                 recent: VecDeque::with_capacity(RECENT),
                 sender: broadcast::channel(WATCHER_BUFFER).0,
             })),
@@ -72,9 +98,12 @@ impl Default for EventFeed {
             started: Arc::new(AtomicBool::new(false)),
         }
     }
-}
 
-impl EventFeed {
+    /// The number of this run's first event.
+    pub(crate) fn first_seq(&self) -> u64 {
+        self.first_seq
+    }
+
     /// Publishes one event to the recent ring and every watcher.
     pub(crate) fn publish(&self, mut event: Value) {
         let mut feed = self.feed.lock().unwrap_or_else(PoisonError::into_inner);
@@ -94,32 +123,28 @@ impl EventFeed {
     }
 
     /// The recent lines after `after`, and a receiver of every later one: taken under one
-    /// lock, so nothing falls between them and nothing is sent twice.
+    /// lock, so nothing falls between them and nothing is sent twice. A number another run
+    /// gave out ([`from_this_run`]) gets every recent line.
     pub(crate) fn subscribe(&self, after: u64) -> (Vec<Line>, broadcast::Receiver<Line>) {
-        let feed = self.feed.lock().unwrap_or_else(PoisonError::into_inner);
-        let recent = feed
-            .recent
-            .iter()
-            .filter(|line| line.seq > after)
-            .cloned()
-            .collect();
-        (recent, feed.sender.subscribe())
+        let (_, recent, receiver) = self.resume(after);
+        (recent, receiver)
     }
 
-    /// The recent lines after `after` and the next sequence number, for another node. A
-    /// cursor at or past the next number was given out before this node restarted (its
-    /// numbers start again at 1): every recent line is after it.
+    /// The recent lines after `after` and the next sequence number, for another node.
     pub(crate) fn after(&self, after: u64) -> (u64, Vec<Line>) {
         let (next_seq, lines, _) = self.resume(after);
         (next_seq, lines)
     }
 
-    /// [`EventFeed::subscribe`] for a cursor that may predate a restart (as
-    /// [`EventFeed::after`] reads it), with the next sequence number.
+    /// [`EventFeed::subscribe`] with the next sequence number.
     pub(crate) fn resume(&self, after: u64) -> (u64, Vec<Line>, broadcast::Receiver<Line>) {
         let feed = self.feed.lock().unwrap_or_else(PoisonError::into_inner);
         let next_seq = feed.next_seq;
-        let after = if after >= next_seq { 0 } else { after };
+        let after = if from_this_run(after, self.first_seq, next_seq) {
+            after
+        } else {
+            0
+        };
         let recent = feed
             .recent
             .iter()
@@ -313,7 +338,7 @@ mod tests {
 
     #[test]
     fn the_recent_ring_is_bounded_and_resumes_after_the_last_seen() {
-        let feed = EventFeed::default();
+        let feed = EventFeed::numbered_from(1);
         published(&feed, RECENT as u64 + 50);
         let (all, _) = feed.subscribe(0);
         assert_eq!(all.len(), RECENT);
@@ -328,7 +353,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_subscriber_sees_every_later_event_once_and_a_slow_one_is_told_it_missed() {
-        let feed = EventFeed::default();
+        let feed = EventFeed::numbered_from(1);
         published(&feed, 3);
         let (recent, mut receiver) = feed.subscribe(0);
         assert_eq!(recent.len(), 3);
@@ -349,7 +374,7 @@ mod tests {
 
     #[tokio::test]
     async fn no_more_than_max_watchers_streams_are_served() {
-        let feed = EventFeed::default();
+        let feed = EventFeed::numbered_from(1);
         let stop = CancellationToken::new();
         let idle = Duration::from_secs(60);
         let open: Vec<Response> = (0..MAX_WATCHERS)
@@ -366,7 +391,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stream_replays_what_the_page_missed_and_ends_when_the_listener_stops() {
-        let feed = EventFeed::default();
+        let feed = EventFeed::numbered_from(1);
         published(&feed, 2);
         let stop = CancellationToken::new();
         let idle = Duration::from_secs(60);
@@ -398,6 +423,51 @@ mod tests {
             matches!(end, Ok(None)),
             "the stream ends when the listener stops"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_page_reconnecting_after_a_restart_is_sent_what_the_new_run_keeps() {
+        let before = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let feed = EventFeed::default();
+        assert!(
+            u128::from(feed.first_seq()) >= before.as_micros(),
+            "numbered from the clock"
+        );
+        published(&feed, 3);
+        // A page that saw the previous run's events reconnects with a number below this
+        // run's first.
+        let mut headers = HeaderMap::new();
+        let seen_last_run = feed.first_seq() - 1;
+        headers.insert("last-event-id", seen_last_run.to_string().parse().unwrap());
+        let (recent, _) = feed.subscribe(seen_last_run);
+        assert_eq!(
+            recent.len(),
+            3,
+            "a number before this run's first: all of it"
+        );
+        // Control: a number of this run gets what follows it.
+        let (recent, _) = feed.subscribe(feed.first_seq());
+        assert_eq!(recent.len(), 2);
+        // A number from a run whose clock was ahead (past this run's last) gets all of it too.
+        let (recent, _) = feed.subscribe(feed.first_seq() + 1_000);
+        assert_eq!(recent.len(), 3);
+        // Served: the stream sends the three, with ids from this run.
+        let stop = CancellationToken::new();
+        let mut stream = feed
+            .serve(&headers, Duration::from_secs(60), stop.clone())
+            .into_body()
+            .into_data_stream();
+        let mut text = String::new();
+        for _ in 0..3 {
+            let chunk = stream.next().await.unwrap().unwrap();
+            text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        for seq in feed.first_seq()..feed.first_seq() + 3 {
+            assert!(text.contains(&format!("id: {seq}\n")), "{seq}: {text}");
+        }
+        stop.cancel();
     }
 
     #[test]
