@@ -9,10 +9,10 @@
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
-#[path = "durable_support/harness.rs"]
-mod harness;
 #[path = "cluster_support/event_stream.rs"]
 mod event_stream;
+#[path = "durable_support/harness.rs"]
+mod harness;
 #[path = "cluster_support/nodes.rs"]
 mod nodes;
 

@@ -31,17 +31,18 @@ async fn a_page_resuming_with_an_id_from_before_a_restart_is_sent_the_new_runs_e
     let site = Site::new();
     let (mut gateway, ops) = nodes::serve_with_ops(&site).await;
     let mut page = EventStream::open(ops, None).await;
-    let mut worker = TestWorker::connect(
-        &site,
-        "events-echo",
-        1,
-        Arc::new(Ledger::default()),
-        |_| Duration::ZERO,
-    )
-    .await;
+    let mut worker =
+        TestWorker::connect(&site, "events-echo", 1, Arc::new(Ledger::default()), |_| {
+            Duration::ZERO
+        })
+        .await;
     let (before, id_before) = page.until(connected).await;
     let seen: u64 = id_before.parse().expect("a single node's id is a number");
-    assert_eq!(before["seq"].as_u64(), Some(seen), "the id is the line's seq");
+    assert_eq!(
+        before["seq"].as_u64(),
+        Some(seen),
+        "the id is the line's seq"
+    );
 
     gateway.terminate().await;
     worker.lost().await;

@@ -148,13 +148,23 @@ impl Process {
 
     /// SIGTERM, then waits for it to exit.
     pub async fn terminate(&mut self) -> ExitStatus {
+        self.signal("TERM");
+        self.exit().await
+    }
+
+    /// Sends it `signal` (a name `kill` knows: `TERM`, `KILL`, `INT`), without waiting.
+    pub fn signal(&self, signal: &str) {
         let sent = Command::new("kill")
-            .arg("-TERM")
+            .arg(format!("-{signal}"))
             .arg(self.child.id().to_string())
             .status()
             .expect("kill runs");
-        assert!(sent.success(), "kill -TERM failed");
-        self.exit().await
+        assert!(sent.success(), "kill -{signal} failed");
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     /// Waits for the process to exit, polling (a `Child` has no async wait), and for the
