@@ -281,10 +281,11 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
         }
     };
     let mut missed = batch.is_none() && !offered.is_empty();
-    for (index, start) in offered.iter().enumerate() {
-        let taken = batch.as_ref().and_then(|batch| batch.starts().get(index)) == Some(&LocalStart::Delivered);
+    for (index, offer_index) in offered.iter().enumerate() {
+        let taken = batch.as_ref().and_then(|batch| batch.starts().get(index))
+            == Some(&LocalStart::Delivered);
         if taken {
-            if let Some(answer) = answers.get_mut(*start) {
+            if let Some(answer) = answers.get_mut(*offer_index) {
                 *answer = EntryAnswer::Taken;
             }
         } else {
@@ -398,8 +399,14 @@ mod tests {
         let now = Instant::now();
         let batch = BatchCancel::default();
         let mut cancels = Cancels::default();
-        assert!(cancels.cancel(("a".into(), 1), now).is_none(), "nothing runs yet");
-        assert!(!cancels.start(("a".into(), 1), &batch, 0), "cancelled first");
+        assert!(
+            cancels.cancel(("a".into(), 1), now).is_none(),
+            "nothing runs yet"
+        );
+        assert!(
+            !cancels.start(("a".into(), 1), &batch, 0),
+            "cancelled first"
+        );
         // Control: another forward runs, and its cancel names its place in its batch.
         assert!(cancels.start(("a".into(), 2), &batch, 0));
         let (_, index) = cancels.cancel(("a".into(), 2), now).expect("running");

@@ -97,7 +97,24 @@ pub(crate) fn decode_end(body: &Bytes) -> Result<(u64, RemoteEnd), WireError> {
         .get(..HEAD)
         .and_then(|head| head.try_into().ok())
         .ok_or(WireError::Truncated)?;
-    let [f0, f1, f2, f3, f4, f5, f6, f7, kind, retryable, a0, a1, a2, a3, l0, l1] = head;
+    let [
+        f0,
+        f1,
+        f2,
+        f3,
+        f4,
+        f5,
+        f6,
+        f7,
+        kind,
+        retryable,
+        a0,
+        a1,
+        a2,
+        a3,
+        l0,
+        l1,
+    ] = head;
     let forward = u64::from_be_bytes([f0, f1, f2, f3, f4, f5, f6, f7]);
     let attempts = u32::from_be_bytes([a0, a1, a2, a3]);
     let label_end = HEAD + usize::from(u16::from_be_bytes([l0, l1]));

@@ -164,7 +164,12 @@ impl Dispatcher {
         // out for `OFFERED_UNLISTED`, whichever is first.
         let mut waiting_deferred = offering.is_some()
             && registry
-                .pool_census(pool.namespace, pool.task_queue, pool.activity_type, pool.node)
+                .pool_census(
+                    pool.namespace,
+                    pool.task_queue,
+                    pool.activity_type,
+                    pool.node,
+                )
                 .compatible
                 == 0;
         let mut hint: Option<OverflowFuture<()>> = None;

@@ -27,9 +27,9 @@ use bytes::Bytes;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::{Instant, Sleep};
 
+use super::Dispatcher;
 use super::budget::LossBudget;
 use super::table::{PendingTask, Signal, SignalTx};
-use super::Dispatcher;
 use crate::address::normalise_task_queue;
 use crate::delivery::{ActivityTask, CancelReason, DeliveryError, TaskId, WorkerMessage};
 use crate::outcome::{ActivityOutcome, ActivityRequest, DispatchError, TaskResult};

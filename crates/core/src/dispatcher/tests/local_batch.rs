@@ -64,7 +64,11 @@ async fn a_batch_larger_than_the_free_slots_takes_what_fits_and_the_rest_is_busy
     expected.extend([LocalStart::Busy; 2]);
     assert_eq!(batch.starts(), expected);
     assert_eq!(batch.running(), 4);
-    assert_eq!((s.in_flight(&a), s.in_flight(&b)), (2, 2), "never past capacity");
+    assert_eq!(
+        (s.in_flight(&a), s.in_flight(&b)),
+        (2, 2),
+        "never past capacity"
+    );
     let to_a = tasks(&mut a);
     assert_eq!((to_a.len(), tasks(&mut b).len()), (2, 2));
     let full = start(&s, 1);
@@ -264,11 +268,7 @@ async fn a_lost_worker_is_replaced_by_another_local_worker_or_the_dispatch_is_un
     let mut a = s.worker(1).await;
     let mut b = s.worker(1).await;
     let mut batch = start(&s, 1);
-    let (mut holder, mut other) = if a.sent().is_empty() {
-        (b, a)
-    } else {
-        (a, b)
-    };
+    let (mut holder, mut other) = if a.sent().is_empty() { (b, a) } else { (a, b) };
     holder.leave();
     let again = tokio::time::timeout(Duration::from_secs(1), batch.next()).await;
     assert!(again.is_err(), "no end yet: delivered again");
@@ -288,7 +288,10 @@ async fn dropping_the_batch_cancels_its_running_tasks() {
     let mut w = s.worker(2).await;
     let batch = start(&s, 1);
     let task = w.task().await;
-    assert!(w.sent().is_empty(), "control: no cancel while the batch lives");
+    assert!(
+        w.sent().is_empty(),
+        "control: no cancel while the batch lives"
+    );
     drop(batch);
     assert_eq!(
         w.sent(),
@@ -297,7 +300,11 @@ async fn dropping_the_batch_cancels_its_running_tasks() {
             reason: CancelReason::CallerGone,
         }]
     );
-    assert_eq!(s.dispatcher.inner.quotas.entries(), 0, "the hold is given back");
+    assert_eq!(
+        s.dispatcher.inner.quotas.entries(),
+        0,
+        "the hold is given back"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -318,7 +325,11 @@ async fn one_hold_covers_the_batch_and_a_batch_past_the_quota_is_refused_whole()
     assert!(w.sent().is_empty(), "nothing started");
     // Control: two of them (8 bytes) fit, and are held until the batch ends.
     let mut batch = start(&s, 2);
-    assert_eq!(s.dispatcher.inner.quotas.entries(), 2, "namespace and principal");
+    assert_eq!(
+        s.dispatcher.inner.quotas.entries(),
+        2,
+        "namespace and principal"
+    );
     for message in w.sent() {
         if let WorkerMessage::Task(task) = message {
             s.dispatcher

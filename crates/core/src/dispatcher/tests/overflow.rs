@@ -357,7 +357,11 @@ async fn a_miss_in_a_pool_without_local_workers_waits_on_its_offer_alone() {
     }
     let offered_at = tokio::time::Instant::now();
     tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(s.dispatcher.selections(), 1, "no second selection, no waiter");
+    assert_eq!(
+        s.dispatcher.selections(),
+        1,
+        "no second selection, no waiter"
+    );
     // A worker arriving while the offer is out still gets the dispatch: by the time the offer
     // has been out `OFFERED_UNLISTED`, the dispatch queues in its pool and selects again.
     let mut worker = s.worker(1).await;
@@ -382,7 +386,11 @@ async fn a_miss_in_a_pool_without_local_workers_waits_on_its_offer_alone() {
         tokio::task::yield_now().await;
     }
     tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(s.dispatcher.selections(), 3, "the holder's, and the miss's two");
+    assert_eq!(
+        s.dispatcher.selections(),
+        3,
+        "the holder's, and the miss's two"
+    );
 }
 
 #[tokio::test(start_paused = true)]
