@@ -266,7 +266,7 @@ async fn deadlines_end_each_dispatch_timed_out_at_its_own_time() {
 async fn a_lost_worker_is_replaced_by_another_local_worker_or_the_dispatch_is_unserved() {
     let s = setup();
     let mut a = s.worker(1).await;
-    let mut b = s.worker(1).await;
+    let b = s.worker(1).await;
     let mut batch = start(&s, 1);
     let (mut holder, mut other) = if a.sent().is_empty() { (b, a) } else { (a, b) };
     holder.leave();
