@@ -132,6 +132,25 @@ if before:
         cells = [cell([r["cross"].get("cpu_us_per_dispatch_by_process", {}).get(name) for r in runs_],
                       lambda v: f"{v:.1f}") for runs_ in (before, cluster)]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    # Per round, the same round's before and after side by side (the load moves between
+    # rounds, much less within one), and the median of the per-round ratios.
+    def cpu(report, name):
+        split = report["cross"].get("cpu_us_per_dispatch_by_process", {})
+        return sum(split.values()) if name == "all processes" else split.get(name)
+    print()
+    print("| CPU µs per dispatch, cross phase, before → after | "
+          + " | ".join(f"round {n}" for n in range(1, rounds + 1)) + " | after ÷ before |")
+    print("| --- |" + " --- |" * (rounds + 1))
+    for name in names + ["all processes"]:
+        cells, ratios = [], []
+        for b, a in zip(before, cluster):
+            bv, av = cpu(b, name), cpu(a, name)
+            if bv and av:
+                cells.append(f"{bv:.1f} → {av:.1f}")
+                ratios.append(av / bv)
+            else:
+                cells.append("n/a")
+        print(f"| {name} | " + " | ".join(cells) + f" | {cell(ratios, lambda v: f'{v:.2f}×')} |")
 
 print()
 print("| ratio (per round) | median (min–max) |")

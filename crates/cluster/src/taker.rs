@@ -1,24 +1,22 @@
 //! The taking side: offer subscriptions for the pools with a free slot, and running what
 //! another node offers on a local worker.
 //!
-//! A taker runs each dispatch of an offer batch as a `local_only` dispatch: a local worker
-//! takes it at once or its answer is "busy" (another offer or a local dispatch got the slot
-//! first). One answer goes back for the whole batch once every dispatch of it is delivered or
-//! turned away, after a linger for the delivered ones to end: an end within it rides in the
-//! answer, a later one follows on the origin's outcome subject, with the other ends that are
-//! ready at the same moment.
+//! A taker runs an offer batch as one local batch of core ([`Dispatcher::dispatch_local_batch`]):
+//! each dispatch of it takes a local worker at once or its answer is "busy" (another offer or a
+//! local dispatch got the slot first), with one quota hold, one selection pass and one wait
+//! for the whole batch. One answer goes back for the batch after a linger for the delivered
+//! ones to end: an end within it rides in the answer, a later one follows on the origin's
+//! outcome subject, with the other ends that are ready at the same moment. A cancel from the
+//! origin reaches its dispatch by its index in the batch; no dispatch carries a token of its
+//! own.
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::{Client, Message};
-use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use switchyard_core::{ActivityOutcome, CallerIdentity, DispatchHooks, Dispatcher};
-use tokio::sync::mpsc;
+use switchyard_core::{ActivityOutcome, BatchCancel, CallerIdentity, Dispatcher, LocalStart};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -64,31 +62,32 @@ const EARLY_CANCEL_KEPT: Duration = Duration::from_secs(30);
 /// before their offer was handled (an origin that stopped waiting before it heard "taken").
 #[derive(Default)]
 struct Cancels {
-    running: HashMap<(Arc<str>, u64), CancellationToken>,
+    /// Each running forward's batch, and its index there.
+    running: HashMap<(Arc<str>, u64), (BatchCancel, usize)>,
     early: HashMap<(Arc<str>, u64), Instant>,
 }
 
 impl Cancels {
-    /// A token for a forwarded dispatch about to run; `None` when its cancel came first.
-    fn start(&mut self, key: (Arc<str>, u64)) -> Option<CancellationToken> {
+    /// Notes a forwarded dispatch about to run as dispatch `index` of the batch `cancel`
+    /// reaches; false when its cancel came first (it must not run).
+    fn start(&mut self, key: (Arc<str>, u64), cancel: &BatchCancel, index: usize) -> bool {
         if self.early.remove(&key).is_some() {
-            return None;
+            return false;
         }
-        let token = CancellationToken::new();
-        self.running.insert(key, token.clone());
-        Some(token)
+        self.running.insert(key, (cancel.clone(), index));
+        true
     }
 
-    /// The origin asks to cancel `key` at `now`.
-    fn cancel(&mut self, key: (Arc<str>, u64), now: Instant) {
-        match self.running.remove(&key) {
-            Some(token) => token.cancel(),
-            None => {
-                self.early
-                    .retain(|_, at| now.saturating_duration_since(*at) < EARLY_CANCEL_KEPT);
-                self.early.insert(key, now);
-            }
+    /// The origin asks to cancel `key` at `now`: returns the running dispatch's batch and
+    /// index to cancel, or remembers the cancel for an offer still on its way.
+    fn cancel(&mut self, key: (Arc<str>, u64), now: Instant) -> Option<(BatchCancel, usize)> {
+        let running = self.running.remove(&key);
+        if running.is_none() {
+            self.early
+                .retain(|_, at| now.saturating_duration_since(*at) < EARLY_CANCEL_KEPT);
+            self.early.insert(key, now);
         }
+        running
     }
 }
 
@@ -205,45 +204,13 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
     let _ = offers.unsubscribe().await;
 }
 
-/// Where one dispatch of an offer batch stands on the taker.
-#[derive(Debug)]
-enum Stage {
-    /// Running, not yet delivered to a worker.
-    Starting,
-    /// Delivered to a worker, still running.
-    Delivered,
-    /// Not taken here: answered "busy".
-    Busy,
-    /// Delivered and ended before the answer went out.
-    Ended(RemoteEnd),
-}
-
-impl Stage {
-    /// Marks dispatch `index` delivered; true when it was starting.
-    fn deliver(stages: &mut [Self], index: usize) -> bool {
-        match stages.get_mut(index) {
-            Some(stage @ Self::Starting) => {
-                *stage = Self::Delivered;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The answer for this dispatch once the linger is over.
-    fn answer(self) -> EntryAnswer {
-        match self {
-            Self::Starting | Self::Busy => EntryAnswer::Busy,
-            Self::Delivered => EntryAnswer::Taken,
-            Self::Ended(end) => EntryAnswer::Ended(end),
-        }
-    }
-}
-
 /// Answers one offer batch and sends the ends of the dispatches it took to the origin: in
-/// the answer for those that end within [`ANSWER_LINGER`] of the last delivery (no message of
+/// the answer for those that end within [`ANSWER_LINGER`] of the delivery (no message of
 /// their own), the others on the origin's outcome subject, batched with the ends ready at the
 /// same moment.
+///
+/// The batch runs as one [`LocalBatch`]: every dispatch of it is delivered to a local worker
+/// or turned away before this task first waits, so the answer waits only for the linger.
 async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
     let Some(reply) = offer.reply.clone() else {
         return;
@@ -275,126 +242,93 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
             return;
         }
     };
-    // Shared by the batch's dispatches: one allocation per batch, not one per dispatch.
-    let caller = Arc::new(CallerIdentity::trusted(format!(
-        "cluster:{}",
-        header.origin
-    )));
     let origin: Arc<str> = Arc::from(header.origin.as_str());
     let forwards: Vec<u64> = entries.iter().map(|entry| entry.forward).collect();
-    let mut stages: Vec<Stage> = Vec::with_capacity(entries.len());
-    let (delivered_tx, mut delivered) = mpsc::unbounded_channel::<usize>();
-    let mut running = FuturesUnordered::new();
-    let mut starting = 0usize;
+    let mut answers = vec![EntryAnswer::Busy; forwards.len()];
+    // The offer's index of each dispatch of the local batch (those not cancelled first).
+    let mut offered: Vec<usize> = Vec::with_capacity(forwards.len());
+    let mut local = Vec::with_capacity(forwards.len());
+    let cancel = BatchCancel::default();
     {
         let mut cancels = taker.cancels();
-        for (index, entry) in entries.iter().enumerate() {
+        for (index, entry) in entries.into_iter().enumerate() {
             let key = (Arc::clone(&origin), entry.forward);
-            let Some(cancel) = cancels.start(key) else {
-                stages.push(Stage::Busy);
-                continue;
-            };
-            stages.push(Stage::Starting);
-            starting += 1;
-            let delivered_tx = delivered_tx.clone();
-            let hooks = DispatchHooks {
-                attempt_offset: entry.attempt_offset,
-                on_delivered: Some(Arc::new(move |_, _| {
-                    let _ = delivered_tx.send(index);
-                })),
-                cancel: Some(cancel),
-                local_only: true,
-                ..DispatchHooks::default()
-            };
-            let request = wire::offered_request(&header, entry);
-            let dispatcher = taker.dispatcher.clone();
-            let caller = Arc::clone(&caller);
-            // Driven here rather than spawned: one task per batch. A panic in a dispatch is
-            // caught so the origin still hears of the loss.
-            running.push(async move {
-                let ended = AssertUnwindSafe(async move {
-                    dispatcher.dispatch_with(&caller, request, hooks).await
-                })
-                .catch_unwind()
-                .await;
-                (index, remote_end(ended))
-            });
+            if cancels.start(key, &cancel, offered.len()) {
+                offered.push(index);
+                local.push(wire::offered_entry(entry));
+            }
         }
     }
-    drop(delivered_tx);
-    drop(entries);
     let finished = |taker: &Taker, index: usize| {
-        if let Some(forward) = forwards.get(index) {
+        if let Some(forward) = offered.get(index).and_then(|index| forwards.get(*index)) {
             taker
                 .cancels()
                 .running
                 .remove(&(Arc::clone(&origin), *forward));
         }
     };
-    // Until every dispatch is delivered or turned away.
-    let mut missed = false;
-    while starting > 0 {
-        tokio::select! {
-            biased;
-            Some(index) = delivered.recv() => {
-                starting -= usize::from(Stage::deliver(&mut stages, index));
+    let mut batch = if local.is_empty() {
+        None
+    } else {
+        let caller = CallerIdentity::trusted(format!("cluster:{}", header.origin));
+        let pool = wire::offered_pool(&header);
+        match (taker.dispatcher).dispatch_local_batch(&caller, pool, local, cancel) {
+            Ok(batch) => Some(batch),
+            Err(error) => {
+                tracing::debug!(%error, "cluster: offered batch refused here");
+                None
             }
-            Some((index, end)) = running.next() => {
-                while let Ok(index) = delivered.try_recv() {
-                    starting -= usize::from(Stage::deliver(&mut stages, index));
-                }
-                finished(&taker, index);
-                if let Some(stage) = stages.get_mut(index) {
-                    *stage = match stage {
-                        // Ended before any delivery: a local miss, or refused outright.
-                        Stage::Starting => {
-                            missed = true;
-                            starting -= 1;
-                            Stage::Busy
-                        }
-                        _ => Stage::Ended(end),
-                    };
-                }
+        }
+    };
+    let mut missed = batch.is_none() && !offered.is_empty();
+    for (index, offer_index) in offered.iter().enumerate() {
+        let taken = batch.as_ref().and_then(|batch| batch.starts().get(index))
+            == Some(&LocalStart::Delivered);
+        if taken {
+            if let Some(answer) = answers.get_mut(*offer_index) {
+                *answer = EntryAnswer::Taken;
             }
-            else => break,
+        } else {
+            missed = true;
+            finished(&taker, index);
         }
     }
     if missed {
         taker.answered_busy(&pool);
     }
     // The linger: ends within it ride in the answer.
-    let linger = tokio::time::sleep(ANSWER_LINGER);
-    tokio::pin!(linger);
-    while !running.is_empty() {
-        tokio::select! {
-            () = &mut linger => break,
-            Some((index, end)) = running.next() => {
-                finished(&taker, index);
-                if let Some(stage) = stages.get_mut(index) {
-                    *stage = Stage::Ended(end);
+    if let Some(batch) = batch.as_mut().filter(|batch| batch.running() > 0) {
+        let linger = tokio::time::sleep(ANSWER_LINGER);
+        tokio::pin!(linger);
+        loop {
+            tokio::select! {
+                () = &mut linger => break,
+                ended = batch.next() => {
+                    let Some((index, outcome)) = ended else { break };
+                    finished(&taker, index);
+                    if let Some(answer) = offered.get(index).and_then(|i| answers.get_mut(*i)) {
+                        *answer = EntryAnswer::Ended(remote_end(outcome));
+                    }
                 }
             }
         }
     }
-    answer.entries = forwards
-        .iter()
-        .copied()
-        .zip(stages.into_iter().map(Stage::answer))
-        .collect();
+    answer.entries = forwards.iter().copied().zip(answers).collect();
     let (body, late) = wire::encode_answers_bounded(answer);
     let _ = taker.client.publish(reply, body).await;
     let outcome = taker.names.outcome(&header.origin);
     send_ends(&taker, &outcome, &late).await;
-    while let Some((index, end)) = running.next().await {
+    let Some(mut batch) = batch else { return };
+    while let Some((index, end)) = batch.next().await {
         let mut ends = Vec::new();
-        let mut push = |index: usize, end: RemoteEnd| {
+        let mut push = |index: usize, end: ActivityOutcome| {
             finished(&taker, index);
-            if let Some(forward) = forwards.get(index) {
-                ends.push((*forward, end));
+            if let Some(forward) = offered.get(index).and_then(|i| forwards.get(*i)) {
+                ends.push((*forward, remote_end(end)));
             }
         };
         push(index, end);
-        while let Some(Some((index, end))) = running.next().now_or_never() {
+        while let Some(Some((index, end))) = batch.next().now_or_never() {
             push(index, end);
         }
         send_ends(&taker, &outcome, &ends).await;
@@ -412,13 +346,12 @@ async fn send_ends(taker: &Taker, subject: &str, ends: &[(u64, RemoteEnd)]) {
 }
 
 /// What the origin hears of a delivered dispatch's end.
-fn remote_end<E>(ended: Result<Result<ActivityOutcome, E>, Box<dyn Any + Send>>) -> RemoteEnd {
-    match ended {
+fn remote_end(outcome: ActivityOutcome) -> RemoteEnd {
+    match outcome {
         // A local-only dispatch that ends unserved after its delivery lost its worker and
         // found no other here: the origin offers it again.
-        Ok(Ok(ActivityOutcome::Unserved { .. })) => RemoteEnd::Lost,
-        Ok(Ok(outcome)) => RemoteEnd::Outcome(outcome),
-        Ok(Err(_)) | Err(_) => RemoteEnd::Lost,
+        ActivityOutcome::Unserved { .. } => RemoteEnd::Lost,
+        outcome => RemoteEnd::Outcome(outcome),
     }
 }
 
@@ -448,9 +381,12 @@ pub(crate) async fn follow_cancels(taker: Arc<Taker>, stop: CancellationToken) {
         let Ok((meta, _)) = wire::unframe::<CancelMeta>(&message.payload) else {
             continue;
         };
-        taker
+        let running = taker
             .cancels()
             .cancel((Arc::from(meta.origin), meta.forward), Instant::now());
+        if let Some((batch, index)) = running {
+            batch.cancel(index);
+        }
     }
 }
 
@@ -461,23 +397,29 @@ mod tests {
     #[test]
     fn a_cancel_before_its_offer_stops_the_offer_from_running() {
         let now = Instant::now();
+        let batch = BatchCancel::default();
         let mut cancels = Cancels::default();
-        cancels.cancel(("a".into(), 1), now);
-        assert!(cancels.start(("a".into(), 1)).is_none(), "cancelled first");
-        // Control: another forward runs, and its cancel fires its token.
-        let token = cancels.start(("a".into(), 2)).expect("not cancelled");
-        assert!(!token.is_cancelled());
-        cancels.cancel(("a".into(), 2), now);
-        assert!(token.is_cancelled());
-        // Two forwards of one batch: a cancel of one leaves the other running.
-        let first = cancels.start(("a".into(), 4)).expect("runs");
-        let second = cancels.start(("a".into(), 5)).expect("runs");
-        cancels.cancel(("a".into(), 5), now);
-        assert!(second.is_cancelled());
-        assert!(!first.is_cancelled(), "only the named forward stops");
+        assert!(
+            cancels.cancel(("a".into(), 1), now).is_none(),
+            "nothing runs yet"
+        );
+        assert!(
+            !cancels.start(("a".into(), 1), &batch, 0),
+            "cancelled first"
+        );
+        // Control: another forward runs, and its cancel names its place in its batch.
+        assert!(cancels.start(("a".into(), 2), &batch, 0));
+        let (_, index) = cancels.cancel(("a".into(), 2), now).expect("running");
+        assert_eq!(index, 0);
+        // Two forwards of one batch: a cancel of one names that one only.
+        assert!(cancels.start(("a".into(), 4), &batch, 1));
+        assert!(cancels.start(("a".into(), 5), &batch, 2));
+        let (_, index) = cancels.cancel(("a".into(), 5), now).expect("running");
+        assert_eq!(index, 2, "only the named forward stops");
+        assert!(cancels.running.contains_key(&("a".into(), 4)));
         // An early cancel is forgotten after a while.
         cancels.cancel(("a".into(), 3), now);
         cancels.cancel(("b".into(), 9), now + EARLY_CANCEL_KEPT);
-        assert!(cancels.start(("a".into(), 3)).is_some());
+        assert!(cancels.start(("a".into(), 3), &batch, 3));
     }
 }

@@ -17,6 +17,7 @@ mod budget;
 mod cancel;
 mod config;
 mod hooks;
+mod local_batch;
 mod overflow;
 pub(crate) mod quota;
 mod reclaim;
@@ -39,6 +40,7 @@ pub use config::{
     DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DispatchConfig,
 };
 pub use hooks::{DeliveredHook, DispatchHooks, ParkedHook};
+pub use local_batch::{BatchCancel, LocalBatch, LocalEntry, LocalPool, LocalStart};
 pub use overflow::{Forwarded, Offered, Overflow, OverflowFuture, OverflowOffer};
 pub use unserved::{UnservedAddress, UnservedQueue};
 
@@ -489,7 +491,7 @@ impl Dispatcher {
                 PendingTask::new(
                     Arc::clone(worker.delivery()),
                     reservation,
-                    Some(signal),
+                    Some(signal.into()),
                     worker.has_session(),
                 ),
             );

@@ -47,9 +47,10 @@ pub use delivery::{
     ActivityTask, CancelReason, DeliveryError, TaskId, TransportName, WorkerDelivery, WorkerMessage,
 };
 pub use dispatcher::{
-    DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED, DeliveredHook,
-    DispatchConfig, DispatchHooks, Dispatcher, Forwarded, Offered, Overflow, OverflowFuture,
-    OverflowOffer, ParkedHook, RefusedCounts, UnservedAddress, UnservedQueue,
+    BatchCancel, DEFAULT_MAX_HELD_INPUT_BYTES, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_PARKED,
+    DeliveredHook, DispatchConfig, DispatchHooks, Dispatcher, Forwarded, LocalBatch, LocalEntry,
+    LocalPool, LocalStart, Offered, Overflow, OverflowFuture, OverflowOffer, ParkedHook,
+    RefusedCounts, UnservedAddress, UnservedQueue,
 };
 pub use durable::{
     Awaited, BacklogCensus, Completion, DispatchFilter, DispatchId, DispatchState, DispatchStore,

@@ -1,4 +1,4 @@
-//! Batched offers, answers and ends (wire version 1): several dispatches of one pool in one
+//! Batched offers, answers and ends (wire version 2): several dispatches of one pool in one
 //! NATS message. Every body opens with a 4-byte tag, three letters and the version byte, so a
 //! body of another kind or version is refused by name rather than misread.
 //!
@@ -7,7 +7,7 @@
 //!         | count × (u64 forward | u64 timeout ms | u32 attempt offset | u32 input length | input)
 //! answers "SYA" 1 | u16 taker node length | taker node | u16 count
 //!         | count × (u64 forward | u8 kind: 0 busy, 1 taken, 2 ended
-//!                    | for ended: u32 end length | end body, see `encode_end`)
+//!                    | for ended: u32 end length | end, see [`super::end`])
 //! ends    "SYE" 1 | u16 count | count × (u32 end length | end body)
 //! ```
 //!
@@ -18,9 +18,9 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
-use switchyard_core::ActivityOutcome;
 
-use super::{RemoteEnd, WireError, decode_end, encode_end};
+use super::end::{decode_end, end_len, put_end};
+use super::{RemoteEnd, WireError};
 
 /// The most entries one batch may carry, on the way out and on the way in.
 pub(crate) const MAX_BATCH: usize = 256;
@@ -29,8 +29,10 @@ pub(crate) const MAX_BATCH: usize = 256;
 /// alone): well under NATS's default `max_payload` of 1 MiB.
 pub(crate) const ENDS_BYTES: usize = 256 * 1024;
 
-/// The batched wire format's version, the fourth byte of every tag.
-pub(crate) const BATCH_VERSION: u8 = 1;
+/// The batched wire format's version, the fourth byte of every tag. Version 1 carried each
+/// end as JSON metadata; version 2 as a binary head ([`super::end`]). A node reads only its
+/// own version: a body with another version's tag is refused by name.
+pub(crate) const BATCH_VERSION: u8 = 2;
 
 const OFFERS_TAG: [u8; 4] = [b'S', b'Y', b'O', BATCH_VERSION];
 const ANSWERS_TAG: [u8; 4] = [b'S', b'Y', b'A', BATCH_VERSION];
@@ -121,7 +123,14 @@ pub(crate) fn decode_offers(body: &Bytes) -> Result<(OfferHeader, Vec<OfferEntry
 /// Encodes a taker's answer to a batch.
 pub(crate) fn encode_answers(answer: &BatchAnswer) -> Bytes {
     let entries = &answer.entries[..answer.entries.len().min(MAX_BATCH)];
-    let mut body = BytesMut::with_capacity(8 + answer.taker.len() + 9 * entries.len());
+    let ends: usize = entries
+        .iter()
+        .map(|(_, entry)| match entry {
+            EntryAnswer::Ended(end) => 4 + end_len(end),
+            _ => 0,
+        })
+        .sum();
+    let mut body = BytesMut::with_capacity(8 + answer.taker.len() + 9 * entries.len() + ends);
     body.put_slice(&ANSWERS_TAG);
     let taker = &answer.taker.as_bytes()[..answer.taker.len().min(usize::from(u16::MAX))];
     body.put_u16(count_u16(taker.len()));
@@ -134,9 +143,8 @@ pub(crate) fn encode_answers(answer: &BatchAnswer) -> Bytes {
             EntryAnswer::Taken => body.put_u8(TAKEN),
             EntryAnswer::Ended(end) => {
                 body.put_u8(ENDED);
-                let end = encode_end(*forward, end);
-                body.put_u32(len_u32(end.len()));
-                body.put_slice(&end);
+                body.put_u32(len_u32(end_len(end)));
+                put_end(&mut body, *forward, end);
             }
         }
     }
@@ -187,15 +195,9 @@ pub(crate) fn encode_ends_bounded(ends: &[(u64, RemoteEnd)]) -> Vec<Bytes> {
     bodies
 }
 
-/// About how many bytes an end takes on the wire: its payload and room for its metadata.
+/// How many bytes an end takes on the wire, with its length prefix.
 fn end_size(end: &RemoteEnd) -> usize {
-    let payload = match end {
-        RemoteEnd::Outcome(ActivityOutcome::Completed(output)) => output.len(),
-        RemoteEnd::Outcome(ActivityOutcome::Failed { message, .. }) => message.len(),
-        RemoteEnd::Outcome(ActivityOutcome::Unserved { detail, .. }) => detail.len(),
-        _ => 0,
-    };
-    payload.saturating_add(128)
+    end_len(end).saturating_add(4)
 }
 
 /// Reads a taker's answer to a batch.
@@ -230,14 +232,13 @@ pub(crate) fn decode_answers(body: &Bytes) -> Result<BatchAnswer, WireError> {
 /// Encodes the ends of several forwards for one origin.
 pub(crate) fn encode_ends(ends: &[(u64, RemoteEnd)]) -> Bytes {
     let ends = &ends[..ends.len().min(MAX_BATCH)];
-    let bodies: Vec<Bytes> = ends.iter().map(|(f, end)| encode_end(*f, end)).collect();
-    let size = bodies.iter().map(|b| 4 + b.len()).sum::<usize>();
+    let size = ends.iter().map(|(_, end)| 4 + end_len(end)).sum::<usize>();
     let mut body = BytesMut::with_capacity(6 + size);
     body.put_slice(&ENDS_TAG);
-    body.put_u16(count_u16(bodies.len()));
-    for end in bodies {
-        body.put_u32(len_u32(end.len()));
-        body.put_slice(&end);
+    body.put_u16(count_u16(ends.len()));
+    for (forward, end) in ends {
+        body.put_u32(len_u32(end_len(end)));
+        put_end(&mut body, *forward, end);
     }
     body.freeze()
 }
@@ -347,6 +348,8 @@ fn tag_name(tag: [u8; 4]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use switchyard_core::ActivityOutcome;
+
     use super::*;
 
     fn header() -> OfferHeader {
@@ -513,11 +516,69 @@ mod tests {
     fn another_version_is_refused_naming_both_tags() {
         let mut body = encode_ends(&[(1, RemoteEnd::Lost)]).to_vec();
         body[3] = BATCH_VERSION + 1;
-        let error = decode_ends(&Bytes::from(body)).expect_err("version 2");
+        let error = decode_ends(&Bytes::from(body)).expect_err("version 3");
         assert_eq!(
             error.to_string(),
-            "message tag SYE\\x02, expected SYE\\x01 (another wire version?)"
+            "message tag SYE\\x03, expected SYE\\x02 (another wire version?)"
         );
+    }
+
+    /// The bodies a version-1 node sent, byte for byte (its ends carried JSON metadata).
+    fn version_1_bodies() -> [Bytes; 3] {
+        let json = br#"{"forward":5,"end":"completed","retryable":false,"reason":null,"transport":null,"attempts":0}"#;
+        let mut end = BytesMut::new();
+        end.put_u32(len_u32(json.len()));
+        end.put_slice(json);
+        end.put_slice(b"out");
+        let mut ends = BytesMut::new();
+        ends.put_slice(b"SYE\x01");
+        ends.put_u16(1);
+        ends.put_u32(len_u32(end.len()));
+        ends.put_slice(&end);
+        let mut answers = BytesMut::new();
+        answers.put_slice(b"SYA\x01");
+        answers.put_u16(2);
+        answers.put_slice(b"n2");
+        answers.put_u16(1);
+        answers.put_u64(5);
+        answers.put_u8(ENDED);
+        answers.put_u32(len_u32(end.len()));
+        answers.put_slice(&end);
+        let mut offers = BytesMut::new();
+        offers.put_slice(b"SYO\x01");
+        let header = br#"{"origin":"a","namespace":"ns","task_queue":"q","activity_type":"act","node":null}"#;
+        offers.put_u32(len_u32(header.len()));
+        offers.put_slice(header);
+        offers.put_u16(0);
+        [offers.freeze(), answers.freeze(), ends.freeze()]
+    }
+
+    #[test]
+    fn a_version_1_node_is_refused_by_name_not_misread() {
+        let [offers, answers, ends] = version_1_bodies();
+        for (error, kind) in [
+            (decode_offers(&offers).map(|_| ()), "SYO"),
+            (decode_answers(&answers).map(|_| ()), "SYA"),
+            (decode_ends(&ends).map(|_| ()), "SYE"),
+        ] {
+            assert_eq!(
+                error.map_err(|e| e.to_string()),
+                Err(format!(
+                    "message tag {kind}\\x01, expected {kind}\\x02 (another wire version?)"
+                ))
+            );
+        }
+        // Control: the same bodies under this version's tags are read (the offers, whose
+        // layout did not change) or refused for their JSON ends (the answers and ends): the tag
+        // is what stops a version-1 body, before any end is misread.
+        let retag = |body: &Bytes| {
+            let mut body = body.to_vec();
+            body[3] = BATCH_VERSION;
+            Bytes::from(body)
+        };
+        assert!(decode_offers(&retag(&offers)).is_ok());
+        assert!(decode_answers(&retag(&answers)).is_err());
+        assert!(decode_ends(&retag(&ends)).is_err());
     }
 
     fn big_end(size: usize) -> RemoteEnd {
@@ -583,7 +644,7 @@ mod tests {
         body.put_u16(1);
         body.put_u64(7);
         body.put_u8(ENDED);
-        let end = encode_end(8, &RemoteEnd::Lost);
+        let end = super::super::end::encode_end(8, &RemoteEnd::Lost);
         body.put_u32(len_u32(end.len()));
         body.put_slice(&end);
         assert!(matches!(

@@ -14,7 +14,7 @@ use super::{DispatchHooks, Dispatcher};
 use crate::address::normalise_task_queue;
 use crate::delivery::TransportName;
 use crate::outcome::{ActivityOutcome, ActivityRequest, DispatchError};
-use crate::registry::{DispatchReservation, UnservedReason};
+use crate::registry::{DispatchReservation, PoolWaiter, UnservedReason};
 use crate::worker::Worker;
 
 /// How long a parked dispatch keeps its last classification before it takes a new census.
@@ -104,7 +104,9 @@ impl Dispatcher {
     /// After a first miss: takes a parked place (or refuses), queues in the pool's waiters,
     /// selects again, then once per wake until a worker takes the dispatch or the wait ends.
     /// It is listed in the unserved table once it waits, unless its offer to the other nodes
-    /// is out and younger than [`OFFERED_UNLISTED`].
+    /// is out and younger than [`OFFERED_UNLISTED`]. A pool with no local worker at all
+    /// queues no waiter and selects no more while that offer is out: it does so when the offer
+    /// comes back untaken or has been out [`OFFERED_UNLISTED`].
     #[allow(clippy::too_many_arguments)]
     async fn park(
         &self,
@@ -133,12 +135,7 @@ impl Dispatcher {
         } else {
             Some(quotas.park_unrefused(held))
         };
-        let mut waiting = registry.pool_waiter(
-            pool.namespace,
-            pool.task_queue,
-            pool.activity_type,
-            pool.node,
-        );
+        let mut waiting: Option<PoolWaiter> = None;
         let mut ticket: Option<ParkTicket> = None;
         let mut classified_at: Option<Instant> = None;
         let mut told: Option<UnservedReason> = None;
@@ -161,6 +158,20 @@ impl Dispatcher {
             })
         };
         let mut offering: Option<OverflowFuture<Offered>> = offer();
+        // With no local worker at all in the pool, nothing local can free a slot: while the
+        // first offer is out the dispatch waits on it alone, without a pool waiter or a second
+        // selection. An arrival meanwhile is seen when the offer comes back untaken or has been
+        // out for `OFFERED_UNLISTED`, whichever is first.
+        let mut waiting_deferred = offering.is_some()
+            && registry
+                .pool_census(
+                    pool.namespace,
+                    pool.task_queue,
+                    pool.activity_type,
+                    pool.node,
+                )
+                .compatible
+                == 0;
         let mut hint: Option<OverflowFuture<()>> = None;
         let mut no_taker = false;
         let mut losses =
@@ -180,6 +191,21 @@ impl Dispatcher {
                 if unlisted && (offering.is_none() || no_taker) {
                     unlisted = false;
                     timer.as_mut().reset(deadline);
+                }
+                if waiting_deferred && !(unlisted && offering.is_some()) {
+                    // The deferral is over: queue in the pool and look once more, for a worker
+                    // that arrived while the offer was out.
+                    waiting_deferred = false;
+                    let waiter = waiting.insert(registry.pool_waiter(
+                        pool.namespace,
+                        pool.task_queue,
+                        pool.activity_type,
+                        pool.node,
+                    ));
+                    waiter.arm();
+                    if let Some(hit) = self.select(pool) {
+                        return Ok(hit);
+                    }
                 }
                 let now = Instant::now();
                 if !unlisted
@@ -218,7 +244,7 @@ impl Dispatcher {
                     classified_at = Some(now);
                 }
                 tokio::select! {
-                    () = waiting.woken() => {}
+                    () = woken(&mut waiting) => {}
                     offered = settle(&mut offering) => {
                         offering = None;
                         match offered {
@@ -280,7 +306,19 @@ impl Dispatcher {
                 }
             }
             wait = true;
-            waiting.arm();
+            if waiting_deferred {
+                continue;
+            }
+            waiting
+                .get_or_insert_with(|| {
+                    registry.pool_waiter(
+                        pool.namespace,
+                        pool.task_queue,
+                        pool.activity_type,
+                        pool.node,
+                    )
+                })
+                .arm();
             if let Some(hit) = self.select(pool) {
                 return Ok(hit);
             }
@@ -322,6 +360,14 @@ impl Dispatcher {
             .describe()
             .unwrap_or_else(|| reason.as_str().to_owned());
         ActivityOutcome::Unserved { reason, detail }
+    }
+}
+
+/// Resolves once `waiter` was woken; never without one.
+async fn woken(waiter: &mut Option<PoolWaiter>) {
+    match waiter {
+        Some(waiter) => waiter.woken().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -241,7 +241,9 @@ impl QuotaBook {
         }
     }
 
-    fn release(&self, namespace: &str, principal: &str, bytes: usize) {
+    /// Gives back a hold of `bytes` taken by [`QuotaBook::hold`] and kept past its
+    /// [`HeldInput`] ([`HeldInput::keep`]).
+    pub(super) fn release(&self, namespace: &str, principal: &str, bytes: usize) {
         let mut books = self.lock();
         let Books {
             namespaces,
@@ -306,6 +308,16 @@ pub(crate) struct HeldInput<'a> {
     namespace: &'a str,
     principal: &'a str,
     bytes: usize,
+}
+
+impl HeldInput<'_> {
+    /// Keeps the hold past this value, for an owner that outlives the borrow (a batch):
+    /// returns the bytes it holds, which that owner gives back with [`QuotaBook::release`].
+    pub(super) fn keep(self) -> usize {
+        let bytes = self.bytes;
+        std::mem::forget(self);
+        bytes
+    }
 }
 
 impl Drop for HeldInput<'_> {

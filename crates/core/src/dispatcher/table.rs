@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::address::WorkerId;
@@ -30,6 +30,38 @@ pub(crate) enum Signal {
     ShuttingDown,
 }
 
+/// Where a task's [`Signal`] goes: the one dispatch waiting for it, or the batch it belongs to
+/// (one channel for the whole batch, the signal tagged with the task's place in it).
+#[derive(Debug)]
+pub(crate) enum SignalTx {
+    /// A single dispatch waits on its own channel.
+    One(oneshot::Sender<Signal>),
+    /// A local batch ([`super::LocalBatch`]) waits on one channel for all its tasks.
+    Batch {
+        tx: mpsc::UnboundedSender<(usize, TaskId, Signal)>,
+        index: usize,
+        task: TaskId,
+    },
+}
+
+impl SignalTx {
+    /// Hands `signal` to whoever waits; `Err` with it when nobody listens any more.
+    pub(crate) fn send(self, signal: Signal) -> Result<(), Signal> {
+        match self {
+            Self::One(tx) => tx.send(signal),
+            Self::Batch { tx, index, task } => tx
+                .send((index, task, signal))
+                .map_err(|mpsc::error::SendError((_, _, signal))| signal),
+        }
+    }
+}
+
+impl From<oneshot::Sender<Signal>> for SignalTx {
+    fn from(tx: oneshot::Sender<Signal>) -> Self {
+        Self::One(tx)
+    }
+}
+
 /// A task delivered to a worker and not yet finished.
 pub(crate) struct PendingTask {
     pub(crate) delivery: Arc<dyn WorkerDelivery>,
@@ -37,7 +69,7 @@ pub(crate) struct PendingTask {
     pub(crate) reservation: DispatchReservation,
     /// Taken when the dispatch ends early (cancel, deadline, shutdown, caller gone); the task
     /// then only waits for the worker to let go of its slot.
-    pub(crate) signal: Option<oneshot::Sender<Signal>>,
+    pub(crate) signal: Option<SignalTx>,
     /// When the dispatch ended early; from then the worker has `cancel_ack_timeout` to let go.
     pub(crate) detached_at: Option<Instant>,
     /// The worker has a session (a lost connection suspends it): only then can a result be
@@ -56,7 +88,7 @@ impl PendingTask {
     pub(crate) fn new(
         delivery: Arc<dyn WorkerDelivery>,
         reservation: DispatchReservation,
-        signal: Option<oneshot::Sender<Signal>>,
+        signal: Option<SignalTx>,
         session: bool,
     ) -> Self {
         Self {
@@ -71,7 +103,7 @@ impl PendingTask {
     }
 
     /// Ends the caller's wait at `now` for `reason`; returns the caller's signal.
-    fn detach(&mut self, now: Instant, reason: CancelReason) -> Option<oneshot::Sender<Signal>> {
+    fn detach(&mut self, now: Instant, reason: CancelReason) -> Option<SignalTx> {
         let signal = self.signal.take()?;
         self.detached_at = Some(now);
         self.cancel_reason = Some(reason);
@@ -210,7 +242,7 @@ impl TaskTable {
         worker: WorkerId,
         now: Instant,
         reason: CancelReason,
-    ) -> Vec<(TaskId, Arc<dyn WorkerDelivery>, oneshot::Sender<Signal>)> {
+    ) -> Vec<(TaskId, Arc<dyn WorkerDelivery>, SignalTx)> {
         let Some(tasks) = self.by_worker.get(&worker) else {
             return Vec::new();
         };
@@ -231,7 +263,7 @@ impl TaskTable {
         &mut self,
         now: Instant,
         reason: CancelReason,
-    ) -> Vec<(TaskId, Arc<dyn WorkerDelivery>, oneshot::Sender<Signal>)> {
+    ) -> Vec<(TaskId, Arc<dyn WorkerDelivery>, SignalTx)> {
         let mut detached = Vec::new();
         for (task, pending) in &mut self.pending {
             if let Some(signal) = pending.detach(now, reason) {

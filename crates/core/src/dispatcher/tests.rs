@@ -8,6 +8,7 @@ mod delivery;
 mod fairness;
 mod hooks;
 mod in_flight;
+mod local_batch;
 mod outcomes;
 mod overflow;
 mod parking;

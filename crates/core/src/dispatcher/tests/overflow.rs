@@ -345,3 +345,71 @@ async fn a_local_worker_freed_while_the_offer_is_out_still_gets_the_dispatch() {
     assert_eq!(running.await.expect("dispatch"), completed("x"));
     assert_eq!(offers(&scripted), vec!["x".to_owned()], "offered once");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_miss_in_a_pool_without_local_workers_waits_on_its_offer_alone() {
+    let s = setup();
+    let (dropped, mut heard) = mpsc::unbounded_channel();
+    let scripted = install(&s, vec![Answer::Out(dropped)]);
+    let running = s.spawn(request("x", Duration::from_secs(60)));
+    while offers(&scripted).is_empty() {
+        tokio::task::yield_now().await;
+    }
+    let offered_at = tokio::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        s.dispatcher.selections(),
+        1,
+        "no second selection, no waiter"
+    );
+    // A worker arriving while the offer is out still gets the dispatch: by the time the offer
+    // has been out `OFFERED_UNLISTED`, the dispatch queues in its pool and selects again.
+    let mut worker = s.worker(1).await;
+    let task = worker.task().await;
+    assert_eq!(&task.input[..], b"x");
+    assert_eq!(offered_at.elapsed(), OFFERED_UNLISTED);
+    assert!(heard.recv().await.is_some(), "the offer was withdrawn");
+    s.dispatcher
+        .complete(worker.id, task.task_id, success("x"))
+        .expect("pending");
+    assert_eq!(running.await.expect("dispatch"), completed("x"));
+    // Control: in a pool with a local worker (its slot held) the miss queues and selects
+    // again at once, for a slot freed meanwhile.
+    let s = setup();
+    let (dropped, _heard) = mpsc::unbounded_channel();
+    let scripted = install(&s, vec![Answer::Out(dropped)]);
+    let mut worker = s.worker(1).await;
+    let _held = s.spawn(request("holds the slot", Duration::from_secs(60)));
+    let _ = worker.task().await;
+    let _running = s.spawn(request("x", Duration::from_secs(60)));
+    while offers(&scripted).is_empty() {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        s.dispatcher.selections(),
+        3,
+        "the holder's, and the miss's two"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_arriving_after_an_untaken_offer_in_a_pool_without_workers_gets_the_dispatch() {
+    let s = setup();
+    let _scripted = install(&s, vec![Answer::NoTaker]);
+    let running = s.spawn(request("x", Duration::from_secs(60)));
+    s.parked(1).await;
+    // Control: parked, not served, before the arrival.
+    assert_eq!(
+        s.dispatcher.unserved_queues()[0].reason,
+        UnservedReason::NoCapacityInCluster
+    );
+    assert!(!running.is_finished());
+    let mut worker = s.worker(1).await;
+    let task = worker.task().await;
+    s.dispatcher
+        .complete(worker.id, task.task_id, success("x"))
+        .expect("pending");
+    assert_eq!(running.await.expect("dispatch"), completed("x"));
+    assert_eq!(task.attempt, 1, "the first delivery anywhere");
+}
