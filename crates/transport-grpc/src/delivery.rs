@@ -147,9 +147,11 @@ impl WorkerDelivery for GrpcDelivery {
                 limit: self.max_frame_bytes,
             });
         }
-        // Held before it is queued, so an answer racing the push always finds it.
+        // Held before it is queued, so an answer racing the push always finds it; one lock
+        // for both (`try_send` never waits).
+        let mut state = self.lock();
         if let Some(task) = task {
-            self.lock().held.insert(task);
+            state.held.insert(task);
         }
         let queued = self
             .frames
@@ -158,15 +160,10 @@ impl WorkerDelivery for GrpcDelivery {
                 mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
                 mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
             });
-        let mut state = self.lock();
         match (queued, task) {
             (Err(error), Some(task)) => {
+                // Under the same lock as its insertion: no notice came in between.
                 state.held.remove(&task);
-                // A notice queued meanwhile may be due now that this task is not held.
-                if state.farewell.is_some() {
-                    drop(state);
-                    self.changed.notify_one();
-                }
                 return Err(error);
             }
             (Err(error), None) => return Err(error),
