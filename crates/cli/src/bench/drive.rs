@@ -223,7 +223,9 @@ impl Window {
 
     fn try_take(&self) -> bool {
         self.room
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |room| room.checked_sub(1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |room| {
+                room.checked_sub(1)
+            })
             .is_ok()
     }
 
@@ -459,7 +461,11 @@ mod tests {
             "two outstanding: no third request"
         );
         window.release();
-        assert_eq!(wakes.0.load(Ordering::Relaxed), 1, "a reply wakes the waiting stream");
+        assert_eq!(
+            wakes.0.load(Ordering::Relaxed),
+            1,
+            "a reply wakes the waiting stream"
+        );
         // Control: the reply's room lets exactly one more go.
         assert_eq!(window.poll_next(&mut cx, true), Poll::Ready(true));
         assert!(window.poll_next(&mut cx, true).is_pending());
@@ -468,7 +474,11 @@ mod tests {
         assert!(window.poll_next(&mut cx, false).is_pending());
         window.close();
         assert_eq!(window.poll_next(&mut cx, false), Poll::Ready(false));
-        assert_eq!(window.poll_next(&mut cx, true), Poll::Ready(false), "closed ends it");
+        assert_eq!(
+            window.poll_next(&mut cx, true),
+            Poll::Ready(false),
+            "closed ends it"
+        );
     }
 
     #[test]

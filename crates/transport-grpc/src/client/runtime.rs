@@ -326,7 +326,11 @@ mod tests {
     async fn a_handler_that_answers_at_once_answers_before_the_reader_goes_on() {
         let keeper = keeper();
         start(&keeper.starter(), task(1, "echo"));
-        assert_eq!(keeper.try_next_reply(), result(1), "no runtime task had to run");
+        assert_eq!(
+            keeper.try_next_reply(),
+            result(1),
+            "no runtime task had to run"
+        );
         assert!(keeper.is_idle());
         // Control: started on a runtime task of its own, the same handler has not answered
         // until that task runs.
