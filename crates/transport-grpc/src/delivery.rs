@@ -1,11 +1,10 @@
 //! The server's delivery leg for one worker stream.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use prost::Message;
-use switchyard_core::{DeliveryError, TransportName, WorkerDelivery, WorkerMessage};
+use switchyard_core::{DeliveryError, IdSet, TransportName, WorkerDelivery, WorkerMessage};
 use tokio::sync::{Notify, mpsc};
 
 use crate::outbound::QueuedFrame;
@@ -42,8 +41,9 @@ pub(crate) struct GrpcDelivery {
 
 #[derive(Default)]
 struct LegState {
-    /// Tasks pushed and not yet answered by a result or a cancel acknowledgement.
-    held: HashSet<u64>,
+    /// Tasks pushed and not yet answered by a result or a cancel acknowledgement (ids the
+    /// gateway numbered, so the cheap id hash is safe).
+    held: IdSet<u64>,
     /// The last drain or shutdown notice queued.
     farewell: Option<Farewell>,
 }
@@ -70,8 +70,13 @@ impl GrpcDelivery {
     }
 
     /// The worker answered `task` (a result or a cancel acknowledgement).
+    ///
+    /// The stream is woken only once a farewell was queued: before that no answer can make
+    /// one due, and a wake-up per result would turn the stream's loop once more for each.
     pub(crate) fn answered(&self, task: u64) {
-        if self.lock().held.remove(&task) {
+        let mut state = self.lock();
+        if state.held.remove(&task) && state.farewell.is_some() {
+            drop(state);
             self.changed.notify_one();
         }
     }
@@ -100,8 +105,9 @@ impl GrpcDelivery {
         }
     }
 
-    /// Resolves after a notice is queued or a task answered (or at once if that happened
-    /// since the last call): the moment to check [`GrpcDelivery::farewell_due`] again.
+    /// Resolves after a notice is queued, or a task answered once one was (or at once if that
+    /// happened since the last call): the moment to check [`GrpcDelivery::farewell_due`]
+    /// again.
     pub(crate) async fn changed(&self) {
         self.changed.notified().await;
     }
@@ -141,9 +147,11 @@ impl WorkerDelivery for GrpcDelivery {
                 limit: self.max_frame_bytes,
             });
         }
-        // Held before it is queued, so an answer racing the push always finds it.
+        // Held before it is queued, so an answer racing the push always finds it; one lock
+        // for both (`try_send` never waits).
+        let mut state = self.lock();
         if let Some(task) = task {
-            self.lock().held.insert(task);
+            state.held.insert(task);
         }
         let queued = self
             .frames
@@ -152,9 +160,9 @@ impl WorkerDelivery for GrpcDelivery {
                 mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
                 mpsc::error::TrySendError::Closed(_) => DeliveryError::Closed,
             });
-        let mut state = self.lock();
         match (queued, task) {
             (Err(error), Some(task)) => {
+                // Under the same lock as its insertion: no notice came in between.
                 state.held.remove(&task);
                 return Err(error);
             }
@@ -280,6 +288,30 @@ mod tests {
         let leg = GrpcDelivery::new(tx, LIMIT);
         leg.deliver(WorkerMessage::Drain).unwrap();
         leg.deliver(WorkerMessage::ShuttingDown).unwrap();
+        assert_eq!(leg.farewell_due(), Some(Farewell::Drain));
+    }
+
+    #[tokio::test]
+    async fn an_answer_wakes_the_stream_only_once_a_farewell_is_queued() {
+        let (tx, _rx) = mpsc::channel(8);
+        let leg = GrpcDelivery::new(tx, LIMIT);
+        leg.deliver(task(1, 4)).unwrap();
+        leg.deliver(task(2, 4)).unwrap();
+        let changed = leg.changed();
+        tokio::pin!(changed);
+        leg.answered(1);
+        assert!(
+            futures::poll!(changed.as_mut()).is_pending(),
+            "no farewell queued: an answer cannot make one due"
+        );
+        leg.deliver(WorkerMessage::Drain).unwrap();
+        changed.as_mut().await;
+        assert_eq!(leg.farewell_due(), None, "task 2 still held");
+        changed.set(leg.changed());
+        assert!(futures::poll!(changed.as_mut()).is_pending());
+        leg.answered(2);
+        // Control: after the notice the last answer does wake the stream.
+        changed.await;
         assert_eq!(leg.farewell_due(), Some(Farewell::Drain));
     }
 

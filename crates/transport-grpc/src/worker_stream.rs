@@ -289,9 +289,6 @@ impl WorkerStream {
         let changed = delivery.changed();
         tokio::pin!(changed);
         let end = loop {
-            if let Some(farewell) = delivery.farewell_due() {
-                break End::Farewell(farewell);
-            }
             let acks_pending = acks.as_ref().is_some_and(ResultsAcks::is_pending);
             tokio::select! {
                 frame = inbound.message() => match frame {
@@ -334,7 +331,15 @@ impl WorkerStream {
                     });
                 }
                 () = &mut call_gone => break End::CallGone,
-                () = &mut changed => changed.set(delivery.changed()),
+                // The only moment a farewell can become due (a notice queued, or a task
+                // answered after one): checked here rather than on every frame, which would
+                // take the leg's lock once more per result.
+                () = &mut changed => {
+                    changed.set(delivery.changed());
+                    if let Some(farewell) = delivery.farewell_due() {
+                        break End::Farewell(farewell);
+                    }
+                }
             }
         };
         if let Some(acks) = acks.as_mut() {

@@ -3,19 +3,20 @@
 //! and records each one's latency from send to outcome.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::task::AtomicWaker;
+use futures::{Stream, StreamExt};
 use hdrhistogram::Histogram;
 use switchyard_core::{ActivityRequest, CallerIdentity};
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::dispatch_outcome::Outcome;
 use switchyard_proto::v1::dispatch_stream_reply::Result as StreamResult;
-use tokio::sync::{Semaphore, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::args::BenchArgs;
 use super::target::{Api, Target};
@@ -188,8 +189,102 @@ struct Ids {
     count: u64,
 }
 
-/// One `DispatchStream`: a sender task keeps `outstanding` requests in flight while this
-/// task reads replies, so sending never waits behind a reply.
+/// How many more requests one stream may send: `--outstanding` at first, one more for each
+/// reply. The reply reader gives room back and the request stream takes it, so a request is
+/// made by the connection's own poll of the stream: no task and no channel of the bench's
+/// own stand between a reply and the request it lets go.
+struct Window {
+    room: AtomicU64,
+    closed: AtomicBool,
+    /// The request stream's waker while it waits for room (or for the end).
+    waker: AtomicWaker,
+}
+
+impl Window {
+    fn new(room: u64) -> Self {
+        Self {
+            room: AtomicU64::new(room),
+            closed: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        }
+    }
+
+    /// A reply came in: one more request may go.
+    fn release(&self) {
+        self.room.fetch_add(1, Ordering::AcqRel);
+        self.waker.wake();
+    }
+
+    /// Every reply is in (or the run is abandoned): the request stream ends.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn try_take(&self) -> bool {
+        self.room
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |room| {
+                room.checked_sub(1)
+            })
+            .is_ok()
+    }
+
+    /// Room for one more request (`true`), or the end (`false`); `take: false` waits for the
+    /// end only.
+    fn poll_next(&self, cx: &mut Context<'_>, take: bool) -> Poll<bool> {
+        for attempt in 0..2 {
+            if self.closed.load(Ordering::Acquire) {
+                return Poll::Ready(false);
+            }
+            if take && self.try_take() {
+                return Poll::Ready(true);
+            }
+            if attempt == 0 {
+                // Registered before the second look, so a release in between is not missed.
+                self.waker.register(cx.waker());
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// The requests of one stream, each made (and its send instant marked) when the [`Window`]
+/// has room; after the last one the stream stays open until the window closes.
+struct Requests {
+    window: Arc<Window>,
+    ids: Ids,
+    sent: u64,
+    times: Arc<SendTimes>,
+    input: Bytes,
+    timeout: Duration,
+    args: BenchArgs,
+}
+
+impl Stream for Requests {
+    type Item = pb::DispatchStreamRequest;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let more = self.sent < self.ids.count;
+        if !std::task::ready!(self.window.poll_next(cx, more)) {
+            return Poll::Ready(None);
+        }
+        let id = self.ids.first + self.sent * self.ids.step;
+        self.sent += 1;
+        self.times.mark(id);
+        let request = wire_request(
+            &input_of(&self.args, &self.input, id),
+            self.timeout,
+            self.args.durable,
+        );
+        Poll::Ready(Some(pb::DispatchStreamRequest {
+            correlation_id: id,
+            request: Some(request),
+        }))
+    }
+}
+
+/// One `DispatchStream` keeping `outstanding` requests in flight: the request stream sends
+/// while its [`Window`] has room, and this task reads replies, each giving room back.
 async fn one_stream(
     args: &BenchArgs,
     mut api: Api,
@@ -197,47 +292,21 @@ async fn one_stream(
     outstanding: u64,
     times: Arc<SendTimes>,
 ) -> Result<Run, Failure> {
-    let outstanding = usize::try_from(outstanding).unwrap_or(usize::MAX).max(1);
-    let (requests, outbound) = mpsc::channel(outstanding);
+    let window = Arc::new(Window::new(outstanding.max(1)));
+    let requests = Requests {
+        window: Arc::clone(&window),
+        ids,
+        sent: 0,
+        times: Arc::clone(&times),
+        input: payload(args),
+        timeout: dispatch_timeout(args),
+        args: args.clone(),
+    };
     let mut replies = api
-        .dispatch_stream(ReceiverStream::new(outbound))
+        .dispatch_stream(requests)
         .await
         .map_err(|status| Failure::status(&status))?
         .into_inner();
-    let slots = Arc::new(Semaphore::new(outstanding));
-    let sender = {
-        let (times, slots, input, timeout, args) = (
-            Arc::clone(&times),
-            Arc::clone(&slots),
-            payload(args),
-            dispatch_timeout(args),
-            args.clone(),
-        );
-        tokio::spawn(async move {
-            for n in 0..ids.count {
-                let id = ids.first + n * ids.step;
-                let Ok(permit) = slots.acquire().await else {
-                    return;
-                };
-                permit.forget();
-                times.mark(id);
-                let request = pb::DispatchStreamRequest {
-                    correlation_id: id,
-                    request: Some(wire_request(
-                        &input_of(&args, &input, id),
-                        timeout,
-                        args.durable,
-                    )),
-                };
-                if requests.send(request).await.is_err() {
-                    return;
-                }
-            }
-            // Keep the request half open until every reply is in: closing it early is fine
-            // for the gateway, but holding it makes the sender's lifetime explicit.
-            requests.closed().await;
-        })
-    };
     let mut run = Run::new()?;
     let deadline = reply_deadline(args);
     let result = async {
@@ -254,14 +323,13 @@ async fn one_stream(
                 None => "other",
             };
             run.record(latency, label);
-            slots.add_permits(1);
+            window.release();
         }
         Ok::<_, Failure>(())
     }
     .await;
     drop(replies);
-    slots.close();
-    sender.abort();
+    window.close();
     result.map(|()| run)
 }
 
@@ -364,7 +432,54 @@ pub(crate) async fn collect(
 
 #[cfg(test)]
 mod tests {
-    use super::share;
+    use std::sync::atomic::AtomicUsize;
+
+    use futures::task::{ArcWake, waker};
+
+    use super::*;
+
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl ArcWake for Wakes {
+        fn wake_by_ref(arc_self: &Arc<Self>) {
+            arc_self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn the_window_lets_one_request_go_per_reply_and_ends_when_closed() {
+        let wakes = Arc::new(Wakes::default());
+        let waker = waker(Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        let window = Window::new(2);
+        assert_eq!(window.poll_next(&mut cx, true), Poll::Ready(true));
+        assert_eq!(window.poll_next(&mut cx, true), Poll::Ready(true));
+        assert!(
+            window.poll_next(&mut cx, true).is_pending(),
+            "two outstanding: no third request"
+        );
+        window.release();
+        assert_eq!(
+            wakes.0.load(Ordering::Relaxed),
+            1,
+            "a reply wakes the waiting stream"
+        );
+        // Control: the reply's room lets exactly one more go.
+        assert_eq!(window.poll_next(&mut cx, true), Poll::Ready(true));
+        assert!(window.poll_next(&mut cx, true).is_pending());
+        // After its last request the stream waits for the end, taking no room.
+        window.release();
+        assert!(window.poll_next(&mut cx, false).is_pending());
+        window.close();
+        assert_eq!(window.poll_next(&mut cx, false), Poll::Ready(false));
+        assert_eq!(
+            window.poll_next(&mut cx, true),
+            Poll::Ready(false),
+            "closed ends it"
+        );
+    }
 
     #[test]
     fn shares_add_up_to_the_total_and_differ_by_at_most_one() {

@@ -235,11 +235,13 @@ impl Driver {
                                 ),
                                 Some(request) => {
                                     correlation_ids.insert(correlation_id);
-                                    let runner = Arc::clone(runner);
-                                    let caller = Arc::clone(caller);
                                     let pool = Runner::pool_of(&mut pools, &request);
+                                    // Borrowed from the driver, which outlives `running`: no
+                                    // count to raise and drop on the runner every stream and
+                                    // thread shares.
+                                    let (runner, caller) = (&**runner, &**caller);
                                     running.push(async move {
-                                        let ended = runner.run(&caller, request, &pool).await;
+                                        let ended = runner.run(caller, request, &pool).await;
                                         (correlation_id, ended)
                                     });
                                     None

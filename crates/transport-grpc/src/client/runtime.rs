@@ -2,14 +2,14 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use prost::Message;
-use switchyard_core::{TaskId, TaskResult};
+use switchyard_core::{ActivityTask, TaskId, TaskResult};
 use switchyard_proto::v1::{
     self, ActivityResult, CancelAck, CapacityUpdate, Failure, Pong, WorkerDrainRequest,
     WorkerFrame, activity_result, drain_request, gateway_frame::Frame, worker_frame,
 };
-use switchyard_worker::{ConnectionContext, ConnectionEnd, ReplySink, TaskReply};
+use switchyard_worker::{ConnectionContext, ConnectionEnd, ReplySink, TaskReply, TaskStarter};
 use tokio::sync::mpsc;
 
 use super::DialConfig;
@@ -18,9 +18,11 @@ use crate::wire;
 
 /// Serves one registered stream until it ends.
 ///
-/// Tasks go to the worker's [`TaskKeeper`](switchyard_worker::TaskKeeper), which runs each handler on its own runtime task
-/// under the runner's permit and outlives the stream: after a lost stream the runtime resumes
-/// the session (the handlers keep running) or lets them go. A reply goes onto the stream from
+/// Tasks go to the worker's [`TaskKeeper`](switchyard_worker::TaskKeeper), which runs each
+/// handler under the runner's permit and outlives the stream: after a lost stream the runtime
+/// resumes the session (the handlers keep running) or lets them go. A handler runs on this
+/// loop up to its first wait ([`start`]) and, if it waits, on a runtime task of its own from
+/// there. A reply goes onto the stream from
 /// the task that finished while the stream has room (the keeper's sink), else through this
 /// loop; during a drain every reply comes through this loop, which therefore knows when the
 /// drain is complete.
@@ -35,6 +37,7 @@ pub(crate) async fn serve(
         mut inbound,
     } = stream;
     let keeper = context.keeper;
+    let starter = keeper.starter();
     let serving = Serving {
         outbound,
         max_frame_bytes: frame_limit(&ack, settings),
@@ -99,7 +102,7 @@ pub(crate) async fn serve(
             }
             frame = inbound.message() => match frame {
                 Ok(Some(frame)) => match frame.frame {
-                    Some(Frame::Task(task)) => keeper.start(wire::activity_task(task)),
+                    Some(Frame::Task(task)) => start(&starter, wire::activity_task(task)),
                     Some(Frame::Ping(ping)) => {
                         if !serving.send(worker_frame::Frame::Pong(Pong { seq: ping.seq })).await {
                             break Some(lost("outbound stream closed"));
@@ -186,6 +189,20 @@ pub(crate) async fn serve(
     draining.unwrap_or(ConnectionEnd::Drained)
 }
 
+/// Starts `task`, running its handler here up to its first wait: a handler that answers at
+/// once (an echo, a cached answer) then costs no runtime task and no wake-up of its own, and
+/// its reply goes out through the keeper's sink before the next frame is read. One that waits
+/// goes on on a runtime task of its own, as every handler did before; only its first step
+/// (up to its first `.await` that is not ready) runs on the reader.
+fn start(starter: &TaskStarter, task: ActivityTask) {
+    // `None`: the task is already held, and is not started twice.
+    if let Some(mut inline) = starter.start_inline(task) {
+        // Polled once with a no-op waker; dropped unfinished, it moves onto a runtime task,
+        // which polls it again with a waker of its own.
+        let _finished = (&mut inline).now_or_never();
+    }
+}
+
 /// The largest frame the worker sends: the gateway's stated limit, within the worker's own.
 fn frame_limit(ack: &v1::RegisterAck, settings: &DialConfig) -> usize {
     let stated = usize::try_from(ack.max_worker_frame_bytes).unwrap_or(usize::MAX);
@@ -260,5 +277,77 @@ fn frame(reply: TaskReply) -> worker_frame::Frame {
         TaskReply::CancelAck { task_id } => worker_frame::Frame::CancelAck(CancelAck {
             task_id: task_id.get(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, SystemTime};
+
+    use bytes::Bytes;
+    use switchyard_core::{ActivityContext, ActivityHandler};
+    use switchyard_worker::{TaskKeeper, TaskRunner};
+
+    use super::*;
+
+    fn keeper() -> TaskKeeper {
+        let mut activities: BTreeMap<String, Arc<dyn ActivityHandler>> = BTreeMap::new();
+        let echo = |_: ActivityContext, input: Bytes| async move { Ok(input) };
+        let slow = |_: ActivityContext, input: Bytes| async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok(input)
+        };
+        activities.insert("echo".into(), Arc::new(echo));
+        activities.insert("slow".into(), Arc::new(slow));
+        TaskKeeper::new(TaskRunner::new(activities, 4))
+    }
+
+    fn task(id: u64, activity_type: &str) -> ActivityTask {
+        ActivityTask {
+            task_id: TaskId::from_raw(id),
+            namespace: "ns".into(),
+            task_queue: "q".into(),
+            activity_type: activity_type.into(),
+            input: Bytes::from_static(b"in"),
+            attempt: 1,
+            deadline: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    fn result(id: u64) -> Option<TaskReply> {
+        Some(TaskReply::Result {
+            task_id: TaskId::from_raw(id),
+            result: TaskResult::Success(Bytes::from_static(b"in")),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_that_answers_at_once_answers_before_the_reader_goes_on() {
+        let keeper = keeper();
+        start(&keeper.starter(), task(1, "echo"));
+        assert_eq!(
+            keeper.try_next_reply(),
+            result(1),
+            "no runtime task had to run"
+        );
+        assert!(keeper.is_idle());
+        // Control: started on a runtime task of its own, the same handler has not answered
+        // until that task runs.
+        keeper.start(task(2, "echo"));
+        assert_eq!(keeper.try_next_reply(), None);
+        tokio::task::yield_now().await;
+        assert_eq!(keeper.try_next_reply(), result(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_that_waits_goes_on_without_its_reader() {
+        let keeper = keeper();
+        start(&keeper.starter(), task(3, "slow"));
+        assert_eq!(keeper.try_next_reply(), None, "still waiting");
+        assert_eq!(keeper.held(), 1);
+        // Nobody polls the reader's copy again: the handler finishes on its own task.
+        let reply = tokio::time::timeout(Duration::from_secs(5), keeper.next_reply()).await;
+        assert_eq!(reply.ok(), result(3));
     }
 }
