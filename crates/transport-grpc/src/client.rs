@@ -80,6 +80,7 @@ impl GrpcWorker {
                 keepalive_interval: Duration::from_secs(10),
                 keepalive_timeout: Duration::from_secs(20),
                 max_message_bytes: 16 * 1024 * 1024,
+                inline_handlers: false,
             },
         }
     }
@@ -155,6 +156,18 @@ impl GrpcWorkerBuilder {
         self
     }
 
+    /// Runs each handler on the stream's reader up to its first wait, instead of on a runtime
+    /// task of its own from the start (default off). A handler that answers at once (an echo,
+    /// a cached answer) then costs no task and no wake-up of its own; one that waits moves onto
+    /// a task of its own at its first wait. Only for handlers that do no long synchronous work
+    /// before their first `.await`: until then the reader reads no other frame (no task, no
+    /// ping, no cancel), and a reader held past the gateway's ping timeout makes the worker
+    /// unreachable to it.
+    pub fn inline_handlers(mut self, on: bool) -> Self {
+        self.settings.inline_handlers = on;
+        self
+    }
+
     /// Validates, connects, registers, and waits for the gateway's acknowledgement; no retry
     /// here.
     pub async fn connect(self) -> Result<GrpcWorker, WorkerError> {
@@ -177,6 +190,8 @@ pub(crate) struct DialConfig {
     pub(crate) keepalive_interval: Duration,
     pub(crate) keepalive_timeout: Duration,
     pub(crate) max_message_bytes: usize,
+    /// Whether a handler runs on the stream's reader up to its first wait.
+    pub(crate) inline_handlers: bool,
 }
 
 /// The gRPC worker link: one `ConnectWorker` stream per connection.

@@ -144,8 +144,11 @@ pub(crate) async fn start(
     );
     match wire {
         Wire::Grpc => {
+            // The bench's handler only sleeps (an `.await`) before it answers, so it may run
+            // on the reader up to that wait, as the baselines' workers answer in their loops.
             let worker = GrpcWorker::builder(target.endpoint())
                 .options(options)
+                .inline_handlers(true)
                 .tls(target.client_tls())
                 .connect()
                 .await

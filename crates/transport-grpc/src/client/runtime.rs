@@ -20,9 +20,10 @@ use crate::wire;
 ///
 /// Tasks go to the worker's [`TaskKeeper`](switchyard_worker::TaskKeeper), which runs each
 /// handler under the runner's permit and outlives the stream: after a lost stream the runtime
-/// resumes the session (the handlers keep running) or lets them go. A handler runs on this
-/// loop up to its first wait ([`start`]) and, if it waits, on a runtime task of its own from
-/// there. A reply goes onto the stream from
+/// resumes the session (the handlers keep running) or lets them go. A handler runs on a
+/// runtime task of its own, or, with [`inline_handlers`](super::GrpcWorkerBuilder::inline_handlers),
+/// on this loop up to its first wait ([`start`]) and on a task of its own from there. A reply
+/// goes onto the stream from
 /// the task that finished while the stream has room (the keeper's sink), else through this
 /// loop; during a drain every reply comes through this loop, which therefore knows when the
 /// drain is complete.
@@ -102,7 +103,10 @@ pub(crate) async fn serve(
             }
             frame = inbound.message() => match frame {
                 Ok(Some(frame)) => match frame.frame {
-                    Some(Frame::Task(task)) => start(&starter, wire::activity_task(task)),
+                    Some(Frame::Task(task)) if settings.inline_handlers => {
+                        start(&starter, wire::activity_task(task));
+                    }
+                    Some(Frame::Task(task)) => keeper.start(wire::activity_task(task)),
                     Some(Frame::Ping(ping)) => {
                         if !serving.send(worker_frame::Frame::Pong(Pong { seq: ping.seq })).await {
                             break Some(lost("outbound stream closed"));
