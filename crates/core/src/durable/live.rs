@@ -5,13 +5,13 @@
 //! the outcome, or drops it (the wait ends with nothing) when there is none to send (the
 //! driver stopped, the dispatcher shut down, or the entry was dropped with its driver).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::record::{DispatchId, DispatchState};
+use crate::id_hash::IdMap;
 use crate::outcome::ActivityOutcome;
 use crate::registry::shrink_after_drain;
 
@@ -105,13 +105,16 @@ impl Live {
 }
 
 /// Every [`Live`] dispatch by id.
+///
+/// Hashed as ids the gateway numbers: every key was generated here (random bits after the
+/// time), and an id a peer sends only looks one up.
 #[derive(Debug, Default)]
 pub(super) struct LiveBook {
-    live: Mutex<HashMap<DispatchId, Arc<Live>>>,
+    live: Mutex<IdMap<DispatchId, Arc<Live>>>,
 }
 
 impl LiveBook {
-    fn lock(&self) -> MutexGuard<'_, HashMap<DispatchId, Arc<Live>>> {
+    fn lock(&self) -> MutexGuard<'_, IdMap<DispatchId, Arc<Live>>> {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
