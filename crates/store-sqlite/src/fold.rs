@@ -8,9 +8,7 @@
 //! and the complete then writes nothing (when that record inserted; otherwise it runs as
 //! usual). The batch commits as one transaction, so nobody can see the states skipped.
 
-use std::collections::HashMap;
-
-use switchyard_core::DispatchId;
+use switchyard_core::{DispatchId, IdMap};
 
 use crate::ops::Op;
 
@@ -40,7 +38,7 @@ pub(crate) struct Plan {
 impl Plan {
     /// Plans `ops`, a batch in the order it was sent.
     pub(crate) fn new(ops: &[Op]) -> Self {
-        let mut first_complete: HashMap<&DispatchId, usize> = HashMap::new();
+        let mut first_complete: IdMap<&DispatchId, usize> = IdMap::default();
         for (i, op) in ops.iter().enumerate() {
             if let Op::Complete { id, .. } = op {
                 first_complete.entry(id).or_insert(i);

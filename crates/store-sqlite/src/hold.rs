@@ -13,10 +13,10 @@
 //! The held writes are kept per dispatch, so a batch costs a look-up per command it brings,
 //! not a pass over everything held.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
-use switchyard_core::DispatchId;
+use switchyard_core::{DispatchId, IdMap, IdSet};
 
 use crate::ops::Op;
 use crate::writer::Command;
@@ -24,8 +24,9 @@ use crate::writer::Command;
 /// The writes held back, per dispatch, in the order they were sent.
 #[derive(Debug, Default)]
 pub(crate) struct Held {
-    /// Per held dispatch, its writes in order.
-    groups: HashMap<DispatchId, Vec<Command>>,
+    /// Per held dispatch, its writes in order (hashed as gateway-numbered ids: a held write's
+    /// dispatch was recorded by this gateway, its id generated here).
+    groups: IdMap<DispatchId, Vec<Command>>,
     /// When each group's hold ends, in the order the groups began (holds are a fixed span
     /// from their send, so this is also the order they end); an entry whose group was
     /// released early is skipped.
@@ -51,7 +52,7 @@ impl Held {
         if self.groups.is_empty() && !taken.iter().any(may_wait) {
             return taken;
         }
-        let completed: HashSet<&DispatchId> = taken
+        let completed: IdSet<&DispatchId> = taken
             .iter()
             .filter_map(|c| match &c.op {
                 Op::Complete { id, .. } => Some(id),

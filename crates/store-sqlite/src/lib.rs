@@ -22,6 +22,7 @@ mod ops;
 mod options;
 mod reads;
 mod schema;
+mod statements;
 mod store;
 #[cfg(test)]
 mod test_ops;

@@ -6,7 +6,7 @@
 
 use std::time::SystemTime;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
 use switchyard_core::{
     Completion, DispatchId, DispatchStoreError, NewDispatch, OutcomeRecord, Recorded, WorkerId,
     check_idempotency_key,
@@ -14,6 +14,7 @@ use switchyard_core::{
 
 use crate::backlog::Backlog;
 use crate::codec::{RawOutcome, to_nanos, worker_to_sql};
+use crate::statements::{Sql, Statements};
 
 /// The bounds `record` enforces.
 #[derive(Clone, Copy, Debug)]
@@ -90,11 +91,11 @@ impl Op {
         }
     }
 
-    /// Applies the write inside the open transaction `conn`; a `complete` also raises the
-    /// row's attempt count to `claimed` (the claims of its batch it superseded).
+    /// Applies the write inside the open transaction of `statements`; a `complete` also raises
+    /// the row's attempt count to `claimed` (the claims of its batch it superseded).
     pub(crate) fn apply(
         &self,
-        conn: &Connection,
+        statements: &mut Statements<'_>,
         backlog: &mut Backlog,
         size: &mut StoreSize,
         limits: Limits,
@@ -102,15 +103,13 @@ impl Op {
     ) -> Result<Answer, StepError> {
         match self {
             Self::Record(dispatch) => {
-                record(conn, backlog, size, limits, dispatch, None).map(Answer::Recorded)
+                record(statements, backlog, size, limits, dispatch, None).map(Answer::Recorded)
             }
             Self::Barrier => Ok(Answer::Done),
             Self::Park { id, reason } => {
-                conn.prepare_cached(
-                    "UPDATE dispatches SET state = 'parked', parked_reason = ?2, worker = NULL, \
-                     not_before_ns = NULL WHERE id = ?1 AND state <> 'finished'",
-                )?
-                .execute(params![id.as_str(), reason])?;
+                statements
+                    .get(Sql::Park)?
+                    .execute(params![id.as_str(), reason])?;
                 Ok(Answer::Done)
             }
             Self::Claim {
@@ -118,34 +117,28 @@ impl Op {
                 worker,
                 attempt,
             } => {
-                conn.prepare_cached(
-                    "UPDATE dispatches SET state = 'running', worker = ?2, \
-                     attempts = max(attempts, ?3), parked_reason = NULL, not_before_ns = NULL \
-                     WHERE id = ?1 AND state <> 'finished'",
-                )?
-                .execute(params![id.as_str(), worker_to_sql(*worker), attempt])?;
+                statements.get(Sql::Claim)?.execute(params![
+                    id.as_str(),
+                    worker_to_sql(*worker),
+                    attempt
+                ])?;
                 Ok(Answer::Done)
             }
             Self::Release { id, not_before } => {
-                conn.prepare_cached(
-                    "UPDATE dispatches SET state = 'queued', not_before_ns = ?2, worker = NULL, \
-                     parked_reason = NULL WHERE id = ?1 AND state <> 'finished'",
-                )?
-                .execute(params![id.as_str(), not_before.map(to_nanos)])?;
+                statements
+                    .get(Sql::Release)?
+                    .execute(params![id.as_str(), not_before.map(to_nanos)])?;
                 Ok(Answer::Done)
             }
             Self::Complete { id, outcome, at } => {
-                complete(conn, backlog, id, outcome, *at, claimed).map(Answer::Completion)
+                complete(statements, backlog, id, outcome, *at, claimed).map(Answer::Completion)
             }
             Self::Purge {
                 finished_before,
                 limit,
             } => {
-                let deleted = conn
-                    .prepare_cached(
-                        "DELETE FROM dispatches WHERE seq IN (SELECT seq FROM dispatches \
-                         WHERE finished_at_ns < ?1 LIMIT ?2)",
-                    )?
+                let deleted = statements
+                    .get(Sql::Purge)?
                     .execute(params![to_nanos(*finished_before), limit])?;
                 Ok(Answer::Purged(deleted as u64))
             }
@@ -179,7 +172,7 @@ impl<'a> Finished<'a> {
 /// Records `dispatch`, inserted finished with `finished` (its backlog then unchanged), checking
 /// the idempotency key and the bounds as any record.
 pub(crate) fn record(
-    conn: &Connection,
+    statements: &mut Statements<'_>,
     backlog: &mut Backlog,
     size: &mut StoreSize,
     limits: Limits,
@@ -188,10 +181,8 @@ pub(crate) fn record(
 ) -> Result<Recorded, StepError> {
     if let Some(key) = &dispatch.idempotency_key {
         check_idempotency_key(key).map_err(StepError::Refused)?;
-        let first: Option<String> = conn
-            .prepare_cached(
-                "SELECT id FROM dispatches WHERE namespace = ?1 AND idempotency_key = ?2",
-            )?
+        let first: Option<String> = statements
+            .get(Sql::FindKey)?
             .query_row(params![dispatch.namespace, key], |row| row.get(0))
             .optional()?;
         if let Some(first) = first {
@@ -210,7 +201,7 @@ pub(crate) fn record(
             limit: limits.max_queued_per_namespace,
         }));
     }
-    let in_use = size.bytes(conn)?;
+    let in_use = size.bytes(statements)?;
     let input = dispatch.input.len() as u64;
     if in_use.saturating_add(input) > limits.max_bytes {
         return Err(StepError::Refused(DispatchStoreError::StoreFull {
@@ -227,37 +218,27 @@ pub(crate) fn record(
             attempts,
         }) => ("finished", attempts, Some(to_nanos(at)), Some(outcome)),
     };
-    let inserted = conn
-        .prepare_cached(
-            "INSERT INTO dispatches (id, namespace, task_queue, activity_type, node, input, \
-             principal, idempotency_key, submitted_at_ns, deadline_ns, state, attempts, \
-             finished_at_ns, outcome_kind, outcome_output, outcome_message, \
-             outcome_retryable, outcome_reason, outcome_attempts) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-             ?17, ?18, ?19) \
-             ON CONFLICT (id) DO NOTHING",
-        )?
-        .execute(params![
-            dispatch.id.as_str(),
-            dispatch.namespace,
-            dispatch.task_queue,
-            dispatch.activity_type,
-            dispatch.node,
-            dispatch.input.as_ref(),
-            dispatch.principal,
-            dispatch.idempotency_key,
-            to_nanos(dispatch.submitted_at),
-            to_nanos(dispatch.deadline),
-            state,
-            attempts,
-            at,
-            outcome.map(|o| o.kind.as_str()),
-            outcome.map(|o| o.output.as_ref()),
-            outcome.map(|o| o.message.as_str()),
-            outcome.map(|o| o.retryable),
-            outcome.map(|o| o.reason.as_str()),
-            outcome.map(|o| o.attempts),
-        ])?;
+    let inserted = statements.get(Sql::Insert)?.execute(params![
+        dispatch.id.as_str(),
+        dispatch.namespace,
+        dispatch.task_queue,
+        dispatch.activity_type,
+        dispatch.node,
+        dispatch.input.as_ref(),
+        dispatch.principal,
+        dispatch.idempotency_key,
+        to_nanos(dispatch.submitted_at),
+        to_nanos(dispatch.deadline),
+        state,
+        attempts,
+        at,
+        outcome.map(|o| o.kind.as_str()),
+        outcome.map(|o| o.output.as_ref()),
+        outcome.map(|o| o.message.as_str()),
+        outcome.map(|o| o.retryable),
+        outcome.map(|o| o.reason.as_str()),
+        outcome.map(|o| o.attempts),
+    ])?;
     if inserted == 0 {
         // The same id recorded again (a caller retrying after losing the reply).
         return Ok(Recorded::Existing(dispatch.id.clone()));
@@ -278,11 +259,13 @@ pub(crate) struct StoreSize {
 
 impl StoreSize {
     /// Bytes in use, the batch's records so far included.
-    fn bytes(&mut self, conn: &Connection) -> rusqlite::Result<u64> {
+    fn bytes(&mut self, statements: &mut Statements<'_>) -> rusqlite::Result<u64> {
         match self.in_use {
             Some(in_use) => Ok(in_use),
             None => {
-                let in_use = bytes_in_use(conn)?;
+                let in_use = statements
+                    .get(Sql::BytesInUse)?
+                    .query_row([], |row| row.get(0))?;
                 self.in_use = Some(in_use);
                 Ok(in_use)
             }
@@ -297,17 +280,8 @@ impl StoreSize {
     }
 }
 
-/// Bytes of the store's pages in use: pages freed by deletes are reused, so they count as free.
-fn bytes_in_use(conn: &Connection) -> rusqlite::Result<u64> {
-    conn.prepare_cached(
-        "SELECT (c.page_count - f.freelist_count) * s.page_size \
-         FROM pragma_page_count() c, pragma_freelist_count() f, pragma_page_size() s",
-    )?
-    .query_row([], |row| row.get(0))
-}
-
 fn complete(
-    conn: &Connection,
+    statements: &mut Statements<'_>,
     backlog: &mut Backlog,
     id: &DispatchId,
     outcome: &OutcomeRecord,
@@ -316,14 +290,8 @@ fn complete(
 ) -> Result<Completion, StepError> {
     // The common case, an unfinished row, in one statement; the row is read only when the
     // update finds none to finish.
-    let finished: Option<String> = conn
-        .prepare_cached(
-            "UPDATE dispatches SET state = 'finished', finished_at_ns = ?2, worker = NULL, \
-             parked_reason = NULL, not_before_ns = NULL, outcome_kind = ?3, \
-             outcome_output = ?4, outcome_message = ?5, outcome_retryable = ?6, \
-             outcome_reason = ?7, outcome_attempts = ?8, attempts = max(attempts, ?9) \
-             WHERE id = ?1 AND state <> 'finished' RETURNING namespace",
-        )?
+    let finished: Option<String> = statements
+        .get(Sql::Complete)?
         .query_row(
             params![
                 id.as_str(),
@@ -343,11 +311,8 @@ fn complete(
         backlog.remove(&namespace);
         return Ok(Completion::Recorded);
     }
-    let first = conn
-        .prepare_cached(
-            "SELECT outcome_kind, outcome_output, outcome_message, outcome_retryable, \
-             outcome_reason, outcome_attempts FROM dispatches WHERE id = ?1",
-        )?
+    let first = statements
+        .get(Sql::ReadOutcome)?
         .query_row(params![id.as_str()], |row| {
             Ok(RawOutcome {
                 kind: row.get(0)?,

@@ -165,28 +165,30 @@ impl SqliteStore {
         }
     }
 
-    /// Until when a write sent now may be held back for its dispatch's outcome.
-    fn hold_until(&self) -> Option<Instant> {
-        (!self.hold_for_outcome.is_zero()).then(|| Instant::now() + self.hold_for_outcome)
+    /// Until when a write sent at `now` may be held back for its dispatch's outcome.
+    fn hold_until(&self, now: Instant) -> Option<Instant> {
+        (!self.hold_for_outcome.is_zero()).then(|| now + self.hold_for_outcome)
     }
 
     /// Sends `op` to the writer and waits for its reply, which comes after its batch commits.
     async fn write(&self, op: Op) -> Result<Answer, DispatchStoreError> {
-        self.write_held(op, None).await
+        self.write_held(op, false).await
     }
 
-    /// [`write`](Self::write), the writer allowed to hold `op` back until `hold_until`.
-    async fn write_held(
-        &self,
-        op: Op,
-        hold_until: Option<Instant>,
-    ) -> Result<Answer, DispatchStoreError> {
+    /// [`write`](Self::write), the writer allowed to hold `op` back (`may_wait`) for its
+    /// dispatch's outcome.
+    async fn write_held(&self, op: Op, may_wait: bool) -> Result<Answer, DispatchStoreError> {
         let (reply, answer) = oneshot::channel();
+        let sent = Instant::now();
         let command = Command {
             op,
             reply: Some(reply),
-            sent: Instant::now(),
-            hold_until,
+            sent,
+            hold_until: if may_wait {
+                self.hold_until(sent)
+            } else {
+                None
+            },
         };
         self.inbox.send(command).await.map_err(|_| self.stopped())?;
         answer.await.map_err(|_| self.stopped())?
@@ -195,11 +197,16 @@ impl SqliteStore {
     /// Queues the state note `op` for the writer without waiting for its commit; with
     /// `may_wait`, the writer may hold it back for its dispatch's outcome.
     async fn note(&self, op: Op, may_wait: bool) -> Result<(), DispatchStoreError> {
+        let sent = Instant::now();
         let command = Command {
             op,
             reply: None,
-            sent: Instant::now(),
-            hold_until: if may_wait { self.hold_until() } else { None },
+            sent,
+            hold_until: if may_wait {
+                self.hold_until(sent)
+            } else {
+                None
+            },
         };
         self.inbox.send(command).await.map_err(|_| self.stopped())
     }
@@ -240,10 +247,7 @@ impl DispatchStore for SqliteStore {
         &self,
         dispatch: NewDispatch,
     ) -> Result<Recorded, DispatchStoreError> {
-        match self
-            .write_held(Op::Record(dispatch), self.hold_until())
-            .await?
-        {
+        match self.write_held(Op::Record(dispatch), true).await? {
             Answer::Recorded(recorded) => Ok(recorded),
             other => Err(mismatched(&other)),
         }

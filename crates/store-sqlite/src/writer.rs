@@ -20,6 +20,7 @@ use crate::hold::Held;
 use crate::inbox::Inbox;
 use crate::ops::{self, Answer, Finished, Limits, Op, StepError, StoreSize};
 use crate::schema;
+use crate::statements::Statements;
 
 /// The reply to one command.
 pub(crate) type Reply = Result<Answer, DispatchStoreError>;
@@ -130,6 +131,7 @@ impl Writer {
         // Per command: a record that inserted its row finished.
         let mut inserted_finished = vec![false; ops.len()];
         let mut size = StoreSize::default();
+        let mut statements = Statements::new(&tx);
         for (i, op) in ops.iter().enumerate() {
             let (backlog, limits) = (&mut self.backlog, self.limits);
             let step = match (plan.step(i), op) {
@@ -138,7 +140,14 @@ impl Writer {
                     let finished = ops
                         .get(complete)
                         .and_then(|op| Finished::of(op, plan.claimed(complete)));
-                    let recorded = ops::record(&tx, backlog, &mut size, limits, dispatch, finished);
+                    let recorded = ops::record(
+                        &mut statements,
+                        backlog,
+                        &mut size,
+                        limits,
+                        dispatch,
+                        finished,
+                    );
                     if let Ok(Recorded::New(_)) = &recorded {
                         inserted_finished[i] = finished.is_some();
                     }
@@ -147,7 +156,7 @@ impl Writer {
                 (Step::CompleteFolded { record }, _) if inserted_finished[record] => {
                     Ok(Answer::Completion(Completion::Recorded))
                 }
-                _ => op.apply(&tx, backlog, &mut size, limits, plan.claimed(i)),
+                _ => op.apply(&mut statements, backlog, &mut size, limits, plan.claimed(i)),
             };
             match step {
                 Ok(answer) => results.push(Ok(answer)),
@@ -155,6 +164,7 @@ impl Writer {
                 Err(StepError::Sql(err)) => return Err(err),
             }
         }
+        drop(statements);
         tx.commit()?;
         Ok(results)
     }

@@ -3,9 +3,10 @@
 //! recorded and then announced to waiters and watchers.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -113,23 +114,34 @@ pub(super) struct Shared {
     /// Fired by [`DurableDispatcher::shutdown`].
     pub(super) stopping: CancellationToken,
     /// Drivers running.
-    drivers: watch::Sender<usize>,
+    drivers: AtomicUsize,
+    /// Told when the last driver running ends.
+    drivers_ended: Notify,
 }
 
 /// Counts one driver, from its spawn until its task ends or is dropped unrun.
 pub(super) struct DriverRunning(pub(super) Arc<Shared>);
 
+impl DriverRunning {
+    /// Counts a driver about to start.
+    fn start(shared: &Arc<Shared>) -> Self {
+        shared.drivers.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(shared))
+    }
+}
+
 impl Drop for DriverRunning {
     fn drop(&mut self) {
-        self.0.drivers.send_modify(|n| *n = n.saturating_sub(1));
+        if self.0.drivers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.drivers_ended.notify_waiters();
+        }
     }
 }
 
 impl Shared {
     /// Starts the driver of `row`, tracked as `live`.
     fn spawn_driver(self: &Arc<Self>, row: StoredDispatch, live: Arc<Live>, resumed: bool) {
-        self.drivers.send_modify(|n| *n += 1);
-        let running = DriverRunning(Arc::clone(self));
+        let running = DriverRunning::start(self);
         tokio::spawn(drive(running, row, live, resumed));
     }
 
@@ -171,8 +183,7 @@ impl Shared {
             return;
         };
         // Counted before the caller hears of it, as a spawned driver would be.
-        self.drivers.send_modify(|n| *n += 1);
-        let running = DriverRunning(Arc::clone(&self));
+        let running = DriverRunning::start(&self);
         // A caller that went away still has its dispatch driven.
         let _ = submitted.send(Ok(Submitted {
             id,
@@ -275,7 +286,8 @@ impl DurableDispatcher {
             live: LiveBook::default(),
             watchers: Watchers::new(config.watch_capacity),
             stopping: CancellationToken::new(),
-            drivers: watch::Sender::new(0),
+            drivers: AtomicUsize::new(0),
+            drivers_ended: Notify::new(),
         });
         tracing::info!(
             dispatches = unfinished.len(),
@@ -371,14 +383,9 @@ impl DurableDispatcher {
                 outcome: None,
             });
         }
-        let (mut outcome, answer) = self.start_early(dispatch);
+        let (outcome, answer) = self.start_early(dispatch);
         let submitted = heard_submitted(answer).await?;
-        let outcome = tokio::select! {
-            heard = tokio::time::timeout(wait, outcome.wait_for(Option::is_some)) => {
-                heard.ok().and_then(|heard| heard.ok().and_then(|o| o.clone()))
-            }
-            () = shared.stopping.cancelled() => None,
-        };
+        let outcome = self.wait_for(outcome, wait).await;
         Ok(Awaited {
             id: submitted.id,
             outcome,
@@ -392,7 +399,7 @@ impl DurableDispatcher {
         &self,
         dispatch: NewDispatch,
     ) -> (
-        watch::Receiver<Option<ActivityOutcome>>,
+        oneshot::Receiver<ActivityOutcome>,
         oneshot::Receiver<Result<Submitted, DispatchStoreError>>,
     ) {
         let shared = &self.shared;
@@ -404,8 +411,7 @@ impl DurableDispatcher {
             &dispatch.namespace,
         );
         let outcome = live.outcome();
-        shared.drivers.send_modify(|n| *n += 1);
-        let running = DriverRunning(Arc::clone(shared));
+        let running = DriverRunning::start(shared);
         let (submitted, answer) = oneshot::channel();
         let early = shared.store.orders_writes();
         tokio::spawn(
@@ -494,14 +500,23 @@ impl DurableDispatcher {
                 }
             }
         };
-        let mut outcome = live.outcome();
+        let outcome = live.outcome();
         drop(live);
-        tokio::select! {
-            heard = tokio::time::timeout(wait, outcome.wait_for(Option::is_some)) => {
-                Ok(heard.ok().and_then(|heard| heard.ok().and_then(|o| o.clone())))
-            }
-            () = self.shared.stopping.cancelled() => Ok(None),
+        Ok(self.wait_for(outcome, wait).await)
+    }
+
+    /// The outcome `outcome` hears within `wait`; `None` also when the dispatch ended without
+    /// one here or the dispatcher shut down ([`shutdown`](Self::shutdown) ends every wait).
+    async fn wait_for(
+        &self,
+        outcome: oneshot::Receiver<ActivityOutcome>,
+        wait: Duration,
+    ) -> Option<ActivityOutcome> {
+        // A wait that began after the shutdown's sweep of the waits.
+        if self.shared.stopping.is_cancelled() {
+            return None;
         }
+        tokio::time::timeout(wait, outcome).await.ok()?.ok()
     }
 
     /// The outcomes of `caller`'s principal's durable dispatches, as they are recorded from
@@ -609,15 +624,25 @@ impl DurableDispatcher {
     /// own shutdown is not recorded and runs again at the next start. Call it before
     /// [`Dispatcher::shutdown`].
     pub fn shutdown(&self) {
+        // Cancelled first: a wait that begins after the sweep below sees it.
         self.shared.stopping.cancel();
+        self.shared.live.close_waits();
         self.shared.watchers.close();
     }
 
     /// Waits until every driver has ended (after [`shutdown`](Self::shutdown) and the
     /// dispatcher's shutdown): nothing more will be written to the store.
     pub async fn drivers_ended(&self) {
-        let mut drivers = self.shared.drivers.subscribe();
-        let _ = drivers.wait_for(|running| *running == 0).await;
+        let shared = &self.shared;
+        loop {
+            let ended = shared.drivers_ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            if shared.drivers.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            ended.await;
+        }
     }
 }
 

@@ -27,18 +27,11 @@ const RECORD_BACKOFF: Backoff = Backoff {
     max: Duration::from_secs(5),
 };
 
-/// How often a running dispatch's claim is extended ([`DispatchStore::extend`]).
+/// How often a running dispatch's claim is extended ([`DispatchStore::extend`]), in a store
+/// that [leases claims](super::DispatchStore::leases_claims).
 ///
 /// [`DispatchStore::extend`]: super::DispatchStore::extend
 const EXTEND_EVERY: Duration = Duration::from_secs(30);
-
-/// Sleeps until `at`, or for ever when there is no `at`.
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
 
 /// A note write being made.
 type Writing<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -171,8 +164,11 @@ pub(super) async fn run(
     let (notes, mut heard) = mpsc::unbounded_channel();
     let hooks = hooks(row.attempts, live, notes);
     let mut dispatch = pin!(shared.dispatcher.dispatch_with(&caller, request, hooks));
-    // While a worker holds it, its claim is kept alive for stores that lease claims.
-    let mut extend_at: Option<Instant> = None;
+    // While a worker holds it, its claim is kept alive for stores that lease claims; the one
+    // timer is registered only when it is first polled, so other stores never arm it.
+    let leases_claims = shared.store.leases_claims();
+    let mut extend = pin!(tokio::time::sleep(EXTEND_EVERY));
+    let mut extending = false;
     // One note is written at a time, in order, while the dispatch goes on: a worker's answer
     // never waits for the store to take a note.
     let mut writing: Option<Writing<'_>> = None;
@@ -182,15 +178,15 @@ pub(super) async fn run(
             result = &mut dispatch => break result,
             () = run_some(&mut writing), if writing.is_some() => writing = None,
             Some(note) = heard.recv(), if writing.is_none() => {
-                extend_at = match note {
-                    Note::Delivered(..) => Some(Instant::now() + EXTEND_EVERY),
-                    Note::Parked(_) => None,
-                };
+                extending = leases_claims && matches!(note, Note::Delivered(..));
+                if extending {
+                    extend.as_mut().reset(Instant::now() + EXTEND_EVERY);
+                }
                 live.set_state(note.state());
                 writing = Some(Box::pin(write(shared, &d.id, note)));
             }
-            () = sleep_until_some(extend_at) => {
-                extend_at = Some(Instant::now() + EXTEND_EVERY);
+            () = extend.as_mut(), if extending => {
+                extend.as_mut().reset(Instant::now() + EXTEND_EVERY);
                 if let Err(error) = shared.store.extend(&d.id).await {
                     tracing::debug!(%error, "claim not extended");
                 }

@@ -23,8 +23,9 @@ use crate::address::WorkerId;
 /// after the outcome.
 ///
 /// The dispatcher keeps what is running in memory and uses the store for what must outlive
-/// it, so a store that leases claims (a replicated log with acknowledgement deadlines) keeps
-/// them alive through [`extend`](Self::extend), and one that does not ignores it.
+/// it, so a store that leases claims (a replicated log with acknowledgement deadlines) says so
+/// ([`leases_claims`](Self::leases_claims)) and keeps them alive through
+/// [`extend`](Self::extend).
 #[async_trait]
 pub trait DispatchStore: Send + Sync + std::fmt::Debug + 'static {
     /// Records a new dispatch, refusing it when a bound would be passed; with an idempotency
@@ -56,7 +57,8 @@ pub trait DispatchStore: Send + Sync + std::fmt::Debug + 'static {
         attempt: u32,
     ) -> Result<(), DispatchStoreError>;
 
-    /// Keeps `id`'s claim alive while its worker runs it.
+    /// Keeps `id`'s claim alive while its worker runs it; called only by a store that
+    /// [leases claims](Self::leases_claims).
     async fn extend(&self, id: &DispatchId) -> Result<(), DispatchStoreError>;
 
     /// Records `id`'s one outcome at `at`; the first outcome recorded wins.
@@ -116,6 +118,13 @@ pub trait DispatchStore: Send + Sync + std::fmt::Debug + 'static {
     /// record commits (the outcome still waits for both). Default `false`: it delivers only
     /// after the record returned.
     fn orders_writes(&self) -> bool {
+        false
+    }
+
+    /// True when a claim lapses unless [extended](Self::extend) while its worker runs it: the
+    /// driver of a running dispatch then extends it every 30 s. Default `false`: a claim lasts
+    /// until its dispatch is completed or released, and the driver keeps no timer for it.
+    fn leases_claims(&self) -> bool {
         false
     }
 }

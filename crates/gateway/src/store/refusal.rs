@@ -91,6 +91,10 @@ impl DispatchStore for RefusingNewDispatches {
     fn orders_writes(&self) -> bool {
         false
     }
+
+    fn leases_claims(&self) -> bool {
+        self.inner.leases_claims()
+    }
 }
 
 #[cfg(test)]

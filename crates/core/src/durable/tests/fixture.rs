@@ -49,18 +49,23 @@ pub(super) async fn start_on(setup: Setup, store: Arc<MemoryDispatchStore>) -> G
 /// A gateway whose store loses every state note (`park`, `claim`): its rows lag behind
 /// the dispatcher, as a store's may.
 pub(super) async fn start_lagging(store: Arc<MemoryDispatchStore>) -> Gateway {
-    start_wrapped(store, true, false, false).await
+    start_wrapped(store, true, false, false, true).await
 }
 
 /// A gateway whose store takes a turn of the scheduler before it records, as a store that
 /// commits on another thread does.
 pub(super) async fn start_slow(store: Arc<MemoryDispatchStore>) -> Gateway {
-    start_wrapped(store, false, true, false).await
+    start_wrapped(store, false, true, false, true).await
+}
+
+/// [`start_slow`] on a store that does not lease claims.
+pub(super) async fn start_slow_unleased(store: Arc<MemoryDispatchStore>) -> Gateway {
+    start_wrapped(store, false, true, false, false).await
 }
 
 /// A gateway whose store never finishes a claim.
 pub(super) async fn start_stalling(store: Arc<MemoryDispatchStore>) -> Gateway {
-    start_wrapped(store, false, false, true).await
+    start_wrapped(store, false, false, true, true).await
 }
 
 async fn start_wrapped(
@@ -68,6 +73,7 @@ async fn start_wrapped(
     drop_notes: bool,
     slow_record: bool,
     stall_claims: bool,
+    leases_claims: bool,
 ) -> Gateway {
     let setup = fixture::setup();
     let extends = Arc::new(AtomicUsize::new(0));
@@ -78,6 +84,7 @@ async fn start_wrapped(
         drop_notes,
         slow_record,
         stall_claims,
+        leases_claims,
         extends: Arc::clone(&extends),
     });
     let durable =
@@ -189,6 +196,8 @@ struct Wrapped {
     slow_record: bool,
     /// Claims never finish.
     stall_claims: bool,
+    /// What [`DispatchStore::leases_claims`] says.
+    leases_claims: bool,
     extends: Arc<AtomicUsize>,
     gets: Arc<AtomicUsize>,
 }
@@ -224,6 +233,9 @@ impl DispatchStore for Wrapped {
     async fn extend(&self, id: &DispatchId) -> Result<(), DispatchStoreError> {
         self.extends.fetch_add(1, Ordering::Relaxed);
         self.inner.extend(id).await
+    }
+    fn leases_claims(&self) -> bool {
+        self.leases_claims
     }
     async fn complete(
         &self,

@@ -209,6 +209,33 @@ async fn a_running_dispatchs_claim_is_extended_while_its_worker_holds_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_store_that_does_not_lease_claims_is_never_asked_to_extend_one() {
+    // The control is the test above: the same run on a store that leases claims extends twice.
+    let gw = start_slow_unleased(memory()).await;
+    let alice = producer("alice");
+    let id = gw
+        .durable
+        .submit(&alice, request("long", Duration::from_secs(600)), None)
+        .await
+        .expect("recorded")
+        .id;
+    let mut worker = gw.setup.worker(1).await;
+    let task = worker.task().await;
+    tokio::time::sleep(Duration::from_secs(65)).await;
+    assert_eq!(gw.extends.load(std::sync::atomic::Ordering::Relaxed), 0);
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("long"))
+        .expect("pending");
+    assert_eq!(
+        gw.durable
+            .await_outcome(&alice, &id, Duration::from_secs(10))
+            .await,
+        Ok(Some(completed("long")))
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_outcome_does_not_wait_for_a_state_note_the_store_is_slow_to_take() {
     let gw = start_stalling(memory()).await;
     let alice = producer("alice");
