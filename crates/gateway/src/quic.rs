@@ -50,6 +50,7 @@ impl QuicTransport {
                 stream_receive_window: section.stream_receive_window,
                 receive_window: section.receive_window,
                 send_window: section.send_window,
+                ..ConnectionConfig::default()
             },
             frames: FrameLimits {
                 control: section.max_control_frame,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
-use quinn::{IdleTimeout, TransportConfig, VarInt};
+use quinn::{AckFrequencyConfig, IdleTimeout, TransportConfig, VarInt};
 
 use crate::protocol::{DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME};
 use crate::redundancy::{DATAGRAM_RECEIVE_BUFFER, DATAGRAM_SEND_BUFFER, Redundancy};
@@ -45,6 +45,18 @@ pub struct ConnectionConfig {
     pub receive_window: u32,
     /// Bytes the connection buffers unacknowledged for sending (default 16 MiB).
     pub send_window: u64,
+    /// Round-robin between lanes with data to send (default true, quinn's own default).
+    /// Off, frames leave in the order they were written: fewer, fuller packets and far less
+    /// CPU per task on a busy connection with small frames, but a large frame holds back
+    /// the small ones written after it until all of it is sent. For links and payloads where
+    /// that is acceptable; `docs/benchmarks.md` (Session 11: QUIC via stream) has figures.
+    pub send_fairness: bool,
+    /// Ask the peer (QUIC ACK frequency extension, when it supports it) to acknowledge only
+    /// once more than this many ack-eliciting packets arrived, or its `max_ack_delay` passed
+    /// (default `None`: the peer's own policy, an ACK for every second packet). Fewer ACK
+    /// packets each way on a busy connection; on a link whose congestion window holds fewer
+    /// packets than this, each round trip waits up to the peer's `max_ack_delay`.
+    pub ack_eliciting_threshold: Option<u32>,
 }
 
 impl Default for ConnectionConfig {
@@ -57,6 +69,8 @@ impl Default for ConnectionConfig {
             stream_receive_window: 1024 * 1024,
             receive_window: 16 * 1024 * 1024,
             send_window: 16 * 1024 * 1024,
+            send_fairness: true,
+            ack_eliciting_threshold: None,
         }
     }
 }
@@ -113,6 +127,12 @@ impl ConnectionConfig {
             .stream_receive_window(VarInt::from_u32(self.stream_receive_window))
             .receive_window(VarInt::from_u32(self.receive_window))
             .send_window(self.send_window);
+        if let Some(threshold) = self.ack_eliciting_threshold {
+            let mut ack = AckFrequencyConfig::default();
+            ack.ack_eliciting_threshold(VarInt::from_u32(threshold));
+            transport.ack_frequency_config(Some(ack));
+        }
+        transport.send_fairness(self.send_fairness);
         match self.congestion {
             CongestionControl::Cubic => {
                 transport.congestion_controller_factory(Arc::new(CubicConfig::default()))
@@ -309,6 +329,28 @@ mod tests {
             assert!(link.transport(1, Redundancy::Off).is_ok());
             assert!(link.transport(1, Redundancy::Datagram).is_ok());
         }
+    }
+
+    #[test]
+    fn fairness_and_ack_frequency_reach_quinn_only_when_asked() {
+        let shown = |link: &ConnectionConfig| {
+            let transport = link.transport(1, Redundancy::Off);
+            format!("{:?}", transport.ok())
+        };
+        // Control: the defaults keep quinn's own (round-robin, no ACK frequency request).
+        let default = shown(&ConnectionConfig::default());
+        assert!(default.contains("send_fairness: true"), "{default}");
+        assert!(default.contains("ack_frequency_config: None"), "{default}");
+        let tuned = shown(&ConnectionConfig {
+            send_fairness: false,
+            ack_eliciting_threshold: Some(8),
+            ..ConnectionConfig::default()
+        });
+        assert!(tuned.contains("send_fairness: false"), "{tuned}");
+        assert!(
+            tuned.contains("ack_eliciting_threshold: 8"),
+            "the threshold is asked of the peer: {tuned}"
+        );
     }
 
     #[test]

@@ -32,12 +32,15 @@ pub(crate) struct AckBatch {
 }
 
 impl AckBatch {
-    /// Adds `task`, processed at `now`. Returns true when this moved the time the next frame
+    /// Adds `task`, processed at `now()`. Returns true when this moved the time the next frame
     /// is due (the first pending id starts the delay, the id that fills the batch makes it due
     /// at once): only then does a writer waiting for [`AckBatch::due`] need waking.
-    pub(crate) fn push(&mut self, task: TaskId, now: Instant) -> bool {
+    ///
+    /// Only the first pending id's time counts, so `now` is called for it alone: a busy
+    /// connection reads the clock once per frame, not once per result.
+    pub(crate) fn push(&mut self, task: TaskId, now: impl FnOnce() -> Instant) -> bool {
         if self.ids.is_empty() {
-            self.since = Some(now);
+            self.since = Some(now());
         }
         self.ids.push(task);
         self.ids.len() == 1 || self.ids.len() == ACK_BATCH_IDS
@@ -82,7 +85,7 @@ impl Acks {
     /// due time moved, not once per result: a connection under load would otherwise wake it
     /// (and rebuild its wait) for every result.
     pub(crate) fn processed(&self, task: TaskId) {
-        let due_moved = self.batch().push(task, Instant::now());
+        let due_moved = self.batch().push(task, Instant::now);
         if due_moved {
             self.added.notify_one();
         }
@@ -131,14 +134,14 @@ mod tests {
         let mut batch = AckBatch::default();
         assert_eq!(batch.due(), None, "nothing pending, nothing due");
         for n in 0..ACK_BATCH_IDS as u64 - 1 {
-            batch.push(t(n), start + Duration::from_millis(n));
+            batch.push(t(n), || start + Duration::from_millis(n));
         }
         assert_eq!(
             batch.due(),
             Some(start + ACK_BATCH_DELAY),
             "below the count, the oldest id sets the time"
         );
-        batch.push(t(999), start + Duration::from_millis(100));
+        batch.push(t(999), || start + Duration::from_millis(100));
         assert_eq!(batch.due(), Some(start), "a full batch is due at once");
         let later = start + Duration::from_secs(1);
         assert_eq!(batch.take(later).len(), ACK_BATCH_IDS);
@@ -150,7 +153,7 @@ mod tests {
         let start = Instant::now();
         let mut batch = AckBatch::default();
         for n in 0..ACK_BATCH_IDS as u64 + 3 {
-            batch.push(t(n), start);
+            batch.push(t(n), || start);
         }
         let first = batch.take(start);
         assert_eq!(first.first(), Some(&t(0)), "oldest first");
@@ -188,7 +191,7 @@ mod tests {
         let start = Instant::now();
         let mut batch = AckBatch::default();
         let moved: Vec<bool> = (0..ACK_BATCH_IDS as u64 + 1)
-            .map(|n| batch.push(t(n), start))
+            .map(|n| batch.push(t(n), || start))
             .collect();
         assert!(moved[0], "the first id starts the delay");
         assert!(
@@ -198,6 +201,31 @@ mod tests {
         // Control: every other id leaves the due time where it was.
         let others = moved.iter().filter(|moved| **moved).count();
         assert_eq!(others, 2, "{moved:?}");
+    }
+
+    #[test]
+    fn the_clock_is_read_for_the_first_pending_id_only() {
+        let start = Instant::now();
+        let reads = std::cell::Cell::new(0);
+        let now = || {
+            reads.set(reads.get() + 1);
+            start
+        };
+        let mut batch = AckBatch::default();
+        for n in 0..ACK_BATCH_IDS as u64 + 10 {
+            batch.push(t(n), now);
+        }
+        assert_eq!(reads.get(), 1, "one read for a batch and its overflow");
+        assert_eq!(
+            batch.due(),
+            Some(start),
+            "the first id's time still sets the due time"
+        );
+        // Control: once the batch is taken, the next id starts a new delay and reads again.
+        let _ = batch.take(start);
+        let _ = batch.take(start);
+        batch.push(t(1_000), now);
+        assert_eq!(reads.get(), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -59,6 +59,9 @@ pub(crate) struct QuicDelivery {
     final_drain: AtomicBool,
     /// Woken whenever a cancel is queued or a task ends, for a close waiting on them.
     changed: Notify,
+    /// Set once a close waits on `changed`: before that nobody listens, and waking a `Notify`
+    /// takes its lock, which every result would pay.
+    flushing: AtomicBool,
     /// Cancelled when the server asks for a flushed close.
     closing: CancellationToken,
     /// The results to acknowledge, when the worker understands `results_ack`.
@@ -93,6 +96,7 @@ impl QuicDelivery {
             drained: Notify::new(),
             final_drain: AtomicBool::new(false),
             changed: Notify::new(),
+            flushing: AtomicBool::new(false),
             closing: CancellationToken::new(),
             acks: acks.then(Acks::default),
         };
@@ -178,9 +182,19 @@ impl QuicDelivery {
     }
 
     fn ended(&self, finished: Finished) {
-        self.changed.notify_waiters();
+        self.wake_flush();
         if finished.drain_complete {
             self.drained.notify_one();
+        }
+    }
+
+    /// Wakes a close waiting for the tasks held to end or be cancelled, if one waits.
+    ///
+    /// Callers change the lane table first; [`QuicDelivery::flush`] sets `flushing` before it
+    /// looks at the table, under the table's lock, so a change it does not see wakes it.
+    fn wake_flush(&self) {
+        if self.flushing.load(Ordering::Acquire) {
+            self.changed.notify_waiters();
         }
     }
 
@@ -221,6 +235,7 @@ impl QuicDelivery {
     /// finishes every lane after its queued frames, and waits for the worker to acknowledge
     /// them. The delivery refuses every later message.
     pub(crate) async fn flush(&self, deadline: Instant) {
+        self.flushing.store(true, Ordering::Release);
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -338,7 +353,7 @@ impl WorkerDelivery for QuicDelivery {
                     reason: convert::cancel_reason(reason).into(),
                 }))?;
                 self.lanes().cancel(task_id, frame)?;
-                self.changed.notify_waiters();
+                self.wake_flush();
                 Ok(())
             }
             WorkerMessage::Drain => {

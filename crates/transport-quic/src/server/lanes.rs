@@ -181,6 +181,11 @@ impl<S: LaneSink> LaneTable<S> {
 
     /// True when `lane` is above the wanted lanes: `target` or more lanes have lower numbers.
     fn is_above_target(&self, lane: LaneId) -> bool {
+        // Nothing is above the target while there are no more lanes than wanted (every finish
+        // under steady load), so the scan is left for a shrink.
+        if self.order.len() <= self.target {
+            return false;
+        }
         self.order
             .iter()
             .position(|id| *id == lane)
