@@ -99,12 +99,12 @@ def cell(values, fmt):
 count = lambda v: f"{v:,.0f}"
 print(f"nodes: {cluster[0]['nodes']}, nats-server {cluster[0].get('nats_version')}")
 print()
-print("| configuration | tasks/s | p50 µs | p99 µs | machine CPU µs/task | NATS msgs/dispatch | load 1m |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
+print("| configuration | tasks/s | p50 µs | p99 µs | max µs | machine CPU µs/task | NATS msgs/dispatch | load 1m |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for name, reports in runs.items():
     get = lambda field: [r.get(field) for r in reports]
     print(f"| {name} | {cell(get('tasks_per_sec'), count)} | {cell(get('p50_us'), count)} "
-          f"| {cell(get('p99_us'), count)} "
+          f"| {cell(get('p99_us'), count)} | {cell(get('max_us'), count)} "
           f"| {cell(get('cpu_us_per_dispatch'), lambda v: f'{v:.1f}')} "
           f"| {cell(get('nats_messages_per_dispatch'), lambda v: f'{v:.3f}')} "
           f"| {cell(get('load_average_1m'), lambda v: f'{v:.1f}')} |")
@@ -151,6 +151,16 @@ if before:
             else:
                 cells.append("n/a")
         print(f"| {name} | " + " | ".join(cells) + f" | {cell(ratios, lambda v: f'{v:.2f}×')} |")
+
+# The cross phase's tail per round (a stall shows as a max of seconds in one round).
+print()
+print("| cross-node, per round | " + " | ".join(f"round {n}" for n in range(1, rounds + 1)) + " |")
+print("| --- |" + " --- |" * rounds)
+for label, reports in ([("before", before)] if before else []) + [("after" if before else "cluster", cluster)]:
+    for field in ("p99_us", "max_us"):
+        cells = [f"{r['cross'][field]:,}" if r["cross"].get(field) is not None else "n/a"
+                 for r in reports]
+        print(f"| {label} {field} | " + " | ".join(cells) + " |")
 
 print()
 print("| ratio (per round) | median (min–max) |")

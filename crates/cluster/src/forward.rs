@@ -24,12 +24,13 @@ use futures::StreamExt;
 use switchyard_core::{
     ActivityRequest, Forwarded, Offered, Overflow, OverflowFuture, OverflowOffer,
 };
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::hints::Hints;
 use crate::members::Members;
-use crate::names::{Names, pool_hash};
+use crate::names::{Names, pool_hash, pool_key};
 use crate::offers::{Heard, OfferQueues, Queued, Tries};
 use crate::status::{ClusterStatus, Standing};
 use crate::wire::{self, CancelMeta, EntryAnswer, OfferEntry, OfferHeader, RemoteEnd};
@@ -48,8 +49,6 @@ const TAKER_CHECK: Duration = Duration::from_secs(1);
 /// A parked dispatch offers again at least this often, in case a capacity announcement was
 /// lost (NATS restarting, say).
 const REOFFER_EVERY: Duration = Duration::from_secs(5);
-/// Pools whose capacity announcements are tracked before idle ones are forgotten.
-const TRACKED_POOLS: usize = 1024;
 
 /// The offering side, shared between the overflow and its subscription tasks.
 pub(crate) struct Forwarder {
@@ -62,10 +61,8 @@ pub(crate) struct Forwarder {
     next_forward: AtomicU64,
     /// Forwarded dispatches waiting for their end, by forward id.
     waiting: Mutex<HashMap<u64, Waiting>>,
-    /// Per pool hash: woken when a node announces a free slot there.
-    capacity: Mutex<HashMap<String, Arc<Notify>>>,
-    /// Woken when a node joins.
-    joined: Notify,
+    /// The capacity announcements and joins heard, which wake parked dispatches.
+    hints: Hints,
     /// Dispatches waiting to be offered, per pool.
     queues: Mutex<OfferQueues>,
 }
@@ -88,8 +85,7 @@ impl Forwarder {
             member_ttl,
             next_forward: AtomicU64::new(1),
             waiting: Mutex::new(HashMap::new()),
-            capacity: Mutex::new(HashMap::new()),
-            joined: Notify::new(),
+            hints: Hints::default(),
             queues: Mutex::new(OfferQueues::default()),
         })
     }
@@ -102,17 +98,9 @@ impl Forwarder {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn pool_notify(&self, pool: &str) -> Arc<Notify> {
-        let mut capacity = self.capacity.lock().unwrap_or_else(PoisonError::into_inner);
-        if capacity.len() >= TRACKED_POOLS {
-            capacity.retain(|_, notify| Arc::strong_count(notify) > 1);
-        }
-        Arc::clone(capacity.entry(pool.to_owned()).or_default())
-    }
-
     /// A node joined: every parked dispatch may find a taker there.
     pub(crate) fn node_joined(&self) {
-        self.joined.notify_waiters();
+        self.hints.joined();
     }
 
     /// A forward's offer was taken by `taker`: from now on the sweep checks it.
@@ -393,21 +381,13 @@ impl Overflow for ClusterOverflow {
     }
 
     fn capacity_hint(&self, request: &ActivityRequest) -> OverflowFuture<()> {
-        let pool = pool_hash(
+        let pool = pool_key(
             &request.namespace,
             switchyard_core::normalise_task_queue(&request.task_queue),
             &request.activity_type,
             request.node.as_deref().filter(|n| !n.is_empty()),
         );
-        let forwarder = Arc::clone(&self.0);
-        let notify = forwarder.pool_notify(&pool);
-        Box::pin(async move {
-            tokio::select! {
-                () = notify.notified() => {}
-                () = forwarder.joined.notified() => {}
-                () = tokio::time::sleep(REOFFER_EVERY) => {}
-            }
-        })
+        Box::pin(self.0.hints.hint(pool, REOFFER_EVERY))
     }
 }
 
@@ -465,16 +445,11 @@ pub(crate) async fn follow_capacity(forwarder: Arc<Forwarder>, stop: Cancellatio
             message = announcements.next() => message,
         };
         let Some(message) = message else { return };
-        if let Some(pool) = message.subject.rsplit('.').next() {
-            let notify = forwarder
-                .capacity
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(pool)
-                .cloned();
-            if let Some(notify) = notify {
-                notify.notify_waiters();
-            }
+        // The subject's last token is the pool's key in hex (`Names::capacity`).
+        if let Some(pool) = message.subject.rsplit('.').next()
+            && let Ok(pool) = u64::from_str_radix(pool, 16)
+        {
+            forwarder.hints.announced(pool);
         }
     }
 }

@@ -16,6 +16,7 @@ mod cluster;
 mod config;
 mod error;
 mod forward;
+mod hints;
 mod kv_bucket;
 mod members;
 mod membership;

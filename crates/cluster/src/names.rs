@@ -37,6 +37,19 @@ pub fn pool_hash(
     activity_type: &str,
     node: Option<&str>,
 ) -> String {
+    format!(
+        "{:016x}",
+        pool_key(namespace, task_queue, activity_type, node)
+    )
+}
+
+/// The number [`pool_hash`] writes in hex (a key without an allocation).
+pub(crate) fn pool_key(
+    namespace: &str,
+    task_queue: &str,
+    activity_type: &str,
+    node: Option<&str>,
+) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for part in [namespace, task_queue, activity_type, node.unwrap_or("")] {
         for byte in part.bytes().chain(std::iter::once(0)) {
@@ -44,7 +57,7 @@ pub fn pool_hash(
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
     }
-    format!("{hash:016x}")
+    hash
 }
 
 /// The names of one cluster.

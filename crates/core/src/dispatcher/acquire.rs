@@ -148,16 +148,25 @@ impl Dispatcher {
             .overflow
             .get()
             .filter(|overflow| !hooks.durable || overflow.carries_durable());
+        // Each offer comes with the capacity hint it waits on if nobody takes it, taken as
+        // the offer leaves: an announcement heard while the offer is out still wakes it.
         let offer = || {
-            overflow.map(|overflow| {
-                overflow.offer(OverflowOffer {
-                    request: request.clone(),
-                    deadline,
-                    attempt_offset: hooks.attempt_offset,
+            overflow
+                .map(|overflow| {
+                    let hint = overflow.capacity_hint(request);
+                    let offered = overflow.offer(OverflowOffer {
+                        request: request.clone(),
+                        deadline,
+                        attempt_offset: hooks.attempt_offset,
+                    });
+                    (offered, hint)
                 })
-            })
+                .unzip()
         };
-        let mut offering: Option<OverflowFuture<Offered>> = offer();
+        let (mut offering, mut offer_hint): (
+            Option<OverflowFuture<Offered>>,
+            Option<OverflowFuture<()>>,
+        ) = offer();
         // With no local worker at all in the pool, nothing local can free a slot: while the
         // first offer is out the dispatch waits on it alone, without a pool waiter or a second
         // selection. An arrival meanwhile is seen when the offer comes back untaken or has been
@@ -249,7 +258,7 @@ impl Dispatcher {
                         offering = None;
                         match offered {
                             Offered::NoTaker => {
-                                hint = overflow.map(|overflow| overflow.capacity_hint(request));
+                                hint = offer_hint.take();
                                 if !no_taker {
                                     no_taker = true;
                                     classified_at = None;
@@ -269,7 +278,7 @@ impl Dispatcher {
                                             },
                                         ));
                                     }
-                                    Forwarded::Lost => offering = offer(),
+                                    Forwarded::Lost => (offering, offer_hint) = offer(),
                                 }
                             }
                         }
@@ -277,7 +286,7 @@ impl Dispatcher {
                     }
                     () = settle(&mut hint) => {
                         hint = None;
-                        offering = offer();
+                        (offering, offer_hint) = offer();
                         continue;
                     }
                     () = &mut timer => {

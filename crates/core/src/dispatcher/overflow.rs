@@ -62,8 +62,10 @@ pub trait Overflow: Send + Sync + 'static {
     /// Offers a dispatch that found no local worker.
     fn offer(&self, offer: OverflowOffer) -> OverflowFuture<Offered>;
 
-    /// Resolves when another node may have gained a free slot for `request`'s pool since an
-    /// offer found no taker (the parked dispatch then offers again).
+    /// Resolves when another node may have gained a free slot for `request`'s pool since this
+    /// call (the parked dispatch then offers again). The dispatcher takes one as each offer
+    /// leaves and waits on it only if that offer finds no taker, so a slot announced while
+    /// the offer was out is not missed.
     fn capacity_hint(&self, request: &ActivityRequest) -> OverflowFuture<()>;
 
     /// True when durable dispatches may be offered too: every node reads the same dispatch

@@ -3,6 +3,7 @@
 //! lost taker is offered again, an offer out is not listed as unserved while a local worker
 //! freed meanwhile still takes the dispatch, and `local_only` never parks.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,17 +17,29 @@ use super::fixture::*;
 use crate::dispatcher::acquire::OFFERED_UNLISTED;
 
 /// A scripted overflow: each offer takes the next scripted answer (none left → no taker);
-/// hints fire on `hint.notify_waiters()`.
+/// hints fire on `hint.notify_waiters()` (the hints waiting at that moment), and on an
+/// announcement (`announce`: every hint taken before it, as the cluster's are).
 #[derive(Default)]
 struct Scripted {
     answers: Mutex<Vec<Answer>>,
     offers: Mutex<Vec<String>>,
     hint: Arc<Notify>,
+    announced: Arc<AtomicU64>,
     carries_durable: bool,
+}
+
+impl Scripted {
+    fn announce(&self) {
+        self.announced.fetch_add(1, Ordering::SeqCst);
+        self.hint.notify_waiters();
+    }
 }
 
 enum Answer {
     NoTaker,
+    /// No taker, and a capacity announcement arrives while the offer is out (before its
+    /// answer).
+    NoTakerAfterAnnouncement(Arc<Scripted>),
     Ends(Forwarded),
     /// Taken, and runs until the returned future is dropped (reported on the channel).
     Runs(mpsc::UnboundedSender<()>),
@@ -55,6 +68,10 @@ impl Overflow for Scripted {
         Box::pin(async move {
             match answer {
                 None | Some(Answer::NoTaker) => Offered::NoTaker,
+                Some(Answer::NoTakerAfterAnnouncement(scripted)) => {
+                    scripted.announce();
+                    Offered::NoTaker
+                }
                 Some(Answer::Ends(ended)) => Offered::Taken(Box::pin(async move { ended })),
                 Some(Answer::Runs(dropped)) => Offered::Taken(Box::pin(async move {
                     let _signal = DropSignal(dropped);
@@ -69,8 +86,14 @@ impl Overflow for Scripted {
     }
 
     fn capacity_hint(&self, _request: &crate::ActivityRequest) -> OverflowFuture<()> {
-        let hint = Arc::clone(&self.hint);
-        Box::pin(async move { hint.notified().await })
+        let (hint, announced) = (Arc::clone(&self.hint), Arc::clone(&self.announced));
+        let seen = announced.load(Ordering::SeqCst);
+        Box::pin(async move {
+            let notified = hint.notified();
+            if announced.load(Ordering::SeqCst) == seen {
+                notified.await;
+            }
+        })
     }
 
     fn carries_durable(&self) -> bool {
@@ -143,6 +166,45 @@ async fn no_taker_parks_as_no_capacity_in_cluster_until_a_hint_offers_again() {
     scripted.hint.notify_waiters();
     assert_eq!(running.await.expect("dispatch"), remote);
     assert_eq!(offers(&scripted).len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_capacity_announcement_heard_while_the_offer_is_out_offers_again_at_once() {
+    let s = setup();
+    let remote = ActivityOutcome::Completed("second offer".into());
+    let scripted = install(&s, vec![]);
+    scripted.answers.lock().expect("test lock").extend([
+        Answer::NoTakerAfterAnnouncement(Arc::clone(&scripted)),
+        Answer::Ends(Forwarded::Outcome(remote.clone())),
+    ]);
+    // The announcement lands between the offer and its "no taker": the hint taken as the
+    // offer left has seen it, so the dispatch offers again without waiting for another.
+    let outcome = s
+        .spawn(request("x", Duration::from_secs(60)))
+        .await
+        .expect("dispatch");
+    assert_eq!(outcome, remote);
+    assert_eq!(offers(&scripted).len(), 2);
+    // Control: an announcement before the offer leaves says nothing about the offer's
+    // answer; the dispatch waits for the next one (none comes: its deadline ends it).
+    let s = setup();
+    let scripted = install(&s, vec![Answer::NoTaker]);
+    scripted.announce();
+    let outcome = s
+        .spawn(request("y", Duration::from_secs(60)))
+        .await
+        .expect("dispatch");
+    assert!(
+        matches!(
+            outcome,
+            ActivityOutcome::Unserved {
+                reason: UnservedReason::NoCapacityInCluster,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(offers(&scripted).len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
