@@ -28,8 +28,11 @@ use tokio::sync::oneshot;
 
 use crate::writer::Reply;
 
-/// Batches the writer may hand on before it waits for the syncer.
-const QUEUED_BATCHES: usize = 4;
+/// Batches the writer may hand on before it waits for the syncer: none, so the writer hands a
+/// batch over only when the syncer is free to take it, and gathers the next one while it
+/// syncs. Running further ahead commits more, smaller batches for the same syncs: more WAL
+/// pages written per dispatch (a fifth more CPU per `Submit`, measured with 4).
+const QUEUED_BATCHES: usize = 0;
 
 /// Makes everything written to the WAL so far durable.
 pub(crate) type SyncFn = Box<dyn FnMut() -> std::io::Result<()> + Send>;
@@ -139,7 +142,7 @@ impl Syncer {
         self.watermark.begun.fetch_add(1, Ordering::SeqCst) + 1
     }
 
-    /// Hands `answers` on, waiting while the syncer is [`QUEUED_BATCHES`] behind; answers them
+    /// Hands `answers` on, waiting until the syncer takes them ([`QUEUED_BATCHES`]); answers them
     /// here if the syncer is gone.
     pub(crate) fn hand(&self, answers: Answers) {
         let Some(tx) = &self.tx else {
@@ -260,10 +263,13 @@ mod tests {
             first_answer.try_recv().is_err(),
             "answered before its sync returned"
         );
-        // A batch committed while the first sync runs waits for a sync of its own.
+        // A batch committed while the first sync runs waits for a sync of its own (and its
+        // hand-over waits for the syncer to be free).
         let (second, mut second_answer) = one(true);
-        syncer.hand(second);
-        go.send(()).expect("go");
+        std::thread::scope(|scope| {
+            scope.spawn(|| syncer.hand(second));
+            go.send(()).expect("go");
+        });
         assert!(matches!(
             first_answer.blocking_recv(),
             Ok(Ok(Answer::Completion(Completion::Recorded)))
