@@ -24,6 +24,7 @@ mod reads;
 mod schema;
 mod statements;
 mod store;
+mod sync;
 #[cfg(test)]
 mod test_ops;
 mod writer;

@@ -12,6 +12,7 @@ use switchyard_core::{
 
 use crate::codec::{COLUMNS, RawRow, from_nanos};
 use crate::schema;
+use crate::sync::Watermark;
 use crate::writer::store_error;
 
 /// Reading connections kept open between reads, at most.
@@ -22,13 +23,18 @@ const MAX_IDLE_READERS: usize = 4;
 pub(crate) struct Readers {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
+    /// With a syncer: what a read waits for before it returns what it saw.
+    synced: Option<Arc<Watermark>>,
 }
 
 impl Readers {
-    pub(crate) fn new(path: PathBuf) -> Self {
+    /// Readers of the store at `path`; with `synced`, a read returns only once every commit
+    /// it may have seen is fsynced.
+    pub(crate) fn new(path: PathBuf, synced: Option<Arc<Watermark>>) -> Self {
         Self {
             path,
             idle: Mutex::new(Vec::new()),
+            synced,
         }
     }
 
@@ -57,11 +63,17 @@ impl Readers {
             None => schema::open_reader(&self.path).map_err(|err| store_error(&path, &err))?,
         };
         let result = read(&conn);
-        let mut idle = self.lock();
-        if idle.len() < MAX_IDLE_READERS {
-            idle.push(conn);
+        {
+            let mut idle = self.lock();
+            if idle.len() < MAX_IDLE_READERS {
+                idle.push(conn);
+            }
         }
-        result
+        let value = result?;
+        if let Some(synced) = &self.synced {
+            synced.wait_synced()?;
+        }
+        Ok(value)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Connection>> {

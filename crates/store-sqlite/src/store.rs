@@ -19,9 +19,10 @@ use crate::inbox::Inbox;
 use crate::lock::{LockHolder, StoreLock};
 use crate::open_error::OpenError;
 use crate::ops::{Answer, Limits, Op};
-use crate::options::SqliteOptions;
+use crate::options::{SqliteOptions, Synchronous};
 use crate::reads::{self, Readers};
 use crate::schema;
+use crate::sync::Syncer;
 use crate::writer::{BatchPolicy, Command, Writer};
 
 /// Commands the writer's channel holds, in batches: senders wait beyond that.
@@ -104,13 +105,27 @@ impl SqliteStore {
             })?;
         }
         let lock = StoreLock::acquire(&path, SystemTime::now())?;
-        let conn = schema::open_writer(&path, options.synchronous)?;
+        // `Full`: the connection commits without syncing and the syncer fsyncs the WAL before
+        // anything is answered, so the writer applies a batch while the last one syncs.
+        let pipelined = options.synchronous == Synchronous::Full;
+        let on_connection = if pipelined {
+            Synchronous::Normal
+        } else {
+            options.synchronous
+        };
+        let conn = schema::open_writer(&path, on_connection)?;
         let backlog = Backlog::load(&conn).map_err(|err| schema::classify(&path, err))?;
+        let syncer = if pipelined {
+            Some(start_syncer(&path)?)
+        } else {
+            None
+        };
         let commits = Arc::new(AtomicU64::new(0));
         let policy = BatchPolicy {
             max_batch: options.max_batch.max(1),
             max_delay: options.max_delay,
         };
+        let synced = syncer.as_ref().map(Syncer::watermark);
         let writer = Writer {
             conn,
             backlog,
@@ -120,6 +135,7 @@ impl SqliteStore {
             },
             path: display.clone(),
             commits: Arc::clone(&commits),
+            syncer,
         };
         let inbox = Arc::new(Inbox::new(
             policy.max_batch.saturating_mul(QUEUED_BATCHES),
@@ -134,7 +150,7 @@ impl SqliteStore {
                 detail: format!("cannot start the writer thread: {err}"),
             })?;
         Ok(Self {
-            readers: Arc::new(Readers::new(path.clone())),
+            readers: Arc::new(Readers::new(path.clone(), synced)),
             path,
             inbox,
             writer: Some(writer),
@@ -222,6 +238,21 @@ impl SqliteStore {
             other => Err(mismatched(&other)),
         }
     }
+}
+
+/// The syncer on the WAL file of the store at `path`, which the writer's connection has opened
+/// (in WAL mode the file lasts while a connection is open, and the writer's is open until the
+/// store is dropped).
+fn start_syncer(path: &Path) -> Result<Syncer, OpenError> {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let failed = |what: &str, err: std::io::Error| OpenError::Failed {
+        path: path.display().to_string(),
+        detail: format!("{what}: {err}"),
+    };
+    let file = std::fs::File::open(&wal)
+        .map_err(|err| failed(&format!("cannot open the WAL file {}", wal.display()), err))?;
+    Syncer::start(file).map_err(|err| failed("cannot start the sync thread", err))
 }
 
 /// The writer answered a command with another command's kind of answer: a bug, reported

@@ -21,6 +21,7 @@ use crate::inbox::Inbox;
 use crate::ops::{self, Answer, Finished, Limits, Op, StepError, StoreSize};
 use crate::schema;
 use crate::statements::Statements;
+use crate::sync::{self, Answers, Syncer};
 
 /// The reply to one command.
 pub(crate) type Reply = Result<Answer, DispatchStoreError>;
@@ -66,6 +67,11 @@ pub(crate) struct Writer {
     pub(crate) path: String,
     /// Transactions committed, shared with the store.
     pub(crate) commits: Arc<AtomicU64>,
+    /// Fsyncs the WAL and answers each batch after its commit ([`Synchronous::Full`]); `None`
+    /// answers at once (the connection syncs as its `synchronous` says).
+    ///
+    /// [`Synchronous::Full`]: crate::Synchronous::Full
+    pub(crate) syncer: Option<Syncer>,
 }
 
 impl Writer {
@@ -83,50 +89,71 @@ impl Writer {
         if !rest.is_empty() {
             self.commit_batch(rest);
         }
+        // Every answer sent before the connection closes.
+        if let Some(syncer) = &mut self.syncer {
+            syncer.finish();
+        }
     }
 
-    /// Applies `batch` in one transaction, commits, then replies to each command.
+    /// Applies `batch` in one transaction, commits, then answers each command (through the
+    /// syncer, when there is one, after the WAL is fsynced).
     fn commit_batch(&mut self, batch: Vec<Command>) {
         let (ops, replies): (Vec<Op>, Vec<Option<oneshot::Sender<Reply>>>) =
             batch.into_iter().map(|c| (c.op, c.reply)).unzip();
         if ops.iter().all(|op| matches!(op, Op::Barrier)) {
-            // Nothing to write: everything sent before these is committed already.
-            for reply in replies.into_iter().flatten() {
-                let _ = reply.send(Ok(Answer::Done));
-            }
+            // Nothing to write: everything sent before these is committed already (and
+            // answered, through the syncer, only once it is synced).
+            let replies = replies.into_iter().map(|r| (r, Ok(Answer::Done))).collect();
+            self.answer(Answers {
+                replies,
+                wrote: false,
+                seq: None,
+            });
             return;
         }
-        let results = match self.apply(&ops) {
+        let plan = Plan::new(&ops);
+        let seq = self.syncer.as_ref().map(Syncer::begin);
+        let (results, wrote) = match self.apply(&ops, &plan) {
             Ok(results) => {
                 self.backlog.commit();
                 self.commits.fetch_add(1, Ordering::Relaxed);
-                results
+                (results, true)
             }
             Err(err) => {
                 self.backlog.roll_back();
                 let err = store_error(&self.path, &err);
                 tracing::warn!(%err, commands = ops.len(), "dispatch store batch rolled back");
-                ops.iter().map(|_| Err(err.clone())).collect()
+                (ops.iter().map(|_| Err(err.clone())).collect(), false)
             }
         };
-        for (reply, result) in replies.into_iter().zip(results) {
-            match reply {
-                // A caller that stopped waiting needs no answer.
-                Some(reply) => {
-                    let _ = reply.send(result);
-                }
-                None => {
-                    if let Err(err) = result {
-                        tracing::debug!(%err, "dispatch state note not written");
-                    }
-                }
+        let mut slots: Vec<_> = replies
+            .into_iter()
+            .zip(results.into_iter().map(Some))
+            .collect();
+        let mut replies = Vec::with_capacity(slots.len());
+        for i in reply_order(&plan, slots.len()) {
+            if let Some((reply, Some(result))) = slots.get_mut(i).map(|(r, a)| (r.take(), a.take()))
+            {
+                replies.push((reply, result));
             }
+        }
+        self.answer(Answers {
+            replies,
+            wrote,
+            seq,
+        });
+    }
+
+    /// Sends `answers`: through the syncer when there is one, else now.
+    fn answer(&self, answers: Answers) {
+        match &self.syncer {
+            Some(syncer) => syncer.hand(answers),
+            None => sync::answer(answers, None),
         }
     }
 
-    fn apply(&mut self, ops: &[Op]) -> rusqlite::Result<Vec<Reply>> {
+    fn apply(&mut self, ops: &[Op], plan: &Plan) -> rusqlite::Result<Vec<Reply>> {
         let tx = schema::begin_batch(&mut self.conn)?;
-        let plan = Plan::new(ops);
         let mut results = Vec::with_capacity(ops.len());
         // Per command: a record that inserted its row finished.
         let mut inserted_finished = vec![false; ops.len()];
@@ -170,6 +197,27 @@ impl Writer {
     }
 }
 
+/// The order in which a batch of `len` commands planned by `plan` is answered: the batch's
+/// order, except that the `complete` folded into a record is answered right after that record.
+///
+/// One task waits for both (a dispatch delivered while it records): answered back to back,
+/// the second answer finds the task already woken by the first and not yet run, so it is
+/// scheduled and polled once, not once per answer with a batch's other answers between.
+fn reply_order(plan: &Plan, len: usize) -> Vec<usize> {
+    let mut order = Vec::with_capacity(len);
+    for i in 0..len {
+        match plan.step(i) {
+            Step::CompleteFolded { .. } => {}
+            Step::RecordFinished { complete } => {
+                order.push(i);
+                order.push(complete);
+            }
+            Step::Apply | Step::Superseded => order.push(i),
+        }
+    }
+    order
+}
+
 /// SQLite's failure as the store's: a full file system is `DiskFull`, the rest `Unavailable`.
 pub(crate) fn store_error(path: &str, err: &rusqlite::Error) -> DispatchStoreError {
     if err.sqlite_error_code() == Some(ErrorCode::DiskFull) {
@@ -205,6 +253,7 @@ mod tests {
             },
             path: path.display().to_string(),
             commits: Arc::new(AtomicU64::new(0)),
+            syncer: None,
         }
     }
 
@@ -404,6 +453,59 @@ mod tests {
             answer(again_answer),
             Ok(Answer::Completion(Completion::AlreadyFinished(_)))
         ));
+    }
+
+    /// Wakes by pushing its tag, to see in which order a batch's answers were sent.
+    struct Tag(usize, Arc<std::sync::Mutex<Vec<usize>>>);
+
+    impl std::task::Wake for Tag {
+        fn wake(self: Arc<Self>) {
+            self.1.lock().expect("tags").push(self.0);
+        }
+    }
+
+    #[test]
+    fn a_record_and_its_folded_complete_are_answered_back_to_back() {
+        use std::future::Future;
+        use std::task::{Context, Waker};
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut writer = writer(dir.path(), 10);
+        let (rec_a, a0) = record("ns");
+        let (rec_b, b0) = record("ns");
+        let (rec_c, c0) = record("ns");
+        let (a, b) = (id_of(&rec_a), id_of(&rec_b));
+        let (done_a, a1) = command(finish(&a));
+        let (done_b, b1) = command(finish(&b));
+        // Control: a complete of a dispatch recorded in an earlier batch keeps its place.
+        let (rec_d, d0) = record("ns");
+        let d = id_of(&rec_d);
+        writer.commit_batch(vec![rec_d]);
+        assert!(matches!(answer(d0), Ok(Answer::Recorded(_))));
+        let (done_d, d1) = command(finish(&d));
+
+        let woken = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut answers = [a0, b0, c0, d1, a1, b1];
+        for (tag, answer) in answers.iter_mut().enumerate() {
+            let waker = Waker::from(Arc::new(Tag(tag, Arc::clone(&woken))));
+            let pending = std::pin::Pin::new(answer).poll(&mut Context::from_waker(&waker));
+            assert!(pending.is_pending());
+        }
+        // Sent in this order: record a, record b, record c, complete d, complete a, complete b.
+        writer.commit_batch(vec![rec_a, rec_b, rec_c, done_d, done_a, done_b]);
+        assert_eq!(
+            *woken.lock().expect("tags"),
+            [0, 4, 1, 5, 2, 3],
+            "each folded complete right after its record, the rest in the batch's order"
+        );
+        for answer in answers {
+            assert!(matches!(
+                answer.blocking_recv(),
+                Ok(Ok(
+                    Answer::Recorded(Recorded::New(_)) | Answer::Completion(Completion::Recorded)
+                ))
+            ));
+        }
     }
 
     #[test]
