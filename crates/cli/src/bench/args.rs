@@ -403,7 +403,9 @@ mod tests {
         }
         let at = |n: u32| Cli::try_parse_from(["bench", "--quic-ack-threshold", &n.to_string()]);
         assert!(at(MAX_ACK_ELICITING_THRESHOLD).is_ok());
-        let error = at(MAX_ACK_ELICITING_THRESHOLD + 1).err().map(|e| e.to_string());
+        let error = at(MAX_ACK_ELICITING_THRESHOLD + 1)
+            .err()
+            .map(|e| e.to_string());
         assert!(
             error
                 .as_deref()
