@@ -21,8 +21,10 @@
 # 64), CCS (QUIC congestion controllers, default "cubic bbr"), REDUNDANCY (QUIC redundancy
 # settings, default "off"; "off datagram" runs both), GRACE (reconnect grace for both
 # transports, e.g. "0s" or "60s"; unset keeps the gateway's defaults), RUNS (default 1),
-# LINKEM_EXTRA (extra linkem flags for every run, e.g. "--loss 0%"), NO_BUILD=1 to use the
-# existing release binaries.
+# LINKEM_EXTRA (extra linkem flags for every run, e.g. "--loss 0%"), QUIC_LINKS (QUIC send
+# scheduling and ACK frequency of both ends, default "default"; "default tuned" runs both in each
+# round: "tuned" is `quic.send_fairness = false` and `quic.ack_eliciting_threshold = 8` on the
+# gateway and the same on the workers), NO_BUILD=1 to use the existing release binaries.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -40,6 +42,7 @@ CAPACITY=${CAPACITY:-64}
 PAYLOAD=${PAYLOAD:-64}
 CCS=${CCS:-cubic bbr}
 REDUNDANCY=${REDUNDANCY:-off}
+QUIC_LINKS=${QUIC_LINKS:-default}
 RUNS=${RUNS:-1}
 export GRACE=${GRACE:-}
 # Each run is also bounded by the bench's own deadlines and by `timeout` below.
@@ -150,14 +153,25 @@ else:
 PY
 }
 
-start_gateway() { # CONGESTION REDUNDANCY
+link_flags() { # QUIC_LINK: the bench workers' flags for it
+    case "$1" in
+        tuned) echo --quic-send-fairness false --quic-ack-threshold 8 ;;
+        *) echo --quic-send-fairness true --quic-ack-threshold 0 ;;
+    esac
+}
+
+start_gateway() { # CONGESTION REDUNDANCY QUIC_LINK
     local data="$work/gw"
     mkdir -p "$data"
     local grace=()
     if [ -n "$GRACE" ]; then
         grace=(SWITCHYARD_GRPC_RECONNECT_GRACE="$GRACE" SWITCHYARD_QUIC_RECONNECT_GRACE="$GRACE")
     fi
-    ip netns exec "$NS_GW" env "${grace[@]}" \
+    local link=(SWITCHYARD_QUIC_SEND_FAIRNESS=true SWITCHYARD_QUIC_ACK_ELICITING_THRESHOLD=0)
+    if [ "$3" = tuned ]; then
+        link=(SWITCHYARD_QUIC_SEND_FAIRNESS=false SWITCHYARD_QUIC_ACK_ELICITING_THRESHOLD=8)
+    fi
+    ip netns exec "$NS_GW" env "${grace[@]}" "${link[@]}" \
         SWITCHYARD_QUIC_CONGESTION="$1" \
         SWITCHYARD_QUIC_REDUNDANCY="$2" \
         SWITCHYARD_PRINCIPALS="[{ name = \"bench\", token = \"$TOKEN\", namespaces = [\"bench\"] }]" \
@@ -177,11 +191,11 @@ bench_args() {
         --workers "$WORKERS" --capacity "$CAPACITY"
 }
 
-run_one() { # PROFILE TRANSPORT CONGESTION REDUNDANCY
-    local profile=$1 transport=$2 cc=$3 redundancy=$4 tasks bytes
+run_one() { # PROFILE TRANSPORT CONGESTION REDUNDANCY QUIC_LINK
+    local profile=$1 transport=$2 cc=$3 redundancy=$4 quic_link=$5 tasks bytes
     tasks=$(tasks_for "$profile")
     start_link "$profile"
-    if ! start_gateway "$cc" "$redundancy"; then
+    if ! start_gateway "$cc" "$redundancy" "$quic_link"; then
         echo "| $profile | $transport/$cc/$redundancy | failed: the gateway did not start | | | | | | |"
         stop "$gateway_pid"
         gateway_pid=""
@@ -191,7 +205,7 @@ run_one() { # PROFILE TRANSPORT CONGESTION REDUNDANCY
     fi
     # shellcheck disable=SC2046
     ip netns exec "$NS_WK" "$switchyard" bench $(bench_args) --transport "$transport" \
-        --redundancy "$redundancy" --congestion "$cc" \
+        --redundancy "$redundancy" --congestion "$cc" $(link_flags "$quic_link") \
         --workers-only "$RUN_TIMEOUT" >"$work/workers.json" 2>"$work/workers.log" &
     workers_pid=$!
     local out="$work/result-$profile-$transport-$cc-$redundancy.json"
@@ -226,9 +240,9 @@ PY
     linkem_pid=""
     bytes=$(link_bytes)
     python3 - "$profile" "$transport" "$cc" "$redundancy" "$out" "$work/workers.json" \
-        "$bytes" <<'PY'
+        "$bytes" "$quic_link" <<'PY'
 import json, os, sys
-profile, transport, cc, redundancy, path, workers_path, wire = sys.argv[1:]
+profile, transport, cc, redundancy, path, workers_path, wire, quic_link = sys.argv[1:]
 r = json.load(open(path))
 try:
     w = json.load(open(workers_path))
@@ -240,6 +254,8 @@ try:
 except (OSError, ValueError):
     dup = "?"
 label = transport if transport == "grpc" else f"quic/{cc}/{redundancy}"
+if transport == "quic" and quic_link != "default":
+    label += f" ({quic_link})"
 grace = os.environ.get("GRACE")
 if grace:
     label += f" (grace {grace})"
@@ -259,10 +275,12 @@ echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for profile in "${profiles[@]}"; do
     for _ in $(seq 1 "$RUNS"); do
         # TCP is unaffected by the gateway's QUIC settings: run gRPC once per round.
-        run_one "$profile" grpc cubic off
+        run_one "$profile" grpc cubic off default
         for cc in $CCS; do
             for redundancy in $REDUNDANCY; do
-                run_one "$profile" quic "$cc" "$redundancy"
+                for quic_link in $QUIC_LINKS; do
+                    run_one "$profile" quic "$cc" "$redundancy" "$quic_link"
+                done
             done
         done
     done

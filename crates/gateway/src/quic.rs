@@ -50,6 +50,9 @@ impl QuicTransport {
                 stream_receive_window: section.stream_receive_window,
                 receive_window: section.receive_window,
                 send_window: section.send_window,
+                send_fairness: section.send_fairness,
+                ack_eliciting_threshold: (section.ack_eliciting_threshold != 0)
+                    .then_some(section.ack_eliciting_threshold),
                 ..ConnectionConfig::default()
             },
             frames: FrameLimits {
@@ -195,6 +198,29 @@ mod tests {
         // Control: the default is Retry under load.
         let default = QuicTransport::new(QuicSection::default()).server_config();
         assert_eq!(default.retry, RetryPolicy::UnderLoad);
+    }
+
+    #[test]
+    fn the_fairness_and_ack_threshold_keys_reach_the_listener() {
+        let config = crate::GatewayConfig::load(
+            None,
+            [
+                ("SWITCHYARD_QUIC_SEND_FAIRNESS", "false"),
+                ("SWITCHYARD_QUIC_ACK_ELICITING_THRESHOLD", "8"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            &[],
+        )
+        .unwrap();
+        let link = QuicTransport::new(config.quic).server_config().connection;
+        assert!(!link.send_fairness);
+        assert_eq!(link.ack_eliciting_threshold, Some(8));
+        // Control: by default lanes are served round-robin and no ACK frequency is asked.
+        let default = QuicTransport::new(QuicSection::default())
+            .server_config()
+            .connection;
+        assert!(default.send_fairness);
+        assert_eq!(default.ack_eliciting_threshold, None);
     }
 
     #[test]

@@ -56,8 +56,14 @@ pub struct ConnectionConfig {
     /// (default `None`: the peer's own policy, an ACK for every second packet). Fewer ACK
     /// packets each way on a busy connection; on a link whose congestion window holds fewer
     /// packets than this, each round trip waits up to the peer's `max_ack_delay`.
+    /// At most [`MAX_ACK_ELICITING_THRESHOLD`].
     pub ack_eliciting_threshold: Option<u32>,
 }
+
+/// Largest [`ConnectionConfig::ack_eliciting_threshold`]: 64 packets. Far beyond what a loopback
+/// connection's congestion window holds at once (a few dozen packets), so a larger threshold
+/// would only leave every acknowledgement to the peer's `max_ack_delay`.
+pub const MAX_ACK_ELICITING_THRESHOLD: u32 = 64;
 
 impl Default for ConnectionConfig {
     fn default() -> Self {
@@ -128,6 +134,13 @@ impl ConnectionConfig {
             .receive_window(VarInt::from_u32(self.receive_window))
             .send_window(self.send_window);
         if let Some(threshold) = self.ack_eliciting_threshold {
+            if threshold > MAX_ACK_ELICITING_THRESHOLD {
+                return Err(ConfigError::TooLarge {
+                    field: "ack_eliciting_threshold",
+                    value: threshold as usize,
+                    max: MAX_ACK_ELICITING_THRESHOLD as usize,
+                });
+            }
             let mut ack = AckFrequencyConfig::default();
             ack.ack_eliciting_threshold(VarInt::from_u32(threshold));
             transport.ack_frequency_config(Some(ack));
@@ -396,6 +409,31 @@ mod tests {
             Err(ConfigError::Zero {
                 field: "frames.lane"
             })
+        );
+    }
+
+    #[test]
+    fn an_ack_threshold_beyond_the_limit_is_refused_by_name() {
+        let at = |threshold| ConnectionConfig {
+            ack_eliciting_threshold: Some(threshold),
+            ..ConnectionConfig::default()
+        };
+        // Control: the limit itself is accepted.
+        assert!(
+            at(MAX_ACK_ELICITING_THRESHOLD)
+                .transport(1, Redundancy::Off)
+                .is_ok()
+        );
+        let error = at(MAX_ACK_ELICITING_THRESHOLD + 1)
+            .transport(1, Redundancy::Off)
+            .unwrap_err();
+        assert_eq!(
+            error,
+            ConfigError::TooLarge {
+                field: "ack_eliciting_threshold",
+                value: MAX_ACK_ELICITING_THRESHOLD as usize + 1,
+                max: MAX_ACK_ELICITING_THRESHOLD as usize,
+            }
         );
     }
 

@@ -93,7 +93,8 @@ pub use client::{
 };
 pub use config::{
     ConfigError, CongestionControl, ConnectionConfig, DEFAULT_RECONNECT_GRACE, FrameLimits,
-    MAX_RECONNECT_GRACE, MAX_SOCKET_BUFFER, QuicServerConfig, RetryPolicy,
+    MAX_ACK_ELICITING_THRESHOLD, MAX_RECONNECT_GRACE, MAX_SOCKET_BUFFER, QuicServerConfig,
+    RetryPolicy,
 };
 pub use protocol::{
     ALPN, DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME, ErrorCode, LENGTH_PREFIX_BYTES,

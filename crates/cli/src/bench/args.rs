@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use serde::Serialize;
+use switchyard_transport_quic::{ConnectionConfig, MAX_ACK_ELICITING_THRESHOLD};
 
 use crate::cmd::Failure;
 
@@ -93,6 +94,19 @@ impl Congestion {
             Self::Cubic => switchyard_transport_quic::CongestionControl::Cubic,
             Self::Bbr => switchyard_transport_quic::CongestionControl::Bbr,
             Self::Newreno => switchyard_transport_quic::CongestionControl::NewReno,
+        }
+    }
+}
+
+impl BenchArgs {
+    /// The QUIC link settings of the bench's QUIC workers, the gateway's the same.
+    pub(crate) fn quic_link(&self) -> ConnectionConfig {
+        ConnectionConfig {
+            congestion: self.congestion.library(),
+            send_fairness: self.quic_send_fairness,
+            ack_eliciting_threshold: (self.quic_ack_threshold != 0)
+                .then_some(self.quic_ack_threshold),
+            ..ConnectionConfig::default()
         }
     }
 }
@@ -194,6 +208,18 @@ pub(crate) struct BenchArgs {
     /// workers' (each end controls what it sends: results travel under the workers').
     #[arg(long, value_enum, default_value_t = Congestion::Cubic)]
     pub(crate) congestion: Congestion,
+    /// QUIC send fairness of both ends (`quic.send_fairness` of the in-process gateway or the
+    /// cluster's nodes, `ConnectionConfig::send_fairness` of the bench's QUIC workers): `false`
+    /// sends each connection's frames in write order instead of round-robin between lanes.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) quic_send_fairness: bool,
+    /// QUIC ACK frequency both ends ask of their peer (`quic.ack_eliciting_threshold` of the
+    /// in-process gateway or the cluster's nodes, `ConnectionConfig::ack_eliciting_threshold` of
+    /// the bench's QUIC workers): acknowledge after this many ack-eliciting packets; 0 asks
+    /// nothing.
+    #[arg(long, value_name = "N", default_value_t = 0,
+        value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_ACK_ELICITING_THRESHOLD)))]
+    pub(crate) quic_ack_threshold: u32,
     /// What to measure.
     #[arg(long, value_enum, default_value_t = Scenario::Load)]
     pub(crate) scenario: Scenario,
@@ -346,5 +372,45 @@ impl BenchArgs {
                 addr
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::bench::cluster::tests::args;
+
+    use super::MAX_ACK_ELICITING_THRESHOLD;
+
+    #[test]
+    fn the_quic_link_flags_reach_the_workers_settings() {
+        let tuned = args(&["--quic-send-fairness", "false", "--quic-ack-threshold", "8"]);
+        let link = tuned.quic_link();
+        assert!(!link.send_fairness);
+        assert_eq!(link.ack_eliciting_threshold, Some(8));
+        // Control: without the flags, quinn's own scheduling and no ACK frequency request.
+        let default = args(&[]).quic_link();
+        assert!(default.send_fairness);
+        assert_eq!(default.ack_eliciting_threshold, None);
+    }
+
+    #[test]
+    fn an_ack_threshold_beyond_the_limit_is_refused_by_the_parser() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: super::BenchArgs,
+        }
+        let at = |n: u32| Cli::try_parse_from(["bench", "--quic-ack-threshold", &n.to_string()]);
+        assert!(at(MAX_ACK_ELICITING_THRESHOLD).is_ok());
+        let error = at(MAX_ACK_ELICITING_THRESHOLD + 1)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            error
+                .as_deref()
+                .is_some_and(|e| e.contains("--quic-ack-threshold")),
+            "{error:?}"
+        );
     }
 }

@@ -67,7 +67,7 @@ pub(crate) async fn run(args: &BenchArgs, target: &Target, count: u32) -> Result
         capacity: 1,
         service_time: Duration::ZERO,
         redundancy: switchyard_transport_quic::Redundancy::Off,
-        congestion: args.congestion.library(),
+        link: args.quic_link(),
         executions: std::sync::Arc::default(),
     };
     let retries = Retries::default();

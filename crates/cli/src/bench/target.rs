@@ -115,6 +115,8 @@ impl Target {
             Congestion::Bbr => CongestionName::Bbr,
             Congestion::Newreno => CongestionName::Newreno,
         };
+        config.quic.send_fairness = args.quic_send_fairness;
+        config.quic.ack_eliciting_threshold = args.quic_ack_threshold;
         (config.store.backend, config.store.synchronous) = match args.store {
             StoreArg::Sqlite => (StoreBackendName::Sqlite, SynchronousName::Full),
             StoreArg::SqliteNormal => (StoreBackendName::Sqlite, SynchronousName::Normal),

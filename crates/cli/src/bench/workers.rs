@@ -9,7 +9,7 @@ use bytes::Bytes;
 use rustls_pki_types::pem::PemObject;
 use switchyard_transport_grpc::{ActivityContext, GrpcWorker, WorkerOptions};
 use switchyard_transport_quic::{
-    ClientTls, CongestionControl, ConnectionConfig, QuicWorker, Redundancy, WORKER_KEEP_ALIVE,
+    ClientTls, ConnectionConfig, QuicWorker, Redundancy, WORKER_KEEP_ALIVE,
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -112,8 +112,9 @@ pub(crate) struct Profile<'a> {
     pub(crate) service_time: Duration,
     /// QUIC workers ask the gateway for this redundancy.
     pub(crate) redundancy: Redundancy,
-    /// QUIC workers' congestion controller (for what they send).
-    pub(crate) congestion: CongestionControl,
+    /// QUIC workers' link settings (congestion control, fairness and ACK frequency; the
+    /// keep-alive is the bench's own).
+    pub(crate) link: ConnectionConfig,
     /// Where the handlers record the tasks they run.
     pub(crate) executions: Arc<Executions>,
 }
@@ -174,8 +175,7 @@ pub(crate) async fn start(
                 .redundancy(profile.redundancy)
                 .connection(ConnectionConfig {
                     keep_alive_interval: Some(WORKER_KEEP_ALIVE),
-                    congestion: profile.congestion,
-                    ..ConnectionConfig::default()
+                    ..profile.link.clone()
                 })
                 .connect()
                 .await
@@ -213,7 +213,7 @@ impl Fleet {
             capacity: args.capacity,
             service_time: Duration::from_micros(args.service_time_us),
             redundancy: args.redundancy.library(),
-            congestion: args.congestion.library(),
+            link: args.quic_link(),
             executions: Arc::default(),
         };
         let mut fleet = Self {

@@ -163,6 +163,12 @@ pub struct QuicSection {
     pub receive_window: u32,
     /// Bytes a connection buffers unacknowledged for sending.
     pub send_window: u64,
+    /// Round-robin between lanes with data to send; `false` sends frames in the order they
+    /// were written (fewer, fuller packets; a large frame delays the small ones behind it).
+    pub send_fairness: bool,
+    /// Ask each worker to acknowledge only after this many ack-eliciting packets (or its
+    /// `max_ack_delay`); `0` asks nothing (the worker's own policy).
+    pub ack_eliciting_threshold: u32,
     /// Largest control-stream frame accepted, in bytes.
     pub max_control_frame: u32,
     /// Largest lane frame (task input, result output) accepted, in bytes.
@@ -204,6 +210,8 @@ impl Default for QuicSection {
             stream_receive_window: link.stream_receive_window,
             receive_window: link.receive_window,
             send_window: link.send_window,
+            send_fairness: link.send_fairness,
+            ack_eliciting_threshold: link.ack_eliciting_threshold.unwrap_or(0),
             max_control_frame: library.frames.control,
             max_lane_frame: library.frames.lane,
             migration: library.migration,

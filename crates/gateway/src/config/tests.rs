@@ -323,6 +323,21 @@ fn zero_and_contradictory_limits_are_refused() {
             "quic.max_unvalidated_handshakes",
         ),
         ("SWITCHYARD_QUIC_RETRY", "sometimes", "quic.retry"),
+        (
+            "SWITCHYARD_QUIC_ACK_ELICITING_THRESHOLD",
+            "65",
+            "quic.ack_eliciting_threshold",
+        ),
+        (
+            "SWITCHYARD_QUIC_ACK_ELICITING_THRESHOLD",
+            "-1",
+            "quic.ack_eliciting_threshold",
+        ),
+        (
+            "SWITCHYARD_QUIC_SEND_FAIRNESS",
+            "sometimes",
+            "quic.send_fairness",
+        ),
     ] {
         let error = GatewayConfig::load(None, env(&[(var, value)]), &[]).unwrap_err();
         assert_eq!(invalid_key(&error).0, key, "{var}={value}");

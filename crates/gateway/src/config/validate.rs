@@ -160,6 +160,16 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             ),
         ));
     }
+    let max_threshold = switchyard_transport_quic::MAX_ACK_ELICITING_THRESHOLD;
+    if config.quic.ack_eliciting_threshold > max_threshold {
+        return Err(ConfigError::invalid(
+            "quic.ack_eliciting_threshold",
+            format!(
+                "{} is above the limit of {max_threshold}",
+                config.quic.ack_eliciting_threshold
+            ),
+        ));
+    }
     let max_grace = switchyard_transport_quic::MAX_RECONNECT_GRACE;
     if config.quic.reconnect_grace.get() > max_grace {
         return Err(ConfigError::invalid(

@@ -277,6 +277,8 @@ listen = "127.0.0.1:0"
 max_connections_per_address = 1000000
 congestion = "{congestion}"
 redundancy = "{redundancy}"
+send_fairness = {send_fairness}
+ack_eliciting_threshold = {ack_threshold}
 
 [ops]
 enabled = false
@@ -297,6 +299,8 @@ drain_timeout = "2s"
 filter = "error"
 "#,
         data_dir = dir.join("data").display().to_string(),
+        send_fairness = args.quic_send_fairness,
+        ack_threshold = args.quic_ack_threshold,
     );
     if let Some((nats_url, cluster)) = spec.cluster {
         // Membership refreshes are NATS traffic too: the first comes 5 minutes after a node
