@@ -53,7 +53,6 @@ impl QuicTransport {
                 send_fairness: section.send_fairness,
                 ack_eliciting_threshold: (section.ack_eliciting_threshold != 0)
                     .then_some(section.ack_eliciting_threshold),
-                ..ConnectionConfig::default()
             },
             frames: FrameLimits {
                 control: section.max_control_frame,
