@@ -149,7 +149,9 @@ impl Inbox {
         state.waiting = Waiting::No;
         let n = state.commands.len().min(self.policy.max_batch.max(1));
         let batch: Vec<Command> = if n == state.commands.len() {
-            std::mem::take(&mut state.commands)
+            // The next batch starts with room for one as large as this: commands are a few
+            // hundred bytes, and growing from empty copied them at every doubling.
+            std::mem::replace(&mut state.commands, Vec::with_capacity(n))
         } else {
             state.commands.drain(..n).collect()
         };

@@ -119,6 +119,17 @@ pub(super) struct Shared {
     drivers_ended: Notify,
 }
 
+/// Spawns a dispatch's driver boxed. A driver's state holds the whole dispatch future (some
+/// kilobytes); unboxed, tokio copies it into the task at the spawn and copies the task's
+/// stage again when it ends, once per durable dispatch (`memcpy` was a tenth of the runtime's
+/// CPU in the durable stream's profile, docs/benchmarks.md); boxed, it moves a pointer.
+fn spawn_boxed<F>(future: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(Box::pin(future));
+}
+
 /// Counts one driver, from its spawn until its task ends or is dropped unrun.
 pub(super) struct DriverRunning(pub(super) Arc<Shared>);
 
@@ -142,7 +153,9 @@ impl Shared {
     /// Starts the driver of `row`, tracked as `live`.
     fn spawn_driver(self: &Arc<Self>, row: StoredDispatch, live: Arc<Live>, resumed: bool) {
         let running = DriverRunning::start(self);
-        tokio::spawn(drive(running, row, live, resumed));
+        // Boxed: the task then holds a pointer, not the driver's whole state, which tokio
+        // would copy at the spawn and again when the task ends (see [`spawn_boxed`]).
+        spawn_boxed(drive(running, row, live, resumed));
     }
 
     /// Records `dispatch`, tells `submitted` how that went, then drives it on this task
@@ -351,7 +364,7 @@ impl DurableDispatcher {
         // commits must not leave a recorded dispatch without its driver.
         let shared = Arc::clone(&self.shared);
         let (submitted, answer) = oneshot::channel();
-        tokio::spawn(
+        spawn_boxed(
             shared
                 .record_and_drive(dispatch, submitted)
                 .instrument(span),
@@ -414,7 +427,7 @@ impl DurableDispatcher {
         let running = DriverRunning::start(shared);
         let (submitted, answer) = oneshot::channel();
         let early = shared.store.orders_writes();
-        tokio::spawn(
+        spawn_boxed(
             record_while_running(running, dispatch, live, early, submitted).instrument(span),
         );
         (outcome, answer)
@@ -448,7 +461,7 @@ impl DurableDispatcher {
     /// Records `dispatch` after a shutdown: it runs at the next start.
     async fn submit_new(&self, dispatch: NewDispatch) -> Result<Submitted, SubmitError> {
         let (submitted, answer) = oneshot::channel();
-        tokio::spawn(Arc::clone(&self.shared).record_and_drive(dispatch, submitted));
+        spawn_boxed(Arc::clone(&self.shared).record_and_drive(dispatch, submitted));
         heard_submitted(answer).await
     }
 

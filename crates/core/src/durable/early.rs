@@ -114,20 +114,25 @@ pub(super) async fn record_while_running(
         attempts: 0,
     };
     let id = &row.dispatch.id;
-    let mut dispatch_run = pin!(run(shared, &row, &live, false));
-    let outcome = loop {
-        tokio::select! {
-            biased;
-            result = recording.as_mut(), if recorded.is_none() => {
-                tell(&result);
-                if !is_recorded(&result, &row.dispatch) {
-                    // Refused: the caller hears the refusal; a worker that has it is told to
-                    // stop, and its outcome is not recorded.
-                    live.cancel.cancel();
+    // In a block of its own, so the run's state (the dispatch future, kilobytes) shares its
+    // room in this task with the outcome's record below instead of adding to it: the task is
+    // copied whole when spawned.
+    let outcome = {
+        let mut dispatch_run = pin!(run(shared, &row, &live, false));
+        loop {
+            tokio::select! {
+                biased;
+                result = recording.as_mut(), if recorded.is_none() => {
+                    tell(&result);
+                    if !is_recorded(&result, &row.dispatch) {
+                        // Refused: the caller hears the refusal; a worker that has it is told
+                        // to stop, and its outcome is not recorded.
+                        live.cancel.cancel();
+                    }
+                    recorded = Some(result);
                 }
-                recorded = Some(result);
+                outcome = &mut dispatch_run => break outcome,
             }
-            outcome = &mut dispatch_run => break outcome,
         }
     };
     // The outcome is sent to the store now, behind the record, which may still be committing.
