@@ -27,6 +27,10 @@ struct State {
     commands: Vec<Command>,
     closed: bool,
     waiting: Waiting,
+    /// The most commands the queue has held when the writer took it: the room the next queue
+    /// starts with, so senders do not grow it (commands are a few hundred bytes, copied at
+    /// every doubling).
+    peak: usize,
 }
 
 /// The commands waiting for the writer.
@@ -51,6 +55,7 @@ impl Inbox {
                 commands: Vec::new(),
                 closed: false,
                 waiting: Waiting::No,
+                peak: 0,
             }),
             wake: Condvar::new(),
             room: Semaphore::new(capacity.max(1)),
@@ -148,10 +153,10 @@ impl Inbox {
         }
         state.waiting = Waiting::No;
         let n = state.commands.len().min(self.policy.max_batch.max(1));
+        state.peak = state.peak.max(state.commands.len());
         let batch: Vec<Command> = if n == state.commands.len() {
-            // The next batch starts with room for one as large as this: commands are a few
-            // hundred bytes, and growing from empty copied them at every doubling.
-            std::mem::replace(&mut state.commands, Vec::with_capacity(n))
+            let room = state.peak;
+            std::mem::replace(&mut state.commands, Vec::with_capacity(room))
         } else {
             state.commands.drain(..n).collect()
         };
