@@ -49,7 +49,19 @@ impl DispatchId {
             .map_or(0, |since| since.as_millis());
         let time = u64::try_from(millis).unwrap_or(u64::MAX) & 0xffff_ffff_ffff;
         let random: u128 = rand::random::<u128>() >> 48;
-        Self(format!("{time:012x}{random:020x}"))
+        Self(Self::text(time, random))
+    }
+
+    /// `time` (48 bits) then `random` (80 bits) as 32 lowercase hex digits: what
+    /// `format!("{time:012x}{random:020x}")` writes, without the formatting machinery, which
+    /// was a percent of the runtime's CPU in the durable stream's profile.
+    fn text(time: u64, random: u128) -> String {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let value = (u128::from(time) << 80) | (random & ((1u128 << 80) - 1));
+        (0..32)
+            .rev()
+            .map(|nibble| char::from(DIGITS[((value >> (4 * nibble)) & 0xf) as usize]))
+            .collect()
     }
 
     /// Parses an id given by a producer or read from a store; `None` unless it is 32 lowercase
@@ -458,6 +470,24 @@ mod tests {
         ];
         assert_ne!(same[0], same[1]);
         assert_eq!(same[0].as_str()[..12], same[1].as_str()[..12]);
+    }
+
+    #[test]
+    fn id_text_is_what_format_writes() {
+        let cases = [
+            (0u64, 0u128),
+            (1, 1),
+            (0xffff_ffff_ffff, (1u128 << 80) - 1),
+            (0x0123_4567_89ab, 0x0fed_cba9_8765_4321_0f1e),
+            (1_764_000_000_000, 0xdead_beef),
+        ];
+        for (time, random) in cases {
+            assert_eq!(
+                DispatchId::text(time, random),
+                format!("{time:012x}{random:020x}"),
+                "time {time:#x}, random {random:#x}"
+            );
+        }
     }
 
     #[test]
