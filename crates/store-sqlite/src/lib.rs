@@ -16,6 +16,7 @@ mod codec;
 mod fold;
 mod hold;
 mod inbox;
+mod insert;
 mod lock;
 mod open_error;
 mod ops;

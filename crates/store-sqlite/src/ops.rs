@@ -14,6 +14,7 @@ use switchyard_core::{
 
 use crate::backlog::Backlog;
 use crate::codec::{RawOutcome, to_nanos, worker_to_sql};
+use crate::insert::{NewRow, insert_one};
 use crate::statements::{Sql, Statements};
 
 /// The bounds `record` enforces.
@@ -194,6 +195,25 @@ pub(crate) fn record(
             return Ok(Recorded::Existing(id));
         }
     }
+    admit(statements, backlog, size, limits, dispatch)?;
+    let inserted = insert_one(statements, NewRow { dispatch, finished })?;
+    Ok(recorded(
+        backlog,
+        size,
+        NewRow { dispatch, finished },
+        inserted,
+    ))
+}
+
+/// Checks that `dispatch` may be recorded (its namespace's queue and the store's size are
+/// within their bounds), counting its input into the batch's size.
+pub(crate) fn admit(
+    statements: &mut Statements<'_>,
+    backlog: &Backlog,
+    size: &mut StoreSize,
+    limits: Limits,
+    dispatch: &NewDispatch,
+) -> Result<(), StepError> {
     let queued = backlog.unfinished(&dispatch.namespace);
     if queued >= limits.max_queued_per_namespace {
         return Err(StepError::Refused(DispatchStoreError::QueueFull {
@@ -209,45 +229,28 @@ pub(crate) fn record(
             limit: limits.max_bytes,
         }));
     }
-    // A queued row leaves the outcome columns NULL; one statement serves both.
-    let (state, attempts, at, outcome) = match finished {
-        None => ("queued", 0, None, None),
-        Some(Finished {
-            outcome,
-            at,
-            attempts,
-        }) => ("finished", attempts, Some(to_nanos(at)), Some(outcome)),
-    };
-    let inserted = statements.get(Sql::Insert)?.execute(params![
-        dispatch.id.as_str(),
-        dispatch.namespace,
-        dispatch.task_queue,
-        dispatch.activity_type,
-        dispatch.node,
-        dispatch.input.as_ref(),
-        dispatch.principal,
-        dispatch.idempotency_key,
-        to_nanos(dispatch.submitted_at),
-        to_nanos(dispatch.deadline),
-        state,
-        attempts,
-        at,
-        outcome.map(|o| o.kind.as_str()),
-        outcome.map(|o| o.output.as_ref()),
-        outcome.map(|o| o.message.as_str()),
-        outcome.map(|o| o.retryable),
-        outcome.map(|o| o.reason.as_str()),
-        outcome.map(|o| o.attempts),
-    ])?;
-    if inserted == 0 {
-        // The same id recorded again (a caller retrying after losing the reply).
-        return Ok(Recorded::Existing(dispatch.id.clone()));
+    size.add(input);
+    Ok(())
+}
+
+/// What the insert of an [`admit`]ted `row` recorded: `inserted`, a new dispatch (a queued
+/// one joins its namespace's backlog); not, the same id recorded before (a caller retrying
+/// after losing the reply), whose input no longer counts.
+pub(crate) fn recorded(
+    backlog: &mut Backlog,
+    size: &mut StoreSize,
+    row: NewRow<'_>,
+    inserted: bool,
+) -> Recorded {
+    let dispatch = row.dispatch;
+    if !inserted {
+        size.sub(dispatch.input.len() as u64);
+        return Recorded::Existing(dispatch.id.clone());
     }
-    if finished.is_none() {
+    if row.finished.is_none() {
         backlog.add(&dispatch.namespace);
     }
-    size.add(input);
-    Ok(Recorded::New(dispatch.id.clone()))
+    Recorded::New(dispatch.id.clone())
 }
 
 /// The store's size as one batch sees it: read from SQLite at the batch's first record, then
@@ -276,6 +279,13 @@ impl StoreSize {
     fn add(&mut self, input: u64) {
         if let Some(in_use) = &mut self.in_use {
             *in_use = in_use.saturating_add(input);
+        }
+    }
+
+    /// A record of `input` bytes counted by [`add`](Self::add) was not inserted after all.
+    fn sub(&mut self, input: u64) {
+        if let Some(in_use) = &mut self.in_use {
+            *in_use = in_use.saturating_sub(input);
         }
     }
 }

@@ -13,8 +13,11 @@ use rusqlite::{CachedStatement, Connection};
 pub(crate) enum Sql {
     /// The first dispatch recorded with an idempotency key in a namespace.
     FindKey,
-    /// A new row, queued or already finished.
+    /// A new row, queued or already finished ([`insert`](crate::insert)).
     Insert,
+    /// [`ROWS_PER_INSERT`](crate::insert::ROWS_PER_INSERT) new rows, returning the ids
+    /// inserted.
+    InsertMany,
     /// An unfinished row finished, returning its namespace.
     Complete,
     /// The outcome of a finished row.
@@ -34,23 +37,16 @@ pub(crate) enum Sql {
 
 impl Sql {
     /// How many statements there are.
-    const COUNT: usize = 9;
+    const COUNT: usize = 10;
 
     /// Its text.
-    pub(crate) const fn text(self) -> &'static str {
+    pub(crate) fn text(self) -> &'static str {
         match self {
             Self::FindKey => {
                 "SELECT id FROM dispatches WHERE namespace = ?1 AND idempotency_key = ?2"
             }
-            Self::Insert => {
-                "INSERT INTO dispatches (id, namespace, task_queue, activity_type, node, input, \
-                 principal, idempotency_key, submitted_at_ns, deadline_ns, state, attempts, \
-                 finished_at_ns, outcome_kind, outcome_output, outcome_message, \
-                 outcome_retryable, outcome_reason, outcome_attempts) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
-                 ?17, ?18, ?19) \
-                 ON CONFLICT (id) DO NOTHING"
-            }
+            Self::Insert => crate::insert::INSERT_ONE.as_str(),
+            Self::InsertMany => crate::insert::INSERT_MANY.as_str(),
             Self::Complete => {
                 "UPDATE dispatches SET state = 'finished', finished_at_ns = ?2, worker = NULL, \
                  parked_reason = NULL, not_before_ns = NULL, outcome_kind = ?3, \
@@ -134,6 +130,7 @@ mod tests {
     const EVERY: [Sql; Sql::COUNT] = [
         Sql::FindKey,
         Sql::Insert,
+        Sql::InsertMany,
         Sql::Complete,
         Sql::ReadOutcome,
         Sql::Park,

@@ -18,6 +18,7 @@ use crate::backlog::Backlog;
 use crate::fold::{Plan, Step};
 use crate::hold::Held;
 use crate::inbox::Inbox;
+use crate::insert::{NewRow, insert_many};
 use crate::ops::{self, Answer, Finished, Limits, Op, StepError, StoreSize};
 use crate::schema;
 use crate::statements::Statements;
@@ -159,9 +160,35 @@ impl Writer {
         let mut inserted_finished = vec![false; ops.len()];
         let mut size = StoreSize::default();
         let mut statements = Statements::new(&tx);
+        // Finished rows admitted and not yet inserted, by command: inserted several per
+        // statement before any other write runs, so every write still sees those before it.
+        let mut pending: Vec<(usize, NewRow<'_>)> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
             let (backlog, limits) = (&mut self.backlog, self.limits);
-            let step = match (plan.step(i), op) {
+            if let Some(row) = gathered(ops, plan, i) {
+                match ops::admit(&mut statements, backlog, &mut size, limits, row.dispatch) {
+                    Ok(()) => {
+                        pending.push((i, row));
+                        // Its answer once inserted.
+                        results.push(Ok(Answer::Done));
+                    }
+                    Err(StepError::Refused(refusal)) => results.push(Err(refusal)),
+                    Err(StepError::Sql(err)) => return Err(err),
+                }
+                continue;
+            }
+            let step = plan.step(i);
+            if step != Step::Superseded {
+                insert_pending(
+                    &mut statements,
+                    backlog,
+                    &mut size,
+                    &mut pending,
+                    &mut results,
+                    &mut inserted_finished,
+                )?;
+            }
+            let step = match (step, op) {
                 (Step::Superseded, _) => Ok(Answer::Done),
                 (Step::RecordFinished { complete }, Op::Record(dispatch)) => {
                     let finished = ops
@@ -191,10 +218,67 @@ impl Writer {
                 Err(StepError::Sql(err)) => return Err(err),
             }
         }
+        insert_pending(
+            &mut statements,
+            &mut self.backlog,
+            &mut size,
+            &mut pending,
+            &mut results,
+            &mut inserted_finished,
+        )?;
         drop(statements);
         tx.commit()?;
         Ok(results)
     }
+}
+
+/// Command `i` as a finished row to insert with others: a record without an idempotency key
+/// whose outcome is in the batch (a keyed one first looks its key up, which must see every
+/// row before it).
+fn gathered<'a>(ops: &'a [Op], plan: &Plan, i: usize) -> Option<NewRow<'a>> {
+    let Step::RecordFinished { complete } = plan.step(i) else {
+        return None;
+    };
+    let Some(Op::Record(dispatch)) = ops.get(i) else {
+        return None;
+    };
+    if dispatch.idempotency_key.is_some() {
+        return None;
+    }
+    let finished = ops
+        .get(complete)
+        .and_then(|op| Finished::of(op, plan.claimed(complete)))?;
+    Some(NewRow {
+        dispatch,
+        finished: Some(finished),
+    })
+}
+
+/// Inserts the rows `pending` holds and answers their commands in `results`.
+fn insert_pending(
+    statements: &mut Statements<'_>,
+    backlog: &mut Backlog,
+    size: &mut StoreSize,
+    pending: &mut Vec<(usize, NewRow<'_>)>,
+    results: &mut [Reply],
+    inserted_finished: &mut [bool],
+) -> rusqlite::Result<()> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<NewRow<'_>> = pending.iter().map(|(_, row)| *row).collect();
+    let inserted = insert_many(statements, &rows)?;
+    for ((i, row), inserted) in pending.drain(..).zip(inserted) {
+        if let Some(flag) = inserted_finished.get_mut(i) {
+            *flag = inserted;
+        }
+        if let Some(result) = results.get_mut(i) {
+            *result = Ok(Answer::Recorded(ops::recorded(
+                backlog, size, row, inserted,
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The order in which a batch of `len` commands planned by `plan` is answered: the batch's
@@ -506,6 +590,70 @@ mod tests {
                 ))
             ));
         }
+    }
+
+    #[test]
+    fn records_folded_in_one_batch_are_inserted_together_each_answered_and_a_retry_is_existing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut writer = writer(dir.path(), 3);
+        // More than two several-row statements' worth, each record with its outcome behind.
+        let n = 2 * crate::insert::ROWS_PER_INSERT + 3;
+        let (records, record_answers): (Vec<_>, Vec<_>) = (0..n).map(|_| record("ns")).unzip();
+        let ids: Vec<DispatchId> = records.iter().map(id_of).collect();
+        // The first id recorded again (a caller retrying) before the outcomes.
+        let (retry, retry_answer) = match &records[0].op {
+            Op::Record(first) => command(Op::Record(first.clone())),
+            other => panic!("not a record: {other:?}"),
+        };
+        // Control: a queued record in the same batch still counts against the namespace's
+        // queue (3 here) after the finished rows, which do not.
+        let (queued, queued_answer) = record("ns");
+        let (completes, complete_answers): (Vec<_>, Vec<_>) =
+            ids.iter().map(|id| command(finish(id))).unzip();
+        let mut batch = records;
+        batch.push(retry);
+        batch.push(queued);
+        batch.extend(completes);
+        writer.commit_batch(batch);
+        for (answer, id) in record_answers.into_iter().zip(&ids) {
+            match self::answer(answer) {
+                Ok(Answer::Recorded(Recorded::New(new))) => assert_eq!(&new, id),
+                other => panic!("record of {id}: {other:?}"),
+            }
+        }
+        assert!(
+            matches!(self::answer(retry_answer), Ok(Answer::Recorded(Recorded::Existing(ref first))) if *first == ids[0]),
+            "the retry finds the first record"
+        );
+        assert!(matches!(
+            self::answer(queued_answer),
+            Ok(Answer::Recorded(Recorded::New(_)))
+        ));
+        for answer in complete_answers {
+            assert!(matches!(
+                self::answer(answer),
+                Ok(Answer::Completion(Completion::Recorded))
+            ));
+        }
+        let finished: i64 = writer
+            .conn
+            .query_row(
+                "SELECT count(*) FROM dispatches WHERE state = 'finished' AND outcome_kind = 'completed'",
+                [],
+                |row| row.get(0),
+            )
+            .expect("count");
+        assert_eq!(
+            finished, n as i64,
+            "every folded record is one finished row"
+        );
+        assert_eq!(rows(&writer), n as i64 + 1);
+        assert_eq!(
+            writer.backlog.unfinished("ns"),
+            1,
+            "only the queued one waits"
+        );
+        assert_eq!(writer.commits.load(Ordering::Relaxed), 1);
     }
 
     #[test]
