@@ -160,15 +160,16 @@ impl Writer {
         let mut inserted_finished = vec![false; ops.len()];
         let mut size = StoreSize::default();
         let mut statements = Statements::new(&tx);
-        // Finished rows admitted and not yet inserted, by command: inserted several per
-        // statement before any other write runs, so every write still sees those before it.
-        let mut pending: Vec<(usize, NewRow<'_>)> = Vec::new();
+        // Finished rows admitted and not yet inserted: inserted several per statement before
+        // any other write runs, so every write still sees those before it.
+        let mut pending = Pending::default();
         for (i, op) in ops.iter().enumerate() {
             let (backlog, limits) = (&mut self.backlog, self.limits);
             if let Some(row) = gathered(ops, plan, i) {
                 match ops::admit(&mut statements, backlog, &mut size, limits, row.dispatch) {
                     Ok(()) => {
-                        pending.push((i, row));
+                        pending.at.push(i);
+                        pending.rows.push(row);
                         // Its answer once inserted.
                         results.push(Ok(Answer::Done));
                     }
@@ -191,9 +192,7 @@ impl Writer {
             let step = match (step, op) {
                 (Step::Superseded, _) => Ok(Answer::Done),
                 (Step::RecordFinished { complete }, Op::Record(dispatch)) => {
-                    let finished = ops
-                        .get(complete)
-                        .and_then(|op| Finished::of(op, plan.claimed(complete)));
+                    let finished = finished_by(ops, plan, complete);
                     let recorded = ops::record(
                         &mut statements,
                         backlog,
@@ -245,13 +244,24 @@ fn gathered<'a>(ops: &'a [Op], plan: &Plan, i: usize) -> Option<NewRow<'a>> {
     if dispatch.idempotency_key.is_some() {
         return None;
     }
-    let finished = ops
-        .get(complete)
-        .and_then(|op| Finished::of(op, plan.claimed(complete)))?;
+    let finished = finished_by(ops, plan, complete)?;
     Some(NewRow {
         dispatch,
         finished: Some(finished),
     })
+}
+
+/// The outcome that command `complete` of the batch gives the record it is folded into.
+fn finished_by<'a>(ops: &'a [Op], plan: &Plan, complete: usize) -> Option<Finished<'a>> {
+    ops.get(complete)
+        .and_then(|op| Finished::of(op, plan.claimed(complete)))
+}
+
+/// Finished rows admitted and waiting to be inserted together: per row, its command.
+#[derive(Default)]
+struct Pending<'a> {
+    at: Vec<usize>,
+    rows: Vec<NewRow<'a>>,
 }
 
 /// Inserts the rows `pending` holds and answers their commands in `results`.
@@ -259,16 +269,20 @@ fn insert_pending(
     statements: &mut Statements<'_>,
     backlog: &mut Backlog,
     size: &mut StoreSize,
-    pending: &mut Vec<(usize, NewRow<'_>)>,
+    pending: &mut Pending<'_>,
     results: &mut [Reply],
     inserted_finished: &mut [bool],
 ) -> rusqlite::Result<()> {
-    if pending.is_empty() {
+    if pending.rows.is_empty() {
         return Ok(());
     }
-    let rows: Vec<NewRow<'_>> = pending.iter().map(|(_, row)| *row).collect();
-    let inserted = insert_many(statements, &rows)?;
-    for ((i, row), inserted) in pending.drain(..).zip(inserted) {
+    let inserted = insert_many(statements, &pending.rows)?;
+    for ((i, row), inserted) in pending
+        .at
+        .drain(..)
+        .zip(pending.rows.drain(..))
+        .zip(inserted)
+    {
         if let Some(flag) = inserted_finished.get_mut(i) {
             *flag = inserted;
         }

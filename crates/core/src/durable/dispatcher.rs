@@ -153,8 +153,6 @@ impl Shared {
     /// Starts the driver of `row`, tracked as `live`.
     fn spawn_driver(self: &Arc<Self>, row: StoredDispatch, live: Arc<Live>, resumed: bool) {
         let running = DriverRunning::start(self);
-        // Boxed: the task then holds a pointer, not the driver's whole state, which tokio
-        // would copy at the spawn and again when the task ends (see [`spawn_boxed`]).
         spawn_boxed(drive(running, row, live, resumed));
     }
 
