@@ -25,6 +25,7 @@ mod driver;
 mod early;
 mod live;
 mod memory;
+mod notes;
 mod record;
 mod store;
 #[cfg(test)]

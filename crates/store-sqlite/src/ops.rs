@@ -4,6 +4,7 @@
 //! batch included), so two records with one idempotency key in one batch still give one
 //! dispatch, and the first of two completions in one batch wins.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use rusqlite::{OptionalExtension, params};
@@ -27,7 +28,9 @@ pub(crate) struct Limits {
 /// One write.
 #[derive(Debug)]
 pub(crate) enum Op {
-    Record(NewDispatch),
+    /// Shared with the dispatch's driver when it runs while recording: held by the writer
+    /// without a copy.
+    Record(Arc<NewDispatch>),
     Park {
         id: DispatchId,
         reason: String,

@@ -266,7 +266,7 @@ fn mismatched(answer: &Answer) -> DispatchStoreError {
 #[async_trait]
 impl DispatchStore for SqliteStore {
     async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError> {
-        match self.write(Op::Record(dispatch)).await? {
+        match self.write(Op::Record(Arc::new(dispatch))).await? {
             Answer::Recorded(recorded) => Ok(recorded),
             other => Err(mismatched(&other)),
         }
@@ -276,7 +276,7 @@ impl DispatchStore for SqliteStore {
     /// be written with it.
     async fn record_before_outcome(
         &self,
-        dispatch: NewDispatch,
+        dispatch: Arc<NewDispatch>,
     ) -> Result<Recorded, DispatchStoreError> {
         match self.write_held(Op::Record(dispatch), true).await? {
             Answer::Recorded(recorded) => Ok(recorded),

@@ -1,5 +1,6 @@
 //! Operations the unit tests of the writer's batching build.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -10,7 +11,7 @@ use crate::ops::Op;
 /// A record of a dispatch `id` in namespace `ns`, due now.
 pub(crate) fn record(id: &DispatchId) -> Op {
     let now = SystemTime::now();
-    Op::Record(NewDispatch {
+    Op::Record(Arc::new(NewDispatch {
         id: id.clone(),
         namespace: "ns".into(),
         task_queue: "q".into(),
@@ -21,7 +22,7 @@ pub(crate) fn record(id: &DispatchId) -> Op {
         idempotency_key: None,
         submitted_at: now,
         deadline: now,
-    })
+    }))
 }
 
 /// A claim of `id` by worker 1 as delivery number `attempt`.

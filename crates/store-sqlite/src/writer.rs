@@ -359,7 +359,7 @@ mod tests {
         let now = SystemTime::now();
         let (reply, answer) = oneshot::channel();
         let reply = Some(reply);
-        let op = Op::Record(NewDispatch {
+        let op = Op::Record(Arc::new(NewDispatch {
             id: DispatchId::generate(),
             namespace: namespace.into(),
             task_queue: "q".into(),
@@ -370,7 +370,7 @@ mod tests {
             idempotency_key: None,
             submitted_at: now,
             deadline: now,
-        });
+        }));
         let sent = Instant::now();
         (
             Command {

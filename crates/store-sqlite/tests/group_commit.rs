@@ -83,15 +83,16 @@ async fn a_record_before_its_outcome_waits_for_it_and_both_commit_as_one() {
     let dispatch = fixtures::dispatch("ns", "in");
     let id = dispatch.id.clone();
     let before = store.commits();
-    let (recorded, completion) = tokio::join!(store.record_before_outcome(dispatch), async {
-        store
-            .claim(&id, WorkerId::from_raw(1), 1)
-            .await
-            .expect("claim");
-        store
-            .complete(&id, &fixtures::completed("out"), SystemTime::now())
-            .await
-    });
+    let (recorded, completion) =
+        tokio::join!(store.record_before_outcome(Arc::new(dispatch)), async {
+            store
+                .claim(&id, WorkerId::from_raw(1), 1)
+                .await
+                .expect("claim");
+            store
+                .complete(&id, &fixtures::completed("out"), SystemTime::now())
+                .await
+        });
     assert_eq!(recorded, Ok(Recorded::New(id.clone())));
     assert_eq!(completion, Ok(Completion::Recorded));
     assert_eq!(
@@ -118,7 +119,7 @@ async fn a_record_before_its_outcome_waits_for_it_and_both_commit_as_one() {
     let dispatch = fixtures::dispatch("ns", "in");
     let id = dispatch.id.clone();
     let before = store.commits();
-    let recorded = store.record_before_outcome(dispatch).await;
+    let recorded = store.record_before_outcome(Arc::new(dispatch)).await;
     assert_eq!(recorded, Ok(Recorded::New(id.clone())));
     let completion = store
         .complete(&id, &fixtures::completed("out"), SystemTime::now())
@@ -135,7 +136,7 @@ async fn a_held_record_is_written_for_a_read_behind_it_and_when_the_store_closes
     let id = dispatch.id.clone();
     let recording = {
         let store = Arc::clone(&store);
-        tokio::spawn(async move { store.record_before_outcome(dispatch).await })
+        tokio::spawn(async move { store.record_before_outcome(Arc::new(dispatch)).await })
     };
     // A read waits for every write sent before it: the held record among them. Until the
     // record is sent the read may find nothing, so it is asked again.
@@ -159,7 +160,7 @@ async fn a_held_record_is_written_for_a_read_behind_it_and_when_the_store_closes
     // A record held when the store closes is written before the writer stops.
     let held = fixtures::dispatch("ns", "held");
     let held_id = held.id.clone();
-    let mut sending = Box::pin(store.record_before_outcome(held));
+    let mut sending = Box::pin(store.record_before_outcome(Arc::new(held)));
     // Polled once: queued for the writer, then abandoned as a crashed caller would.
     tokio::select! {
         biased;

@@ -150,7 +150,7 @@ async fn lifecycle(store: &SqliteStore, path: Path, input: &str) {
     };
     match path {
         Path::Stream => {
-            let record = store.record_before_outcome(dispatch);
+            let record = store.record_before_outcome(Arc::new(dispatch));
             let outcome = async {
                 tokio::task::yield_now().await;
                 outcome.await

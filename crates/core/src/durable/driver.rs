@@ -6,14 +6,15 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::dispatcher::{DriverRunning, Shared};
 use super::live::Live;
-use super::record::{Completion, DispatchId, DispatchState, OutcomeRecord, StoredDispatch};
-use crate::address::WorkerId;
+use super::notes::{Note, Notes};
+use super::record::{
+    Completion, DispatchId, DispatchState, NewDispatch, OutcomeRecord, StoredDispatch,
+};
 use crate::backoff::Backoff;
 use crate::dispatcher::DispatchHooks;
 use crate::outcome::{ActivityOutcome, ActivityRequest};
@@ -41,27 +42,6 @@ async fn run_some(writing: &mut Option<Writing<'_>>) {
     match writing {
         Some(writing) => writing.await,
         None => std::future::pending().await,
-    }
-}
-
-/// What the dispatcher told the driver, to write to the store in order.
-enum Note {
-    Parked(UnservedReason),
-    Delivered(WorkerId, u32),
-}
-
-impl Note {
-    /// Where the note says the dispatch stands.
-    fn state(&self) -> DispatchState {
-        match self {
-            Self::Parked(reason) => DispatchState::Parked {
-                reason: reason.as_str().to_owned(),
-            },
-            Self::Delivered(worker, attempt) => DispatchState::Running {
-                worker: *worker,
-                attempt: *attempt,
-            },
-        }
     }
 }
 
@@ -142,10 +122,20 @@ pub(super) async fn run(
             () = shared.stopping.cancelled() => return None,
         }
     }
+    run_dispatch(shared, &row.dispatch, row.attempts, live).await
+}
+
+/// Runs `d`, delivered `attempts` times before, through the one dispatcher to its outcome,
+/// keeping its row in step; `None` when it ended because the gateway stops.
+pub(super) async fn run_dispatch(
+    shared: &Shared,
+    d: &NewDispatch,
+    attempts: u32,
+    live: &Live,
+) -> Option<ActivityOutcome> {
     if live.cancel.is_cancelled() {
         return Some(ActivityOutcome::Cancelled);
     }
-    let d = &row.dispatch;
     let request = ActivityRequest {
         namespace: d.namespace.clone(),
         task_queue: d.task_queue.clone(),
@@ -161,8 +151,8 @@ pub(super) async fn run(
     // The grant was checked when the dispatch was submitted; it runs as its principal.
     let caller = CallerIdentity::granted(d.principal.clone(), [d.namespace.clone()])
         .with_roles([Role::Producer]);
-    let (notes, mut heard) = mpsc::unbounded_channel();
-    let hooks = hooks(row.attempts, live, notes);
+    let notes = Arc::new(Notes::default());
+    let hooks = hooks(attempts, live, &notes);
     let mut dispatch = pin!(shared.dispatcher.dispatch_with(&caller, request, hooks));
     // While a worker holds it, its claim is kept alive for stores that lease claims; the one
     // timer is registered only when it is first polled, so other stores never arm it.
@@ -177,7 +167,7 @@ pub(super) async fn run(
             biased;
             result = &mut dispatch => break result,
             () = run_some(&mut writing), if writing.is_some() => writing = None,
-            Some(note) = heard.recv(), if writing.is_none() => {
+            note = notes.next(), if writing.is_none() => {
                 extending = leases_claims && matches!(note, Note::Delivered(..));
                 if extending {
                     extend.as_mut().reset(Instant::now() + EXTEND_EVERY);
@@ -212,21 +202,21 @@ pub(super) async fn run(
     if let Some(writing) = writing {
         writing.await;
     }
-    while let Ok(note) = heard.try_recv() {
+    while let Some(note) = notes.try_next() {
         write(shared, &d.id, note).await;
     }
     None
 }
 
-fn hooks(attempts: u32, live: &Live, notes: mpsc::UnboundedSender<Note>) -> DispatchHooks {
-    let parked = notes.clone();
+fn hooks(attempts: u32, live: &Live, notes: &Arc<Notes>) -> DispatchHooks {
+    let (delivered, parked) = (Arc::clone(notes), Arc::clone(notes));
     DispatchHooks {
         attempt_offset: attempts,
         on_delivered: Some(Arc::new(move |worker, attempt| {
-            let _ = notes.send(Note::Delivered(worker, attempt));
+            delivered.push(Note::Delivered(worker, attempt));
         })),
         on_parked: Some(Arc::new(move |reason| {
-            let _ = parked.send(Note::Parked(reason));
+            parked.push(Note::Parked(reason));
         })),
         durable: true,
         cancel: Some(live.cancel.clone()),

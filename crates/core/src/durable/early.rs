@@ -17,9 +17,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::dispatcher::{DriverRunning, Submitted};
-use super::driver::{record as record_outcome, run};
+use super::driver::{record as record_outcome, run_dispatch};
 use super::live::Live;
-use super::record::{DispatchState, NewDispatch, Recorded, StoredDispatch};
+use super::record::{NewDispatch, Recorded};
 use super::store::DispatchStoreError;
 
 /// Runs `first` and `second` to their ends on this task, polling `first` first every time
@@ -72,10 +72,12 @@ pub(super) async fn record_while_running(
     submitted: oneshot::Sender<Result<Submitted, DispatchStoreError>>,
 ) {
     let shared = &running.0;
+    // Shared with the store, which holds it until its record is written.
+    let dispatch = Arc::new(dispatch);
     let mut recording = if early {
-        shared.store.record_before_outcome(dispatch.clone())
+        shared.store.record_before_outcome(Arc::clone(&dispatch))
     } else {
-        shared.store.record(dispatch.clone())
+        shared.store.record(NewDispatch::clone(&dispatch))
     };
     // Polled once before the task can reach a worker: the store queues the record ahead of
     // the notes and the outcome that follow.
@@ -108,23 +110,18 @@ pub(super) async fn record_while_running(
             return;
         }
     }
-    let row = StoredDispatch {
-        dispatch,
-        state: DispatchState::Queued { not_before: None },
-        attempts: 0,
-    };
-    let id = &row.dispatch.id;
+    let id = &dispatch.id;
     // In a block of its own, so the run's state (the dispatch future, kilobytes) shares its
     // room in this task with the outcome's record below instead of adding to it: the task is
     // copied whole when spawned.
     let outcome = {
-        let mut dispatch_run = pin!(run(shared, &row, &live, false));
+        let mut dispatch_run = pin!(run_dispatch(shared, &dispatch, 0, &live));
         loop {
             tokio::select! {
                 biased;
                 result = recording.as_mut(), if recorded.is_none() => {
                     tell(&result);
-                    if !is_recorded(&result, &row.dispatch) {
+                    if !is_recorded(&result, &dispatch) {
                         // Refused: the caller hears the refusal; a worker that has it is told
                         // to stop, and its outcome is not recorded.
                         live.cancel.cancel();
@@ -151,7 +148,7 @@ pub(super) async fn record_while_running(
                 Some(result) => result,
                 None => recording.await,
             };
-            if is_recorded(&recorded, &row.dispatch) {
+            if is_recorded(&recorded, &dispatch) {
                 // As any driver stopped by a shutdown: it runs again at the next start.
                 if let Err(error) = shared.store.release(id, Duration::ZERO).await {
                     tracing::debug!(%error, "release at shutdown not recorded");
@@ -161,8 +158,8 @@ pub(super) async fn record_while_running(
         }
     };
     tell(&recorded);
-    if is_recorded(&recorded, &row.dispatch) {
-        shared.announce(&row.dispatch.principal, id, stood);
+    if is_recorded(&recorded, &dispatch) {
+        shared.announce(&dispatch.principal, id, stood);
     } else {
         shared.live.finish(id, None);
     }

@@ -1,5 +1,6 @@
 //! The [`DispatchStore`] seam: where durable dispatches are kept.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -36,13 +37,14 @@ pub trait DispatchStore: Send + Sync + std::fmt::Debug + 'static {
     /// [`record`](Self::record) for a dispatch delivered while it records (a keyless durable
     /// `Dispatch` or `Submit`, see [`orders_writes`](Self::orders_writes)): the store may hold
     /// the record back a short while so that an outcome sent meanwhile is written with it,
-    /// answering, as `record`, once the record is committed. Default:
-    /// [`record`](Self::record).
+    /// answering, as `record`, once the record is committed. The dispatch is shared with its
+    /// driver, which runs it meanwhile: a store that keeps it until its write needs no copy.
+    /// Default: [`record`](Self::record) of a copy.
     async fn record_before_outcome(
         &self,
-        dispatch: NewDispatch,
+        dispatch: Arc<NewDispatch>,
     ) -> Result<Recorded, DispatchStoreError> {
-        self.record(dispatch).await
+        self.record(Arc::unwrap_or_clone(dispatch)).await
     }
 
     /// Notes that `id` waits for a worker, and why ([`UnservedReason`](crate::UnservedReason)
