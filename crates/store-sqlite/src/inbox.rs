@@ -2,7 +2,10 @@
 //!
 //! A sender wakes the writer only when it sleeps on an empty inbox (or waits for a batch to
 //! fill), never once per command: under load the writer finds everything queued while it
-//! committed and takes it in one go. Room is bounded; a sender waits (asynchronously) for it.
+//! committed and takes it in one go. A write the writer may hold back for its outcome (see
+//! [`hold`](crate::hold)) does not wake a writer that wakes on its own before that hold ends:
+//! woken for it, the writer would only hold it and sleep again. Room is bounded; a sender
+//! waits (asynchronously) for it.
 
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -16,8 +19,9 @@ use crate::writer::{BatchPolicy, Command};
 enum Waiting {
     /// Working: nobody wakes it.
     No,
-    /// Sleeping on an empty inbox: the next command wakes it.
-    ForAny,
+    /// Sleeping on an empty inbox until `until` (`None`: until woken): the next command wakes
+    /// it, unless it may be held back past `until` ([`wakes`]).
+    ForAny { until: Option<Instant> },
     /// Gathering a batch until its delay ends: a command that fills the batch wakes it.
     ForFull,
 }
@@ -41,6 +45,15 @@ pub(crate) struct Inbox {
     /// One permit per command the inbox has room for.
     room: Semaphore,
     policy: BatchPolicy,
+}
+
+/// Whether a command held back at most until `hold_until` (`None`: not held) wakes a writer
+/// sleeping until `until`: not when the writer wakes first anyway, since it would only hold it.
+fn wakes(until: Option<Instant>, hold_until: Option<Instant>) -> bool {
+    match (until, hold_until) {
+        (Some(until), Some(hold_until)) => hold_until < until,
+        _ => true,
+    }
 }
 
 /// The inbox was closed: the writer stopped.
@@ -77,10 +90,11 @@ impl Inbox {
         if state.closed {
             return Err(Closed);
         }
+        let hold_until = command.hold_until;
         state.commands.push(command);
         let wake = match state.waiting {
             Waiting::No => false,
-            Waiting::ForAny => true,
+            Waiting::ForAny { until } => wakes(until, hold_until),
             Waiting::ForFull => self.policy.is_full(state.commands.len()),
         };
         if wake {
@@ -115,7 +129,7 @@ impl Inbox {
             if state.closed {
                 return None;
             }
-            state.waiting = Waiting::ForAny;
+            state.waiting = Waiting::ForAny { until };
             state = match until {
                 None => self
                     .wake
@@ -259,6 +273,37 @@ mod tests {
         );
         assert_eq!(inbox.take().map(|b| b.len()), Some(1));
         second.await.expect("room after the take");
+    }
+
+    #[tokio::test]
+    async fn a_write_that_may_be_held_wakes_a_sleeping_writer_only_if_its_hold_ends_first() {
+        let now = Instant::now();
+        let soon = now + Duration::from_millis(10);
+        let later = now + Duration::from_secs(60);
+        let held_until = |hold_until| Command {
+            hold_until,
+            ..command()
+        };
+        // (writer sleeps until, the command's hold ends, woken)
+        let cases = [
+            (Some(soon), Some(later), false),
+            // Controls: a hold ending first, a write that may not wait, a writer without a
+            // time of its own to wake at.
+            (Some(later), Some(soon), true),
+            (Some(soon), None, true),
+            (None, Some(later), true),
+        ];
+        for (until, hold_until, woken) in cases {
+            let inbox = inbox(8, Duration::ZERO);
+            inbox.lock().waiting = Waiting::ForAny { until };
+            inbox.send(held_until(hold_until)).await.expect("send");
+            assert_eq!(
+                inbox.lock().waiting == Waiting::No,
+                woken,
+                "writer until {until:?}, hold until {hold_until:?}"
+            );
+            assert_eq!(inbox.lock().commands.len(), 1, "queued either way");
+        }
     }
 
     /// Polls `future` once: `Some` when it finished.
