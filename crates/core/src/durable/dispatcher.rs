@@ -371,7 +371,8 @@ impl DurableDispatcher {
     }
 
     /// Runs a durable dispatch without an idempotency key to its outcome, waiting up to
-    /// `wait` for it once recorded: what a durable `Dispatch` does.
+    /// `wait` for it (from this call: the record's commit counts in it): what a durable
+    /// `Dispatch` does.
     ///
     /// The same as [`submit`](Self::submit) then [`await_outcome`](Self::await_outcome),
     /// except that with a store that [orders its writes](DispatchStore::orders_writes) the
@@ -395,8 +396,11 @@ impl DurableDispatcher {
             });
         }
         let (outcome, answer) = self.start_early(dispatch);
-        let submitted = heard_submitted(answer).await?;
+        // The outcome first: the driver answers the record before it announces an outcome (and
+        // ends the wait without one when the record is refused), so a heard outcome finds the
+        // answer there, and this call is woken once, not once for each.
         let outcome = self.wait_for(outcome, wait).await;
+        let submitted = heard_submitted(answer).await?;
         Ok(Awaited {
             id: submitted.id,
             outcome,
