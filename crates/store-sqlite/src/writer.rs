@@ -35,8 +35,8 @@ pub(crate) struct Command {
     pub(crate) reply: Option<oneshot::Sender<Reply>>,
     /// When it was sent: the batch's delay counts from its first command's.
     pub(crate) sent: Instant,
-    /// Until when a record may wait for its dispatch's outcome to be written with it
-    /// ([`hold`](crate::hold)); `None` for a write that may not wait.
+    /// Until when this write (a record, or a claim note) may wait for its dispatch's outcome
+    /// to be written with it ([`hold`](crate::hold)); `None` for a write that may not wait.
     pub(crate) hold_until: Option<Instant>,
 }
 

@@ -22,9 +22,15 @@ use super::live::Live;
 use super::record::{NewDispatch, Recorded};
 use super::store::DispatchStoreError;
 
-/// Runs `first` and `second` to their ends on this task, polling `first` first every time
-/// both are woken: a store that orders its writes then sees `second`'s write after `first`'s.
-async fn in_order<A: Future, B: Future>(first: A, second: B) -> (A::Output, B::Output) {
+/// Runs `first` and `second` on this task, polling `first` first every time both are woken
+/// (a store that orders its writes then sees `second`'s write after `first`'s), until both
+/// end; or until `first` ends with an output `stops` accepts, when `second` is dropped
+/// unfinished (`None`).
+async fn in_order<A: Future, B: Future>(
+    first: A,
+    second: B,
+    stops: impl Fn(&A::Output) -> bool,
+) -> (A::Output, Option<B::Output>) {
     let (mut first, mut second) = (pin!(first), pin!(second));
     let (mut a, mut b) = (None, None);
     std::future::poll_fn(|cx| {
@@ -33,13 +39,17 @@ async fn in_order<A: Future, B: Future>(first: A, second: B) -> (A::Output, B::O
         {
             a = Some(out);
         }
+        match a.take() {
+            Some(out) if stops(&out) => return Poll::Ready((out, None)),
+            other => a = other,
+        }
         if b.is_none()
             && let Poll::Ready(out) = second.as_mut().poll(cx)
         {
             b = Some(out);
         }
         match (a.take(), b.take()) {
-            (Some(a), Some(b)) => Poll::Ready((a, b)),
+            (Some(a), Some(b)) => Poll::Ready((a, Some(b))),
             (got_a, got_b) => {
                 a = got_a;
                 b = got_b;
@@ -72,7 +82,8 @@ pub(super) async fn record_while_running(
     submitted: oneshot::Sender<Result<Submitted, DispatchStoreError>>,
 ) {
     let shared = &running.0;
-    // Shared with the store, which holds it until its record is written.
+    // Delivered early, it is shared with the store's writer, which may hold the record back
+    // for the outcome (no copy of the task); otherwise the store is handed a copy.
     let dispatch = Arc::new(dispatch);
     let mut recording = if early {
         shared.store.record_before_outcome(Arc::clone(&dispatch))
@@ -133,17 +144,23 @@ pub(super) async fn record_while_running(
         }
     };
     // The outcome is sent to the store now, behind the record, which may still be committing.
-    let (recorded, stood) = match outcome {
-        Some(outcome) => {
+    // A refused record has no row to record it in: the outcome is not sent, or its write (which
+    // may be retrying a failing store) is given up, so the caller hears the refusal at once.
+    let refused = |recorded: &RecordResult| !is_recorded(recorded, &dispatch);
+    let (recorded, stood) = match (outcome, recorded) {
+        (Some(_), Some(result)) if refused(&result) => (result, None),
+        (Some(outcome), recorded) => {
             let recording = async {
                 match recorded {
                     Some(result) => result,
                     None => recording.await,
                 }
             };
-            in_order(recording, record_outcome(shared, id, outcome)).await
+            let (recorded, stood) =
+                in_order(recording, record_outcome(shared, id, outcome), refused).await;
+            (recorded, stood.flatten())
         }
-        None => {
+        (None, recorded) => {
             let recorded = match recorded {
                 Some(result) => result,
                 None => recording.await,

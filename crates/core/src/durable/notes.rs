@@ -3,8 +3,9 @@
 //!
 //! The hooks run inside the dispatcher on the driver's own task, so the driver's loop, which
 //! polls the dispatch before it looks at the queue, usually finds a note in the same pass; the
-//! notify covers a hook called from elsewhere. A queue and a notify, not a channel: a dispatch
-//! that is delivered once and ends quickly allocates no channel block for its one note.
+//! notify covers a hook called from elsewhere. A queue and a notify, not a channel: one shared
+//! allocation and a queue that grows with the notes, not a channel's block of slots per
+//! dispatch that is delivered once.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};

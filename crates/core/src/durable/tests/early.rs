@@ -28,6 +28,8 @@ struct Committing {
     /// Closed (no permits) until the test lets commits through.
     commit: Arc<Semaphore>,
     refuse: Option<DispatchStoreError>,
+    /// What every `complete` answers instead of writing, when set: a failing store.
+    refuse_complete: Option<DispatchStoreError>,
 }
 
 #[async_trait::async_trait]
@@ -60,6 +62,9 @@ impl DispatchStore for Committing {
         outcome: &OutcomeRecord,
         at: SystemTime,
     ) -> Result<Completion, DispatchStoreError> {
+        if let Some(refusal) = &self.refuse_complete {
+            return Err(refusal.clone());
+        }
         self.inner.complete(id, outcome, at).await
     }
     async fn release(&self, id: &DispatchId, delay: Duration) -> Result<(), DispatchStoreError> {
@@ -96,6 +101,14 @@ struct Early {
 }
 
 async fn start_committing(ordered: bool, refuse: Option<DispatchStoreError>) -> Early {
+    start_failing(ordered, refuse, None).await
+}
+
+async fn start_failing(
+    ordered: bool,
+    refuse: Option<DispatchStoreError>,
+    refuse_complete: Option<DispatchStoreError>,
+) -> Early {
     let setup = fixture::setup();
     let inner = memory();
     let commit = Arc::new(Semaphore::new(0));
@@ -104,6 +117,7 @@ async fn start_committing(ordered: bool, refuse: Option<DispatchStoreError>) -> 
         ordered,
         commit: Arc::clone(&commit),
         refuse,
+        refuse_complete,
     });
     let durable =
         DurableDispatcher::start(setup.dispatcher.clone(), store, DurableConfig::default())
@@ -196,9 +210,15 @@ async fn a_refused_record_is_the_callers_answer_and_the_worker_is_told_to_stop()
             .await
     });
     let task = worker.task().await;
+    let refused_at = tokio::time::Instant::now();
     gw.commit.add_permits(1);
     let answer = dispatching.await.expect("the dispatch task");
     assert_eq!(answer, Err(SubmitError::Store(full)));
+    assert!(
+        refused_at.elapsed() < Duration::from_secs(1),
+        "the refusal was told {:?} after it came, not at once",
+        refused_at.elapsed()
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
         worker.sent().iter().any(|message| matches!(message,
@@ -224,6 +244,61 @@ async fn a_refused_record_is_the_callers_answer_and_the_worker_is_told_to_stop()
             .expect("reads")
             .is_empty()
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_refused_by_a_failing_store_is_told_at_once_though_the_outcome_cannot_be_written()
+{
+    // The store fails every write: the record is refused (either while the task runs or after
+    // the worker answered), and the outcome's write would be retried until shutdown. The
+    // caller hears the refusal as soon as it comes, not when its wait of a minute ends.
+    let down = DispatchStoreError::Unavailable {
+        detail: "disk gone".into(),
+    };
+    for worker_answers_first in [false, true] {
+        let gw = start_failing(true, Some(down.clone()), Some(down.clone())).await;
+        let mut worker = gw.setup.worker(1).await;
+        let durable = gw.durable.clone();
+        let dispatching = tokio::spawn(async move {
+            durable
+                .dispatch(&producer("alice"), work("doomed"), Duration::from_secs(60))
+                .await
+        });
+        let task = worker.task().await;
+        if worker_answers_first {
+            gw.setup
+                .dispatcher
+                .complete(worker.id, task.task_id, success("doomed"))
+                .expect("the task is pending");
+            // The outcome reaches the driver, which sends it behind the pending record.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert!(
+                !dispatching.is_finished(),
+                "control: the record is still pending"
+            );
+        }
+        let refused_at = tokio::time::Instant::now();
+        gw.commit.add_permits(1);
+        // Bounded: a driver that waits for the outcome's write before telling the record's
+        // answer would leave the caller waiting until shutdown.
+        let answer = tokio::time::timeout(Duration::from_secs(120), dispatching)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("worker answered first: {worker_answers_first}: no answer in 120 s")
+            })
+            .expect("the dispatch task");
+        assert_eq!(
+            answer,
+            Err(SubmitError::Store(down.clone())),
+            "worker answered first: {worker_answers_first}"
+        );
+        assert!(
+            refused_at.elapsed() < Duration::from_secs(1),
+            "worker answered first: {worker_answers_first}: the refusal was told {:?} after it \
+             came",
+            refused_at.elapsed()
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
