@@ -7,6 +7,8 @@
 //!   keeps it).
 //! - A second gateway on the same data directory refuses to start, naming the lock holder.
 //! - A store written by a newer version refuses to start, naming both versions.
+//! - A file at the store's path that is not a database, or is another application's, refuses
+//!   to start, naming the file, and is left as it was.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
@@ -180,4 +182,56 @@ async fn a_store_from_a_newer_version_is_refused_naming_both_versions() {
         stderr.contains(&refusal),
         "the refusal names both versions ({refusal}): {stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_is_not_a_store_is_refused_at_start_and_left_alone() {
+    let site = Site::new();
+    // Control: a fresh data directory starts.
+    site.serve().await.kill_9();
+    let path = site.store_file();
+    let p = path.display();
+    let text = "dispatch log, not a database\n".repeat(300);
+    let foreign = |store: &rusqlite::Connection| {
+        store
+            .execute_batch("PRAGMA application_id = 305419896; CREATE TABLE notes (body TEXT);")
+            .unwrap();
+    };
+    /// A case: its name, how it writes the file, the exact refusal.
+    type Case<'a> = (&'static str, Box<dyn Fn() + 'a>, String);
+    let cases: [Case<'_>; 2] = [
+        (
+            "text",
+            Box::new(|| std::fs::write(&path, &text).unwrap()),
+            format!("store {p}: not an SQLite database, or corrupt (file is not a database)"),
+        ),
+        (
+            "foreign",
+            Box::new(|| foreign(&rusqlite::Connection::open(&path).unwrap())),
+            format!(
+                "store {p}: an SQLite database of another application (application_id \
+                 0x12345678, a Switchyard store has 0x53575944)"
+            ),
+        ),
+    ];
+    for (case, write, refusal) in cases {
+        for stale in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{p}{stale}"));
+        }
+        write();
+        let before = std::fs::read(&path).unwrap();
+        let mut refused = serve_command(&site.config);
+        let status = refused.exit().await;
+        assert!(!status.success(), "{case}: the gateway must not start");
+        let stderr = refused.stderr();
+        assert!(
+            stderr.contains(&refusal),
+            "{case}: the refusal names the file ({refusal}): {stderr}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "{case}: the file was changed"
+        );
+    }
 }
