@@ -3,12 +3,12 @@
 //! body of another kind or version is refused by name rather than misread.
 //!
 //! ```text
-//! offers  "SYO" 1 | u32 header length | header JSON (OfferHeader) | u16 count
+//! offers  "SYO" 2 | u32 header length | header JSON (OfferHeader) | u16 count
 //!         | count × (u64 forward | u64 timeout ms | u32 attempt offset | u32 input length | input)
-//! answers "SYA" 1 | u16 taker node length | taker node | u16 count
+//! answers "SYA" 2 | u16 taker node length | taker node | u16 count
 //!         | count × (u64 forward | u8 kind: 0 busy, 1 taken, 2 ended
 //!                    | for ended: u32 end length | end, see [`super::end`])
-//! ends    "SYE" 1 | u16 count | count × (u32 end length | end body)
+//! ends    "SYE" 2 | u16 count | count × (u32 end length | end body)
 //! ```
 //!
 //! Integers are big-endian. A batch holds at most [`MAX_BATCH`] entries; a count above it, a
