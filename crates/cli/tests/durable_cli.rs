@@ -1,8 +1,10 @@
 //! The durable-dispatch commands against a running `switchyard serve`: `submit` prints an id
-//! (the same one for a repeated idempotency key), `outcome` says the dispatch is pending
-//! (exit 4) until a `switchyard worker` arrives and then prints it completed (exit 0),
-//! `dispatches` lists it with its state, a second `serve` on the same store refuses to start
-//! naming the holder (exit 2), and a malformed `--pool` is a usage error (exit 2).
+//! (the same one for a repeated idempotency key, and `--queue` picks the queue), `outcome`
+//! says the dispatch is pending (exit 4) until a `switchyard worker` arrives and then prints it
+//! completed (exit 0), or how it ended otherwise (exit 3); `dispatches` lists dispatches with
+//! their state (`--pool`, `--state` and `--limit` select); `dispatch --durable` records the
+//! dispatch it runs; a second `serve` on the same store refuses to start naming the holder
+//! (exit 2), and a malformed `--pool` is a usage error (exit 2).
 //! The real binary in processes of its own, loopback only, a temporary data directory.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
@@ -171,4 +173,102 @@ fn submit_outcome_and_dispatches_follow_a_durable_dispatch() {
     let bad = client(&addr, dir, &["dispatches", "--pool", "/default"]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("--pool"), "{}", stderr(&bad));
+}
+
+/// The rows of a `switchyard dispatches` table, header left out.
+fn rows(output: &Output) -> Vec<String> {
+    stdout(output).lines().skip(1).map(str::to_owned).collect()
+}
+
+#[test]
+fn outcome_exits_3_when_a_dispatch_did_not_complete_and_the_list_filters_select() {
+    let data_dir = tempfile::tempdir().unwrap();
+    let dir = data_dir.path();
+    let (_serve, addr) = serve(dir);
+    let _worker = Killed(
+        switchyard()
+            .args(["worker", "--transport", "grpc", "--activity", "echo=echo"])
+            .args(["--namespace", "shop"])
+            .args(["--endpoint", &format!("https://{addr}")])
+            .arg("--data-dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("switchyard worker starts"),
+    );
+    let submit = |queue: &str, timeout: &str| {
+        let submitted = client(
+            &addr,
+            dir,
+            &[
+                "submit",
+                "--namespace",
+                "shop",
+                "--activity",
+                "echo",
+                "--queue",
+                queue,
+                "--input",
+                queue,
+                "--timeout",
+                timeout,
+            ],
+        );
+        assert!(submitted.status.success(), "{}", stderr(&submitted));
+        stdout(&submitted).trim().to_owned()
+    };
+    // `--queue` puts the dispatch in that queue: no worker serves `nobody`, so its deadline
+    // ends it unserved.
+    let stranded = submit("nobody", "1s");
+    let served = submit("default", "5m");
+
+    let ended = client(&addr, dir, &["outcome", &stranded, "--wait", "20s"]);
+    assert_eq!(ended.status.code(), Some(3), "{}", stderr(&ended));
+    assert!(
+        stderr(&ended).contains("unserved: no_workers: no worker is registered in this pool"),
+        "{}",
+        stderr(&ended)
+    );
+    // Control: the one the worker ran exits 0 through the same command.
+    let done = client(&addr, dir, &["outcome", &served, "--wait", "20s"]);
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    assert_eq!(stdout(&done).trim(), "completed: default");
+
+    // `--pool` selects by queue; `--limit` caps the rows, oldest first.
+    let nobody = rows(&client(
+        &addr,
+        dir,
+        &["dispatches", "--pool", "shop/nobody"],
+    ));
+    assert_eq!(nobody.len(), 1, "{nobody:?}");
+    assert!(nobody[0].starts_with(&stranded), "{nobody:?}");
+    let all = rows(&client(&addr, dir, &["dispatches", "--pool", "shop"]));
+    assert_eq!(all.len(), 2, "{all:?}");
+    let first = rows(&client(&addr, dir, &["dispatches", "--limit", "1"]));
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(first[0].starts_with(&stranded), "oldest first: {first:?}");
+
+    // `dispatch --durable` records the dispatch before running it and prints its outcome;
+    // control: the same command without `--durable` leaves no record.
+    for durable in [false, true] {
+        let mut args = vec!["dispatch", "shop", "echo", "--input", "direct"];
+        if durable {
+            args.push("--durable");
+        }
+        let ran = client(&addr, dir, &args);
+        assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+        assert_eq!(stdout(&ran).trim(), "completed: direct");
+        let listed = rows(&client(
+            &addr,
+            dir,
+            &["dispatches", "--pool", "shop/default"],
+        ));
+        let recorded = listed.len() - 1;
+        assert_eq!(
+            recorded,
+            usize::from(durable),
+            "durable {durable}: {listed:?}"
+        );
+    }
 }

@@ -6,9 +6,9 @@
 //!   `store.backend = "memory"` the same kill loses it (the control that the store is what
 //!   keeps it).
 //! - A second gateway on the same data directory refuses to start, naming the lock holder.
-//! - A store written by a newer version refuses to start, naming both versions.
+//! - A store written by a newer version refuses to start (exit code 2), naming both versions.
 //! - A file at the store's path that is not a database, or is another application's, refuses
-//!   to start, naming the file, and is left as it was.
+//!   to start (exit code 2), naming the file, and is left as it was.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
@@ -171,7 +171,7 @@ async fn a_store_from_a_newer_version_is_refused_naming_both_versions() {
     };
     let mut refused = serve_command(&site.config);
     let status = refused.exit().await;
-    assert!(!status.success(), "a newer store must not be opened");
+    assert_eq!(status.code(), Some(2), "a newer store must not be opened");
     let stderr = refused.stderr();
     let refusal = format!(
         "store {}: written by a newer version of Switchyard (found schema 9999, this build \
@@ -222,7 +222,7 @@ async fn a_file_that_is_not_a_store_is_refused_at_start_and_left_alone() {
         let before = std::fs::read(&path).unwrap();
         let mut refused = serve_command(&site.config);
         let status = refused.exit().await;
-        assert!(!status.success(), "{case}: the gateway must not start");
+        assert_eq!(status.code(), Some(2), "{case}: the gateway must not start");
         let stderr = refused.stderr();
         assert!(
             stderr.contains(&refusal),
