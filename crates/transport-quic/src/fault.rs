@@ -11,11 +11,17 @@ const MAX_REASON_BYTES: usize = 512;
 
 /// Closes `conn` with `code` and `reason`, cut to [`MAX_REASON_BYTES`].
 pub(crate) fn close_connection(conn: &Connection, code: ErrorCode, reason: &str) {
+    conn.close(code.var_int(), reason_phrase(reason).as_bytes());
+}
+
+/// `reason` cut to at most [`MAX_REASON_BYTES`], at a character boundary so the phrase stays
+/// UTF-8.
+fn reason_phrase(reason: &str) -> &str {
     let mut end = reason.len().min(MAX_REASON_BYTES);
     while !reason.is_char_boundary(end) {
         end -= 1;
     }
-    conn.close(code.var_int(), &reason.as_bytes()[..end]);
+    &reason[..end]
 }
 
 /// Why a stream driver stopped.
@@ -84,6 +90,21 @@ impl Fault {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reason_phrase_is_cut_to_512_bytes_at_a_character_boundary() {
+        // Control: a phrase within the limit goes out whole.
+        let whole = "a".repeat(MAX_REASON_BYTES);
+        assert_eq!(reason_phrase(&whole), whole);
+        // One byte over: the 513th byte is dropped.
+        let over = format!("{whole}b");
+        assert_eq!(reason_phrase(&over), whole);
+        // A two-byte character straddling byte 512 is dropped whole, not split.
+        let straddling = format!("{}é tail", "a".repeat(MAX_REASON_BYTES - 1));
+        let cut = reason_phrase(&straddling);
+        assert_eq!(cut.len(), MAX_REASON_BYTES - 1);
+        assert!(cut.bytes().all(|b| b == b'a'), "{cut:?}");
+    }
 
     #[test]
     fn frame_errors_map_to_their_codes_and_name_the_stream() {
