@@ -197,6 +197,42 @@ async fn a_connection_that_never_registers_is_closed_at_the_deadline() {
     assert!(reason.contains("200 ms"), "{reason}");
 }
 
+/// Lane 0 is opened by the gateway before it answers `registered`; a worker that grants no
+/// bidirectional stream credit never gets it, and the registration deadline closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_granting_no_stream_credit_is_closed_at_the_registration_deadline() {
+    let config = QuicServerConfig {
+        registration_timeout: Duration::from_millis(300),
+        ..QuicServerConfig::default()
+    };
+    let gateway = Gateway::with(config, AllowAll).await;
+    let with_credit = |credit: u32| {
+        let mut transport = quinn::TransportConfig::default();
+        transport.max_concurrent_bidi_streams(quinn::VarInt::from_u32(credit));
+        let mut client = crate::support::client_config(&gateway);
+        client.transport_config(std::sync::Arc::new(transport));
+        client
+    };
+    // Control: one stream of credit is enough to register.
+    let mut granted = Raw::connect_with(&gateway, with_credit(1), None).await;
+    granted.register(register_frame(&["work"])).await;
+    assert_eq!(gateway.registry().len(), 1);
+
+    let mut none = Raw::connect_with(&gateway, with_credit(0), None).await;
+    none.send_control(switchyard_proto::v1::quic_control_up::Frame::Register(
+        register_frame(&["work"]),
+    ))
+    .await;
+    let (code, reason) = none.closed().await;
+    assert_eq!(code, ErrorCode::RegistrationTimeout, "{reason}");
+    assert!(reason.contains("300 ms"), "{reason}");
+    assert_eq!(
+        gateway.registry().len(),
+        1,
+        "only the control is registered"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unregistered_connections_beyond_the_cap_are_refused_until_one_registers() {
     let config = QuicServerConfig {
@@ -261,11 +297,11 @@ async fn a_worker_core_deregisters_is_closed_with_deregistered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_alpn_fails_the_handshake_with_crypto_error_0x178() {
+async fn another_alpn_or_none_fails_the_handshake_with_crypto_error_0x178() {
     use std::sync::Arc;
 
     let gateway = Gateway::start().await;
-    let connect = |alpn: &[u8]| {
+    let connect = |alpn: &[&[u8]]| {
         let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -273,7 +309,7 @@ async fn another_alpn_fails_the_handshake_with_crypto_error_0x178() {
         .unwrap()
         .with_root_certificates(gateway.ca.roots().unwrap())
         .with_no_client_auth();
-        tls.alpn_protocols = vec![alpn.to_vec()];
+        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         let config = quinn::ClientConfig::new(Arc::new(
             quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
         ));
@@ -283,15 +319,17 @@ async fn another_alpn_fails_the_handshake_with_crypto_error_0x178() {
             .unwrap();
         async move { (connecting.await, endpoint) }
     };
-    match connect(b"h3").await.0 {
-        Err(quinn::ConnectionError::ConnectionClosed(close)) => {
-            assert_eq!(u64::from(close.error_code), 0x178, "{close}");
+    for (offered, alpn) in [("h3", &[b"h3".as_slice()][..]), ("no ALPN", &[])] {
+        match connect(alpn).await.0 {
+            Err(quinn::ConnectionError::ConnectionClosed(close)) => {
+                assert_eq!(u64::from(close.error_code), 0x178, "{offered}: {close}");
+            }
+            other => panic!("{offered}: expected CRYPTO_ERROR 0x178, got {other:?}"),
         }
-        other => panic!("expected CRYPTO_ERROR 0x178, got {other:?}"),
     }
     // Control: the protocol's ALPN gets through the handshake.
     assert!(
-        connect(switchyard_transport_quic::ALPN).await.0.is_ok(),
+        connect(&[switchyard_transport_quic::ALPN]).await.0.is_ok(),
         "the right ALPN connects"
     );
 }

@@ -232,6 +232,16 @@ impl RawLane {
         // The gateway may close the connection for what was sent; that is what tests look at.
         let _ = self.send.lock().await.write_all(bytes).await;
     }
+
+    /// Finishes the worker's side of the lane (a FIN), as no well-behaved worker does first.
+    pub(crate) async fn finish(&self) {
+        let _ = self.send.lock().await.finish();
+    }
+
+    /// Resets the worker's side of the lane with application code `code`.
+    pub(crate) async fn reset(&self, code: u32) {
+        let _ = self.send.lock().await.reset(quinn::VarInt::from_u32(code));
+    }
 }
 
 /// A client that speaks the wire protocol by hand.
@@ -318,6 +328,11 @@ impl Raw {
 
     pub(crate) async fn send_control_bytes(&mut self, bytes: &[u8]) {
         let _ = self.control.write_all(bytes).await;
+    }
+
+    /// Finishes the worker's side of the control stream (a FIN).
+    pub(crate) fn finish_control(&mut self) {
+        let _ = self.control.finish();
     }
 
     /// Registers and returns the gateway's answer.

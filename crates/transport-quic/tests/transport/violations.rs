@@ -255,3 +255,78 @@ async fn frames_before_registration_are_a_protocol_violation_and_register_nothin
         "{outcome:?}"
     );
 }
+
+/// Lanes and the control stream are the gateway's to end: a worker that finishes (FIN) or
+/// resets its side of one while the gateway still uses it breaks the protocol, and the reason
+/// names the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_ending_a_stream_the_gateway_still_uses_is_a_protocol_violation() {
+    let gateway = Gateway::start().await;
+
+    let (raw, lane) = registered(&gateway).await;
+    lane.finish().await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::ProtocolViolation);
+    assert_eq!(
+        reason,
+        format!(
+            "the worker finished lane {}, which the gateway had not retired",
+            lane.index
+        )
+    );
+
+    let (raw, lane) = registered(&gateway).await;
+    lane.reset(7).await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::ProtocolViolation);
+    assert_eq!(
+        reason,
+        format!("lane {} was reset by the peer (code 7)", lane.index)
+    );
+
+    let (mut raw, _lane) = registered(&gateway).await;
+    raw.finish_control();
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::ProtocolViolation);
+    assert_eq!(reason, "the worker finished the control stream");
+
+    // Control: a worker that leaves its streams open keeps serving.
+    let (mut bystander, _lane) = registered(&gateway).await;
+    let dispatch = gateway.dispatch("work", b"still");
+    let answer = async {
+        let (lane, task) = bystander.next_task().await;
+        lane.send(quic_lane_up::Frame::Result(QuicResult {
+            task_id: task.task_id,
+            outcome: Some(quic_result::Outcome::Output("ok".into())),
+        }))
+        .await;
+    };
+    let (outcome, ()) = tokio::join!(dispatch, answer);
+    assert!(
+        matches!(outcome, ActivityOutcome::Completed(ref output) if output.as_ref() == b"ok"),
+        "{outcome:?}"
+    );
+}
+
+/// A `result` must carry an output or a failure. Sent for a task the lane does not hold, it is
+/// still `MALFORMED_FRAME`: decoding is checked before the task it names (`UNKNOWN_TASK` in
+/// the test above, where the same frame carries an outcome).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_with_no_outcome_closes_with_malformed_frame_before_its_task_is_looked_up() {
+    let gateway = Gateway::start().await;
+    let (raw, lane) = registered(&gateway).await;
+    lane.send(quic_lane_up::Frame::Result(QuicResult {
+        task_id: 999_999,
+        outcome: None,
+    }))
+    .await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::MalformedFrame);
+    assert_eq!(
+        reason,
+        format!(
+            "lane {}: result sets neither output nor failure",
+            lane.index
+        )
+    );
+}
