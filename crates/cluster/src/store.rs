@@ -87,6 +87,8 @@ pub struct JetStreamLimits {
 /// A [`DispatchStore`] in JetStream key-value buckets shared by the cluster's nodes.
 pub struct JetStreamStore {
     node: String,
+    /// The store's NATS connection, asked whether it is up before a new dispatch is recorded.
+    client: async_nats::Client,
     js: jetstream::Context,
     members_bucket: String,
     dispatches: kv::Store,
@@ -128,7 +130,7 @@ impl JetStreamStore {
                 .connect(config.nats_url.as_str())
                 .await
                 .map_err(|error| error.to_string())?;
-            let js = jetstream::new(client);
+            let js = jetstream::new(client.clone());
             let max_bytes = i64::try_from(limits.max_bytes).unwrap_or(i64::MAX);
             let dispatches = bucket(&js, &names.dispatches_bucket(), max_bytes).await?;
             let outcomes = bucket(&js, &names.outcomes_bucket(), -1).await?;
@@ -143,7 +145,7 @@ impl JetStreamStore {
                 .state
                 .last_sequence
                 .saturating_add(1);
-            Ok::<_, String>((js, dispatches, outcomes, keys, counts, outcomes_from))
+            Ok::<_, String>((client, js, dispatches, outcomes, keys, counts, outcomes_from))
         })
         .await
         .map_err(|_| {
@@ -153,8 +155,9 @@ impl JetStreamStore {
             ))
         })?
         .map_err(failed)?;
-        let (js, dispatches, outcomes, keys, counts, outcomes_from) = opened;
+        let (client, js, dispatches, outcomes, keys, counts, outcomes_from) = opened;
         Ok(Self {
+            client,
             quota: Quota::new(counts, limits.max_queued_per_namespace),
             feed: Feed::start(outcomes.clone(), config.node.clone(), outcomes_from),
             node: config.node.clone(),
@@ -358,6 +361,13 @@ impl JetStreamStore {
 #[async_trait]
 impl DispatchStore for JetStreamStore {
     async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError> {
+        // Refused at once while the connection is known down, rather than when a request
+        // times out (which could leave the producer unsure whether it was recorded).
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            return Err(DispatchStoreError::Unavailable {
+                detail: "jetstream: not connected to NATS; nothing was recorded".to_owned(),
+            });
+        }
         let key = match &dispatch.idempotency_key {
             Some(key) => {
                 check_idempotency_key(key)?;

@@ -354,6 +354,31 @@ async fn a_full_dispatches_bucket_refuses_naming_store_max_bytes_and_nats_down_n
     let roomy = store(&nats, "roomy", "a").await;
     assert!(roomy.record(dispatch("ns", &input, None)).await.is_ok());
     nats.kill();
+    // The same store, NATS gone: once its connection knows, a new dispatch is refused as
+    // unavailable without a request that could time out after recording it.
+    let during = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let attempt = roomy.record(dispatch("ns", &input, None));
+            match tokio::time::timeout(std::time::Duration::from_millis(200), attempt).await {
+                Ok(Err(error)) if error.to_string().contains("not connected") => return error,
+                // A record sent before the connection noticed waits for its request's timeout.
+                _ => tokio::task::yield_now().await,
+            }
+        }
+    })
+    .await
+    .expect("the store notices NATS is gone");
+    assert!(
+        matches!(
+            during,
+            switchyard_core::DispatchStoreError::Unavailable { .. }
+        ),
+        "{during:?}"
+    );
+    assert_eq!(
+        during.to_string(),
+        "dispatch store unavailable: jetstream: not connected to NATS; nothing was recorded"
+    );
     let down = JetStreamStore::open(&config, LIMITS)
         .await
         .expect_err("no NATS, no store");
