@@ -2,7 +2,8 @@
 //! `GetDispatch` while parked and once finished, idempotency keys, who sees which dispatch,
 //! the store's queue bound, a durable `Dispatch` and `DispatchStream` item, `WatchOutcomes`,
 //! `Cancel` by id, `ListDispatches`, the backlog in `DescribePool` and `/metrics`, the memory
-//! backend, and a gateway restarted in-process on the same store file finishing what the first
+//! backend, the ephemeral parked and held-input quotas not bounding durable dispatches, and a
+//! gateway restarted in-process on the same store file finishing what the first
 //! one queued. Every gateway here uses the default SQLite store in its own temporary directory
 //! unless the test says otherwise.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
@@ -704,4 +705,50 @@ async fn a_durable_dispatch_goes_on_when_its_caller_goes_away() {
     let heard = await_outcome(&mut a, &id, 10_000).await;
     assert_eq!(completed(&heard), Some(&b"orphan"[..]), "{heard:?}");
     assert_eq!(executions.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_dispatches_are_bounded_by_the_store_not_the_parked_or_held_input_quotas() {
+    let (gateway, scripted) = gateway(|config| {
+        config.dispatch.max_parked_per_namespace = 1;
+        config.dispatch.max_parked_per_principal = 1;
+        config.dispatch.max_held_input_bytes_per_namespace = 8;
+        config.dispatch.max_held_input_bytes_per_principal = 8;
+    })
+    .await;
+    let mut a = client(&gateway, "a").await;
+    // Three parked durable dispatches of nine bytes each: past every ephemeral quota.
+    let mut ids = Vec::new();
+    for input in ["durable-1", "durable-2", "durable-3"] {
+        ids.push(submit(&mut a, request(input)).await.dispatch_id);
+    }
+    for id in &ids {
+        let info = within("the dispatch to park", async {
+            loop {
+                let info = get(&mut a, id).await.unwrap();
+                if matches!(info.state, Some(State::Parked(_))) {
+                    return info;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(matches!(info.state, Some(State::Parked(_))), "{info:?}");
+    }
+    // Control: the same input dispatched ephemerally is refused by the held-input quota.
+    let refused = a.dispatch(request("ephemeral")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("`dispatch.max_held_input_bytes_per_"),
+        "{}",
+        refused.message()
+    );
+    let executions = counting_worker(&scripted).await;
+    for (id, input) in ids.iter().zip(["durable-1", "durable-2", "durable-3"]) {
+        let heard = await_outcome(&mut a, id, 10_000).await;
+        assert_eq!(completed(&heard), Some(input.as_bytes()), "{heard:?}");
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 3);
 }

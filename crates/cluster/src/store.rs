@@ -145,7 +145,15 @@ impl JetStreamStore {
                 .state
                 .last_sequence
                 .saturating_add(1);
-            Ok::<_, String>((client, js, dispatches, outcomes, keys, counts, outcomes_from))
+            Ok::<_, String>((
+                client,
+                js,
+                dispatches,
+                outcomes,
+                keys,
+                counts,
+                outcomes_from,
+            ))
         })
         .await
         .map_err(|_| {
