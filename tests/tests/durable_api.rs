@@ -624,11 +624,11 @@ async fn a_dispatch_running_at_shutdown_is_not_ended_and_runs_again_after_the_re
         .start()
         .await
         .expect("starts");
-    // A worker that takes the task and never answers it.
+    // A worker that takes the tasks and never answers them.
     let holder = scripted
         .connect(
             &CallerIdentity::granted("w", [NS]),
-            registration(&[NS], &[ACTIVITY], Some(1)),
+            registration(&[NS], &[ACTIVITY], Some(2)),
             true,
         )
         .await
@@ -642,35 +642,86 @@ async fn a_dispatch_running_at_shutdown_is_not_ended_and_runs_again_after_the_re
     let id = submit(&mut a, request("held")).await.dispatch_id;
     let held = within("the first delivery", tasks.recv()).await.unwrap();
     assert_eq!(held.attempt, 1);
-    drop(a);
-    // The drain timeout passes with the task still held: core ends it `shutting_down`.
+    // A durable `Dispatch` whose caller waits for the outcome, its task held too.
+    let mut caller = a.clone();
+    let call = tokio::spawn(async move {
+        caller
+            .dispatch(pb::DispatchRequest {
+                durable: Some(true),
+                ..request("called")
+            })
+            .await
+    });
+    let called = within("the called dispatch's delivery", tasks.recv())
+        .await
+        .unwrap();
+    assert_eq!(called.input.as_ref(), b"called");
+    let mut ops = api_client_at(
+        first.addr("grpc").unwrap(),
+        &ca,
+        Some("token-of-principal-ops"),
+    )
+    .await
+    .unwrap();
+    let listed = ops
+        .list_dispatches(pb::ListDispatchesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let called_id = listed
+        .dispatches
+        .iter()
+        .map(|d| d.dispatch_id.clone())
+        .find(|other| *other != id)
+        .expect("the called dispatch is recorded");
+    drop((a, ops));
+    // The drain timeout passes with both tasks still held: core ends them `shutting_down`.
     first.shutdown().await;
+    // The waiting caller is told the dispatch has no outcome yet, naming it.
+    let told = within("the call to end", call)
+        .await
+        .unwrap()
+        .expect_err("no outcome to return");
+    assert_eq!(told.code(), Code::Unavailable, "{told:?}");
+    assert!(
+        told.message().starts_with(&format!(
+            "durable dispatch {called_id} is recorded but has no outcome yet"
+        )),
+        "{}",
+        told.message()
+    );
 
     let (second, scripted, mut a) = restart(config(), &ca, token).await;
-    let info = get(&mut a, &id).await.unwrap();
-    assert!(
-        !matches!(info.state, Some(State::Finished(_))),
-        "the shutdown's ending was recorded: {info:?}"
-    );
+    for id in [&id, &called_id] {
+        let info = get(&mut a, id).await.unwrap();
+        assert!(
+            !matches!(info.state, Some(State::Finished(_))),
+            "the shutdown's ending was recorded: {info:?}"
+        );
+    }
     let worker = scripted
         .connect(
             &CallerIdentity::granted("w", [NS]),
-            registration(&[NS], &[ACTIVITY], Some(1)),
+            registration(&[NS], &[ACTIVITY], Some(2)),
             true,
         )
         .await
         .expect("admitted");
     let (control, mut tasks, _handle) = worker.answer_pings_in_background();
-    let again = within("the delivery after the restart", tasks.recv())
-        .await
-        .unwrap();
-    assert_eq!(
-        again.attempt, 2,
-        "the attempt number is counted across the restart"
-    );
-    control.complete(again.task_id, again.input);
+    for _ in 0..2 {
+        let again = within("a delivery after the restart", tasks.recv())
+            .await
+            .unwrap();
+        assert_eq!(
+            again.attempt, 2,
+            "the attempt number is counted across the restart"
+        );
+        control.complete(again.task_id, again.input);
+    }
     let heard = await_outcome(&mut a, &id, 10_000).await;
     assert_eq!(completed(&heard), Some(&b"held"[..]), "{heard:?}");
+    let heard = await_outcome(&mut a, &called_id, 10_000).await;
+    assert_eq!(completed(&heard), Some(&b"called"[..]), "{heard:?}");
     second.shutdown().await;
 }
 
