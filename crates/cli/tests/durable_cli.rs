@@ -69,6 +69,22 @@ fn client(addr: &str, data_dir: &Path, args: &[&str]) -> Output {
         .expect("the client runs")
 }
 
+/// A `switchyard worker` serving `echo` in namespace `shop` for the gateway at `addr`.
+fn echo_worker(addr: &str, dir: &Path) -> Killed {
+    Killed(
+        switchyard()
+            .args(["worker", "--transport", "grpc", "--activity", "echo=echo"])
+            .args(["--namespace", "shop"])
+            .args(["--endpoint", &format!("https://{addr}")])
+            .arg("--data-dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("switchyard worker starts"),
+    )
+}
+
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -122,18 +138,7 @@ fn submit_outcome_and_dispatches_follow_a_durable_dispatch() {
     let row = table.lines().find(|l| l.starts_with(&id)).expect("listed");
     assert!(!row.contains("finished"), "{row}");
 
-    let _worker = Killed(
-        switchyard()
-            .args(["worker", "--transport", "grpc", "--activity", "echo=echo"])
-            .args(["--namespace", "shop"])
-            .args(["--endpoint", &format!("https://{addr}")])
-            .arg("--data-dir")
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("switchyard worker starts"),
-    );
+    let _worker = echo_worker(&addr, dir);
     let done = client(&addr, dir, &["outcome", &id, "--wait", "20s"]);
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
     assert_eq!(stdout(&done).trim(), "completed: hello");
@@ -185,18 +190,7 @@ fn outcome_exits_3_when_a_dispatch_did_not_complete_and_the_list_filters_select(
     let data_dir = tempfile::tempdir().unwrap();
     let dir = data_dir.path();
     let (_serve, addr) = serve(dir);
-    let _worker = Killed(
-        switchyard()
-            .args(["worker", "--transport", "grpc", "--activity", "echo=echo"])
-            .args(["--namespace", "shop"])
-            .args(["--endpoint", &format!("https://{addr}")])
-            .arg("--data-dir")
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("switchyard worker starts"),
-    );
+    let _worker = echo_worker(&addr, dir);
     let submit = |queue: &str, timeout: &str| {
         let submitted = client(
             &addr,

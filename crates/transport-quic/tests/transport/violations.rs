@@ -239,10 +239,16 @@ async fn frames_before_registration_are_a_protocol_violation_and_register_nothin
         );
     }
     // The bystander still takes and answers work.
-    let dispatch = gateway.dispatch("work", b"after");
+    serves(&gateway, &mut bystander, b"after").await;
+}
+
+/// Dispatches `input` to `raw` (the only eligible worker), answers it `ok` and checks the
+/// dispatch completed with that.
+async fn serves(gateway: &Gateway, raw: &mut Raw, input: &'static [u8]) {
+    let dispatch = gateway.dispatch("work", input);
     let answer = async {
-        let (lane, task) = bystander.next_task().await;
-        assert_eq!(task.input.as_ref(), b"after");
+        let (lane, task) = raw.next_task().await;
+        assert_eq!(task.input.as_ref(), input);
         lane.send(quic_lane_up::Frame::Result(QuicResult {
             task_id: task.task_id,
             outcome: Some(quic_result::Outcome::Output("ok".into())),
@@ -292,20 +298,7 @@ async fn a_worker_ending_a_stream_the_gateway_still_uses_is_a_protocol_violation
 
     // Control: a worker that leaves its streams open keeps serving.
     let (mut bystander, _lane) = registered(&gateway).await;
-    let dispatch = gateway.dispatch("work", b"still");
-    let answer = async {
-        let (lane, task) = bystander.next_task().await;
-        lane.send(quic_lane_up::Frame::Result(QuicResult {
-            task_id: task.task_id,
-            outcome: Some(quic_result::Outcome::Output("ok".into())),
-        }))
-        .await;
-    };
-    let (outcome, ()) = tokio::join!(dispatch, answer);
-    assert!(
-        matches!(outcome, ActivityOutcome::Completed(ref output) if output.as_ref() == b"ok"),
-        "{outcome:?}"
-    );
+    serves(&gateway, &mut bystander, b"still").await;
 }
 
 /// A `result` must carry an output or a failure. Sent for a task the lane does not hold, it is
