@@ -49,6 +49,59 @@ fn a_read_only_directory_is_not_writable() {
     assert!(store.is_ok(), "{store:?}");
 }
 
+/// The store file bound read-only onto itself, unbound when dropped.
+struct ReadOnlyFile(std::path::PathBuf);
+
+impl ReadOnlyFile {
+    fn bind(path: &Path) -> Self {
+        for args in [&["--bind"][..], &["-o", "remount,ro,bind"][..]] {
+            let status = std::process::Command::new("mount")
+                .args(args)
+                .arg(path)
+                .arg(path)
+                .status()
+                .expect("run mount");
+            assert!(status.success(), "mount {args:?} failed: {status}");
+        }
+        Self(path.to_owned())
+    }
+}
+
+impl Drop for ReadOnlyFile {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_read_only_store_file_in_a_writable_directory_is_not_writable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = fixtures::store_path(dir.path());
+    drop(SqliteStore::open(&path, SqliteOptions::default()).expect("a fresh store"));
+    let before = std::fs::read(&path).expect("read");
+    {
+        let _read_only = ReadOnlyFile::bind(&path);
+        assert_eq!(
+            open_error(&path),
+            format!(
+                "store {}: not writable: the file can be opened for reading only",
+                path.display()
+            )
+        );
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            before,
+            "left as it was"
+        );
+    }
+    // Control: the same file, writable again, opens.
+    let store = SqliteStore::open(&path, SqliteOptions::default());
+    assert!(store.is_ok(), "{store:?}");
+}
+
 #[test]
 fn a_file_that_is_not_a_database_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
