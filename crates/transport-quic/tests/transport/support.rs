@@ -62,8 +62,30 @@ impl Gateway {
         Self::over(registry, QuicServerConfig::default(), AllowAll, false).await
     }
 
+    /// A gateway whose core runs with `core`.
+    pub(crate) async fn with_core(core: CoreConfig) -> Self {
+        Self::over_core(
+            Registry::builder(),
+            core,
+            QuicServerConfig::default(),
+            AllowAll,
+            false,
+        )
+        .await
+    }
+
     async fn over(
         registry: RegistryBuilder,
+        config: QuicServerConfig,
+        auth: impl Authenticate,
+        mutual: bool,
+    ) -> Self {
+        Self::over_core(registry, CoreConfig::default(), config, auth, mutual).await
+    }
+
+    async fn over_core(
+        registry: RegistryBuilder,
+        core: CoreConfig,
         config: QuicServerConfig,
         auth: impl Authenticate,
         mutual: bool,
@@ -74,7 +96,7 @@ impl Gateway {
         } else {
             ca.server_tls().unwrap()
         };
-        let core = Core::start(registry, CoreConfig::default());
+        let core = Core::start(registry, core);
         let server = QuicServer::builder(core.clone(), tls)
             .config(QuicServerConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),

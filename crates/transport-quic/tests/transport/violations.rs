@@ -11,7 +11,7 @@ use switchyard_proto::v1::{
 };
 use switchyard_transport_quic::{ErrorCode, FrameLimits, QuicServerConfig};
 
-use crate::support::{Gateway, Raw, event, register_frame};
+use crate::support::{Gateway, Raw, event, eventually, register_frame};
 
 /// A raw worker registered with capacity 1, its probation passed; returns its first lane.
 async fn registered(gateway: &Gateway) -> (Raw, crate::support::RawLane) {
@@ -322,4 +322,81 @@ async fn a_result_with_no_outcome_closes_with_malformed_frame_before_its_task_is
             lane.index
         )
     );
+}
+
+/// A worker that neither answers nor acknowledges the cancels of ended tasks has each slot
+/// reclaimed after `dispatch.cancel_ack_timeout`; at `dispatch.max_unresponsive_tasks`
+/// reclaims it is closed `DEREGISTERED`, the reason ending `unresponsive`. Control: a worker
+/// that acknowledges its cancels stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_ignoring_its_cancels_is_closed_deregistered_unresponsive() {
+    let mut core = switchyard_core::CoreConfig::default();
+    core.dispatch.cancel_ack_timeout = Duration::from_millis(200);
+    core.dispatch.max_unresponsive_tasks = 2;
+    let gateway = std::sync::Arc::new(Gateway::with_core(core).await);
+    for acknowledges in [true, false] {
+        let mut events = gateway.registry().subscribe_events();
+        let mut raw = Raw::connect(&gateway).await;
+        let registered = raw.register(register_frame(&["work"])).await;
+        raw.announce(2).await;
+        let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
+        event(
+            &mut events,
+            "capacity 2",
+            |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
+        )
+        .await;
+        // Two dispatches whose deadlines pass while the worker holds them.
+        let dispatches: Vec<_> = (0..2)
+            .map(|_| {
+                let gateway = std::sync::Arc::clone(&gateway);
+                tokio::spawn(async move {
+                    gateway
+                        .dispatch_with(crate::support::request(
+                            "work",
+                            b"x",
+                            Duration::from_millis(100),
+                        ))
+                        .await
+                })
+            })
+            .collect();
+        let mut lanes = Vec::new();
+        for _ in 0..2 {
+            lanes.push(raw.next_task().await);
+        }
+        for dispatch in dispatches {
+            let outcome = dispatch.await.unwrap();
+            assert!(matches!(outcome, ActivityOutcome::TimedOut), "{outcome:?}");
+        }
+        for _ in 0..2 {
+            let cancel = tokio::time::timeout(crate::support::PATIENCE, raw.cancels.recv())
+                .await
+                .expect("a cancel")
+                .expect("the lanes are read");
+            if acknowledges {
+                let (lane, _) = lanes
+                    .iter()
+                    .find(|(_, task)| task.task_id == cancel.task_id)
+                    .expect("the cancel names a held task");
+                lane.send(quic_lane_up::Frame::CancelAck(QuicCancelAck {
+                    task_id: cancel.task_id,
+                }))
+                .await;
+            }
+        }
+        if acknowledges {
+            // Both slots come back by the acknowledgements: the worker serves again.
+            serves(&gateway, &mut raw, b"after").await;
+            assert!(gateway.registry().worker(worker).is_some());
+        } else {
+            let (code, reason) = raw.closed().await;
+            assert_eq!(code, ErrorCode::Deregistered, "{reason}");
+            assert!(reason.ends_with("unresponsive"), "{reason}");
+            eventually("the worker is removed", || {
+                gateway.registry().worker(worker).is_none()
+            })
+            .await;
+        }
+    }
 }
