@@ -12,8 +12,9 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROTO_ROOT = HERE.parent.parent / "proto" / "proto"
-# The files a worker and a producer speak; quic.proto belongs to the QUIC transport.
-PROTOS = ("common.proto", "worker.proto", "gateway.proto")
+# The files a worker and a producer speak, and quic.proto for a QUIC worker written from
+# docs/quic-protocol.md (examples/quic_worker.py).
+PROTOS = ("common.proto", "worker.proto", "gateway.proto", "quic.proto")
 
 
 def generate(out: pathlib.Path, proto_root: pathlib.Path = PROTO_ROOT) -> None:

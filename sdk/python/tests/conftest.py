@@ -43,7 +43,8 @@ reconnect_grace = "2s"
 max_workers_per_connection = 1
 
 [quic]
-enabled = false
+enabled = {quic}
+listen = "127.0.0.1:{quic_port}"
 
 [ops]
 enabled = false
@@ -89,12 +90,17 @@ CERT_SUBJECT = "python-worker"
 class Gateway:
     """One `switchyard serve` process at a time, on one port and one data directory."""
 
-    def __init__(self, directory: pathlib.Path, client_ca: pathlib.Path | None = None) -> None:
+    def __init__(
+        self, directory: pathlib.Path, client_ca: pathlib.Path | None = None, quic: bool = False
+    ) -> None:
         self.directory = directory
         #: CA that client certificates must chain to (mutual TLS); None for tokens only.
         self.client_ca = client_ca
+        #: Whether the QUIC listener runs too (on `quic_port`).
+        self.quic = quic
         self.data_dir = directory / "data"
         self.port = 0
+        self.quic_port = 0
         self.process: subprocess.Popen[str] | None = None
         self._lines: queue.Queue[str | None] = queue.Queue()
 
@@ -118,6 +124,8 @@ class Gateway:
         config.write_text(
             CONFIG.format(
                 port=self.port,
+                quic="true" if self.quic else "false",
+                quic_port=self.quic_port,
                 data_dir=self.data_dir,
                 admin=ADMIN_TOKEN,
                 billing=BILLING_TOKEN,
@@ -141,6 +149,9 @@ class Gateway:
         threading.Thread(target=self._read, args=(self.process, self._lines), daemon=True).start()
         banner = self._line(r"grpc\s+tcp\s+127\.0\.0\.1:(\d+)")
         self.port = int(banner.group(1))
+        if self.quic:
+            # The banner lists the QUIC listener after the gRPC one.
+            self.quic_port = int(self._line(r"quic\s+udp\s+127\.0\.0\.1:(\d+)").group(1))
 
     @staticmethod
     def _read(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:

@@ -1,0 +1,130 @@
+"""`examples/quic_worker.py`, a QUIC worker written from `docs/quic-protocol.md` alone on
+aioquic (no Switchyard code), against the real gateway over UDP on loopback: it registers and
+serves dispatched tasks, never more at once than the capacity it announced; a task whose
+deadline passes is cancelled on its lane, the acknowledgement frees the slot at once; its
+`drain_request` ends in `DRAINED`; a `register` of another protocol version is closed
+`UNSUPPORTED_VERSION`. What the document promises a worker in any language."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import quic_worker
+from conftest import ADMIN_TOKEN, PATIENCE, Gateway
+
+from switchyard import Completed, Producer, TimedOut
+from switchyard.v1 import quic_pb2
+
+NS = "tests"
+#: Application codes of section 6.
+DRAINED = 0x01
+UNSUPPORTED_VERSION = 0x15
+#: `QUIC_CANCEL_REASON_DEADLINE_EXCEEDED`.
+DEADLINE_EXCEEDED = 2
+
+
+@pytest.fixture
+def quic_gateway(tmp_path: pathlib.Path) -> Iterator[Gateway]:
+    """A running gateway with its QUIC listener, killed when the test ends."""
+    running = Gateway(tmp_path, quic=True)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def register(activity: str, version: int = 1) -> quic_pb2.QuicRegister:
+    return quic_pb2.QuicRegister(
+        protocol_version=version,
+        namespaces=[NS],
+        activity_types=[activity],
+        identity="tests/test_quic_worker.py",
+        auth_token=ADMIN_TOKEN,
+    )
+
+
+async def dial(gateway: Gateway) -> AsyncIterator[quic_worker.Worker]:
+    config = quic_worker.configuration(str(gateway.ca))
+    async with quic_worker.connected("127.0.0.1", gateway.quic_port, config) as worker:
+        yield worker
+
+
+async def closed(worker: quic_worker.Worker) -> quic_worker.Closed:
+    return await asyncio.wait_for(asyncio.shield(worker.closed), PATIENCE)
+
+
+async def test_it_serves_within_its_capacity_and_its_drain_request_ends_drained(
+    quic_gateway: Gateway,
+) -> None:
+    running = 0
+    most = 0
+
+    async def slow_echo(task: quic_pb2.QuicTask) -> bytes:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+        return b"echo:" + task.input
+
+    async for worker in dial(quic_gateway):
+        worker.start(register("slow-echo"), slow_echo, capacity=2)
+        registered = await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+        assert registered.task_queue == "default"
+        async with Producer(quic_gateway.connection()) as producer:
+            inputs = [f"task-{i}".encode() for i in range(6)]
+            outcomes = await asyncio.gather(
+                *(producer.dispatch(NS, "slow-echo", data, timeout=PATIENCE) for data in inputs)
+            )
+        assert outcomes == [Completed(b"echo:" + data) for data in inputs]
+        # Never beyond the announced capacity; and it did run two at once.
+        assert most == 2
+        worker.drain()
+        ended = await closed(worker)
+        assert ended.code == DRAINED, ended
+        assert worker.drains == [quic_pb2.QUIC_DRAIN_REASON_REQUESTED]
+
+
+async def test_a_task_past_its_deadline_is_cancelled_and_the_acknowledgement_frees_its_slot(
+    quic_gateway: Gateway,
+) -> None:
+    never = asyncio.Event()
+
+    async def hang_or_echo(task: quic_pb2.QuicTask) -> bytes:
+        if task.input == b"hang":
+            await never.wait()
+        return task.input
+
+    async for worker in dial(quic_gateway):
+        worker.start(register("hang"), hang_or_echo, capacity=1)
+        await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+        async with Producer(quic_gateway.connection()) as producer:
+            # Parked until the worker is eligible, then held by it past its deadline.
+            assert isinstance(await producer.dispatch(NS, "hang", b"hang", timeout=2), TimedOut)
+            assert [reason for _, reason in worker.cancels] == [DEADLINE_EXCEEDED]
+            # The one slot is free again once the cancel is acknowledged (a slot whose cancel
+            # is never acknowledged stays taken for `dispatch.cancel_ack_timeout`, 30 s).
+            after = await producer.dispatch(NS, "hang", b"after", timeout=5)
+        assert after == Completed(b"after")
+
+
+async def test_a_register_of_another_protocol_version_is_closed_unsupported_version(
+    quic_gateway: Gateway,
+) -> None:
+    async def unused(task: quic_pb2.QuicTask) -> bytes:
+        raise AssertionError("no task is sent to a refused worker")
+
+    async for worker in dial(quic_gateway):
+        worker.start(register("echo", version=2), unused, capacity=1)
+        ended = await closed(worker)
+        assert ended.code == UNSUPPORTED_VERSION, ended
+        assert "protocol_version 2" in ended.reason
+        assert not worker.registered.done()
+    # Control: version 1, otherwise the same, is registered.
+    async for worker in dial(quic_gateway):
+        worker.start(register("echo"), unused, capacity=1)
+        await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
