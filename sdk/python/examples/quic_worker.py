@@ -103,6 +103,11 @@ class Worker(QuicConnectionProtocol):
         self.drains: list[int] = []
         #: Cancels received: (task id, reason).
         self.cancels: list[tuple[int, int]] = []
+        #: Lanes (stream ids) that carried a frame, and those the gateway then retired (FIN).
+        self.lanes: set[int] = set()
+        self.retired: list[int] = []
+        #: Set when the gateway retires a lane.
+        self.lane_retired = asyncio.Event()
         self._readers: dict[int, FrameReader] = {}
         self._running: dict[int, Running] = {}
         self._lane_limit = LANE_FRAME_LIMIT
@@ -114,6 +119,13 @@ class Worker(QuicConnectionProtocol):
         self.control = self._quic.get_next_available_stream_id(is_unidirectional=False)
         self._readers[self.control] = FrameReader(CONTROL_FRAME_LIMIT)
         self._send(self.control, quic_pb2.QuicControlUp(register=register))
+
+    def resize(self, capacity: int) -> None:
+        """Announces a new capacity (section 5, step 6): above the old one the gateway opens
+        lanes first; below it, it retires lanes as their tasks end."""
+        self.capacity = capacity
+        capabilities = quic_pb2.QuicCapabilities(max_concurrency=capacity)
+        self._send(self.control, quic_pb2.QuicControlUp(capabilities=capabilities))
 
     def drain(self) -> None:
         """Asks to be drained: the gateway closes with `DRAINED` once every task has ended."""
@@ -133,6 +145,8 @@ class Worker(QuicConnectionProtocol):
         if not isinstance(event, StreamDataReceived):
             return
         stream = event.stream_id
+        if stream != self.control:
+            self.lanes.add(stream)
         reader = self._readers.setdefault(stream, FrameReader(self._lane_limit))
         try:
             for body in reader.push(event.data):
@@ -149,14 +163,15 @@ class Worker(QuicConnectionProtocol):
             self._quic.send_stream_data(stream, b"", end_stream=True)
             self.transmit()
             self._readers.pop(stream, None)
+            self.retired.append(stream)
+            self.lane_retired.set()
 
     def _on_control(self, down: quic_pb2.QuicControlDown) -> None:
         kind = down.WhichOneof("frame")
         if kind == "registered":
             self._lane_limit = down.registered.max_lane_frame_bytes or LANE_FRAME_LIMIT
             # aioquic grants 128 bidirectional streams, enough lanes for any capacity used here.
-            capabilities = quic_pb2.QuicCapabilities(max_concurrency=self.capacity)
-            self._send(self.control, quic_pb2.QuicControlUp(capabilities=capabilities))
+            self.resize(self.capacity)
             if not self.registered.done():
                 self.registered.set_result(down.registered)
         elif kind == "drain":

@@ -2,7 +2,8 @@
 aioquic (no Switchyard code), against the real gateway over UDP on loopback: it registers and
 serves dispatched tasks, never more at once than the capacity it announced; a task whose
 deadline passes is cancelled on its lane, the acknowledgement frees the slot at once; its
-`drain_request` ends in `DRAINED`; a `register` of another protocol version is closed
+`drain_request` ends in `DRAINED`; a smaller capacity retires lanes (FIN, answered) and a
+larger one opens new lanes; a `register` of another protocol version is closed
 `UNSUPPORTED_VERSION`. What the document promises a worker in any language."""
 
 from __future__ import annotations
@@ -87,6 +88,44 @@ async def test_it_serves_within_its_capacity_and_its_drain_request_ends_drained(
         ended = await closed(worker)
         assert ended.code == DRAINED, ended
         assert worker.drains == [quic_pb2.QUIC_DRAIN_REASON_REQUESTED]
+
+
+async def test_a_resize_retires_lanes_and_opens_new_ones(quic_gateway: Gateway) -> None:
+    running = 0
+    most = 0
+
+    async def slow(task: quic_pb2.QuicTask) -> bytes:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+        return task.input
+
+    async def most_at_once(producer: Producer, tasks: int) -> int:
+        nonlocal most
+        most = 0
+        outcomes = await asyncio.gather(
+            *(producer.dispatch(NS, "resize", b"x", timeout=PATIENCE) for _ in range(tasks))
+        )
+        assert outcomes == [Completed(b"x")] * tasks
+        return most
+
+    async for worker in dial(quic_gateway):
+        worker.start(register("resize"), slow, capacity=2)
+        await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+        async with Producer(quic_gateway.connection()) as producer:
+            assert await most_at_once(producer, 4) == 2
+            before = set(worker.lanes)
+            # Down to one: the gateway finishes (FIN) the lane above it; the worker answers.
+            worker.resize(1)
+            await asyncio.wait_for(worker.lane_retired.wait(), PATIENCE)
+            assert await most_at_once(producer, 3) == 1
+            # Up to two again: a new lane (a new stream), not the retired one.
+            worker.resize(2)
+            assert await most_at_once(producer, 4) == 2
+            assert worker.lanes - before, "the gateway opened a new lane"
+            assert set(worker.retired) <= before
 
 
 async def test_a_task_past_its_deadline_is_cancelled_and_the_acknowledgement_frees_its_slot(
