@@ -2,7 +2,8 @@
 //! (the same one for a repeated idempotency key, and `--queue` picks the queue), `outcome`
 //! says the dispatch is pending (exit 4) until a `switchyard worker` arrives and then prints it
 //! completed (exit 0), or how it ended otherwise (exit 3); `dispatches` lists dispatches with
-//! their state (`--pool`, `--state` and `--limit` select); `dispatch --durable` records the
+//! their state (`--pool`, `--state` and `--limit` select), `pool` and `unserved` show the
+//! store's backlog; `dispatch --durable` records the
 //! dispatch it runs; a second `serve` on the same store refuses to start naming the holder
 //! (exit 2), and a malformed `--pool` is a usage error (exit 2).
 //! The real binary in processes of its own, loopback only, a temporary data directory.
@@ -137,6 +138,31 @@ fn submit_outcome_and_dispatches_follow_a_durable_dispatch() {
     assert!(table.starts_with("ID "), "{table}");
     let row = table.lines().find(|l| l.starts_with(&id)).expect("listed");
     assert!(!row.contains("finished"), "{row}");
+    // The store's backlog, refreshed every 5 s, in `pool` and `unserved`.
+    let pool = until("the backlog line of `switchyard pool`", || {
+        let out = stdout(&client(&addr, dir, &["pool", "shop", "default", "echo"]));
+        out.contains("durable backlog: ").then_some(out)
+    });
+    assert!(
+        pool.contains("durable backlog: 1 waiting, 0 running, oldest waiting "),
+        "{pool}"
+    );
+    let unserved = stdout(&client(&addr, dir, &["unserved"]));
+    let backlog = unserved
+        .split_once("durable backlog (dispatch store):")
+        .map(|(_, table)| table.to_owned())
+        .unwrap_or_else(|| panic!("no backlog table: {unserved}"));
+    let row: Vec<&str> = backlog
+        .lines()
+        .find(|l| l.starts_with("shop "))
+        .expect("the pool's row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &row[..5],
+        ["shop", "default", "echo", "1", "0"],
+        "{backlog}"
+    );
 
     let _worker = echo_worker(&addr, dir);
     let done = client(&addr, dir, &["outcome", &id, "--wait", "20s"]);
@@ -178,6 +204,19 @@ fn submit_outcome_and_dispatches_follow_a_durable_dispatch() {
     let bad = client(&addr, dir, &["dispatches", "--pool", "/default"]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("--pool"), "{}", stderr(&bad));
+}
+
+/// Calls `check` until it returns something, for at most 20 s (the gateway refreshes what it
+/// reads from the store every 5 s), a fifth of a second apart.
+fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(found) = check() {
+            return found;
+        }
+        assert!(std::time::Instant::now() < deadline, "never saw {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The rows of a `switchyard dispatches` table, header left out.
