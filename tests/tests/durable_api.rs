@@ -2,7 +2,8 @@
 //! `GetDispatch` while parked and once finished, idempotency keys, who sees which dispatch,
 //! the store's queue bound, a durable `Dispatch` and `DispatchStream` item, `WatchOutcomes`,
 //! `Cancel` by id, `ListDispatches`, the backlog in `DescribePool` and `/metrics`, the memory
-//! backend, the ephemeral parked and held-input quotas not bounding durable dispatches, and a
+//! backend, the ephemeral parked and held-input quotas not bounding durable dispatches, a lost
+//! worker's durable task delivered again within `dispatch.loss_budget`, and a
 //! gateway restarted in-process on the same store file finishing what the first
 //! one queued. Every gateway here uses the default SQLite store in its own temporary directory
 //! unless the test says otherwise.
@@ -802,4 +803,65 @@ async fn durable_dispatches_are_bounded_by_the_store_not_the_parked_or_held_inpu
         assert_eq!(completed(&heard), Some(input.as_bytes()), "{heard:?}");
     }
     assert_eq!(executions.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_dispatch_whose_worker_is_lost_runs_again_within_the_loss_budget() {
+    let (gateway, scripted) = gateway(|config| config.dispatch.loss_budget = 1).await;
+    let mut a = client(&gateway, "a").await;
+    // A worker that takes what it is given and never answers; aborting its handle drops it.
+    let holder = || async {
+        let worker = scripted
+            .connect(
+                &CallerIdentity::granted("w", [NS]),
+                registration(&[NS], &[ACTIVITY], Some(1)),
+                true,
+            )
+            .await
+            .expect("admitted");
+        worker.answer_pings_in_background()
+    };
+
+    // One loss is within the budget: delivered again, attempt 2, and its outcome recorded.
+    let id = submit(&mut a, request("once")).await.dispatch_id;
+    let (_, mut tasks, first) = holder().await;
+    let delivered = within("the first delivery", tasks.recv()).await.unwrap();
+    assert_eq!(delivered.attempt, 1);
+    first.abort();
+    let (control, mut tasks, second) = holder().await;
+    let again = within("the delivery after the loss", tasks.recv())
+        .await
+        .unwrap();
+    assert_eq!(again.attempt, 2);
+    control.complete(again.task_id, again.input);
+    let heard = await_outcome(&mut a, &id, 10_000).await;
+    assert_eq!(completed(&heard), Some(&b"once"[..]), "{heard:?}");
+    assert_eq!(get(&mut a, &id).await.unwrap().attempts, 2);
+
+    // Control: a second loss is past the budget, and the outcome recorded is the loss.
+    second.abort();
+    let registry = gateway.gateway().core().registry().clone();
+    within("the second worker to be gone", async {
+        while registry.worker(control.id()).is_some() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let id = submit(&mut a, request("twice")).await.dispatch_id;
+    for attempt in 1..=2 {
+        let (_, mut tasks, handle) = holder().await;
+        let delivered = within("a delivery", tasks.recv()).await.unwrap();
+        assert_eq!(delivered.attempt, attempt);
+        handle.abort();
+    }
+    let heard = await_outcome(&mut a, &id, 10_000).await;
+    assert!(
+        matches!(
+            heard,
+            Awaited::Outcome(pb::DispatchOutcome {
+                outcome: Some(Outcome::TransportLost(_))
+            })
+        ),
+        "{heard:?}"
+    );
 }
