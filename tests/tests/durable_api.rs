@@ -3,7 +3,8 @@
 //! the store's queue bound, a durable `Dispatch` and `DispatchStream` item, `WatchOutcomes`,
 //! `Cancel` by id, `ListDispatches`, the backlog in `DescribePool` and `/metrics`, the memory
 //! backend, the ephemeral parked and held-input quotas not bounding durable dispatches, a lost
-//! worker's durable task delivered again within `dispatch.loss_budget`, and a
+//! worker's durable task delivered again within `dispatch.loss_budget`, a timeout past
+//! `dispatch.max_timeout` clamped to it, and a
 //! gateway restarted in-process on the same store file finishing what the first
 //! one queued. Every gateway here uses the default SQLite store in its own temporary directory
 //! unless the test says otherwise.
@@ -863,5 +864,51 @@ async fn a_durable_dispatch_whose_worker_is_lost_runs_again_within_the_loss_budg
             })
         ),
         "{heard:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_timeout_past_dispatch_max_timeout_is_clamped_to_it() {
+    let (gateway, _scripted) = gateway(|config| {
+        config.dispatch.max_timeout = ConfigDuration::secs(2);
+    })
+    .await;
+    let mut a = client(&gateway, "a").await;
+    let deadline_after_submission = |info: &pb::DispatchInfo| {
+        info.deadline_unix_ms
+            .saturating_sub(info.submitted_at_unix_ms)
+    };
+    let long = submit(&mut a, request("long")).await.dispatch_id;
+    let info = get(&mut a, &long).await.unwrap();
+    assert_eq!(deadline_after_submission(&info), 2_000, "{info:?}");
+    // Control: a timeout under the cap is kept.
+    let short = submit(
+        &mut a,
+        pb::DispatchRequest {
+            timeout_ms: 1_500,
+            ..request("short")
+        },
+    )
+    .await
+    .dispatch_id;
+    let info = get(&mut a, &short).await.unwrap();
+    assert_eq!(deadline_after_submission(&info), 1_500, "{info:?}");
+    // A durable `Dispatch` asking 60 s (no worker exists) ends at the clamped deadline.
+    let reply = within(
+        "the durable call to end",
+        a.dispatch(pb::DispatchRequest {
+            durable: Some(true),
+            ..request("called")
+        }),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    assert!(
+        matches!(
+            reply.outcome.and_then(|o| o.outcome),
+            Some(Outcome::Unserved(_))
+        ),
+        "ended at the clamped deadline, unserved"
     );
 }
