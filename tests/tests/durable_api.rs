@@ -1,13 +1,12 @@
 //! Durable dispatch over real sockets: `Submit`, `AwaitOutcome` (from another connection too),
-//! `GetDispatch` while parked and once finished, idempotency keys, who sees which dispatch,
-//! the store's queue bound, a durable `Dispatch` and `DispatchStream` item, `WatchOutcomes`,
-//! `Cancel` by id, `ListDispatches`, the backlog in `DescribePool` and `/metrics`, the memory
-//! backend, the ephemeral parked and held-input quotas not bounding durable dispatches, a lost
-//! worker's durable task delivered again within `dispatch.loss_budget`, a timeout past
-//! `dispatch.max_timeout` clamped to it, and a
-//! gateway restarted in-process on the same store file finishing what the first
-//! one queued. Every gateway here uses the default SQLite store in its own temporary directory
-//! unless the test says otherwise.
+//! `GetDispatch` while parked and once finished, idempotency keys, who sees which dispatch, the
+//! store's queue bound, a durable `Dispatch` and `DispatchStream` item, `WatchOutcomes`, `Cancel`
+//! by id, `ListDispatches`, the backlog in `DescribePool` and `/metrics`, the memory backend, the
+//! ephemeral parked and held-input quotas not bounding durable dispatches, a lost worker's durable
+//! task delivered again within `dispatch.loss_budget`, a timeout past `dispatch.max_timeout`
+//! clamped to it, and a gateway restarted in-process on the same store file finishing what the
+//! first one queued. Every gateway here uses the default SQLite store in its own temporary
+//! directory unless the test says otherwise.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
