@@ -4,8 +4,10 @@ No Switchyard SDK is used: this is what a worker in a language without one needs
 It dials with ALPN `switchyard-worker/1`, sends `register` on the control stream, announces its
 capacity once `registered` arrives, and serves the lanes the gateway opens: one task at a time
 per lane, every `ping` answered on its lane, a `cancel` stopped and acknowledged, a lane's FIN
-answered with its own. `drain()` asks the gateway to drain it. Sessions (`resume`) and datagram
-copies are optional in the protocol and left out.
+answered with its own. `drain()` asks the gateway to drain it. A worker that registers
+`resumable` keeps a `Session` that outlives its connection: `resume()` on a new connection
+carries on its tasks and resends the results not yet acknowledged (section 5.1). Datagram
+copies (section 3.1), optional in the protocol, are left out.
 
     python examples/quic_worker.py --gateway 127.0.0.1:7701 \\
         --ca ~/.local/share/switchyard/tls/ca.pem --namespace default --activity echo
@@ -81,21 +83,61 @@ class FrameReader:
 
 
 @dataclass
-class Running:
-    """The task a lane carries and the asyncio task running it."""
+class Task:
+    """A task the worker runs, or has answered without seeing the answer acknowledged."""
 
     task_id: int
-    runner: asyncio.Task[None]
+    #: The stream it is answered on; `None` after a resume until a `held` frame names a lane.
+    lane: int | None
+    runner: asyncio.Task[None] | None = None
+    #: The gateway cancelled it on its lane.
     cancelled: bool = False
+    #: Its result once sent, kept until a `results_ack` names it (resumable workers only).
+    result: quic_pb2.QuicResult | None = None
+
+
+class Session:
+    """What outlives one connection (section 5.1): the activity, the capacity, the tasks running
+    and the results not yet acknowledged, and, for a resumable worker, its id and secret."""
+
+    def __init__(self, handler: Handler, capacity: int, resumable: bool) -> None:
+        self.handler = handler
+        self.capacity = capacity
+        self.resumable = resumable
+        self.session_id = 0
+        self.secret = b""
+        self.tasks: dict[int, Task] = {}
+        #: The connection results go out on now.
+        self.connection: Worker | None = None
+
+    async def run(self, task: quic_pb2.QuicTask, held: Task) -> None:
+        result = quic_pb2.QuicResult(task_id=task.task_id)
+        try:
+            result.output = await self.handler(task)
+        except asyncio.CancelledError:
+            self.tasks.pop(task.task_id, None)
+            if held.cancelled and held.lane is not None and self.connection is not None:
+                ack = quic_pb2.QuicCancelAck(task_id=task.task_id)
+                self.connection.answer(held.lane, quic_pb2.QuicLaneUp(cancel_ack=ack))
+            return
+        except Exception as error:
+            result.failure.CopyFrom(common_pb2.Failure(message=str(error), retryable=False))
+        held.runner = None
+        if self.resumable:
+            held.result = result
+        else:
+            self.tasks.pop(task.task_id, None)
+        # Without a lane yet (resuming), the `held` frame that names one sends it.
+        if held.lane is not None and self.connection is not None:
+            self.connection.answer(held.lane, quic_pb2.QuicLaneUp(result=result))
 
 
 class Worker(QuicConnectionProtocol):
-    """One connection, one registration (section 1)."""
+    """One connection, one registration or resume (section 1)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.handler: Handler | None = None
-        self.capacity = 1
+        self.session = Session(echo, 1, resumable=False)
         self.control = -1
         self.registered: asyncio.Future[quic_pb2.QuicRegistered] = asyncio.Future()
         self.closed: asyncio.Future[Closed] = asyncio.Future()
@@ -109,21 +151,46 @@ class Worker(QuicConnectionProtocol):
         #: Set when the gateway retires a lane.
         self.lane_retired = asyncio.Event()
         self._readers: dict[int, FrameReader] = {}
-        self._running: dict[int, Running] = {}
+        #: The task each busy lane carries.
+        self._busy: dict[int, int] = {}
         self._lane_limit = LANE_FRAME_LIMIT
 
     def start(self, register: quic_pb2.QuicRegister, handler: Handler, capacity: int) -> None:
         """Opens the control stream and sends `register` (section 5, step 1)."""
-        self.handler = handler
-        self.capacity = capacity
+        self.session = Session(handler, capacity, register.resumable)
+        self.session.connection = self
+        self._open_control(quic_pb2.QuicControlUp(register=register))
+
+    def resume(self, session: Session, auth_token: str = "") -> None:
+        """Sends `resume` for `session` (section 5.1), listing the tasks it still runs and the
+        results it sent without an acknowledgement; this connection carries it from now on.
+        aioquic grants 128 bidirectional streams: credit for every lane of a small worker."""
+        self.session = session
+        session.connection = self
+        running: list[int] = []
+        unacked: list[int] = []
+        for held in session.tasks.values():
+            held.lane = None
+            (unacked if held.result is not None else running).append(held.task_id)
+        resume = quic_pb2.QuicResume(
+            protocol_version=1,
+            auth_token=auth_token,
+            session_id=session.session_id,
+            resume_secret=session.secret,
+            running_task_ids=running,
+            unacked_task_ids=unacked,
+        )
+        self._open_control(quic_pb2.QuicControlUp(resume=resume))
+
+    def _open_control(self, first: quic_pb2.QuicControlUp) -> None:
         self.control = self._quic.get_next_available_stream_id(is_unidirectional=False)
         self._readers[self.control] = FrameReader(CONTROL_FRAME_LIMIT)
-        self._send(self.control, quic_pb2.QuicControlUp(register=register))
+        self._send(self.control, first)
 
     def resize(self, capacity: int) -> None:
         """Announces a new capacity (section 5, step 6): above the old one the gateway opens
         lanes first; below it, it retires lanes as their tasks end."""
-        self.capacity = capacity
+        self.session.capacity = capacity
         capabilities = quic_pb2.QuicCapabilities(max_concurrency=capacity)
         self._send(self.control, quic_pb2.QuicControlUp(capabilities=capabilities))
 
@@ -131,14 +198,23 @@ class Worker(QuicConnectionProtocol):
         """Asks to be drained: the gateway closes with `DRAINED` once every task has ended."""
         self._send(self.control, quic_pb2.QuicControlUp(drain_request=quic_pb2.QuicDrainRequest()))
 
+    def answer(self, lane: int, up: quic_pb2.QuicLaneUp) -> None:
+        """Ends the task `lane` carries with `up` (a result or a cancel acknowledgement)."""
+        self._busy.pop(lane, None)
+        if not self.closed.done():
+            self._send(lane, up)
+
     def _send(self, stream: int, envelope: Message) -> None:
         self._quic.send_stream_data(stream, frame(envelope))
         self.transmit()
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, ConnectionTerminated):
-            for running in self._running.values():
-                running.runner.cancel()
+            if not self.session.resumable and self.session.connection is self:
+                # Nobody can take these results any more.
+                for held in self.session.tasks.values():
+                    if held.runner is not None:
+                        held.runner.cancel()
             if not self.closed.done():
                 self.closed.set_result(Closed(event.error_code, event.reason_phrase))
             return
@@ -168,53 +244,63 @@ class Worker(QuicConnectionProtocol):
 
     def _on_control(self, down: quic_pb2.QuicControlDown) -> None:
         kind = down.WhichOneof("frame")
+        session = self.session
         if kind == "registered":
-            self._lane_limit = down.registered.max_lane_frame_bytes or LANE_FRAME_LIMIT
+            registered = down.registered
+            self._lane_limit = registered.max_lane_frame_bytes or LANE_FRAME_LIMIT
+            if registered.resumed:
+                # Let go of what the gateway no longer waits on.
+                for task_id in set(session.tasks) - set(registered.held_task_ids):
+                    gone = session.tasks.pop(task_id)
+                    if gone.runner is not None:
+                        gone.runner.cancel()
+            else:
+                session.session_id = registered.session_id
+                session.secret = registered.resume_secret
             # aioquic grants 128 bidirectional streams, enough lanes for any capacity used here.
-            self.resize(self.capacity)
+            self.resize(session.capacity)
             if not self.registered.done():
-                self.registered.set_result(down.registered)
+                self.registered.set_result(registered)
         elif kind == "drain":
             self.drains.append(down.drain.reason)
-        elif kind is None:
+        elif kind == "results_ack":
+            for task_id in down.results_ack.task_ids:
+                acked = session.tasks.get(task_id)
+                if acked is not None and acked.result is not None:
+                    del session.tasks[task_id]
+        else:
             raise ProtocolError("control: an envelope with no frame")
-        # `results_ack` comes only to a resumable worker; this one is not.
 
     def _on_lane(self, lane: int, down: quic_pb2.QuicLaneDown) -> None:
         kind = down.WhichOneof("frame")
+        session = self.session
         if kind == "ping":
             self._send(lane, quic_pb2.QuicLaneUp(pong=quic_pb2.QuicPong(seq=down.ping.seq)))
         elif kind == "task":
-            if lane in self._running:
+            if lane in self._busy:
                 raise ProtocolError(f"lane {lane // 4}: a second task on a busy lane")
-            runner = asyncio.get_running_loop().create_task(self._run(lane, down.task))
-            self._running[lane] = Running(down.task.task_id, runner)
+            held = Task(down.task.task_id, lane)
+            held.runner = asyncio.get_running_loop().create_task(session.run(down.task, held))
+            session.tasks[held.task_id] = held
+            self._busy[lane] = held.task_id
+        elif kind == "held":
+            resumed = session.tasks.get(down.held.task_id)
+            if resumed is None:
+                raise ProtocolError(f"held: task {down.held.task_id} was not listed")
+            resumed.lane = lane
+            self._busy[lane] = resumed.task_id
+            # A result sent before the break goes again, here; a running task answers here.
+            if resumed.result is not None:
+                self.answer(lane, quic_pb2.QuicLaneUp(result=resumed.result))
         elif kind == "cancel":
             self.cancels.append((down.cancel.task_id, down.cancel.reason))
-            running = self._running.get(lane)
+            target = session.tasks.get(down.cancel.task_id)
             # A cancel that crossed its task's result names no running task: ignore it.
-            if running is not None and running.task_id == down.cancel.task_id:
-                running.cancelled = True
-                running.runner.cancel()
+            if target is not None and target.lane == lane and target.runner is not None:
+                target.cancelled = True
+                target.runner.cancel()
         else:
             raise ProtocolError(f"lane {lane // 4}: unexpected frame {kind}")
-
-    async def _run(self, lane: int, task: quic_pb2.QuicTask) -> None:
-        assert self.handler is not None
-        result = quic_pb2.QuicResult(task_id=task.task_id)
-        try:
-            result.output = await self.handler(task)
-        except asyncio.CancelledError:
-            running = self._running.pop(lane, None)
-            if running is not None and running.cancelled and not self.closed.done():
-                ack = quic_pb2.QuicCancelAck(task_id=task.task_id)
-                self._send(lane, quic_pb2.QuicLaneUp(cancel_ack=ack))
-            return
-        except Exception as error:
-            result.failure.CopyFrom(common_pb2.Failure(message=str(error), retryable=False))
-        self._running.pop(lane, None)
-        if not self.closed.done():
-            self._send(lane, quic_pb2.QuicLaneUp(result=result))
 
 
 def configuration(ca: str, server_name: str = "localhost") -> QuicConfiguration:

@@ -1,9 +1,10 @@
-"""`examples/quic_worker.py`, a QUIC worker written from `docs/quic-protocol.md` alone on
-aioquic (no Switchyard code), against the real gateway over UDP on loopback: it registers and
-serves dispatched tasks, never more at once than the capacity it announced; a task whose
-deadline passes is cancelled on its lane, the acknowledgement frees the slot at once; its
-`drain_request` ends in `DRAINED`; a smaller capacity retires lanes (FIN, answered) and a
-larger one opens new lanes; a `register` of another protocol version is closed
+"""`examples/quic_worker.py`, a QUIC worker written from `docs/quic-protocol.md` alone on aioquic
+(no Switchyard code), against the real gateway over UDP on loopback: it registers and serves
+dispatched tasks, never more at once than the capacity it announced; a task whose deadline
+passes is cancelled on its lane, the acknowledgement frees the slot at once; its `drain_request`
+ends in `DRAINED`; a session resumed on a new connection (the old one closed `SUPERSEDED`)
+carries its running task there and it runs once; a smaller capacity retires lanes (FIN,
+answered) and a larger one opens new lanes; a `register` of another protocol version is closed
 `UNSUPPORTED_VERSION`. What the document promises a worker in any language."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ NS = "tests"
 #: Application codes of section 6.
 DRAINED = 0x01
 UNSUPPORTED_VERSION = 0x15
+SUPERSEDED = 0x2A
 #: `QUIC_CANCEL_REASON_DEADLINE_EXCEEDED`.
 DEADLINE_EXCEEDED = 2
 
@@ -38,9 +40,10 @@ def quic_gateway(tmp_path: pathlib.Path) -> Iterator[Gateway]:
         running.stop()
 
 
-def register(activity: str, version: int = 1) -> quic_pb2.QuicRegister:
+def register(activity: str, version: int = 1, resumable: bool = False) -> quic_pb2.QuicRegister:
     return quic_pb2.QuicRegister(
         protocol_version=version,
+        resumable=resumable,
         namespaces=[NS],
         activity_types=[activity],
         identity="tests/test_quic_worker.py",
@@ -126,6 +129,45 @@ async def test_a_resize_retires_lanes_and_opens_new_ones(quic_gateway: Gateway) 
             assert await most_at_once(producer, 4) == 2
             assert worker.lanes - before, "the gateway opened a new lane"
             assert set(worker.retired) <= before
+
+
+async def test_a_resumed_session_carries_its_running_task_to_the_new_connection(
+    quic_gateway: Gateway,
+) -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+    runs = 0
+
+    async def held_echo(task: quic_pb2.QuicTask) -> bytes:
+        nonlocal runs
+        runs += 1
+        started.set()
+        await release.wait()
+        return b"done:" + task.input
+
+    async for first in dial(quic_gateway):
+        first.start(register("resume", resumable=True), held_echo, capacity=1)
+        registered = await asyncio.wait_for(asyncio.shield(first.registered), PATIENCE)
+        assert registered.session_id == registered.worker_id != 0
+        assert len(registered.resume_secret) == 32
+        async with Producer(quic_gateway.connection()) as producer:
+            dispatch = asyncio.create_task(producer.dispatch(NS, "resume", b"x", timeout=PATIENCE))
+            await asyncio.wait_for(started.wait(), PATIENCE)
+            # The worker gives up on its connection first (section 5.1, both connections
+            # alive): a new one resumes the session while the task still runs.
+            async for second in dial(quic_gateway):
+                second.resume(first.session, ADMIN_TOKEN)
+                resumed = await asyncio.wait_for(asyncio.shield(second.registered), PATIENCE)
+                assert resumed.resumed
+                assert resumed.worker_id == registered.worker_id
+                assert list(resumed.held_task_ids) == list(first.session.tasks)
+                superseded = await closed(first)
+                assert superseded.code == SUPERSEDED, superseded
+                # The task ends now: its result goes out on the lane its `held` frame named.
+                release.set()
+                outcome = await asyncio.wait_for(dispatch, PATIENCE)
+                assert outcome == Completed(b"done:x")
+    assert runs == 1, "the resumed task was not run again"
 
 
 async def test_a_task_past_its_deadline_is_cancelled_and_the_acknowledgement_frees_its_slot(
