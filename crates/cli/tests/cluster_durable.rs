@@ -219,6 +219,44 @@ async fn durable_dispatches_accepted_on_a_node_killed_with_sigkill_each_end_with
     worker.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_dispatches_of_a_node_stopped_cleanly_are_taken_over_and_run_once() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b) = (
+        node_site(&nats, JETSTREAM, "clean", "a"),
+        node_site(&nats, JETSTREAM, "clean", "b"),
+    );
+    let mut node_a = a.serve().await;
+    let _node_b = b.serve().await;
+    // No worker anywhere yet: every dispatch a takes is still unfinished when it stops.
+    let mut producer = a.producer().await.expect("a listens");
+    let mut ids = Vec::new();
+    for tag in 0..8u64 {
+        let submitted = producer
+            .submit(ACTIVITY, tag, None, PATIENCE)
+            .await
+            .expect("a takes durable dispatches");
+        ids.push((tag, submitted.id));
+    }
+    let status = node_a.terminate().await;
+    assert!(status.success(), "a stops cleanly: {status:?}");
+    // `shutting_down` is not an outcome: they are unfinished, and b takes them over.
+    let ledger = Arc::new(Ledger::default());
+    let worker = TestWorker::connect(&b, ACTIVITY, 2, Arc::clone(&ledger), quick).await;
+    for (tag, id) in &ids {
+        let outcome = outcome_from(&b, id).await;
+        assert_eq!(
+            completed(&outcome),
+            Some(&tagged(*tag)[..]),
+            "{id}: {outcome:?}"
+        );
+        assert_eq!(ledger.executions(*tag), 1, "tag {tag}");
+    }
+    worker.stop().await;
+}
+
 /// Three jetstream nodes `a`, `b`, `c` of `cluster`, started.
 async fn three_nodes(nats: &NatsServer, cluster: &str) -> ([Site; 3], Vec<Process>) {
     let sites = ["a", "b", "c"].map(|node| node_site(nats, JETSTREAM, cluster, node));
