@@ -99,14 +99,6 @@ fn identify(application_id: u32, user_version: i64, objects: i64) -> Identity {
 pub(crate) fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Connection, OpenError> {
     let fail = |err| classify(path, err);
     let conn = Connection::open(path).map_err(fail)?;
-    // SQLite opens a file it may not write (read-only, or on a read-only mount) for reading
-    // only, without an error; every write would fail later, so it is refused here.
-    if conn.is_readonly(rusqlite::MAIN_DB).map_err(fail)? {
-        return Err(OpenError::NotWritable {
-            path: path.display().to_string(),
-            detail: "the file can be opened for reading only".to_owned(),
-        });
-    }
     conn.busy_timeout(BUSY_TIMEOUT).map_err(fail)?;
     let application_id: i64 = conn
         .pragma_query_value(None, "application_id", |row| row.get(0))
@@ -137,6 +129,15 @@ pub(crate) fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Conne
             });
         }
         Identity::Fresh | Identity::Store { .. } => {}
+    }
+    // SQLite opens a file it may not write (read-only, or on a read-only mount) for reading
+    // only, without an error; every write would fail later, so it is refused here, once the
+    // reads above have said what the file is.
+    if conn.is_readonly(rusqlite::MAIN_DB).map_err(fail)? {
+        return Err(OpenError::NotWritable {
+            path: display,
+            detail: "the file can be opened for reading only".to_owned(),
+        });
     }
     let mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))

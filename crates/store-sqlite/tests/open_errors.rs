@@ -1,11 +1,10 @@
 //! A store that cannot be opened is refused with a message naming its path and what is
-//! wrong, and the file found there is left as it was.
+//! wrong, and the file found there is left as it was. (Read-only places, whose tests run
+//! `mount`, are in `read_only.rs`.)
 #![allow(clippy::expect_used, clippy::panic)]
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
-#[path = "support/tmpfs.rs"]
-mod tmpfs;
 
 use std::path::Path;
 
@@ -18,88 +17,6 @@ fn open_error(path: &Path) -> String {
         Ok(store) => panic!("opened {store:?}"),
         Err(err) => err.to_string(),
     }
-}
-
-#[test]
-fn a_read_only_directory_is_not_writable() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mount = tmpfs::Tmpfs::mount(&dir.path().join("ro"), "ro,size=1m");
-    let path = fixtures::store_path(mount.path());
-    let p = path.display();
-    assert_eq!(
-        open_error(&path),
-        format!(
-            "store {p}: not writable: cannot create {p}.lock: Read-only file system (os error 30)"
-        )
-    );
-    let nested = mount.path().join("data").join("dispatches.sqlite3");
-    assert_eq!(
-        open_error(&nested),
-        format!(
-            "store {}: not writable: cannot create directory {}: Read-only file system \
-             (os error 30)",
-            nested.display(),
-            mount.path().join("data").display()
-        )
-    );
-
-    // Control: the same directory made writable opens.
-    mount.remount("remount,rw");
-    let store = SqliteStore::open(&path, SqliteOptions::default());
-    assert!(store.is_ok(), "{store:?}");
-}
-
-/// The store file bound read-only onto itself, unbound when dropped.
-struct ReadOnlyFile(std::path::PathBuf);
-
-impl ReadOnlyFile {
-    fn bind(path: &Path) -> Self {
-        for args in [&["--bind"][..], &["-o", "remount,ro,bind"][..]] {
-            let status = std::process::Command::new("mount")
-                .args(args)
-                .arg(path)
-                .arg(path)
-                .status()
-                .expect("run mount");
-            assert!(status.success(), "mount {args:?} failed: {status}");
-        }
-        Self(path.to_owned())
-    }
-}
-
-impl Drop for ReadOnlyFile {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
-#[test]
-fn a_read_only_store_file_in_a_writable_directory_is_not_writable() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = fixtures::store_path(dir.path());
-    drop(SqliteStore::open(&path, SqliteOptions::default()).expect("a fresh store"));
-    let before = std::fs::read(&path).expect("read");
-    {
-        let _read_only = ReadOnlyFile::bind(&path);
-        assert_eq!(
-            open_error(&path),
-            format!(
-                "store {}: not writable: the file can be opened for reading only",
-                path.display()
-            )
-        );
-        assert_eq!(
-            std::fs::read(&path).expect("read"),
-            before,
-            "left as it was"
-        );
-    }
-    // Control: the same file, writable again, opens.
-    let store = SqliteStore::open(&path, SqliteOptions::default());
-    assert!(store.is_ok(), "{store:?}");
 }
 
 #[test]
