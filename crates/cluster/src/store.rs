@@ -369,6 +369,10 @@ impl JetStreamStore {
 #[async_trait]
 impl DispatchStore for JetStreamStore {
     async fn record(&self, dispatch: NewDispatch) -> Result<Recorded, DispatchStoreError> {
+        // A malformed key is refused for good before anything that may pass.
+        if let Some(key) = &dispatch.idempotency_key {
+            check_idempotency_key(key)?;
+        }
         // Refused at once while the connection is known down, rather than when a request
         // times out (which could leave the producer unsure whether it was recorded).
         if self.client.connection_state() != async_nats::connection::State::Connected {
@@ -378,7 +382,6 @@ impl DispatchStore for JetStreamStore {
         }
         let key = match &dispatch.idempotency_key {
             Some(key) => {
-                check_idempotency_key(key)?;
                 let key = idempotency_key(&dispatch.namespace, key);
                 let id = Bytes::from(dispatch.id.as_str().to_owned());
                 match self.keys.create(&key, id).await {
