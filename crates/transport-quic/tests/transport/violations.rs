@@ -327,7 +327,7 @@ async fn a_result_with_no_outcome_closes_with_malformed_frame_before_its_task_is
 /// A worker that neither answers nor acknowledges the cancels of ended tasks has each slot
 /// reclaimed after `dispatch.cancel_ack_timeout`; at `dispatch.max_unresponsive_tasks`
 /// reclaims it is closed `DEREGISTERED`, the reason ending `unresponsive`. Control: a worker
-/// that acknowledges its cancels stays.
+/// that acknowledges its cancels stays through two such rounds, each longer than the timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_ignoring_its_cancels_is_closed_deregistered_unresponsive() {
     let mut core = switchyard_core::CoreConfig::default();
@@ -346,49 +346,24 @@ async fn a_worker_ignoring_its_cancels_is_closed_deregistered_unresponsive() {
             |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
         )
         .await;
-        // Two dispatches whose deadlines pass while the worker holds them.
-        let dispatches: Vec<_> = (0..2)
-            .map(|_| {
-                let gateway = std::sync::Arc::clone(&gateway);
-                tokio::spawn(async move {
-                    gateway
-                        .dispatch_with(crate::support::request(
-                            "work",
-                            b"x",
-                            Duration::from_millis(100),
-                        ))
-                        .await
-                })
-            })
-            .collect();
-        let mut lanes = Vec::new();
-        for _ in 0..2 {
-            lanes.push(raw.next_task().await);
-        }
-        for dispatch in dispatches {
-            let outcome = dispatch.await.unwrap();
-            assert!(matches!(outcome, ActivityOutcome::TimedOut), "{outcome:?}");
-        }
-        for _ in 0..2 {
-            let cancel = tokio::time::timeout(crate::support::PATIENCE, raw.cancels.recv())
-                .await
-                .expect("a cancel")
-                .expect("the lanes are read");
-            if acknowledges {
-                let (lane, _) = lanes
-                    .iter()
-                    .find(|(_, task)| task.task_id == cancel.task_id)
-                    .expect("the cancel names a held task");
-                lane.send(quic_lane_up::Frame::CancelAck(QuicCancelAck {
-                    task_id: cancel.task_id,
-                }))
-                .await;
-            }
+        // A first task, dispatched with a long deadline, waits out the probation: the worker
+        // is eligible once it is served.
+        serves(&gateway, &mut raw, b"warm").await;
+        let rounds = if acknowledges { 2 } else { 1 };
+        for _ in 0..rounds {
+            held_past_their_deadlines(&gateway, &mut raw, acknowledges).await;
         }
         if acknowledges {
-            // Both slots come back by the acknowledgements: the worker serves again.
+            // Both rounds outlasted the timeout: unacknowledged, the first round's reclaims
+            // would have closed the worker during the second.
             serves(&gateway, &mut raw, b"after").await;
-            assert!(gateway.registry().worker(worker).is_some());
+            let snapshot = gateway.registry().worker(worker).expect("still registered");
+            assert_eq!(snapshot.unresponsive, 0);
+            raw.conn.close(quinn::VarInt::from_u32(0), b"done");
+            eventually("the control worker is removed", || {
+                gateway.registry().worker(worker).is_none()
+            })
+            .await;
         } else {
             let (code, reason) = raw.closed().await;
             assert_eq!(code, ErrorCode::Deregistered, "{reason}");
@@ -396,6 +371,53 @@ async fn a_worker_ignoring_its_cancels_is_closed_deregistered_unresponsive() {
             eventually("the worker is removed", || {
                 gateway.registry().worker(worker).is_none()
             })
+            .await;
+        }
+    }
+}
+
+/// Two dispatches to `raw` (capacity 2) whose 500 ms deadlines pass while it holds them; the
+/// gateway cancels both, and `raw` acknowledges the cancels or not.
+async fn held_past_their_deadlines(
+    gateway: &std::sync::Arc<Gateway>,
+    raw: &mut Raw,
+    acknowledges: bool,
+) {
+    let dispatches: Vec<_> = (0..2)
+        .map(|_| {
+            let gateway = std::sync::Arc::clone(gateway);
+            tokio::spawn(async move {
+                gateway
+                    .dispatch_with(crate::support::request(
+                        "work",
+                        b"x",
+                        Duration::from_millis(500),
+                    ))
+                    .await
+            })
+        })
+        .collect();
+    let mut lanes = Vec::new();
+    for _ in 0..2 {
+        lanes.push(raw.next_task().await);
+    }
+    for dispatch in dispatches {
+        let outcome = dispatch.await.unwrap();
+        assert!(matches!(outcome, ActivityOutcome::TimedOut), "{outcome:?}");
+    }
+    for _ in 0..2 {
+        let cancel = tokio::time::timeout(crate::support::PATIENCE, raw.cancels.recv())
+            .await
+            .expect("a cancel")
+            .expect("the lanes are read");
+        if acknowledges {
+            let (lane, _) = lanes
+                .iter()
+                .find(|(_, task)| task.task_id == cancel.task_id)
+                .expect("the cancel names a held task");
+            lane.send(quic_lane_up::Frame::CancelAck(QuicCancelAck {
+                task_id: cancel.task_id,
+            }))
             .await;
         }
     }
