@@ -781,7 +781,7 @@ async fn durable_dispatches_are_bounded_by_the_store_not_the_parked_or_held_inpu
                 if matches!(info.state, Some(State::Parked(_))) {
                     return info;
                 }
-                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
         .await;
@@ -794,6 +794,28 @@ async fn durable_dispatches_are_bounded_by_the_store_not_the_parked_or_held_inpu
         refused
             .message()
             .contains("`dispatch.max_held_input_bytes_per_"),
+        "{}",
+        refused.message()
+    );
+    // Control: the parked quota (1) holds for ephemeral dispatches, and the three parked durable
+    // ones do not count against it: of two small ephemeral dispatches one parks (and ends
+    // unserved) and the other is refused naming the quota.
+    let small = |input: &str| pb::DispatchRequest {
+        timeout_ms: 1_000,
+        ..request(input)
+    };
+    let (mut one, mut other) = (a.clone(), a.clone());
+    let (first, second) = tokio::join!(one.dispatch(small("e1")), other.dispatch(small("e2")));
+    let (parked, refused): (Vec<_>, Vec<_>) = [first, second].into_iter().partition(Result::is_ok);
+    assert_eq!(
+        (parked.len(), refused.len()),
+        (1, 1),
+        "{parked:?} {refused:?}"
+    );
+    let refused = refused.into_iter().next().unwrap().unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("`dispatch.max_parked_per_"),
         "{}",
         refused.message()
     );
@@ -843,7 +865,7 @@ async fn a_durable_dispatch_whose_worker_is_lost_runs_again_within_the_loss_budg
     let registry = gateway.gateway().core().registry().clone();
     within("the second worker to be gone", async {
         while registry.worker(control.id()).is_some() {
-            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await;
