@@ -4,10 +4,11 @@ No Switchyard SDK is used: this is what a worker in a language without one needs
 It dials with ALPN `switchyard-worker/1`, sends `register` on the control stream, announces its
 capacity once `registered` arrives, and serves the lanes the gateway opens: one task at a time
 per lane, every `ping` answered on its lane, a `cancel` stopped and acknowledged, a lane's FIN
-answered with its own. `drain()` asks the gateway to drain it. A worker that registers
-`resumable` keeps a `Session` that outlives its connection: `resume()` on a new connection
-carries on its tasks and resends the results not yet acknowledged (section 5.1). Datagram
-copies (section 3.1), optional in the protocol, are left out.
+answered with its own (a task still running on it is stopped: nobody will take its result).
+`resize()` announces another capacity and `drain()` asks the gateway to drain the worker. A
+worker that registers `resumable` keeps a `Session` that outlives its connection: `resume()` on
+a new connection carries on its tasks and sends again the results not yet acknowledged (section
+5.1). Datagram copies (section 3.1), optional in the protocol, are left out.
 
     python examples/quic_worker.py --gateway 127.0.0.1:7701 \\
         --ca ~/.local/share/switchyard/tls/ca.pem --namespace default --activity echo
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +31,7 @@ from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataReceived
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from switchyard.v1 import common_pb2, quic_pb2
 
@@ -38,21 +40,48 @@ ALPN = "switchyard-worker/1"
 #: Body limits until `registered` states the gateway's (section 3).
 CONTROL_FRAME_LIMIT = 65_536
 LANE_FRAME_LIMIT = 4_194_304
+#: Bidirectional streams aioquic lets the gateway open: the most lanes, so the most capacity.
+STREAM_CREDIT = 128
+#: A keep-alive this often (section 8, step 9): once the gateway is gone, it draws the
+#: stateless reset of a restarted gateway within seconds.
+KEEP_ALIVE = 2.0
+
+#: Application codes of section 6 this worker sends or acts on.
+CLOSED = 0x00
+DEREGISTERED = 0x27
+PROTOCOL_VIOLATION = 0x10
+MALFORMED_FRAME = 0x11
+FRAME_TOO_LARGE = 0x12
+SUPERSEDED = 0x2A
 
 #: An activity: takes the task, returns its output; an exception is a failure result.
 Handler = Callable[[quic_pb2.QuicTask], Awaitable[bytes]]
 
 
 class ProtocolError(Exception):
-    """The gateway sent what the protocol does not allow; the worker closes the connection."""
+    """The gateway sent what the protocol does not allow: the worker closes with `code`."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 @dataclass
 class Closed:
-    """How the connection ended: the application code and reason phrase (section 6)."""
+    """How the connection ended (section 6): the code and reason phrase of an application
+    close, or (`application` false) a QUIC transport error or the idle timeout."""
 
     code: int
     reason: str
+    application: bool
+
+    def keeps_session(self) -> bool:
+        """Whether a session survives this end (section 5.1): a loss does, and so does the
+        gateway's close for silence (`DEREGISTERED`, reason ending `timeout`); a close the
+        gateway or the worker decided otherwise ends it."""
+        if not self.application:
+            return True
+        return self.code == DEREGISTERED and self.reason.endswith("timeout")
 
 
 def frame(envelope: Message) -> bytes:
@@ -68,13 +97,16 @@ class FrameReader:
     limit: int
     buffer: bytearray = field(default_factory=bytearray)
 
-    def push(self, data: bytes) -> list[bytes]:
+    def push(self, data: bytes, stream: str) -> list[bytes]:
         self.buffer += data
         bodies = []
         while len(self.buffer) >= 4:
             (length,) = struct.unpack(">I", self.buffer[:4])
             if length > self.limit:
-                raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self.limit}")
+                raise ProtocolError(
+                    FRAME_TOO_LARGE,
+                    f"{stream}: frame of {length} bytes exceeds the limit of {self.limit} bytes",
+                )
             if len(self.buffer) < 4 + length:
                 break
             bodies.append(bytes(self.buffer[4 : 4 + length]))
@@ -82,18 +114,35 @@ class FrameReader:
         return bodies
 
 
+def decode(kind: type[Any], body: bytes, stream: str) -> Any:
+    """`body` as the envelope `kind`; a body that does not decode, or sets no variant, is
+    malformed (section 3)."""
+    try:
+        envelope = kind.FromString(body)
+    except DecodeError as error:
+        raise ProtocolError(MALFORMED_FRAME, f"{stream}: {error}") from error
+    if envelope.WhichOneof("frame") is None:
+        raise ProtocolError(MALFORMED_FRAME, f"{stream}: an envelope with no frame")
+    return envelope
+
+
 @dataclass
 class Task:
     """A task the worker runs, or has answered without seeing the answer acknowledged."""
 
     task_id: int
-    #: The stream it is answered on; `None` after a resume until a `held` frame names a lane.
+    #: The connection and stream it is answered on; `None` after a resume until a `held` frame
+    #: names a lane of the new connection.
+    connection: Worker | None
     lane: int | None
     runner: asyncio.Task[None] | None = None
     #: The gateway cancelled it on its lane.
     cancelled: bool = False
-    #: Its result once sent, kept until a `results_ack` names it (resumable workers only).
+    #: Its result, once the handler returned; kept until a `results_ack` names it
+    #: (resumable workers only).
     result: quic_pb2.QuicResult | None = None
+    #: The result went out on a lane.
+    sent: bool = False
 
 
 class Session:
@@ -101,14 +150,26 @@ class Session:
     and the results not yet acknowledged, and, for a resumable worker, its id and secret."""
 
     def __init__(self, handler: Handler, capacity: int, resumable: bool) -> None:
+        if not 1 <= capacity <= STREAM_CREDIT:
+            raise ValueError(f"capacity {capacity}: 1 to {STREAM_CREDIT} (aioquic's credit)")
         self.handler = handler
         self.capacity = capacity
         self.resumable = resumable
         self.session_id = 0
         self.secret = b""
+        self.grace = 0.0
+        #: When the last connection was lost (monotonic seconds), for the grace.
+        self.lost_at: float | None = None
         self.tasks: dict[int, Task] = {}
         #: The connection results go out on now.
         self.connection: Worker | None = None
+
+    def let_go(self) -> None:
+        """Stops every task and forgets every result: the session is over."""
+        for task in self.tasks.values():
+            if task.runner is not None:
+                task.runner.cancel()
+        self.tasks.clear()
 
     async def run(self, task: quic_pb2.QuicTask, held: Task) -> None:
         result = quic_pb2.QuicResult(task_id=task.task_id)
@@ -116,20 +177,19 @@ class Session:
             result.output = await self.handler(task)
         except asyncio.CancelledError:
             self.tasks.pop(task.task_id, None)
-            if held.cancelled and held.lane is not None and self.connection is not None:
+            if held.cancelled and held.connection is not None and held.lane is not None:
                 ack = quic_pb2.QuicCancelAck(task_id=task.task_id)
-                self.connection.answer(held.lane, quic_pb2.QuicLaneUp(cancel_ack=ack))
+                held.connection.answer(held.lane, quic_pb2.QuicLaneUp(cancel_ack=ack))
             return
         except Exception as error:
             result.failure.CopyFrom(common_pb2.Failure(message=str(error), retryable=False))
         held.runner = None
-        if self.resumable:
-            held.result = result
-        else:
+        held.result = result
+        if not self.resumable:
             self.tasks.pop(task.task_id, None)
         # Without a lane yet (resuming), the `held` frame that names one sends it.
-        if held.lane is not None and self.connection is not None:
-            self.connection.answer(held.lane, quic_pb2.QuicLaneUp(result=result))
+        if held.connection is not None and held.lane is not None:
+            held.sent = held.connection.answer(held.lane, quic_pb2.QuicLaneUp(result=result))
 
 
 class Worker(QuicConnectionProtocol):
@@ -143,8 +203,9 @@ class Worker(QuicConnectionProtocol):
         self.closed: asyncio.Future[Closed] = asyncio.Future()
         #: `drain` frames received (their reasons), in order.
         self.drains: list[int] = []
-        #: Cancels received: (task id, reason).
+        #: Cancels received: (task id, reason); `cancel_heard` is set at each.
         self.cancels: list[tuple[int, int]] = []
+        self.cancel_heard = asyncio.Event()
         #: Lanes (stream ids) that carried a frame, and those the gateway then retired (FIN).
         self.lanes: set[int] = set()
         self.retired: list[int] = []
@@ -153,7 +214,9 @@ class Worker(QuicConnectionProtocol):
         self._readers: dict[int, FrameReader] = {}
         #: The task each busy lane carries.
         self._busy: dict[int, int] = {}
-        self._lane_limit = LANE_FRAME_LIMIT
+        #: Lanes this worker finished: nothing more is written on them.
+        self._finished: set[int] = set()
+        self._keep_alive: asyncio.Task[None] | None = None
 
     def start(self, register: quic_pb2.QuicRegister, handler: Handler, capacity: int) -> None:
         """Opens the control stream and sends `register` (section 5, step 1)."""
@@ -162,16 +225,20 @@ class Worker(QuicConnectionProtocol):
         self._open_control(quic_pb2.QuicControlUp(register=register))
 
     def resume(self, session: Session, auth_token: str = "") -> None:
-        """Sends `resume` for `session` (section 5.1), listing the tasks it still runs and the
-        results it sent without an acknowledgement; this connection carries it from now on.
-        aioquic grants 128 bidirectional streams: credit for every lane of a small worker."""
+        """Sends `resume` for `session` (section 5.1), listing the tasks it still runs (or has
+        answered on no lane) and the results it sent without an acknowledgement; this connection
+        carries the session from now on. aioquic grants 128 bidirectional streams: credit for
+        every lane the session can need."""
+        lost_for = time.monotonic() - (session.lost_at or time.monotonic())
+        if session.session_id == 0 or lost_for > session.grace:
+            raise ValueError("no session to resume (none granted, or its grace passed)")
         self.session = session
         session.connection = self
         running: list[int] = []
         unacked: list[int] = []
         for held in session.tasks.values():
-            held.lane = None
-            (unacked if held.result is not None else running).append(held.task_id)
+            held.connection, held.lane = None, None
+            (unacked if held.sent else running).append(held.task_id)
         resume = quic_pb2.QuicResume(
             protocol_version=1,
             auth_token=auth_token,
@@ -182,14 +249,11 @@ class Worker(QuicConnectionProtocol):
         )
         self._open_control(quic_pb2.QuicControlUp(resume=resume))
 
-    def _open_control(self, first: quic_pb2.QuicControlUp) -> None:
-        self.control = self._quic.get_next_available_stream_id(is_unidirectional=False)
-        self._readers[self.control] = FrameReader(CONTROL_FRAME_LIMIT)
-        self._send(self.control, first)
-
     def resize(self, capacity: int) -> None:
         """Announces a new capacity (section 5, step 6): above the old one the gateway opens
         lanes first; below it, it retires lanes as their tasks end."""
+        if not 1 <= capacity <= STREAM_CREDIT:
+            raise ValueError(f"capacity {capacity}: 1 to {STREAM_CREDIT} (aioquic's credit)")
         self.session.capacity = capacity
         capabilities = quic_pb2.QuicCapabilities(max_concurrency=capacity)
         self._send(self.control, quic_pb2.QuicControlUp(capabilities=capabilities))
@@ -198,56 +262,104 @@ class Worker(QuicConnectionProtocol):
         """Asks to be drained: the gateway closes with `DRAINED` once every task has ended."""
         self._send(self.control, quic_pb2.QuicControlUp(drain_request=quic_pb2.QuicDrainRequest()))
 
-    def answer(self, lane: int, up: quic_pb2.QuicLaneUp) -> None:
-        """Ends the task `lane` carries with `up` (a result or a cancel acknowledgement)."""
+    def answer(self, lane: int, up: quic_pb2.QuicLaneUp) -> bool:
+        """Ends the task `lane` carries with `up` (a result or a cancel acknowledgement);
+        `False` when the lane or the connection is gone and nothing was sent."""
         self._busy.pop(lane, None)
-        if not self.closed.done():
-            self._send(lane, up)
+        if self.closed.done() or lane in self._finished:
+            return False
+        self._send(lane, up)
+        return True
+
+    def _open_control(self, first: quic_pb2.QuicControlUp) -> None:
+        self.control = self._quic.get_next_available_stream_id(is_unidirectional=False)
+        self._readers[self.control] = FrameReader(CONTROL_FRAME_LIMIT)
+        self._send(self.control, first)
+        self._keep_alive = asyncio.get_running_loop().create_task(self._keep_alive_loop())
+
+    async def _keep_alive_loop(self) -> None:
+        while not self.closed.done():
+            await asyncio.sleep(KEEP_ALIVE)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.ping(), KEEP_ALIVE)
 
     def _send(self, stream: int, envelope: Message) -> None:
         self._quic.send_stream_data(stream, frame(envelope))
         self.transmit()
 
+    def _close(self, error: ProtocolError) -> None:
+        self._quic.close(error_code=error.code, reason_phrase=str(error))
+        self.transmit()
+
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, ConnectionTerminated):
-            if not self.session.resumable and self.session.connection is self:
-                # Nobody can take these results any more.
-                for held in self.session.tasks.values():
-                    if held.runner is not None:
-                        held.runner.cancel()
-            if not self.closed.done():
-                self.closed.set_result(Closed(event.error_code, event.reason_phrase))
+            self._terminated(event)
             return
-        if not isinstance(event, StreamDataReceived):
+        if not isinstance(event, StreamDataReceived) or self.closed.done():
             return
         stream = event.stream_id
+        name = "control stream" if stream == self.control else f"lane {stream // 4}"
         if stream != self.control:
             self.lanes.add(stream)
-        reader = self._readers.setdefault(stream, FrameReader(self._lane_limit))
+        limit = self._lane_limit() if stream != self.control else self._control_limit()
+        reader = self._readers.setdefault(stream, FrameReader(limit))
         try:
-            for body in reader.push(event.data):
+            for body in reader.push(event.data, name):
                 if stream == self.control:
-                    self._on_control(quic_pb2.QuicControlDown.FromString(body))
+                    self._on_control(decode(quic_pb2.QuicControlDown, body, name))
                 else:
-                    self._on_lane(stream, quic_pb2.QuicLaneDown.FromString(body))
+                    self._on_lane(stream, decode(quic_pb2.QuicLaneDown, body, name))
+            if event.end_stream:
+                if reader.buffer:
+                    raise ProtocolError(MALFORMED_FRAME, f"{name} ended inside a frame")
+                if stream != self.control:
+                    self._retired(stream)
         except ProtocolError as error:
-            self._quic.close(error_code=0x10, reason_phrase=str(error))
-            self.transmit()
-            return
-        if event.end_stream and stream != self.control:
-            # The gateway retired the lane: finish our side (section 5, step 6).
-            self._quic.send_stream_data(stream, b"", end_stream=True)
-            self.transmit()
-            self._readers.pop(stream, None)
-            self.retired.append(stream)
-            self.lane_retired.set()
+            self._close(error)
+
+    def _terminated(self, event: ConnectionTerminated) -> None:
+        closed = Closed(event.error_code, event.reason_phrase, event.frame_type is None)
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
+        session = self.session
+        if session.connection is self:
+            if session.resumable and closed.keeps_session():
+                session.lost_at = time.monotonic()
+            else:
+                # Nobody can take these results any more.
+                session.let_go()
+        if not self.closed.done():
+            self.closed.set_result(closed)
+
+    def _retired(self, lane: int) -> None:
+        """The gateway finished its side of `lane` (a shrink, or the close to come): finish
+        ours, and stop a task still running there (section 5, steps 6 and 7)."""
+        self._finished.add(lane)
+        self._quic.send_stream_data(lane, b"", end_stream=True)
+        self.transmit()
+        self._readers.pop(lane, None)
+        task_id = self._busy.pop(lane, None)
+        task = self.session.tasks.pop(task_id, None) if task_id is not None else None
+        if task is not None and task.runner is not None:
+            task.runner.cancel()
+        self.retired.append(lane)
+        self.lane_retired.set()
+
+    def _control_limit(self) -> int:
+        """The gateway's control frame limit once `registered` stated it (section 3)."""
+        stated = self.registered.result().max_control_frame_bytes if self.registered.done() else 0
+        return stated or CONTROL_FRAME_LIMIT
+
+    def _lane_limit(self) -> int:
+        """The gateway's lane frame limit once `registered` stated it (section 3)."""
+        stated = self.registered.result().max_lane_frame_bytes if self.registered.done() else 0
+        return stated or LANE_FRAME_LIMIT
 
     def _on_control(self, down: quic_pb2.QuicControlDown) -> None:
         kind = down.WhichOneof("frame")
         session = self.session
         if kind == "registered":
             registered = down.registered
-            self._lane_limit = registered.max_lane_frame_bytes or LANE_FRAME_LIMIT
             if registered.resumed:
                 # Let go of what the gateway no longer waits on.
                 for task_id in set(session.tasks) - set(registered.held_task_ids):
@@ -257,50 +369,60 @@ class Worker(QuicConnectionProtocol):
             else:
                 session.session_id = registered.session_id
                 session.secret = registered.resume_secret
-            # aioquic grants 128 bidirectional streams, enough lanes for any capacity used here.
-            self.resize(session.capacity)
+                session.grace = registered.reconnect_grace_ms / 1000
             if not self.registered.done():
                 self.registered.set_result(registered)
+            # The gateway's limits from now on, for the streams already read too.
+            self._readers[self.control].limit = self._control_limit()
+            for stream, reader in self._readers.items():
+                if stream != self.control:
+                    reader.limit = self._lane_limit()
+            self.resize(session.capacity)
         elif kind == "drain":
             self.drains.append(down.drain.reason)
         elif kind == "results_ack":
             for task_id in down.results_ack.task_ids:
                 acked = session.tasks.get(task_id)
-                if acked is not None and acked.result is not None:
+                if acked is not None and acked.sent:
                     del session.tasks[task_id]
-        else:
-            raise ProtocolError("control: an envelope with no frame")
 
     def _on_lane(self, lane: int, down: quic_pb2.QuicLaneDown) -> None:
         kind = down.WhichOneof("frame")
         session = self.session
         if kind == "ping":
             self._send(lane, quic_pb2.QuicLaneUp(pong=quic_pb2.QuicPong(seq=down.ping.seq)))
-        elif kind == "task":
-            if lane in self._busy:
-                raise ProtocolError(f"lane {lane // 4}: a second task on a busy lane")
-            held = Task(down.task.task_id, lane)
+            return
+        if session.connection is not self:
+            # A connection the session has left (a resume is under way elsewhere): its tasks
+            # reach the session through the gateway's `held` frames on the new one.
+            return
+        if kind == "task":
+            # The gateway sends one task at a time per lane (section 4.3); a second one would
+            # run too, as the reference SDK does (no close code exists for it).
+            held = Task(down.task.task_id, self, lane)
             held.runner = asyncio.get_running_loop().create_task(session.run(down.task, held))
             session.tasks[held.task_id] = held
             self._busy[lane] = held.task_id
         elif kind == "held":
             resumed = session.tasks.get(down.held.task_id)
             if resumed is None:
-                raise ProtocolError(f"held: task {down.held.task_id} was not listed")
-            resumed.lane = lane
+                raise ProtocolError(
+                    PROTOCOL_VIOLATION, f"held: task {down.held.task_id} was not listed"
+                )
+            resumed.connection, resumed.lane = self, lane
             self._busy[lane] = resumed.task_id
             # A result sent before the break goes again, here; a running task answers here.
             if resumed.result is not None:
-                self.answer(lane, quic_pb2.QuicLaneUp(result=resumed.result))
+                up = quic_pb2.QuicLaneUp(result=resumed.result)
+                resumed.sent = self.answer(lane, up)
         elif kind == "cancel":
             self.cancels.append((down.cancel.task_id, down.cancel.reason))
+            self.cancel_heard.set()
             target = session.tasks.get(down.cancel.task_id)
             # A cancel that crossed its task's result names no running task: ignore it.
             if target is not None and target.lane == lane and target.runner is not None:
                 target.cancelled = True
                 target.runner.cancel()
-        else:
-            raise ProtocolError(f"lane {lane // 4}: unexpected frame {kind}")
 
 
 def configuration(ca: str, server_name: str = "localhost") -> QuicConfiguration:
@@ -330,7 +452,7 @@ async def main() -> None:
     parser.add_argument("--ca", required=True, help="the CA the gateway's certificate chains to")
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--activity", default="echo")
-    parser.add_argument("--capacity", type=int, default=4)
+    parser.add_argument("--capacity", type=int, default=4, help=f"1 to {STREAM_CREDIT}")
     parser.add_argument("--token", default="", help="auth token, if the gateway wants one")
     args = parser.parse_args()
     host, port = args.gateway.rsplit(":", 1)
@@ -346,7 +468,8 @@ async def main() -> None:
         registered = await worker.registered
         print(f"registered as worker {registered.worker_id}", flush=True)
         closed = await worker.closed
-        print(f"closed: code {closed.code:#x}: {closed.reason}", flush=True)
+        kind = "code" if closed.application else "transport error"
+        print(f"closed: {kind} {closed.code:#x}: {closed.reason}", flush=True)
 
 
 if __name__ == "__main__":
