@@ -362,7 +362,7 @@ async fn a_full_dispatches_bucket_refuses_naming_store_max_bytes_and_nats_down_n
             match tokio::time::timeout(std::time::Duration::from_millis(200), attempt).await {
                 Ok(Err(error)) if error.to_string().contains("not connected") => return error,
                 // A record sent before the connection noticed waits for its request's timeout.
-                _ => tokio::task::yield_now().await,
+                _ => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
             }
         }
     })
