@@ -5,7 +5,9 @@ passes is cancelled on its lane, the acknowledgement frees the slot at once; its
 ends in `DRAINED`; a session resumed on a new connection (the old one closed `SUPERSEDED`)
 carries its running task there and it runs once; a smaller capacity retires a lane (FIN) and a
 larger one opens a new lane; a `register` of another protocol version is closed
-`UNSUPPORTED_VERSION`. What the document promises a worker in any language."""
+`UNSUPPORTED_VERSION`; a stream opened beyond the one the gateway grants ends the connection
+with the transport error `STREAM_LIMIT_ERROR`. What the document promises a worker in any
+language."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ NS = "tests"
 DRAINED = 0x01
 UNSUPPORTED_VERSION = 0x15
 SUPERSEDED = 0x2A
+#: QUIC transport error `STREAM_LIMIT_ERROR` (RFC 9000).
+STREAM_LIMIT_ERROR = 0x04
 #: `QUIC_CANCEL_REASON_DEADLINE_EXCEEDED`.
 DEADLINE_EXCEEDED = 2
 
@@ -225,3 +229,25 @@ async def test_a_register_of_another_protocol_version_is_closed_unsupported_vers
     async for worker in dial(quic_gateway):
         worker.start(register("echo"), unused, capacity=1)
         await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+
+
+async def test_a_stream_beyond_the_gateways_credit_is_a_stream_limit_error(
+    quic_gateway: Gateway,
+) -> None:
+    async def unused(task: quic_pb2.QuicTask) -> bytes:
+        raise AssertionError("no task is dispatched here")
+
+    async for worker in dial(quic_gateway):
+        worker.start(register("echo"), unused, capacity=1)
+        await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+        # The gateway grants one bidirectional stream, the control stream (section 2.2). A QUIC
+        # stack keeps to that by itself (aioquic holds a second stream back as blocked), so the
+        # test pretends the gateway granted more, to send what a broken stack would.
+        assert worker._quic._remote_max_streams_bidi == 1
+        worker._quic._remote_max_streams_bidi = 2
+        second = worker._quic.get_next_available_stream_id()
+        worker._quic.send_stream_data(second, b"\x00\x00\x00\x00")
+        worker.transmit()
+        ended = await closed(worker)
+        assert not ended.application, ended
+        assert ended.code == STREAM_LIMIT_ERROR, ended
