@@ -209,8 +209,9 @@ class Worker(QuicConnectionProtocol):
         #: Lanes (stream ids) that carried a frame, and those the gateway then retired (FIN).
         self.lanes: set[int] = set()
         self.retired: list[int] = []
-        #: Set when the gateway retires a lane.
+        #: Set when the gateway retires a lane, and when the first lane shows itself.
         self.lane_retired = asyncio.Event()
+        self.first_lane = asyncio.Event()
         self._readers: dict[int, FrameReader] = {}
         #: The task each busy lane carries.
         self._busy: dict[int, int] = {}
@@ -301,6 +302,7 @@ class Worker(QuicConnectionProtocol):
         name = "control stream" if stream == self.control else f"lane {stream // 4}"
         if stream != self.control:
             self.lanes.add(stream)
+            self.first_lane.set()
         limit = self._lane_limit() if stream != self.control else self._control_limit()
         reader = self._readers.setdefault(stream, FrameReader(limit))
         try:

@@ -5,9 +5,9 @@ passes is cancelled on its lane, the acknowledgement frees the slot at once; its
 ends in `DRAINED`; a session resumed on a new connection (the old one closed `SUPERSEDED`)
 carries its running task there and it runs once; a smaller capacity retires a lane (FIN) and a
 larger one opens a new lane; a `register` of another protocol version is closed
-`UNSUPPORTED_VERSION`; a stream opened beyond the one the gateway grants ends the connection
-with the transport error `STREAM_LIMIT_ERROR`. What the document promises a worker in any
-language."""
+`UNSUPPORTED_VERSION`; a lane the worker stops is `PROTOCOL_VIOLATION` naming it; a stream
+opened beyond the one the gateway grants ends the connection with the transport error
+`STREAM_LIMIT_ERROR`. What the document promises a worker in any language."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ NS = "tests"
 DRAINED = 0x01
 UNSUPPORTED_VERSION = 0x15
 SUPERSEDED = 0x2A
+PROTOCOL_VIOLATION = 0x10
 #: QUIC transport error `STREAM_LIMIT_ERROR` (RFC 9000).
 STREAM_LIMIT_ERROR = 0x04
 #: `QUIC_CANCEL_REASON_DEADLINE_EXCEEDED`.
@@ -251,3 +252,22 @@ async def test_a_stream_beyond_the_gateways_credit_is_a_stream_limit_error(
         ended = await closed(worker)
         assert not ended.application, ended
         assert ended.code == STREAM_LIMIT_ERROR, ended
+
+
+async def test_a_lane_stopped_by_the_worker_is_a_protocol_violation_naming_it(
+    quic_gateway: Gateway,
+) -> None:
+    async def unused(task: quic_pb2.QuicTask) -> bytes:
+        raise AssertionError("no task is dispatched here")
+
+    async for worker in dial(quic_gateway):
+        worker.start(register("echo"), unused, capacity=1)
+        await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+        # Lane 0 (stream 1) shows itself with its first ping.
+        await asyncio.wait_for(worker.first_lane.wait(), PATIENCE)
+        worker._quic.stop_stream(1, 7)
+        worker.transmit()
+        # The gateway's next write there (a ping) finds the lane stopped.
+        ended = await closed(worker)
+        assert ended.application and ended.code == PROTOCOL_VIOLATION, ended
+        assert ended.reason == "lane 0 was stopped by the peer (code 7)"
