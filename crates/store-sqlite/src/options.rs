@@ -88,4 +88,13 @@ mod tests {
         assert_eq!(Synchronous::from_label("off"), None);
         assert_eq!(SqliteOptions::default().synchronous, Synchronous::Full);
     }
+
+    /// The group commit's bounds as `docs/durability.md` states them: up to 512 commands a
+    /// commit, and a record held back up to 10 ms for its outcome.
+    #[test]
+    fn the_group_commit_defaults_are_the_documented_ones() {
+        let defaults = SqliteOptions::default();
+        assert_eq!(defaults.max_batch, 512);
+        assert_eq!(defaults.hold_for_outcome, Duration::from_millis(10));
+    }
 }
