@@ -147,6 +147,31 @@ mod tests {
         assert_ne!(a, pool_hash("ns", "q", "act", Some("rack1")));
     }
 
+    /// Operators and other tools find the cluster's state by these names: they are the ones
+    /// `docs/cluster.md` lists, letter for letter.
+    #[test]
+    fn the_subjects_and_buckets_are_the_documented_ones() {
+        let names = Names::new("c");
+        let documented = [
+            (names.members_bucket(), "switchyard_c_nodes"),
+            (names.numbers_bucket(), "switchyard_c_numbers"),
+            (names.dispatches_bucket(), "switchyard_c_dispatches"),
+            (names.outcomes_bucket(), "switchyard_c_outcomes"),
+            (names.idempotency_bucket(), "switchyard_c_idempotency"),
+            (names.queued_bucket(), "switchyard_c_queued"),
+            (names.offer("p"), "switchyard.c.offer.p"),
+            (names.capacity("p"), "switchyard.c.capacity.p"),
+            (names.all_capacity(), "switchyard.c.capacity.*"),
+            (names.outcome("n"), "switchyard.c.node.n.outcome"),
+            (names.cancel("n"), "switchyard.c.node.n.cancel"),
+            (names.admin("n"), "switchyard.c.node.n.admin"),
+            (names.cancel_unaddressed(), "switchyard.c.cancel"),
+        ];
+        for (name, expected) in documented {
+            assert_eq!(name, expected);
+        }
+    }
+
     #[test]
     fn names_are_subject_tokens() {
         assert_eq!(check_name("node-a_1"), Ok(()));
