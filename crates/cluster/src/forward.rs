@@ -458,6 +458,17 @@ pub(crate) async fn follow_capacity(forwarder: Arc<Forwarder>, stop: Cancellatio
 mod tests {
     use super::*;
 
+    /// The origin's bounds as `docs/cluster.md` states them: an answer awaited 2 s, at most 3
+    /// offers in a row answered "busy", up to 64 dispatches a request, a parked dispatch
+    /// offered again every 5 s.
+    #[test]
+    fn the_bounds_are_the_documented_ones() {
+        assert_eq!(OFFER_TIMEOUT, Duration::from_secs(2));
+        assert_eq!(BUSY_RETRIES, 3);
+        assert_eq!(OFFER_BATCH, 64);
+        assert_eq!(REOFFER_EVERY, Duration::from_secs(5));
+    }
+
     fn waiting_on(taker: &str, instance: Option<u64>) -> (Waiting, oneshot::Receiver<RemoteEnd>) {
         let (ended, receiver) = oneshot::channel();
         let taker = Some((taker.to_owned(), instance));

@@ -397,6 +397,18 @@ pub(crate) async fn follow_cancels(taker: Arc<Taker>, stop: CancellationToken) {
 mod tests {
     use super::*;
 
+    /// The taker's timings as `docs/cluster.md` states them: slots looked at every 50 ms, an
+    /// offer subscription kept 0.5 s after the pool fills, at most one capacity announcement
+    /// per 100 ms per pool, a 5 ms linger before an answer, an early cancel kept 30 s.
+    #[test]
+    fn the_timings_are_the_documented_ones() {
+        assert_eq!(SLOT_SCAN, Duration::from_millis(50));
+        assert_eq!(SUBSCRIPTION_HOLD, Duration::from_millis(500));
+        assert_eq!(ANNOUNCE_EVERY, Duration::from_millis(100));
+        assert_eq!(ANSWER_LINGER, Duration::from_millis(5));
+        assert_eq!(EARLY_CANCEL_KEPT, Duration::from_secs(30));
+    }
+
     #[test]
     fn a_cancel_before_its_offer_stops_the_offer_from_running() {
         let now = Instant::now();

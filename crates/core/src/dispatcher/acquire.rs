@@ -387,3 +387,16 @@ async fn settle<T>(future: &mut Option<OverflowFuture<T>>) -> T {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `docs/cluster.md`: a forwarded dispatch whose outcome is lost ends `timed_out` 2 s after
+    /// its deadline; one whose offer is out stays off the unserved table for up to 250 ms.
+    #[test]
+    fn the_forwarding_waits_are_the_documented_ones() {
+        assert_eq!(FORWARD_GRACE, Duration::from_secs(2));
+        assert_eq!(OFFERED_UNLISTED, Duration::from_millis(250));
+    }
+}
