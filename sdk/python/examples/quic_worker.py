@@ -8,7 +8,9 @@ answered with its own (a task still running on it is stopped: nobody will take i
 `resize()` announces another capacity and `drain()` asks the gateway to drain the worker. A
 worker that registers `resumable` keeps a `Session` that outlives its connection: `resume()` on
 a new connection carries on its tasks and sends again the results not yet acknowledged (section
-5.1). Datagram copies (section 3.1), optional in the protocol, are left out.
+5.1). A worker that registers with `redundancy` (and dials with `configuration(...,
+datagrams=True)`) takes datagram copies of tasks and sends copies of its results (section
+3.1).
 
     python examples/quic_worker.py --gateway 127.0.0.1:7701 \\
         --ca ~/.local/share/switchyard/tls/ca.pem --namespace default --activity echo
@@ -30,7 +32,12 @@ from typing import Any
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamDataReceived
+from aioquic.quic.events import (
+    ConnectionTerminated,
+    DatagramFrameReceived,
+    QuicEvent,
+    StreamDataReceived,
+)
 from google.protobuf.message import DecodeError, Message
 
 from switchyard.v1 import common_pb2, quic_pb2
@@ -45,6 +52,14 @@ STREAM_CREDIT = 128
 #: A keep-alive this often (section 8, step 9): once the gateway is gone, it draws the
 #: stateless reset of a restarted gateway within seconds.
 KEEP_ALIVE = 2.0
+
+#: The datagram frame size a worker asking for redundancy offers (section 2.2).
+MAX_DATAGRAM_FRAME = 65_535
+#: A result's datagram copy leaves this long after its lane copy, in another packet (3.1).
+COPY_SPACING = 0.005
+#: The largest copy sent: room in one packet on any path (QUIC's 1,200-byte minimum, less
+#: headers); a larger result goes by its lane alone.
+MAX_COPY_BYTES = 1_000
 
 #: Application codes of section 6 this worker sends or acts on.
 CLOSED = 0x00
@@ -143,6 +158,8 @@ class Task:
     result: quic_pb2.QuicResult | None = None
     #: The result went out on a lane.
     sent: bool = False
+    #: The task's number on its lane, for datagram copies (section 3.1).
+    seq: int = 0
 
 
 class Session:
@@ -189,7 +206,8 @@ class Session:
             self.tasks.pop(task.task_id, None)
         # Without a lane yet (resuming), the `held` frame that names one sends it.
         if held.connection is not None and held.lane is not None:
-            held.sent = held.connection.answer(held.lane, quic_pb2.QuicLaneUp(result=result))
+            up = quic_pb2.QuicLaneUp(result=result)
+            held.sent = held.connection.answer(held.lane, up, held.seq)
 
 
 class Worker(QuicConnectionProtocol):
@@ -217,6 +235,20 @@ class Worker(QuicConnectionProtocol):
         self._busy: dict[int, int] = {}
         #: Lanes this worker finished: nothing more is written on them.
         self._finished: set[int] = set()
+        #: Datagram copies (section 3.1): in force, per lane the task frames read and the
+        #: highest task number started, and what the copies did.
+        self.redundancy = False
+        self._task_frames: dict[int, int] = {}
+        self._started: dict[int, int] = {}
+        #: Tasks started from a datagram copy, and copies dropped as second of a pair;
+        #: `copy_heard` is set at each task copy.
+        self.started_by_datagram = 0
+        self.copies_dropped = 0
+        self.copy_heard = asyncio.Event()
+        #: Send a result's datagram copy before its lane copy instead of after, and read a
+        #: lane's task frames this many seconds late, as if their packets were lost (tests).
+        self.result_copy_first = False
+        self.lane_task_delay = 0.0
         self._keep_alive: asyncio.Task[None] | None = None
 
     def start(self, register: quic_pb2.QuicRegister, handler: Handler, capacity: int) -> None:
@@ -263,14 +295,37 @@ class Worker(QuicConnectionProtocol):
         """Asks to be drained: the gateway closes with `DRAINED` once every task has ended."""
         self._send(self.control, quic_pb2.QuicControlUp(drain_request=quic_pb2.QuicDrainRequest()))
 
-    def answer(self, lane: int, up: quic_pb2.QuicLaneUp) -> bool:
+    def answer(self, lane: int, up: quic_pb2.QuicLaneUp, seq: int = 0) -> bool:
         """Ends the task `lane` carries with `up` (a result or a cancel acknowledgement);
-        `False` when the lane or the connection is gone and nothing was sent."""
+        `False` when the lane or the connection is gone and nothing was sent. With redundancy
+        in force a result (task number `seq` on the lane) also goes as a datagram copy."""
         self._busy.pop(lane, None)
         if self.closed.done() or lane in self._finished:
             return False
+        copy = None
+        if self.redundancy and up.WhichOneof("frame") == "result" and seq > 0:
+            copy = quic_pb2.QuicDatagramUp(lane=lane // 4, seq=seq, result=up.result)
+        if copy is not None and self.result_copy_first:
+            self._send_datagram(copy)
+            asyncio.get_running_loop().call_later(COPY_SPACING, self._send_late, lane, up)
+            return True
         self._send(lane, up)
+        if copy is not None:
+            asyncio.get_running_loop().call_later(COPY_SPACING, self._send_datagram, copy)
         return True
+
+    def _send_late(self, lane: int, up: quic_pb2.QuicLaneUp) -> None:
+        if not self.closed.done() and lane not in self._finished:
+            self._send(lane, up)
+
+    def _send_datagram(self, copy: quic_pb2.QuicDatagramUp) -> None:
+        # A copy larger than the peer takes is not sent: the lane copy suffices (3.1).
+        data = copy.SerializeToString()
+        limit = self._quic._remote_max_datagram_frame_size
+        if self.closed.done() or limit is None or len(data) > min(limit, MAX_COPY_BYTES):
+            return
+        self._quic.send_datagram_frame(data)
+        self.transmit()
 
     def _open_control(self, first: quic_pb2.QuicControlUp) -> None:
         self.control = self._quic.get_next_available_stream_id(is_unidirectional=False)
@@ -295,6 +350,12 @@ class Worker(QuicConnectionProtocol):
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, ConnectionTerminated):
             self._terminated(event)
+            return
+        if isinstance(event, DatagramFrameReceived) and not self.closed.done():
+            try:
+                self._on_datagram(event.data)
+            except ProtocolError as error:
+                self._close(error)
             return
         if not isinstance(event, StreamDataReceived) or self.closed.done():
             return
@@ -372,6 +433,7 @@ class Worker(QuicConnectionProtocol):
                 session.session_id = registered.session_id
                 session.secret = registered.resume_secret
                 session.grace = registered.reconnect_grace_ms / 1000
+            self.redundancy = registered.redundancy == quic_pb2.QUIC_REDUNDANCY_DATAGRAM
             if not self.registered.done():
                 self.registered.set_result(registered)
             # The gateway's limits from now on, for the streams already read too.
@@ -388,6 +450,52 @@ class Worker(QuicConnectionProtocol):
                 if acked is not None and acked.sent:
                     del session.tasks[task_id]
 
+    def _start(self, lane: int, seq: int, task: quic_pb2.QuicTask) -> None:
+        """Starts `task`, number `seq` on `lane`. The gateway sends one task at a time per
+        lane (section 4.3); a second one would run too, as the reference SDK does (no close
+        code exists for it)."""
+        session = self.session
+        self._started[lane] = seq
+        held = Task(task.task_id, self, lane, seq=seq)
+        held.runner = asyncio.get_running_loop().create_task(session.run(task, held))
+        session.tasks[held.task_id] = held
+        self._busy[lane] = held.task_id
+
+    def _lane_task(self, lane: int, task: quic_pb2.QuicTask) -> None:
+        """A task frame read on `lane`: the k-th is task number k (section 3.1), started only
+        if no datagram copy started it first."""
+        if self.closed.done() or lane in self._finished:
+            return
+        seq = self._task_frames.get(lane, 0) + 1
+        self._task_frames[lane] = seq
+        if seq <= self._started.get(lane, 0):
+            self.copies_dropped += 1
+            self.copy_heard.set()
+            return
+        self._start(lane, seq, task)
+
+    def _on_datagram(self, data: bytes) -> None:
+        """A datagram copy of a task (section 3.1): it starts the task only when its number is
+        the next one on a lane already seen and not busy; any other copy is dropped."""
+        if not self.redundancy:
+            return  # ignored while redundancy is not in force
+        self.copy_heard.set()
+        try:
+            copy = quic_pb2.QuicDatagramDown.FromString(data)
+        except DecodeError as error:
+            raise ProtocolError(MALFORMED_FRAME, f"datagram: {error}") from error
+        if not copy.HasField("task"):
+            raise ProtocolError(MALFORMED_FRAME, "datagram: a copy with no task")
+        lane = 4 * copy.lane + 1
+        next_seq = self._started.get(lane, 0) + 1
+        if lane not in self.lanes or lane in self._busy or copy.seq != next_seq:
+            self.copies_dropped += 1
+            return
+        if self.session.connection is not self:
+            return
+        self.started_by_datagram += 1
+        self._start(lane, copy.seq, copy.task)
+
     def _on_lane(self, lane: int, down: quic_pb2.QuicLaneDown) -> None:
         kind = down.WhichOneof("frame")
         session = self.session
@@ -399,13 +507,14 @@ class Worker(QuicConnectionProtocol):
             # reach the session through the gateway's `held` frames on the new one.
             return
         if kind == "task":
-            # The gateway sends one task at a time per lane (section 4.3); a second one would
-            # run too, as the reference SDK does (no close code exists for it).
-            held = Task(down.task.task_id, self, lane)
-            held.runner = asyncio.get_running_loop().create_task(session.run(down.task, held))
-            session.tasks[held.task_id] = held
-            self._busy[lane] = held.task_id
+            if self.lane_task_delay > 0:
+                loop = asyncio.get_running_loop()
+                loop.call_later(self.lane_task_delay, self._lane_task, lane, down.task)
+            else:
+                self._lane_task(lane, down.task)
         elif kind == "held":
+            self._task_frames[lane] = self._task_frames.get(lane, 0) + 1
+            self._started[lane] = self._task_frames[lane]
             resumed = session.tasks.get(down.held.task_id)
             if resumed is None:
                 raise ProtocolError(
@@ -427,11 +536,16 @@ class Worker(QuicConnectionProtocol):
                 target.runner.cancel()
 
 
-def configuration(ca: str, server_name: str = "localhost") -> QuicConfiguration:
-    """QUIC v1 and TLS 1.3 with the protocol's ALPN, verifying the gateway against `ca`."""
+def configuration(
+    ca: str, server_name: str = "localhost", datagrams: bool = False
+) -> QuicConfiguration:
+    """QUIC v1 and TLS 1.3 with the protocol's ALPN, verifying the gateway against `ca`; with
+    `datagrams`, offering the datagram frames a request for redundancy needs (section 2.2)."""
     config = QuicConfiguration(is_client=True, alpn_protocols=[ALPN], server_name=server_name)
     config.load_verify_locations(cafile=ca)
     config.idle_timeout = 30.0  # the worker's own choice (section 2.2)
+    if datagrams:
+        config.max_datagram_frame_size = MAX_DATAGRAM_FRAME
     return config
 
 

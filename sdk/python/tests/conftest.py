@@ -45,6 +45,7 @@ max_workers_per_connection = 1
 [quic]
 enabled = {quic}
 listen = "127.0.0.1:{quic_port}"
+redundancy = "{redundancy}"
 
 [ops]
 enabled = false
@@ -91,13 +92,19 @@ class Gateway:
     """One `switchyard serve` process at a time, on one port and one data directory."""
 
     def __init__(
-        self, directory: pathlib.Path, client_ca: pathlib.Path | None = None, quic: bool = False
+        self,
+        directory: pathlib.Path,
+        client_ca: pathlib.Path | None = None,
+        quic: bool = False,
+        redundancy: bool = False,
     ) -> None:
         self.directory = directory
         #: CA that client certificates must chain to (mutual TLS); None for tokens only.
         self.client_ca = client_ca
         #: Whether the QUIC listener runs too (on `quic_port`).
         self.quic = quic
+        #: Whether the QUIC listener sends datagram copies to workers that ask (`datagram`).
+        self.redundancy = redundancy
         self.data_dir = directory / "data"
         self.port = 0
         self.quic_port = 0
@@ -126,6 +133,7 @@ class Gateway:
                 port=self.port,
                 quic="true" if self.quic else "false",
                 quic_port=self.quic_port,
+                redundancy="datagram" if self.redundancy else "off",
                 data_dir=self.data_dir,
                 admin=ADMIN_TOKEN,
                 billing=BILLING_TOKEN,

@@ -5,13 +5,15 @@ passes is cancelled on its lane, the acknowledgement frees the slot at once; its
 ends in `DRAINED`; a session resumed on a new connection (the old one closed `SUPERSEDED`)
 carries its running task there and it runs once; a smaller capacity retires a lane (FIN) and a
 larger one opens a new lane; a `register` of another protocol version is closed
-`UNSUPPORTED_VERSION`; a lane the worker stops is `PROTOCOL_VIOLATION` naming it; a stream
-opened beyond the one the gateway grants ends the connection with the transport error
+`UNSUPPORTED_VERSION`; with datagram copies (section 3.1) each task runs once whichever copy of
+a task or a result comes first; a lane the worker stops is `PROTOCOL_VIOLATION` naming it; a
+stream opened beyond the one the gateway grants ends the connection with the transport error
 `STREAM_LIMIT_ERROR`. What the document promises a worker in any language."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import pathlib
 from collections.abc import AsyncIterator, Iterator
 
@@ -45,10 +47,13 @@ def quic_gateway(tmp_path: pathlib.Path) -> Iterator[Gateway]:
         running.stop()
 
 
-def register(activity: str, version: int = 1, resumable: bool = False) -> quic_pb2.QuicRegister:
+def register(
+    activity: str, version: int = 1, resumable: bool = False, redundancy: bool = False
+) -> quic_pb2.QuicRegister:
     return quic_pb2.QuicRegister(
         protocol_version=version,
         resumable=resumable,
+        redundancy=quic_pb2.QUIC_REDUNDANCY_DATAGRAM if redundancy else 0,
         namespaces=[NS],
         activity_types=[activity],
         identity="tests/test_quic_worker.py",
@@ -56,8 +61,8 @@ def register(activity: str, version: int = 1, resumable: bool = False) -> quic_p
     )
 
 
-async def dial(gateway: Gateway) -> AsyncIterator[quic_worker.Worker]:
-    config = quic_worker.configuration(str(gateway.ca))
+async def dial(gateway: Gateway, datagrams: bool = False) -> AsyncIterator[quic_worker.Worker]:
+    config = quic_worker.configuration(str(gateway.ca), datagrams=datagrams)
     async with quic_worker.connected("127.0.0.1", gateway.quic_port, config) as worker:
         yield worker
 
@@ -271,3 +276,55 @@ async def test_a_lane_stopped_by_the_worker_is_a_protocol_violation_naming_it(
         ended = await closed(worker)
         assert ended.application and ended.code == PROTOCOL_VIOLATION, ended
         assert ended.reason == "lane 0 was stopped by the peer (code 7)"
+
+
+async def test_datagram_copies_run_each_task_once_whichever_copy_arrives_first(
+    tmp_path: pathlib.Path,
+) -> None:
+    gateway = Gateway(tmp_path, quic=True, redundancy=True)
+    gateway.start()
+    try:
+        runs: collections.Counter[bytes] = collections.Counter()
+
+        async def counted(task: quic_pb2.QuicTask) -> bytes:
+            runs[task.input] += 1
+            return task.input
+
+        # Control: a worker that does not ask for copies gets none.
+        async for plain in dial(gateway):
+            plain.start(register("plain"), counted, capacity=1)
+            registered = await asyncio.wait_for(asyncio.shield(plain.registered), PATIENCE)
+            assert registered.redundancy == quic_pb2.QUIC_REDUNDANCY_OFF
+        # Results: the datagram copy after the lane copy (as the reference SDK sends them),
+        # then before it: the gateway uses the first and drops the other. Tasks: the lane copy
+        # first (loopback), then the lane read 20 ms late, as if its packet were lost: the
+        # datagram copy starts the task and the lane copy is dropped.
+        for copy_first, lane_delay in ((False, 0.0), (True, 0.0), (False, 0.02)):
+            async for worker in dial(gateway, datagrams=True):
+                activity = f"copies-{copy_first}-{lane_delay}"
+                worker.start(register(activity, redundancy=True), counted, capacity=2)
+                worker.result_copy_first = copy_first
+                worker.lane_task_delay = lane_delay
+                registered = await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+                assert registered.redundancy == quic_pb2.QUIC_REDUNDANCY_DATAGRAM
+                inputs = [f"{activity}-{i}".encode() for i in range(20)]
+                async with Producer(gateway.connection()) as producer:
+                    outcomes = await asyncio.gather(
+                        *(
+                            producer.dispatch(NS, activity, data, timeout=PATIENCE)
+                            for data in inputs
+                        )
+                    )
+                assert outcomes == [Completed(data) for data in inputs]
+                # Every task's second copy arrives too (a datagram leaves 5 ms after its lane
+                # copy, so the last ones may still be on the way when the outcomes are in).
+                while worker.copies_dropped + worker.started_by_datagram < len(inputs):
+                    worker.copy_heard.clear()
+                    await asyncio.wait_for(worker.copy_heard.wait(), PATIENCE)
+                # Each task ran once though both its copies came, by datagram and by lane.
+                assert all(runs[data] == 1 for data in inputs), runs
+                if lane_delay:
+                    assert worker.started_by_datagram > 0, "no datagram copy came first"
+                assert not worker.closed.done(), "the gateway took every copy without a close"
+    finally:
+        gateway.stop()
