@@ -13,12 +13,12 @@ use switchyard_transport_quic::{ErrorCode, FrameLimits, QuicServerConfig};
 
 use crate::support::{Gateway, Raw, event, eventually, register_frame};
 
-/// A raw worker registered with capacity 1, its probation passed; returns its first lane.
-async fn registered(gateway: &Gateway) -> (Raw, crate::support::RawLane) {
+/// A raw worker registered for `work` whose announced `capacity` the gateway has taken.
+async fn with_capacity(gateway: &Gateway, capacity: u32) -> (Raw, switchyard_core::WorkerId) {
     let mut events = gateway.registry().subscribe_events();
     let mut raw = Raw::connect(gateway).await;
     let registered = raw.register(register_frame(&["work"])).await;
-    raw.announce(1).await;
+    raw.announce(capacity).await;
     let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
     event(
         &mut events,
@@ -26,6 +26,12 @@ async fn registered(gateway: &Gateway) -> (Raw, crate::support::RawLane) {
         |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
     )
     .await;
+    (raw, worker)
+}
+
+/// A raw worker registered with capacity 1, its probation passed; returns its first lane.
+async fn registered(gateway: &Gateway) -> (Raw, crate::support::RawLane) {
+    let (mut raw, _) = with_capacity(gateway, 1).await;
     // Dispatch once so the test holds lane 0's write side.
     let dispatch = gateway.dispatch("work", b"x");
     let answer = async {
@@ -154,17 +160,7 @@ async fn a_cancel_ack_without_a_cancel_is_a_protocol_violation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_ack_never_cancelled_is_a_protocol_violation_even_on_another_lane() {
     let gateway = std::sync::Arc::new(Gateway::start().await);
-    let mut events = gateway.registry().subscribe_events();
-    let mut raw = Raw::connect(&gateway).await;
-    let registered = raw.register(register_frame(&["work"])).await;
-    raw.announce(2).await;
-    let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
-    event(
-        &mut events,
-        "capacity 2",
-        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
-    )
-    .await;
+    let (mut raw, _) = with_capacity(&gateway, 2).await;
     let dispatches: Vec<_> = (0..2)
         .map(|_| {
             let gateway = std::sync::Arc::clone(&gateway);
@@ -335,17 +331,7 @@ async fn a_worker_ignoring_its_cancels_is_closed_deregistered_unresponsive() {
     core.dispatch.max_unresponsive_tasks = 2;
     let gateway = std::sync::Arc::new(Gateway::with_core(core).await);
     for acknowledges in [true, false] {
-        let mut events = gateway.registry().subscribe_events();
-        let mut raw = Raw::connect(&gateway).await;
-        let registered = raw.register(register_frame(&["work"])).await;
-        raw.announce(2).await;
-        let worker = switchyard_core::WorkerId::from_raw(registered.worker_id);
-        event(
-            &mut events,
-            "capacity 2",
-            |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, .. } if *w == worker),
-        )
-        .await;
+        let (mut raw, worker) = with_capacity(&gateway, 2).await;
         // A first task, dispatched with a long deadline, waits out the probation: the worker
         // is eligible once it is served.
         serves(&gateway, &mut raw, b"warm").await;
