@@ -15,7 +15,9 @@ datagrams=True)`) takes datagram copies of tasks and sends copies of its results
     python examples/quic_worker.py --gateway 127.0.0.1:7701 \\
         --ca ~/.local/share/switchyard/tls/ca.pem --namespace default --activity echo
 
-runs an `echo` worker (its output is its input) until interrupted.
+runs an `echo` worker (its output is its input) until its connection ends. A real worker then
+reconnects with backoff and jitter, resuming its session if it has one (section 8, steps 7 and
+8); this example stops.
 """
 
 from __future__ import annotations
@@ -166,12 +168,20 @@ class Session:
     """What outlives one connection (section 5.1): the activity, the capacity, the tasks running
     and the results not yet acknowledged, and, for a resumable worker, its id and secret."""
 
-    def __init__(self, handler: Handler, capacity: int, resumable: bool) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        capacity: int,
+        resumable: bool,
+        redundancy: quic_pb2.QuicRedundancy = quic_pb2.QUIC_REDUNDANCY_OFF,
+    ) -> None:
         if not 1 <= capacity <= STREAM_CREDIT:
             raise ValueError(f"capacity {capacity}: 1 to {STREAM_CREDIT} (aioquic's credit)")
         self.handler = handler
         self.capacity = capacity
         self.resumable = resumable
+        #: What the worker asked for in `register`, asked again in each `resume`.
+        self.redundancy = redundancy
         self.session_id = 0
         self.secret = b""
         self.grace = 0.0
@@ -200,6 +210,13 @@ class Session:
             return
         except Exception as error:
             result.failure.CopyFrom(common_pb2.Failure(message=str(error), retryable=False))
+        limit = self.connection.lane_limit() if self.connection is not None else LANE_FRAME_LIMIT
+        size = quic_pb2.QuicLaneUp(result=result).ByteSize()
+        if size > limit:
+            # Section 4.4: never a frame the gateway would close for; the sentence every SDK uses.
+            message = f"result of {size} bytes exceeds the gateway's frame limit of {limit} bytes"
+            result = quic_pb2.QuicResult(task_id=task.task_id)
+            result.failure.CopyFrom(common_pb2.Failure(message=message, retryable=False))
         held.runner = None
         held.result = result
         if not self.resumable:
@@ -235,6 +252,8 @@ class Worker(QuicConnectionProtocol):
         self._busy: dict[int, int] = {}
         #: Lanes this worker finished: nothing more is written on them.
         self._finished: set[int] = set()
+        #: Lane copies of results whose datagram copy went first, not sent yet, in order.
+        self._late: dict[int, list[quic_pb2.QuicLaneUp]] = {}
         #: Datagram copies (section 3.1): in force, per lane the task frames read and the
         #: highest task number started, and what the copies did.
         self.redundancy = False
@@ -253,7 +272,7 @@ class Worker(QuicConnectionProtocol):
 
     def start(self, register: quic_pb2.QuicRegister, handler: Handler, capacity: int) -> None:
         """Opens the control stream and sends `register` (section 5, step 1)."""
-        self.session = Session(handler, capacity, register.resumable)
+        self.session = Session(handler, capacity, register.resumable, register.redundancy)
         self.session.connection = self
         self._open_control(quic_pb2.QuicControlUp(register=register))
 
@@ -279,6 +298,7 @@ class Worker(QuicConnectionProtocol):
             resume_secret=session.secret,
             running_task_ids=running,
             unacked_task_ids=unacked,
+            redundancy=session.redundancy,
         )
         self._open_control(quic_pb2.QuicControlUp(resume=resume))
 
@@ -287,6 +307,9 @@ class Worker(QuicConnectionProtocol):
         lanes first; below it, it retires lanes as their tasks end."""
         if not 1 <= capacity <= STREAM_CREDIT:
             raise ValueError(f"capacity {capacity}: 1 to {STREAM_CREDIT} (aioquic's credit)")
+        if self.registered.done() and capacity > self.registered.result().max_concurrency_limit:
+            # More would be closed `CAPACITY_REFUSED`, a final code.
+            raise ValueError(f"capacity {capacity}: above the gateway's limit")
         self.session.capacity = capacity
         capabilities = quic_pb2.QuicCapabilities(max_concurrency=capacity)
         self._send(self.control, quic_pb2.QuicControlUp(capabilities=capabilities))
@@ -307,14 +330,21 @@ class Worker(QuicConnectionProtocol):
             copy = quic_pb2.QuicDatagramUp(lane=lane // 4, seq=seq, result=up.result)
         if copy is not None and self.result_copy_first:
             self._send_datagram(copy)
-            asyncio.get_running_loop().call_later(COPY_SPACING, self._send_late, lane, up)
+            self._late.setdefault(lane, []).append(up)
+            asyncio.get_running_loop().call_later(COPY_SPACING, self._send_late, lane)
             return True
         self._send(lane, up)
         if copy is not None:
             asyncio.get_running_loop().call_later(COPY_SPACING, self._send_datagram, copy)
         return True
 
-    def _send_late(self, lane: int, up: quic_pb2.QuicLaneUp) -> None:
+    def _send_late(self, lane: int) -> None:
+        """The lane copy of a result whose datagram copy went first: every result MUST go on
+        its lane too (section 3.1)."""
+        pending = self._late.get(lane)
+        if not pending:
+            return
+        up = pending.pop(0)
         if not self.closed.done() and lane not in self._finished:
             self._send(lane, up)
 
@@ -364,7 +394,7 @@ class Worker(QuicConnectionProtocol):
         if stream != self.control:
             self.lanes.add(stream)
             self.first_lane.set()
-        limit = self._lane_limit() if stream != self.control else self._control_limit()
+        limit = self.lane_limit() if stream != self.control else self._control_limit()
         reader = self._readers.setdefault(stream, FrameReader(limit))
         try:
             for body in reader.push(event.data, name):
@@ -397,14 +427,18 @@ class Worker(QuicConnectionProtocol):
     def _retired(self, lane: int) -> None:
         """The gateway finished its side of `lane` (a shrink, or the close to come): finish
         ours, and stop a task still running there (section 5, steps 6 and 7)."""
+        while self._late.get(lane):
+            self._send_late(lane)
         self._finished.add(lane)
         self._quic.send_stream_data(lane, b"", end_stream=True)
         self.transmit()
         self._readers.pop(lane, None)
         task_id = self._busy.pop(lane, None)
-        task = self.session.tasks.pop(task_id, None) if task_id is not None else None
-        if task is not None and task.runner is not None:
-            task.runner.cancel()
+        task = self.session.tasks.get(task_id) if task_id is not None else None
+        if task is not None and task.connection is self and task.lane == lane:
+            del self.session.tasks[task.task_id]
+            if task.runner is not None:
+                task.runner.cancel()
         self.retired.append(lane)
         self.lane_retired.set()
 
@@ -413,7 +447,7 @@ class Worker(QuicConnectionProtocol):
         stated = self.registered.result().max_control_frame_bytes if self.registered.done() else 0
         return stated or CONTROL_FRAME_LIMIT
 
-    def _lane_limit(self) -> int:
+    def lane_limit(self) -> int:
         """The gateway's lane frame limit once `registered` stated it (section 3)."""
         stated = self.registered.result().max_lane_frame_bytes if self.registered.done() else 0
         return stated or LANE_FRAME_LIMIT
@@ -424,6 +458,7 @@ class Worker(QuicConnectionProtocol):
         if kind == "registered":
             registered = down.registered
             if registered.resumed:
+                session.lost_at = None
                 # Let go of what the gateway no longer waits on.
                 for task_id in set(session.tasks) - set(registered.held_task_ids):
                     gone = session.tasks.pop(task_id)
@@ -440,7 +475,7 @@ class Worker(QuicConnectionProtocol):
             self._readers[self.control].limit = self._control_limit()
             for stream, reader in self._readers.items():
                 if stream != self.control:
-                    reader.limit = self._lane_limit()
+                    reader.limit = self.lane_limit()
             self.resize(session.capacity)
         elif kind == "drain":
             self.drains.append(down.drain.reason)
@@ -464,7 +499,7 @@ class Worker(QuicConnectionProtocol):
     def _lane_task(self, lane: int, task: quic_pb2.QuicTask) -> None:
         """A task frame read on `lane`: the k-th is task number k (section 3.1), started only
         if no datagram copy started it first."""
-        if self.closed.done() or lane in self._finished:
+        if self.closed.done() or lane in self._finished or self.session.connection is not self:
             return
         seq = self._task_frames.get(lane, 0) + 1
         self._task_frames[lane] = seq
@@ -488,7 +523,8 @@ class Worker(QuicConnectionProtocol):
             raise ProtocolError(MALFORMED_FRAME, "datagram: a copy with no task")
         lane = 4 * copy.lane + 1
         next_seq = self._started.get(lane, 0) + 1
-        if lane not in self.lanes or lane in self._busy or copy.seq != next_seq:
+        busy = lane in self._busy or lane in self._finished
+        if lane not in self.lanes or busy or copy.seq != next_seq:
             self.copies_dropped += 1
             return
         if self.session.connection is not self:
@@ -520,12 +556,14 @@ class Worker(QuicConnectionProtocol):
                 raise ProtocolError(
                     PROTOCOL_VIOLATION, f"held: task {down.held.task_id} was not listed"
                 )
+            # Its number on this lane is the held frame's: a result copy quotes it.
             resumed.connection, resumed.lane = self, lane
+            resumed.seq = self._task_frames[lane]
             self._busy[lane] = resumed.task_id
             # A result sent before the break goes again, here; a running task answers here.
             if resumed.result is not None:
                 up = quic_pb2.QuicLaneUp(result=resumed.result)
-                resumed.sent = self.answer(lane, up)
+                resumed.sent = self.answer(lane, up, resumed.seq)
         elif kind == "cancel":
             self.cancels.append((down.cancel.task_id, down.cancel.reason))
             self.cancel_heard.set()

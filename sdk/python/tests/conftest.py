@@ -48,7 +48,8 @@ listen = "127.0.0.1:{quic_port}"
 redundancy = "{redundancy}"
 
 [ops]
-enabled = false
+enabled = {ops}
+listen = "127.0.0.1:0"
 
 [tls]
 data_dir = "{data_dir}"
@@ -97,6 +98,7 @@ class Gateway:
         client_ca: pathlib.Path | None = None,
         quic: bool = False,
         redundancy: bool = False,
+        ops: bool = False,
     ) -> None:
         self.directory = directory
         #: CA that client certificates must chain to (mutual TLS); None for tokens only.
@@ -105,6 +107,9 @@ class Gateway:
         self.quic = quic
         #: Whether the QUIC listener sends datagram copies to workers that ask (`datagram`).
         self.redundancy = redundancy
+        #: Whether the operations listener (`/metrics`) runs, on `ops_port`.
+        self.ops = ops
+        self.ops_port = 0
         self.data_dir = directory / "data"
         self.port = 0
         self.quic_port = 0
@@ -134,6 +139,7 @@ class Gateway:
                 quic="true" if self.quic else "false",
                 quic_port=self.quic_port,
                 redundancy="datagram" if self.redundancy else "off",
+                ops="true" if self.ops else "false",
                 data_dir=self.data_dir,
                 admin=ADMIN_TOKEN,
                 billing=BILLING_TOKEN,
@@ -158,8 +164,10 @@ class Gateway:
         banner = self._line(r"grpc\s+tcp\s+127\.0\.0\.1:(\d+)")
         self.port = int(banner.group(1))
         if self.quic:
-            # The banner lists the QUIC listener after the gRPC one.
+            # The banner lists the QUIC listener after the gRPC one, the operations one last.
             self.quic_port = int(self._line(r"quic\s+udp\s+127\.0\.0\.1:(\d+)").group(1))
+        if self.ops:
+            self.ops_port = int(self._line(r"ops\s+http://127\.0\.0\.1:(\d+)").group(1))
 
     @staticmethod
     def _read(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
@@ -203,8 +211,8 @@ class Gateway:
 def gateway(tmp_path: pathlib.Path) -> Iterator[Gateway]:
     """A running gateway, killed when the test ends."""
     running = Gateway(tmp_path)
-    running.start()
     try:
+        running.start()
         yield running
     finally:
         running.stop(signal.SIGKILL)

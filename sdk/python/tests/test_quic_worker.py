@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import pathlib
-from collections.abc import AsyncIterator, Iterator
+import re
+import urllib.request
+from collections.abc import Iterator
 
 import pytest
 import quic_worker
@@ -40,8 +43,20 @@ DEADLINE_EXCEEDED = 2
 def quic_gateway(tmp_path: pathlib.Path) -> Iterator[Gateway]:
     """A running gateway with its QUIC listener, killed when the test ends."""
     running = Gateway(tmp_path, quic=True)
-    running.start()
     try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def copying_gateway(tmp_path: pathlib.Path) -> Iterator[Gateway]:
+    """A running gateway that sends datagram copies to workers that ask (`quic.redundancy =
+    "datagram"`), with `/metrics`; stopped when the test ends."""
+    running = Gateway(tmp_path, quic=True, redundancy=True, ops=True)
+    try:
+        running.start()
         yield running
     finally:
         running.stop()
@@ -61,10 +76,34 @@ def register(
     )
 
 
-async def dial(gateway: Gateway, datagrams: bool = False) -> AsyncIterator[quic_worker.Worker]:
+def dial(
+    gateway: Gateway, datagrams: bool = False
+) -> contextlib.AbstractAsyncContextManager[quic_worker.Worker]:
+    """A worker's connection to `gateway`, closed when the block ends."""
     config = quic_worker.configuration(str(gateway.ca), datagrams=datagrams)
-    async with quic_worker.connected("127.0.0.1", gateway.quic_port, config) as worker:
-        yield worker
+    return quic_worker.connected("127.0.0.1", gateway.quic_port, config)
+
+
+def copies(gateway: Gateway) -> collections.Counter[str]:
+    """The gateway's `switchyard_quic_datagram_copies_total`, by `event`."""
+    url = f"http://127.0.0.1:{gateway.ops_port}/metrics"
+    with urllib.request.urlopen(url, timeout=PATIENCE) as reply:
+        text = reply.read().decode()
+    found = re.findall(r'^switchyard_quic_datagram_copies_total\{event="(\w+)"\} (\d+)', text, re.M)
+    return collections.Counter({event: int(count) for event, count in found})
+
+
+async def unused(task: quic_pb2.QuicTask) -> bytes:
+    """The activity of a worker the test sends no task."""
+    raise AssertionError("no task is dispatched to this worker")
+
+
+async def start_registered(
+    worker: quic_worker.Worker, frame: quic_pb2.QuicRegister, handler: quic_worker.Handler
+) -> quic_pb2.QuicRegistered:
+    """Starts `worker` with `frame` and capacity 1; returns the gateway's `registered`."""
+    worker.start(frame, handler, capacity=1)
+    return await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
 
 
 async def closed(worker: quic_worker.Worker) -> quic_worker.Closed:
@@ -85,7 +124,7 @@ async def test_it_serves_within_its_capacity_and_its_drain_request_ends_drained(
         running -= 1
         return b"echo:" + task.input
 
-    async for worker in dial(quic_gateway):
+    async with dial(quic_gateway) as worker:
         worker.start(register("slow-echo"), slow_echo, capacity=2)
         registered = await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
         assert registered.task_queue == "default"
@@ -136,7 +175,7 @@ async def test_a_resize_retires_lanes_and_opens_new_ones(quic_gateway: Gateway) 
         assert outcomes == [Completed(b"x")] * tasks
         return most
 
-    async for worker in dial(quic_gateway):
+    async with dial(quic_gateway) as worker:
         worker.start(register("resize"), slow, capacity=2)
         await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
         async with Producer(quic_gateway.connection()) as producer:
@@ -154,7 +193,7 @@ async def test_a_resize_retires_lanes_and_opens_new_ones(quic_gateway: Gateway) 
 
 
 async def test_a_resumed_session_carries_its_running_task_to_the_new_connection(
-    quic_gateway: Gateway,
+    copying_gateway: Gateway,
 ) -> None:
     started = asyncio.Event()
     release = asyncio.Event()
@@ -169,28 +208,39 @@ async def test_a_resumed_session_carries_its_running_task_to_the_new_connection(
         await release.wait()
         return b"done:" + task.input
 
-    async for first in dial(quic_gateway):
-        first.start(register("resume", resumable=True), held_echo, capacity=1)
+    gateway = copying_gateway
+    async with dial(gateway, datagrams=True) as first:
+        first.start(register("resume", resumable=True, redundancy=True), held_echo, capacity=1)
         registered = await asyncio.wait_for(asyncio.shield(first.registered), PATIENCE)
         assert registered.session_id == registered.worker_id != 0
         assert len(registered.resume_secret) == 32
-        async with Producer(quic_gateway.connection()) as producer:
+        async with Producer(gateway.connection()) as producer:
             dispatch = asyncio.create_task(producer.dispatch(NS, "resume", b"x", timeout=PATIENCE))
-            await asyncio.wait_for(started.wait(), PATIENCE)
-            # The worker gives up on its connection first (section 5.1, both connections
-            # alive): a new one resumes the session while the task still runs.
-            async for second in dial(quic_gateway):
-                second.resume(first.session, ADMIN_TOKEN)
-                resumed = await asyncio.wait_for(asyncio.shield(second.registered), PATIENCE)
-                assert resumed.resumed
-                assert resumed.worker_id == registered.worker_id
-                assert list(resumed.held_task_ids) == task_ids
-                superseded = await closed(first)
-                assert superseded.application and superseded.code == SUPERSEDED, superseded
-                # The task ends now: its result goes out on the lane its `held` frame named.
-                release.set()
-                outcome = await asyncio.wait_for(dispatch, PATIENCE)
-                assert outcome == Completed(b"done:x")
+            try:
+                await asyncio.wait_for(started.wait(), PATIENCE)
+                # The worker gives up on its connection first (section 5.1, both connections
+                # alive): a new one resumes the session while the task still runs.
+                async with dial(gateway, datagrams=True) as second:
+                    # The held task's result goes as a datagram copy first: the gateway takes
+                    # it only if the copy quotes the task's number on its new lane (the held
+                    # frame is number 1 there, section 4.3).
+                    second.result_copy_first = True
+                    second.resume(first.session, ADMIN_TOKEN)
+                    resumed = await asyncio.wait_for(asyncio.shield(second.registered), PATIENCE)
+                    assert resumed.resumed
+                    assert resumed.worker_id == registered.worker_id
+                    assert resumed.redundancy == quic_pb2.QUIC_REDUNDANCY_DATAGRAM
+                    assert list(resumed.held_task_ids) == task_ids
+                    superseded = await closed(first)
+                    assert superseded.application and superseded.code == SUPERSEDED, superseded
+                    # The task ends now: its result goes out on the lane its `held` frame named.
+                    used_before = copies(gateway)["used"]
+                    release.set()
+                    outcome = await asyncio.wait_for(asyncio.shield(dispatch), PATIENCE)
+                    assert outcome == Completed(b"done:x")
+                    assert copies(gateway)["used"] == used_before + 1
+            finally:
+                dispatch.cancel()
     assert runs == 1, "the resumed task was not run again"
 
 
@@ -204,11 +254,15 @@ async def test_a_task_past_its_deadline_is_cancelled_and_the_acknowledgement_fre
             await never.wait()
         return task.input
 
-    async for worker in dial(quic_gateway):
+    async with dial(quic_gateway) as worker:
         worker.start(register("hang"), hang_or_echo, capacity=1)
         await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
         async with Producer(quic_gateway.connection()) as producer:
-            # Parked until the worker is eligible, then held by it past its deadline.
+            # A first task waits out the probation: the worker is eligible once it is served,
+            # so the next one's 2 s are all spent on the worker.
+            assert await producer.dispatch(NS, "hang", b"warm", timeout=PATIENCE) == Completed(
+                b"warm"
+            )
             assert isinstance(await producer.dispatch(NS, "hang", b"hang", timeout=2), TimedOut)
             # The cancel comes over QUIC, the outcome over gRPC: either may arrive first.
             await asyncio.wait_for(worker.cancel_heard.wait(), PATIENCE)
@@ -222,30 +276,22 @@ async def test_a_task_past_its_deadline_is_cancelled_and_the_acknowledgement_fre
 async def test_a_register_of_another_protocol_version_is_closed_unsupported_version(
     quic_gateway: Gateway,
 ) -> None:
-    async def unused(task: quic_pb2.QuicTask) -> bytes:
-        raise AssertionError("no task is sent to a refused worker")
-
-    async for worker in dial(quic_gateway):
+    async with dial(quic_gateway) as worker:
         worker.start(register("echo", version=2), unused, capacity=1)
         ended = await closed(worker)
         assert ended.application and ended.code == UNSUPPORTED_VERSION, ended
         assert "protocol_version 2" in ended.reason
         assert not worker.registered.done()
     # Control: version 1, otherwise the same, is registered.
-    async for worker in dial(quic_gateway):
-        worker.start(register("echo"), unused, capacity=1)
-        await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+    async with dial(quic_gateway) as worker:
+        await start_registered(worker, register("echo"), unused)
 
 
 async def test_a_stream_beyond_the_gateways_credit_is_a_stream_limit_error(
     quic_gateway: Gateway,
 ) -> None:
-    async def unused(task: quic_pb2.QuicTask) -> bytes:
-        raise AssertionError("no task is dispatched here")
-
-    async for worker in dial(quic_gateway):
-        worker.start(register("echo"), unused, capacity=1)
-        await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+    async with dial(quic_gateway) as worker:
+        await start_registered(worker, register("echo"), unused)
         # The gateway grants one bidirectional stream, the control stream (section 2.2). A QUIC
         # stack keeps to that by itself (aioquic holds a second stream back as blocked), so the
         # test pretends the gateway granted more, to send what a broken stack would.
@@ -262,12 +308,8 @@ async def test_a_stream_beyond_the_gateways_credit_is_a_stream_limit_error(
 async def test_a_lane_stopped_by_the_worker_is_a_protocol_violation_naming_it(
     quic_gateway: Gateway,
 ) -> None:
-    async def unused(task: quic_pb2.QuicTask) -> bytes:
-        raise AssertionError("no task is dispatched here")
-
-    async for worker in dial(quic_gateway):
-        worker.start(register("echo"), unused, capacity=1)
-        await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+    async with dial(quic_gateway) as worker:
+        await start_registered(worker, register("echo"), unused)
         # Lane 0 (stream 1) shows itself with its first ping.
         await asyncio.wait_for(worker.first_lane.wait(), PATIENCE)
         worker._quic.stop_stream(1, 7)
@@ -279,52 +321,61 @@ async def test_a_lane_stopped_by_the_worker_is_a_protocol_violation_naming_it(
 
 
 async def test_datagram_copies_run_each_task_once_whichever_copy_arrives_first(
-    tmp_path: pathlib.Path,
+    copying_gateway: Gateway,
 ) -> None:
-    gateway = Gateway(tmp_path, quic=True, redundancy=True)
-    gateway.start()
-    try:
-        runs: collections.Counter[bytes] = collections.Counter()
+    gateway = copying_gateway
+    runs: collections.Counter[bytes] = collections.Counter()
 
-        async def counted(task: quic_pb2.QuicTask) -> bytes:
-            runs[task.input] += 1
-            return task.input
+    async def counted(task: quic_pb2.QuicTask) -> bytes:
+        runs[task.input] += 1
+        return task.input
 
-        # Control: a worker that does not ask for copies gets none.
-        async for plain in dial(gateway):
-            plain.start(register("plain"), counted, capacity=1)
-            registered = await asyncio.wait_for(asyncio.shield(plain.registered), PATIENCE)
-            assert registered.redundancy == quic_pb2.QUIC_REDUNDANCY_OFF
-        # Results: the datagram copy after the lane copy (as the reference SDK sends them),
-        # then before it: the gateway uses the first and drops the other. Tasks: the lane copy
-        # first (loopback), then the lane read 20 ms late, as if its packet were lost: the
-        # datagram copy starts the task and the lane copy is dropped.
-        for copy_first, lane_delay in ((False, 0.0), (True, 0.0), (False, 0.02)):
-            async for worker in dial(gateway, datagrams=True):
-                activity = f"copies-{copy_first}-{lane_delay}"
-                worker.start(register(activity, redundancy=True), counted, capacity=2)
-                worker.result_copy_first = copy_first
-                worker.lane_task_delay = lane_delay
-                registered = await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
-                assert registered.redundancy == quic_pb2.QUIC_REDUNDANCY_DATAGRAM
-                inputs = [f"{activity}-{i}".encode() for i in range(20)]
-                async with Producer(gateway.connection()) as producer:
-                    outcomes = await asyncio.gather(
-                        *(
-                            producer.dispatch(NS, activity, data, timeout=PATIENCE)
-                            for data in inputs
-                        )
-                    )
-                assert outcomes == [Completed(data) for data in inputs]
-                # Every task's second copy arrives too (a datagram leaves 5 ms after its lane
-                # copy, so the last ones may still be on the way when the outcomes are in).
-                while worker.copies_dropped + worker.started_by_datagram < len(inputs):
-                    worker.copy_heard.clear()
-                    await asyncio.wait_for(worker.copy_heard.wait(), PATIENCE)
-                # Each task ran once though both its copies came, by datagram and by lane.
-                assert all(runs[data] == 1 for data in inputs), runs
-                if lane_delay:
-                    assert worker.started_by_datagram > 0, "no datagram copy came first"
-                assert not worker.closed.done(), "the gateway took every copy without a close"
-    finally:
-        gateway.stop()
+    # Control: a worker that does not ask for copies gets none.
+    async with dial(gateway) as plain:
+        plain.start(register("plain"), counted, capacity=1)
+        registered = await asyncio.wait_for(asyncio.shield(plain.registered), PATIENCE)
+        assert registered.redundancy == quic_pb2.QUIC_REDUNDANCY_OFF
+    # Results: the datagram copy after the lane copy (as the reference SDK sends them), then
+    # before it: the gateway uses the first and drops the other. Tasks: the lane copy first
+    # (loopback), then the lane read 100 ms late, as if its packet were lost: the datagram copy
+    # starts the task and the lane copy is dropped.
+    for copy_first, lane_delay in ((False, 0.0), (True, 0.0), (False, 0.1)):
+        async with dial(gateway, datagrams=True) as worker:
+            activity = f"copies-{copy_first}-{lane_delay}"
+            worker.start(register(activity, redundancy=True), counted, capacity=2)
+            worker.result_copy_first = copy_first
+            worker.lane_task_delay = lane_delay
+            registered = await asyncio.wait_for(asyncio.shield(worker.registered), PATIENCE)
+            assert registered.redundancy == quic_pb2.QUIC_REDUNDANCY_DATAGRAM
+            before = copies(gateway)
+            inputs = [f"{activity}-{i}".encode() for i in range(20)]
+            async with Producer(gateway.connection()) as producer:
+                outcomes = await asyncio.gather(
+                    *(producer.dispatch(NS, activity, data, timeout=PATIENCE) for data in inputs)
+                )
+            assert outcomes == [Completed(data) for data in inputs]
+            # Each task's second copy, whichever it is, is dropped; the datagram copies leave 5
+            # ms after their lane copies, so the last may still be on the way now.
+            while worker.copies_dropped < len(inputs):
+                worker.copy_heard.clear()
+                await asyncio.wait_for(worker.copy_heard.wait(), PATIENCE)
+            # Each task ran once though both its copies came, by datagram and by lane.
+            assert all(runs[data] == 1 for data in inputs), runs
+            if lane_delay:
+                assert worker.started_by_datagram > 0, "no datagram copy came first"
+            # The gateway sent a copy of every task, and used the worker's result copies that
+            # came first (they quote the right lane and number) and dropped their lane copies.
+            after = copies(gateway)
+            assert after["sent"] - before["sent"] >= len(inputs)
+            if copy_first:
+                used = after["used"] - before["used"]
+                assert used > 0, (before, after)
+                # Each used copy's lane copy follows 5 ms later and is dropped, never applied.
+                deadline = asyncio.get_running_loop().time() + PATIENCE
+                while (dropped := copies(gateway)["lane_copy_dropped"]) - before[
+                    "lane_copy_dropped"
+                ] < used:
+                    assert asyncio.get_running_loop().time() < deadline, (used, dropped)
+                    await asyncio.sleep(0.01)
+                assert dropped - before["lane_copy_dropped"] == used
+            assert not worker.closed.done(), "the gateway took every copy without a close"
