@@ -375,3 +375,44 @@ async fn cancelling_on_the_origin_stops_the_task_on_the_node_running_it() {
     stop.cancel();
     let _ = running.await;
 }
+
+/// `docs/cluster.md`: "A taker answers an unreadable offer with an answer naming no forward
+/// (all of them turned away)". The offer is sent as another node would, on the pool's offer
+/// subject over NATS, and the answer read byte for byte in the documented format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_offer_is_answered_with_no_forward_taken() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let site = node_site(&nats, "wire", "c");
+    let (_node, ops) = serve_with_ops(&site).await;
+    let ledger = Arc::new(Ledger::default());
+    let worker =
+        TestWorker::connect(&site, ACTIVITY, 1, Arc::clone(&ledger), |_| Duration::ZERO).await;
+    takes_offers(ops).await;
+    let client = async_nats::connect(nats.url()).await.expect("NATS answers");
+    let subject = format!(
+        "switchyard.wire.offer.{}",
+        switchyard_cluster::pool_hash(NAMESPACE, "default", ACTIVITY, None)
+    );
+    // An answers body: tag "SYA" 2, the taker's name (u16 length), then a count of 0.
+    let mut no_forward = b"SYA\x02".to_vec();
+    no_forward.extend_from_slice(&1u16.to_be_bytes());
+    no_forward.extend_from_slice(b"c");
+    no_forward.extend_from_slice(&0u16.to_be_bytes());
+    for unreadable in [&b"not an offer"[..], b"SYO\x01", b"SYO\x02\x00\x00\xff\xff"] {
+        let answer = tokio::time::timeout(
+            PATIENCE,
+            client.request(subject.clone(), bytes::Bytes::copy_from_slice(unreadable)),
+        )
+        .await
+        .expect("answered in time")
+        .expect("a node answers on the pool's offer subject");
+        assert_eq!(answer.payload.as_ref(), no_forward, "{unreadable:?}");
+    }
+    // Control: the node is unharmed and still serves the pool.
+    let outcome = dispatch(&site, ACTIVITY, 7, Duration::from_secs(10)).await;
+    assert_eq!(completed(&outcome), Some(&tagged(7)[..]), "{outcome:?}");
+    assert_eq!(ledger.executions(7), 1);
+    worker.stop().await;
+}
