@@ -8,21 +8,25 @@ larger one opens a new lane; a `register` of another protocol version is closed
 `UNSUPPORTED_VERSION`; with datagram copies (section 3.1) each task runs once whichever copy of
 a task or a result comes first; a lane the worker stops is `PROTOCOL_VIOLATION` naming it; a
 stream opened beyond the one the gateway grants ends the connection with the transport error
-`STREAM_LIMIT_ERROR`. What the document promises a worker in any language."""
+`STREAM_LIMIT_ERROR`. Run as its docstring shows, the example serves a dispatch and stops
+cleanly on an interrupt. What the document promises a worker in any language."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
+import os
 import pathlib
 import re
+import signal
+import sys
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 import quic_worker
-from conftest import ADMIN_TOKEN, PATIENCE, Gateway
+from conftest import ADMIN_TOKEN, PATIENCE, REPO, Gateway
 
 from switchyard import Completed, Producer, TimedOut
 from switchyard.v1 import quic_pb2
@@ -379,3 +383,37 @@ async def test_datagram_copies_run_each_task_once_whichever_copy_arrives_first(
                     await asyncio.sleep(0.01)
                 assert dropped - before["lane_copy_dropped"] == used
             assert not worker.closed.done(), "the gateway took every copy without a close"
+
+
+async def test_the_example_runs_as_its_docstring_shows(quic_gateway: Gateway) -> None:
+    example = REPO / "sdk" / "python" / "examples" / "quic_worker.py"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "sdk" / "python" / "src")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(example),
+        "--gateway",
+        f"127.0.0.1:{quic_gateway.quic_port}",
+        "--ca",
+        str(quic_gateway.ca),
+        "--namespace",
+        NS,
+        "--activity",
+        "echo",
+        "--token",
+        ADMIN_TOKEN,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), PATIENCE)
+        assert line.decode().startswith("registered as worker "), line
+        async with Producer(quic_gateway.connection()) as producer:
+            assert await producer.dispatch(NS, "echo", b"hi", timeout=PATIENCE) == Completed(b"hi")
+        # Interrupted, it stops cleanly.
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), PATIENCE) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
