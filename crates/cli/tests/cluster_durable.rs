@@ -134,6 +134,20 @@ fn a_third(_: u64) -> Duration {
     Duration::from_millis(300)
 }
 
+/// Submits `count` durable dispatches (tags `0..count`) through `site`; returns each tag and id.
+async fn submit_on(site: &Site, count: u64) -> Vec<(u64, String)> {
+    let mut producer = site.producer().await.expect("the node listens");
+    let mut ids = Vec::new();
+    for tag in 0..count {
+        let submitted = producer
+            .submit(ACTIVITY, tag, None, PATIENCE)
+            .await
+            .expect("the node takes durable dispatches");
+        ids.push((tag, submitted.id));
+    }
+    ids
+}
+
 /// Polls `AwaitOutcome` for `id` on `site` until it has an outcome (bounded by [`PATIENCE`]).
 async fn outcome_from(site: &Site, id: &str) -> pb::DispatchOutcome {
     let mut producer = site.producer().await.expect("the node listens");
@@ -168,16 +182,8 @@ async fn durable_dispatches_accepted_on_a_node_killed_with_sigkill_each_end_with
     let _others: Vec<Process> = vec![b.serve().await, c.serve().await];
     let ledger = Arc::new(Ledger::default());
     let worker = TestWorker::connect(&c, ACTIVITY, 2, Arc::clone(&ledger), a_third).await;
-    let mut producer = a.producer().await.expect("a listens");
     let count = 24u64;
-    let mut ids = Vec::new();
-    for tag in 0..count {
-        let submitted = producer
-            .submit(ACTIVITY, tag, None, PATIENCE)
-            .await
-            .expect("a takes durable dispatches");
-        ids.push((tag, submitted.id));
-    }
+    let ids = submit_on(&a, count).await;
     // A durable dispatch accepted on a runs on c's worker (offered like an ephemeral one).
     tokio::time::timeout(PATIENCE, ledger.wait_total(3))
         .await
@@ -231,15 +237,7 @@ async fn durable_dispatches_of_a_node_stopped_cleanly_are_taken_over_and_run_onc
     let mut node_a = a.serve().await;
     let _node_b = b.serve().await;
     // No worker anywhere yet: every dispatch a takes is still unfinished when it stops.
-    let mut producer = a.producer().await.expect("a listens");
-    let mut ids = Vec::new();
-    for tag in 0..8u64 {
-        let submitted = producer
-            .submit(ACTIVITY, tag, None, PATIENCE)
-            .await
-            .expect("a takes durable dispatches");
-        ids.push((tag, submitted.id));
-    }
+    let ids = submit_on(&a, 8).await;
     let status = node_a.terminate().await;
     assert!(status.success(), "a stops cleanly: {status:?}");
     // `shutting_down` is not an outcome: they are unfinished, and b takes them over.
