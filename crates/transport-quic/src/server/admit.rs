@@ -13,6 +13,7 @@ use switchyard_proto::v1::{
     quic_control_up,
 };
 use tokio::sync::mpsc;
+use tokio::time::{Instant, timeout_at};
 
 use super::ServerShared;
 use super::connection::{CONTROL, write_control};
@@ -21,7 +22,7 @@ use super::delivery::{QueuedControl, QuicDelivery};
 use super::intake::Pass;
 use super::lane::OpenedLane;
 use crate::convert;
-use crate::fault::Fault;
+use crate::fault::{Fault, close_connection};
 use crate::frame::FrameReader;
 use crate::protocol::ErrorCode;
 use crate::redundancy::Redundancy;
@@ -38,25 +39,88 @@ pub(super) struct Admitted {
     pub(super) capacity: Option<u32>,
 }
 
-/// Reads the first control frame and admits the worker it registers or resumes.
+/// A worker through the gate (or resumed), before its control streams join it.
+struct Entered {
+    token: RegistrationToken,
+    namespaces: Vec<String>,
+    delivery: Arc<QuicDelivery>,
+    control_rx: mpsc::Receiver<QueuedControl>,
+    capacity: Option<u32>,
+}
+
+/// Reads the first control frame and admits the worker it registers or resumes, by
+/// `deadline`. A refusal (the deadline's included) closes the connection here, before the
+/// control streams are dropped: dropping a send stream finishes it, and a worker that read
+/// that clean end before the close would not learn why it was refused.
 pub(super) async fn admit(
     conn: &Connection,
     server: &ServerShared,
     pass: &mut Pass,
+    deadline: Instant,
 ) -> Result<Admitted, Fault> {
-    let (control_send, control_recv) = conn.accept_bi().await.map_err(|_| Fault::Gone)?;
+    let (mut control_send, control_recv) = match timeout_at(deadline, conn.accept_bi()).await {
+        Ok(Ok(streams)) => streams,
+        Ok(Err(_)) => return Err(Fault::Gone),
+        Err(_) => return Err(refuse(conn, timed_out(server))),
+    };
     let mut control_reader = FrameReader::new(control_recv, server.config.frames.control);
+    let entered = timeout_at(
+        deadline,
+        enter(conn, server, &mut control_send, &mut control_reader, pass),
+    )
+    .await
+    .unwrap_or_else(|_| Err(timed_out(server)));
+    match entered {
+        Ok(entered) => Ok(Admitted {
+            token: entered.token,
+            namespaces: entered.namespaces,
+            delivery: entered.delivery,
+            control_send,
+            control_reader,
+            control_rx: entered.control_rx,
+            capacity: entered.capacity,
+        }),
+        Err(fault) => Err(refuse(conn, fault)),
+    }
+}
+
+/// Closes `conn` for `fault` when it is a refusal, and gives it back.
+fn refuse(conn: &Connection, fault: Fault) -> Fault {
+    if let Fault::Close { code, reason } = &fault {
+        close_connection(conn, *code, reason);
+    }
+    fault
+}
+
+/// The refusal of a connection the registration deadline ended.
+fn timed_out(server: &ServerShared) -> Fault {
+    Fault::close(
+        ErrorCode::RegistrationTimeout,
+        format!(
+            "no registration within {} ms of the first packet",
+            server.config.registration_timeout.as_millis()
+        ),
+    )
+}
+
+/// The first control frame, then the registration or resume it asks for.
+async fn enter(
+    conn: &Connection,
+    server: &ServerShared,
+    control_send: &mut SendStream,
+    control_reader: &mut FrameReader,
+    pass: &mut Pass,
+) -> Result<Entered, Fault> {
     let first = control_reader
         .next::<QuicControlUp>()
         .await
         .map_err(|error| Fault::read(error, &CONTROL))?;
-    let streams = (control_send, control_reader);
     match first.map(|up| up.frame) {
         Some(Some(quic_control_up::Frame::Register(register))) => {
-            register_worker(conn, server, register, streams, pass).await
+            register_worker(conn, server, register, control_send, pass).await
         }
         Some(Some(quic_control_up::Frame::Resume(resume))) => {
-            resume_session(conn, server, resume, streams, pass).await
+            resume_session(conn, server, resume, control_send, pass).await
         }
         Some(None) => Err(Fault::empty(&CONTROL)),
         Some(Some(_)) => Err(Fault::close(
@@ -76,9 +140,9 @@ async fn register_worker(
     conn: &Connection,
     server: &ServerShared,
     register: QuicRegister,
-    (mut control_send, control_reader): (SendStream, FrameReader),
+    control_send: &mut SendStream,
     pass: &mut Pass,
-) -> Result<Admitted, Fault> {
+) -> Result<Entered, Fault> {
     let caller = authenticate(conn, server, &register.auth_token)?;
     let redundancy = negotiate(conn, server, register.redundancy);
     let resumable = register.resumable;
@@ -107,17 +171,15 @@ async fn register_worker(
     // The slot is given back before the worker hears it is in, so a connection it opens next
     // finds the slot free.
     pass.registered();
-    write_control(&mut control_send, &registered, server.config.frames.control).await?;
+    write_control(control_send, &registered, server.config.frames.control).await?;
     // Core pings and drains the worker only from here, after `registered` is written.
     token.announce();
     tracing::info!(worker = %worker, ?redundancy, session = token.session().is_some(),
         "quic worker registered; capacity unannounced");
-    Ok(Admitted {
+    Ok(Entered {
         token,
         namespaces,
         delivery,
-        control_send,
-        control_reader,
         control_rx,
         capacity: None,
     })
@@ -131,9 +193,9 @@ async fn resume_session(
     conn: &Connection,
     server: &ServerShared,
     resume: QuicResume,
-    (mut control_send, control_reader): (SendStream, FrameReader),
+    control_send: &mut SendStream,
     pass: &mut Pass,
-) -> Result<Admitted, Fault> {
+) -> Result<Entered, Fault> {
     let caller = authenticate(conn, server, &resume.auth_token)?;
     let redundancy = negotiate(conn, server, resume.redundancy);
     let request =
@@ -180,15 +242,13 @@ async fn resume_session(
     // The slot is given back before the worker hears it is in, so a connection it opens next
     // finds the slot free.
     pass.registered();
-    write_control(&mut control_send, &registered, server.config.frames.control).await?;
+    write_control(control_send, &registered, server.config.frames.control).await?;
     resumed.token.announce();
     tracing::info!(worker = %worker, held = resumed.held.len(), ?redundancy, "quic worker resumed its session");
-    Ok(Admitted {
+    Ok(Entered {
         token: resumed.token,
         namespaces: Vec::new(),
         delivery,
-        control_send,
-        control_reader,
         control_rx,
         capacity,
     })

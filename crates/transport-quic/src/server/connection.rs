@@ -63,33 +63,22 @@ pub(crate) async fn serve(incoming: Incoming, server: Arc<ServerShared>, mut pas
             close_connection(&conn, ErrorCode::ConnectionRefused, &refusal.to_string());
             return;
         }
-        let admitted =
-            match tokio::time::timeout_at(deadline, admit(&conn, &server, &mut pass)).await {
-                Ok(Ok(admitted)) => admitted,
-                Ok(Err(Fault::Gone)) => return,
-                Ok(Err(Fault::Close { code, reason })) => {
-                    server.refusals.registration_ended(
-                        RegistrationEnd::Refused(code),
-                        &reason,
-                        Instant::now(),
-                    );
-                    close_connection(&conn, code, &reason);
-                    return;
-                }
-                Err(_) => {
-                    let reason = format!(
-                        "no registration within {} ms of the first packet",
-                        server.config.registration_timeout.as_millis()
-                    );
-                    server.refusals.registration_ended(
-                        RegistrationEnd::TimedOut,
-                        &reason,
-                        Instant::now(),
-                    );
-                    close_connection(&conn, ErrorCode::RegistrationTimeout, &reason);
-                    return;
-                }
-            };
+        // A refusal was closed by `admit`, its control stream still open.
+        let admitted = match admit(&conn, &server, &mut pass, deadline).await {
+            Ok(admitted) => admitted,
+            Err(Fault::Gone) => return,
+            Err(Fault::Close { code, reason }) => {
+                let end = if code == ErrorCode::RegistrationTimeout {
+                    RegistrationEnd::TimedOut
+                } else {
+                    RegistrationEnd::Refused(code)
+                };
+                server
+                    .refusals
+                    .registration_ended(end, &reason, Instant::now());
+                return;
+            }
+        };
         let span = tracing::Span::current();
         span.record(
             "worker",

@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
+use quinn::ConnectionError;
 use switchyard_auth::{AllowAll, CallerTable};
 use switchyard_core::{
     ActivityOutcome, CallerIdentity, DisconnectReason, UnservedReason, WorkerEvent,
 };
-use switchyard_proto::v1::{QuicResult, quic_lane_up, quic_result};
+use switchyard_proto::v1::{QuicResult, quic_control_up, quic_lane_up, quic_result};
 use switchyard_transport_quic::{ErrorCode, QuicLinkError, QuicServerConfig};
 
 use crate::support::{
@@ -403,4 +404,62 @@ async fn capacity_announced_without_stream_credit_has_its_own_standing() {
     .await;
     assert_eq!(gateway.census("work").eligible, 1);
     assert_eq!(gateway.census("work").awaiting_streams, 0);
+}
+
+/// A refusal is the connection's close, sent while the gateway's side of the control stream is
+/// still open: a worker reading that stream for its answer meets the close and its reason,
+/// never a clean end it could only take for a broken gateway. The window this closes is a race
+/// (the stream's end could go out just before the close), so each kind of refusal is tried
+/// many times: one a frame causes, one of core's gate, and the deadline striking mid-frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_ends_the_control_stream_with_the_close_never_a_clean_end() {
+    const TRIES: usize = 40;
+    let config = QuicServerConfig {
+        registration_timeout: Duration::from_millis(100),
+        ..QuicServerConfig::default()
+    };
+    let tokens = CallerTable::new().with_token("good", CallerIdentity::granted("team", [NS]));
+    let gateway = Gateway::with(config, tokens).await;
+    let mut clean_ends = Vec::new();
+    for attempt in 0..TRIES {
+        for expected in [
+            ErrorCode::UnsupportedVersion,
+            ErrorCode::NamespaceNotGranted,
+            ErrorCode::RegistrationTimeout,
+        ] {
+            let mut raw = Raw::connect(&gateway).await;
+            let mut register = register_frame(&["work"]);
+            register.auth_token = "good".to_owned();
+            match expected {
+                ErrorCode::UnsupportedVersion => register.protocol_version = 2,
+                ErrorCode::NamespaceNotGranted => register.namespaces = vec!["other".to_owned()],
+                _ => {}
+            }
+            if expected == ErrorCode::RegistrationTimeout {
+                // A length prefix and no body: the gateway has the stream and waits for the rest.
+                raw.send_control_bytes(&[0, 0, 0, 9]).await;
+            } else {
+                raw.send_control(quic_control_up::Frame::Register(register))
+                    .await;
+            }
+            match raw.control_stream_end().await {
+                Err(quinn::ReadError::ConnectionLost(ConnectionError::ApplicationClosed(
+                    close,
+                ))) => assert_eq!(
+                    close.error_code,
+                    expected.var_int(),
+                    "attempt {attempt}: {:?}",
+                    String::from_utf8_lossy(&close.reason)
+                ),
+                other => clean_ends.push(format!("attempt {attempt}, {expected:?}: {other:?}")),
+            }
+        }
+    }
+    assert!(clean_ends.is_empty(), "{clean_ends:#?}");
+    // Control: the same stream of an admitted worker carries `registered`.
+    let mut admitted = Raw::connect(&gateway).await;
+    let mut register = register_frame(&["work"]);
+    register.auth_token = "good".to_owned();
+    admitted.register(register).await;
+    assert_eq!(gateway.registry().len(), 1);
 }

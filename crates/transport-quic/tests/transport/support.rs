@@ -392,6 +392,19 @@ impl Raw {
         }
     }
 
+    /// Reads the gateway's side of the control stream to its end: `Ok` for a clean end (a
+    /// FIN), else the error the read ended with.
+    pub(crate) async fn control_stream_end(&mut self) -> Result<(), quinn::ReadError> {
+        let recv = self.control_recv.as_mut().unwrap();
+        let end = async {
+            while recv.read_chunk(usize::MAX, true).await?.is_some() {}
+            Ok(())
+        };
+        tokio::time::timeout(PATIENCE, end)
+            .await
+            .expect("the control stream did not end")
+    }
+
     /// How the gateway closed the connection: its code and reason phrase.
     pub(crate) async fn closed(&self) -> (ErrorCode, String) {
         closed_with(&self.conn).await
