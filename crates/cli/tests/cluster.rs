@@ -376,6 +376,119 @@ async fn cancelling_on_the_origin_stops_the_task_on_the_node_running_it() {
     let _ = running.await;
 }
 
+/// `docs/cluster.md`, failure table: a taker's outcome lost (NATS down between taker and
+/// origin) ends the origin's dispatch `timed_out` 2 s after its deadline. The task finishes on
+/// the taker after NATS is gone, well within the deadline, so only the lost outcome and the
+/// grace explain the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_lost_between_nodes_ends_the_dispatch_timed_out_two_seconds_past_its_deadline() {
+    use futures::StreamExt;
+    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
+    const DEADLINE: Duration = Duration::from_secs(3);
+    const GRACE: Duration = Duration::from_secs(2);
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, c) = (node_site(&nats, "lost", "a"), node_site(&nats, "lost", "c"));
+    let _a = a.serve().await;
+    let (_c, c_ops) = serve_with_ops(&c).await;
+    // One slot on C; the task tagged 2 starts, waits to be released, then says it returned.
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (returned_tx, mut returned) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let handler_release = Arc::clone(&release);
+    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
+        .namespaces([NAMESPACE])
+        .max_concurrency(1)
+        .tls(c.client_tls())
+        .activity(ACTIVITY, move |_: ActivityContext, input: bytes::Bytes| {
+            let (started_tx, returned_tx) = (started_tx.clone(), returned_tx.clone());
+            let release = Arc::clone(&handler_release);
+            async move {
+                if input == tagged(2) {
+                    let released = release.notified();
+                    let _ = started_tx.send(());
+                    released.await;
+                    let _ = returned_tx.send(());
+                }
+                Ok(input)
+            }
+        })
+        .connect()
+        .await
+        .expect("the worker registers on C");
+    let stop = worker.shutdown_token();
+    let running = tokio::spawn(async move {
+        let _ = worker.run().await;
+    });
+    takes_offers(c_ops).await;
+    // Control: with NATS up, C's outcome reaches A.
+    let before = dispatch(&a, ACTIVITY, 1, PATIENCE).await;
+    assert_eq!(completed(&before), Some(&tagged(1)[..]), "{before:?}");
+
+    // NATS is cut only once A has been told "taken": C's answer to A's offer, seen on its way
+    // (the offer's reply subject, then a message on it). Cut earlier, A would end the dispatch
+    // as an offer nobody answered instead.
+    let client = async_nats::connect(nats.url()).await.expect("NATS answers");
+    let offer_subject = format!(
+        "switchyard.lost.offer.{}",
+        switchyard_cluster::pool_hash(NAMESPACE, "default", ACTIVITY, None)
+    );
+    let mut offers = client.subscribe(offer_subject).await.unwrap();
+    let mut replies = client.subscribe("_INBOX.>").await.unwrap();
+    client.flush().await.unwrap();
+
+    let a = Arc::new(a);
+    let origin = Arc::clone(&a);
+    let asked = tokio::time::Instant::now();
+    let call = tokio::spawn(async move { dispatch(&origin, ACTIVITY, 2, DEADLINE).await });
+    let offer = tokio::time::timeout(PATIENCE, offers.next())
+        .await
+        .expect("A offers the dispatch")
+        .unwrap();
+    let reply = offer.reply.expect("an offer asks for an answer");
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(message) = replies.next().await {
+            if message.subject == reply {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("C answers the offer");
+    tokio::time::timeout(PATIENCE, started.recv())
+        .await
+        .expect("the task started on C");
+    nats.kill();
+    release.notify_one();
+    tokio::time::timeout(PATIENCE, returned.recv())
+        .await
+        .expect("the task returned on C, its outcome with nowhere to go");
+    let ended = tokio::time::timeout(DEADLINE + GRACE + PATIENCE, call)
+        .await
+        .expect("the origin ends the dispatch by itself")
+        .unwrap();
+    let waited = asked.elapsed();
+    assert!(
+        matches!(
+            ended.outcome,
+            Some(pb::dispatch_outcome::Outcome::TimedOut(_))
+        ),
+        "{ended:?}"
+    );
+    // Not at the deadline (the taker's own end may be on its way), and not much later.
+    assert!(
+        waited >= DEADLINE + GRACE,
+        "ended after {waited:?}, before the deadline's grace"
+    );
+    assert!(
+        waited < DEADLINE + GRACE + Duration::from_secs(3),
+        "ended after {waited:?}"
+    );
+    stop.cancel();
+    let _ = running.await;
+}
+
 /// `docs/cluster.md`: "A taker answers an unreadable offer with an answer naming no forward
 /// (all of them turned away)". The offer is sent as another node would, on the pool's offer
 /// subject over NATS, and the answer read byte for byte in the documented format.

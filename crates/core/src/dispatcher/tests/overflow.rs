@@ -475,3 +475,29 @@ async fn a_worker_arriving_after_an_untaken_offer_in_a_pool_without_workers_gets
     assert_eq!(running.await.expect("dispatch"), completed("x"));
     assert_eq!(task.attempt, 1, "the first delivery anywhere");
 }
+
+/// `docs/cluster.md`: a forwarded dispatch whose remote outcome never arrives (lost between
+/// taker and origin) ends `timed_out` 2 s after its deadline, not at it (the taker's own
+/// `timed_out` may still be on its way) and not never; the remote wait is dropped then.
+#[tokio::test(start_paused = true)]
+async fn a_forwarded_dispatch_whose_outcome_is_lost_times_out_two_seconds_past_its_deadline() {
+    let s = setup();
+    let (dropped, mut heard) = mpsc::unbounded_channel();
+    let _scripted = install(&s, vec![Answer::Runs(dropped)]);
+    let start = tokio::time::Instant::now();
+    let running = s.spawn(request("lost", Duration::from_secs(1)));
+    tokio::time::sleep(Duration::from_millis(2_900)).await;
+    assert!(!running.is_finished(), "ended before its deadline's grace");
+    assert!(heard.try_recv().is_err(), "the remote wait is still held");
+    let outcome = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the dispatch ends after the grace")
+        .expect("dispatch");
+    assert_eq!(outcome, ActivityOutcome::TimedOut);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(3),
+        "deadline 1 s + grace 2 s"
+    );
+    assert!(heard.recv().await.is_some(), "the remote wait was dropped");
+}
