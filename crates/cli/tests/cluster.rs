@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use harness::{Ledger, NAMESPACE, PATIENCE, Process, Site, TestWorker, serve_command, tagged};
 use nodes::{
-    completed, dispatch, http_get, http_until, is_ok, node_site, sample, serve_with_ops,
-    takes_offers, unserved_reason,
+    completed, dispatch, http_get, http_until, is_ok, node_site, node_site_at, sample,
+    serve_with_ops, takes_offers, unserved_reason,
 };
 use switchyard_proto::v1 as pb;
 use switchyard_test_support::NatsServer;
@@ -484,6 +484,84 @@ async fn an_outcome_lost_between_nodes_ends_the_dispatch_timed_out_two_seconds_p
     assert!(
         waited < DEADLINE + GRACE + Duration::from_secs(3),
         "ended after {waited:?}"
+    );
+    stop.cancel();
+    let _ = running.await;
+}
+
+/// `docs/cluster.md`, failure table: an offer whose answer is lost (here C hears the offer but
+/// nothing it sends reaches NATS) is cancelled on every node when its 2 s are up, and the node
+/// that took it stops the run. The origin, having heard no taker, parks the dispatch; with no
+/// other node to take it, it ends `unserved` at its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_whose_answer_is_lost_is_cancelled_on_the_node_that_took_it() {
+    use switchyard_test_support::TcpRelay;
+    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
+    const DEADLINE: Duration = Duration::from_secs(9);
+    // The offer's 2 s, then the cancel's trip; the deadline is 3 s and more after.
+    const CANCEL_WITHIN: Duration = Duration::from_secs(4);
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let relay = TcpRelay::start(nats.addr()).await.unwrap();
+    let a = node_site(&nats, "unanswered", "a");
+    let c = node_site_at(&format!("nats://{}", relay.addr()), "unanswered", "c");
+    let _a = a.serve().await;
+    let (_c, c_ops) = serve_with_ops(&c).await;
+    // One slot on C; the task tagged 2 runs until cancelled, then reports the cancel it saw.
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (cancel_seen_tx, mut cancel_seen) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
+        .namespaces([NAMESPACE])
+        .max_concurrency(1)
+        .tls(c.client_tls())
+        .activity(
+            ACTIVITY,
+            move |ctx: ActivityContext, input: bytes::Bytes| {
+                let (started_tx, cancel_seen_tx) = (started_tx.clone(), cancel_seen_tx.clone());
+                async move {
+                    if input == tagged(2) {
+                        let _ = started_tx.send(());
+                        tokio::select! {
+                            () = ctx.cancelled() => { let _ = cancel_seen_tx.send(()); }
+                            () = tokio::time::sleep(Duration::from_secs(30)) => {}
+                        }
+                    }
+                    Ok(input)
+                }
+            },
+        )
+        .connect()
+        .await
+        .expect("the worker registers on C");
+    let stop = worker.shutdown_token();
+    let running = tokio::spawn(async move {
+        let _ = worker.run().await;
+    });
+    takes_offers(c_ops).await;
+    // Control: with C heard, its answer and outcome reach A.
+    let before = dispatch(&a, ACTIVITY, 1, PATIENCE).await;
+    assert_eq!(completed(&before), Some(&tagged(1)[..]), "{before:?}");
+
+    relay.freeze_upstream();
+    let a = Arc::new(a);
+    let origin = Arc::clone(&a);
+    let call = tokio::spawn(async move { dispatch(&origin, ACTIVITY, 2, DEADLINE).await });
+    tokio::time::timeout(PATIENCE, started.recv())
+        .await
+        .expect("C took the offer and started the task, its answer going nowhere");
+    // Well before the deadline, which would stop the task on C by itself.
+    tokio::time::timeout(CANCEL_WITHIN, cancel_seen.recv())
+        .await
+        .expect("A's cancel for the unanswered offer stopped the task on C");
+    let ended = tokio::time::timeout(DEADLINE + PATIENCE, call)
+        .await
+        .expect("the dispatch ends")
+        .unwrap();
+    assert_eq!(
+        unserved_reason(&ended),
+        Some(pb::UnservedReason::NoCapacityInCluster),
+        "{ended:?}"
     );
     stop.cancel();
     let _ = running.await;

@@ -1,7 +1,8 @@
 //! A TCP relay on loopback between a worker and the gateway that can freeze (stop moving
 //! bytes, keep every socket open: a hung peer, no FIN, no RST), sever (close every socket and
 //! the listener: a crashed peer), black out (close every socket and refuse new ones for a
-//! while: a link blip) or throttle the gateway-to-worker direction (a slow reader).
+//! while: a link blip), throttle the gateway-to-worker direction (a slow reader) or freeze the
+//! worker-to-gateway direction alone (a peer that hears but is not heard).
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 pub struct TcpRelay {
     addr: SocketAddr,
     frozen: CancellationToken,
+    /// Cancelled by [`TcpRelay::freeze_upstream`] (and with `frozen`).
+    frozen_upstream: CancellationToken,
     severed: CancellationToken,
     blackout: Arc<Blackout>,
 }
@@ -63,6 +66,7 @@ impl TcpRelay {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (frozen, severed) = (CancellationToken::new(), CancellationToken::new());
+        let frozen_upstream = frozen.child_token();
         let blackout = Arc::new(Blackout {
             live: Mutex::new(CancellationToken::new()),
             until: Mutex::new(None),
@@ -71,12 +75,13 @@ impl TcpRelay {
             listener,
             upstream,
             pause,
-            (frozen.clone(), severed.clone()),
+            (frozen.clone(), frozen_upstream.clone(), severed.clone()),
             Arc::clone(&blackout),
         ));
         Ok(Self {
             addr,
             frozen,
+            frozen_upstream,
             severed,
             blackout,
         })
@@ -96,6 +101,13 @@ impl TcpRelay {
     /// severed or dropped, and new connections are closed at once (a hung peer makes none).
     pub fn freeze(&self) {
         self.frozen.cancel();
+    }
+
+    /// Stops moving bytes from the client to the upstream only, on every connection; the
+    /// upstream's bytes still reach the client (a peer that hears but is not heard), and new
+    /// connections are closed at once.
+    pub fn freeze_upstream(&self) {
+        self.frozen_upstream.cancel();
     }
 
     /// A link blip: closes every relayed socket now (both peers see the connection end) and
@@ -134,7 +146,7 @@ async fn accept(
     listener: TcpListener,
     upstream: SocketAddr,
     pause: Option<Duration>,
-    (frozen, severed): (CancellationToken, CancellationToken),
+    (frozen, frozen_upstream, severed): (CancellationToken, CancellationToken, CancellationToken),
     blackout: Arc<Blackout>,
 ) {
     loop {
@@ -143,7 +155,7 @@ async fn accept(
             () = severed.cancelled() => return,
         };
         let Ok((client, _)) = accepted else { return };
-        if frozen.is_cancelled() || blackout.refusing() {
+        if frozen_upstream.is_cancelled() || blackout.refusing() {
             continue;
         }
         let Ok(server) = TcpStream::connect(upstream).await else {
@@ -158,7 +170,7 @@ async fn accept(
             client_read,
             server_write,
             None,
-            (frozen.clone(), severed.clone()),
+            (frozen_upstream.clone(), severed.clone()),
             live.clone(),
         ));
         tokio::spawn(pump(
@@ -243,6 +255,32 @@ mod tests {
                 tokio::time::timeout(Duration::from_secs(5), socket.read(&mut byte)).await,
                 Ok(Ok(1))
             )
+    }
+
+    #[tokio::test]
+    async fn freezing_the_upstream_direction_still_relays_the_other() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay = TcpRelay::start(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let mut client = TcpStream::connect(relay.addr()).await.unwrap();
+        let (mut upstream, _) = listener.accept().await.unwrap();
+        let mut byte = [0_u8; 1];
+        // Control: both directions move.
+        client.write_all(b"a").await.unwrap();
+        upstream.read_exact(&mut byte).await.unwrap();
+        assert_eq!(&byte, b"a");
+        upstream.write_all(b"b").await.unwrap();
+        client.read_exact(&mut byte).await.unwrap();
+        assert_eq!(&byte, b"b");
+        relay.freeze_upstream();
+        client.write_all(b"c").await.unwrap();
+        let heard =
+            tokio::time::timeout(Duration::from_millis(300), upstream.read(&mut byte)).await;
+        assert!(heard.is_err(), "the client's byte got through: {heard:?}");
+        upstream.write_all(b"d").await.unwrap();
+        client.read_exact(&mut byte).await.unwrap();
+        assert_eq!(&byte, b"d", "the upstream's bytes still arrive");
     }
 
     #[tokio::test]

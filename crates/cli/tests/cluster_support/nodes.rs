@@ -20,10 +20,14 @@ use crate::harness::{self, NAMESPACE, PATIENCE, Process, Site, tagged};
 /// A node's site: `[cluster]` on `nats` as `node` of cluster `cluster`, with a 3 s membership
 /// TTL refreshed every second so a killed node is noticed quickly.
 pub fn node_site(nats: &NatsServer, cluster: &str, node: &str) -> Site {
+    node_site_at(&nats.url(), cluster, node)
+}
+
+/// [`node_site`] reaching NATS at `nats_url` (a relay in front of the server, say).
+pub fn node_site_at(nats_url: &str, cluster: &str, node: &str) -> Site {
     Site::with_store(&format!(
-        "\n[cluster]\nnats_url = \"{}\"\nname = \"{cluster}\"\nnode = \"{node}\"\n\
-         member_ttl = \"3s\"\nrefresh_every = \"1s\"\n",
-        nats.url()
+        "\n[cluster]\nnats_url = \"{nats_url}\"\nname = \"{cluster}\"\nnode = \"{node}\"\n\
+         member_ttl = \"3s\"\nrefresh_every = \"1s\"\n"
     ))
 }
 
