@@ -96,3 +96,37 @@ impl ClusterStatus {
             .is_some_and(|since| now.saturating_duration_since(since) >= span)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// `docs/cluster.md`: a node whose own connection was down does not trust its view of the
+    /// membership (and so declares no node lost) until it has been connected for a whole TTL
+    /// again; the sweep's half is `forward::tests::the_sweep_ends_only_the_forwards_of_a_gone_taker`.
+    #[test]
+    fn only_a_whole_span_connected_since_the_last_break_counts() {
+        let ttl = Duration::from_secs(3);
+        let start = Instant::now();
+        let status = ClusterStatus::new("a");
+        assert!(!status.connected_for(ttl, start), "never connected");
+        status.connected(start);
+        assert!(!status.connected_for(ttl, start + ttl - Duration::from_millis(1)));
+        assert!(
+            status.connected_for(ttl, start + ttl),
+            "control: a whole TTL"
+        );
+        // A break: the span starts again at the reconnect, not at the first connect.
+        status.disconnected("NATS connection lost");
+        assert!(!status.connected_for(ttl, start + ttl * 2));
+        let back = start + ttl * 2;
+        status.connected(back);
+        assert!(!status.connected_for(ttl, back + ttl - Duration::from_millis(1)));
+        assert!(status.connected_for(ttl, back + ttl));
+        // A second "connected" while connected does not move the start.
+        status.connected(back + ttl);
+        assert!(status.connected_for(ttl, back + ttl));
+    }
+}
