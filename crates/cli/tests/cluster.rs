@@ -489,6 +489,124 @@ async fn an_outcome_lost_between_nodes_ends_the_dispatch_timed_out_two_seconds_p
     let _ = running.await;
 }
 
+/// The silent nodes a node's `/v1/workers` names, read from its operations listener.
+async fn silent_nodes(ops: u16) -> Vec<String> {
+    let response = http_get(ops, "/v1/workers").await;
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    let reply: serde_json::Value = serde_json::from_str(body).expect("a JSON answer");
+    reply["silent_nodes"]
+        .as_array()
+        .expect("silent_nodes")
+        .iter()
+        .map(|silent| silent["node"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// `docs/cluster.md`, failure table: when the origin dies, its producer's call ends with its
+/// connection, and the taker runs the task to its end (not cancelled, even once the origin
+/// has aged out of its view) and drops the outcome: its slot is free again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_origin_dies_runs_to_its_end_on_the_taker() {
+    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, c) = (
+        node_site(&nats, "orphan", "a"),
+        node_site(&nats, "orphan", "c"),
+    );
+    let mut node_a = a.serve().await;
+    let (_c, c_ops) = serve_with_ops(&c).await;
+    // One slot on C; the task tagged 1 starts, then waits to be released or cancelled and
+    // says which came first.
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let handler_release = Arc::clone(&release);
+    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
+        .namespaces([NAMESPACE])
+        .max_concurrency(1)
+        .tls(c.client_tls())
+        .activity(
+            ACTIVITY,
+            move |ctx: ActivityContext, input: bytes::Bytes| {
+                let (started_tx, ended_tx) = (started_tx.clone(), ended_tx.clone());
+                let release = Arc::clone(&handler_release);
+                async move {
+                    if input == tagged(1) {
+                        let released = release.notified();
+                        let _ = started_tx.send(());
+                        let end = tokio::select! {
+                            () = released => "ran to its end",
+                            () = ctx.cancelled() => "cancelled",
+                        };
+                        let _ = ended_tx.send(end);
+                    }
+                    Ok(input)
+                }
+            },
+        )
+        .connect()
+        .await
+        .expect("the worker registers on C");
+    let stop = worker.shutdown_token();
+    let running = tokio::spawn(async move {
+        let _ = worker.run().await;
+    });
+    takes_offers(c_ops).await;
+
+    let mut producer = a.producer().await.expect("A listens");
+    let call = tokio::spawn(async move {
+        producer
+            .0
+            .dispatch(pb::DispatchRequest {
+                namespace: NAMESPACE.into(),
+                activity_type: ACTIVITY.into(),
+                input: tagged(1),
+                timeout_ms: 60_000,
+                durable: Some(false),
+                ..pb::DispatchRequest::default()
+            })
+            .await
+    });
+    tokio::time::timeout(PATIENCE, started.recv())
+        .await
+        .expect("the task started on C");
+    // C must know A as a member before A dies, to see it go silent and then age out: A's
+    // worker listed on C says so (a node learns the others at their next refresh).
+    let _on_a = TestWorker::connect(&a, "idle-on-a", 1, Arc::new(Ledger::default()), quick).await;
+    http_until(c_ops, "/v1/workers", "\"gateway_node\":\"a\"").await;
+    node_a.kill_9();
+    let answer = tokio::time::timeout(PATIENCE, call)
+        .await
+        .expect("the producer's call ends with its connection")
+        .unwrap();
+    assert!(answer.is_err(), "an outcome from a dead origin: {answer:?}");
+    // C hears A is gone (silent), then A's entry ages out of its view; the task still runs.
+    tokio::time::timeout(PATIENCE, async {
+        while !silent_nodes(c_ops).await.contains(&"a".to_owned()) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        while !silent_nodes(c_ops).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("A is named silent, then ages out of C's membership");
+    assert!(
+        ended.try_recv().is_err(),
+        "the task ended before it was released"
+    );
+    release.notify_one();
+    let end = tokio::time::timeout(PATIENCE, ended.recv()).await.unwrap();
+    assert_eq!(end, Some("ran to its end"));
+    // Its outcome went nowhere, and C's only slot is free: C's own producer is served.
+    let next = dispatch(&c, ACTIVITY, 2, Duration::from_secs(10)).await;
+    assert_eq!(completed(&next), Some(&tagged(2)[..]), "{next:?}");
+    stop.cancel();
+    let _ = running.await;
+}
+
 /// `docs/cluster.md`, failure table: an offer whose answer is lost (here C hears the offer but
 /// nothing it sends reaches NATS) is cancelled on every node when its 2 s are up, and the node
 /// that took it stops the run. The origin, having heard no taker, parks the dispatch; with no
