@@ -505,6 +505,91 @@ mod tests {
         stop.cancel();
     }
 
+    /// `docs/cluster.md`: a node runs at most 8 gathers at once; more wait for a turn within
+    /// their own timeout, and one whose timeout passes first names every node silent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gathers_beyond_the_asking_bound_wait_for_a_turn_within_their_timeout() {
+        let Some(nats) = NatsServer::start() else {
+            return;
+        };
+        assert_eq!(MAX_ASKING, 8);
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let members = Arc::new(Mutex::new(Members::default()));
+        members
+            .lock()
+            .unwrap()
+            .seen("b", 1, tokio::time::Instant::now());
+        let (a, b) = (admin(&client, "a", &members), admin(&client, "b", &members));
+        let held = Held {
+            release: Arc::new(Semaphore::new(0)),
+            entered: Arc::new(AtomicUsize::new(0)),
+            changed: Arc::new(Notify::new()),
+        };
+        let (release, entered, changed) = (
+            Arc::clone(&held.release),
+            Arc::clone(&held.entered),
+            Arc::clone(&held.changed),
+        );
+        b.serve(Arc::new(held));
+        let stop = CancellationToken::new();
+        tokio::spawn(b.clone().follow(stop.clone()));
+        let patience = Duration::from_secs(10);
+        tokio::time::timeout(patience, async {
+            while a
+                .ask_others("ping", "", Bytes::new(), patience)
+                .await
+                .answers
+                .is_empty()
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap();
+        let mut holding = tokio::task::JoinSet::new();
+        for _ in 0..MAX_ASKING {
+            let a = a.clone();
+            holding.spawn(async move { a.ask_others("hold", "", Bytes::new(), patience).await });
+        }
+        tokio::time::timeout(patience, async {
+            loop {
+                let notified = changed.notified();
+                if entered.load(Ordering::SeqCst) == MAX_ASKING {
+                    break;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .unwrap();
+        // A ninth gather finds no turn within its 300 ms: every node named silent, why said.
+        let late = a
+            .ask_others("ping", "", Bytes::new(), Duration::from_millis(300))
+            .await;
+        assert!(late.answers.is_empty(), "{late:?}");
+        assert_eq!(late.silent.len(), 1);
+        assert_eq!(late.silent[0].node, "b");
+        assert!(
+            late.silent[0]
+                .reason
+                .contains("8 cluster-wide views already running"),
+            "{late:?}"
+        );
+        // Control: one with time to wait gets the turn a finished gather leaves.
+        let waiting = {
+            let a = a.clone();
+            tokio::spawn(async move { a.ask_others("ping", "", Bytes::new(), patience).await })
+        };
+        release.add_permits(MAX_ASKING);
+        let answered = waiting.await.unwrap();
+        assert!(answered.silent.is_empty(), "{answered:?}");
+        assert_eq!(answered.answers.len(), 1);
+        for gathered in holding.join_all().await {
+            assert_eq!(gathered.answers.len(), 1, "{gathered:?}");
+        }
+        stop.cancel();
+    }
+
     #[test]
     fn an_answer_over_max_payload_becomes_a_reason_naming_the_sizes() {
         let small = encode_answer("b", Ok(Bytes::from_static(b"12345")), 1024);

@@ -48,6 +48,30 @@ impl RemoteDrains {
             finished.is_none_or(|at| now.saturating_duration_since(at) < KEEP_FINISHED)
         });
     }
+
+    /// Keeps drain `key` from `now` with its first progress, after letting go of the ones
+    /// finished [`KEEP_FINISHED`] ago; refused while [`MAX_REMOTE_DRAINS`] are kept.
+    fn admit(
+        &mut self,
+        key: (String, u64),
+        first: pb::DrainProgress,
+        now: Instant,
+    ) -> Result<(), Status> {
+        self.prune(now);
+        if self.drains.len() >= MAX_REMOTE_DRAINS {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_REMOTE_DRAINS} drains asked by other nodes are already kept here"
+            )));
+        }
+        self.drains.insert(key, (first, None));
+        Ok(())
+    }
+
+    /// Records drain `key`'s latest progress, finished (at `now`) when it says it is done.
+    fn progressed(&mut self, key: (String, u64), progress: pb::DrainProgress, now: Instant) {
+        let finished = progress.done.then_some(now);
+        self.drains.insert(key, (progress, finished));
+    }
 }
 
 /// Starts the drain `key` asks for here; an empty answer when nothing here matches.
@@ -72,25 +96,18 @@ pub(super) fn start_here(
             .collect(),
         ..pb::DrainProgress::default()
     };
-    {
-        let mut table = drains.lock().unwrap_or_else(PoisonError::into_inner);
-        table.prune(Instant::now());
-        if table.drains.len() >= MAX_REMOTE_DRAINS {
-            return Err(Status::resource_exhausted(format!(
-                "{MAX_REMOTE_DRAINS} drains asked by other nodes are already kept here"
-            )));
-        }
-        table.drains.insert(key.clone(), (first.clone(), None));
-    }
+    drains
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .admit(key.clone(), first.clone(), Instant::now())?;
     let mut progress = api.local_drain(targets, request);
     let drains = Arc::clone(drains);
     tokio::spawn(async move {
         while let Some(Ok(now)) = progress.next().await {
-            let done = now.done;
-            let mut table = drains.lock().unwrap_or_else(PoisonError::into_inner);
-            table
-                .drains
-                .insert(key.clone(), (now, done.then(Instant::now)));
+            drains
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .progressed(key.clone(), now, Instant::now());
         }
     });
     Ok(first.encode_to_vec().into())
@@ -114,6 +131,43 @@ pub(super) fn status_here(
 struct Part {
     progress: pb::DrainProgress,
     silent: Option<String>,
+}
+
+impl Part {
+    /// Takes one poll's answer of this part's node (`live`: still a member): its progress;
+    /// without one, the last progress stays and the node is named silent, or counts as done
+    /// once it has left the cluster (its workers left with it).
+    fn hear(&mut self, answer: Result<Bytes, String>, live: bool) {
+        match answer.map(pb::DrainProgress::decode) {
+            Ok(Ok(progress)) => {
+                self.progress = progress;
+                self.silent = None;
+            }
+            Ok(Err(error)) => self.silent = Some(format!("unreadable: {error}")),
+            Err(_) if !live => {
+                self.silent = Some("left the cluster".to_owned());
+                self.progress.done = true;
+            }
+            Err(reason) => self.silent = Some(reason),
+        }
+    }
+}
+
+/// `NOT_FOUND` for a drain no answering node holds a match for, naming the nodes that did not
+/// answer (one of them may hold it).
+fn nothing_to_drain(silent: &[pb::SilentNode]) -> Status {
+    let mut message = NOTHING_TO_DRAIN.to_owned();
+    if !silent.is_empty() {
+        let names: Vec<String> = silent
+            .iter()
+            .map(|s| format!("{} ({})", s.node, s.reason))
+            .collect();
+        message.push_str(&format!(
+            "; nodes that did not answer: {}",
+            names.join(", ")
+        ));
+    }
+    Status::not_found(message)
 }
 
 impl ClusterViews {
@@ -146,18 +200,7 @@ impl ClusterViews {
             .collect();
         let silent_at_start = asked.silent;
         if local.is_empty() && parts.is_empty() {
-            let mut message = NOTHING_TO_DRAIN.to_owned();
-            if !silent_at_start.is_empty() {
-                let names: Vec<String> = silent_at_start
-                    .iter()
-                    .map(|s| format!("{} ({})", s.node, s.reason))
-                    .collect();
-                message.push_str(&format!(
-                    "; nodes that did not answer: {}",
-                    names.join(", ")
-                ));
-            }
-            return Err(Status::not_found(message));
+            return Err(nothing_to_drain(&silent_at_start));
         }
         let mut own = (!local.is_empty()).then(|| api.local_drain(local, request));
         if let Some(stream) = &mut own {
@@ -221,18 +264,8 @@ impl ClusterViews {
                                 }
                             });
                         for (node, answer) in futures::future::join_all(asks).await {
-                            let Some(part) = parts.get_mut(&node) else { continue };
-                            match answer.map(pb::DrainProgress::decode) {
-                                Ok(Ok(progress)) => {
-                                    part.progress = progress;
-                                    part.silent = None;
-                                }
-                                Ok(Err(error)) => part.silent = Some(format!("unreadable: {error}")),
-                                Err(_) if !live.contains(&node) => {
-                                    part.silent = Some("left the cluster".to_owned());
-                                    part.progress.done = true;
-                                }
-                                Err(reason) => part.silent = Some(reason),
+                            if let Some(part) = parts.get_mut(&node) {
+                                part.hear(answer, live.contains(&node));
                             }
                         }
                     }
@@ -318,6 +351,127 @@ mod tests {
             },
             silent: None,
         }
+    }
+
+    fn progress_bytes(part: &Part) -> Result<Bytes, String> {
+        Ok(part.progress.encode_to_vec().into())
+    }
+
+    #[test]
+    fn a_node_that_stops_answering_is_named_silent_with_its_last_progress_kept() {
+        let mut parts = BTreeMap::new();
+        parts.insert("b".to_owned(), part(&[(7, 2)], 0, false));
+        let b = parts.get_mut("b").unwrap();
+        b.hear(Err("no answer within 1000 ms".to_owned()), true);
+        let merged = merge_progress(&parts, &[]);
+        assert_eq!(
+            merged.tasks_remaining, 2,
+            "the last progress stays in the sum"
+        );
+        assert_eq!(merged.silent_nodes.len(), 1);
+        assert_eq!(merged.silent_nodes[0].node, "b");
+        assert_eq!(merged.silent_nodes[0].reason, "no answer within 1000 ms");
+        assert!(!merged.done, "a silent node is not done");
+        // Control: its next answer replaces the progress and it is no longer named.
+        let answered = part(&[(7, 1)], 0, false);
+        let b = parts.get_mut("b").unwrap();
+        b.hear(progress_bytes(&answered), true);
+        let merged = merge_progress(&parts, &[]);
+        assert_eq!(merged.tasks_remaining, 1);
+        assert!(merged.silent_nodes.is_empty());
+    }
+
+    #[test]
+    fn a_node_that_left_the_cluster_counts_as_done() {
+        let mut parts = BTreeMap::new();
+        parts.insert("b".to_owned(), part(&[(7, 2)], 0, false));
+        parts.insert("c".to_owned(), part(&[], 1, true));
+        parts
+            .get_mut("b")
+            .unwrap()
+            .hear(Err("no responders".to_owned()), false);
+        let merged = merge_progress(&parts, &[]);
+        assert!(merged.done, "every part done: c finished, b left");
+        assert_eq!(merged.silent_nodes[0].reason, "left the cluster");
+        // Control: the same silence from a node still a member keeps the drain open.
+        let mut parts = BTreeMap::new();
+        parts.insert("b".to_owned(), part(&[(7, 2)], 0, false));
+        parts
+            .get_mut("b")
+            .unwrap()
+            .hear(Err("no responders".to_owned()), true);
+        assert!(!merge_progress(&parts, &[]).done);
+    }
+
+    #[test]
+    fn nothing_to_drain_names_the_nodes_that_did_not_answer() {
+        let silent = [pb::SilentNode {
+            node: "c".to_owned(),
+            reason: "no answer within 2000 ms".to_owned(),
+        }];
+        let status = nothing_to_drain(&silent);
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        assert_eq!(
+            status.message(),
+            format!("{NOTHING_TO_DRAIN}; nodes that did not answer: c (no answer within 2000 ms)")
+        );
+        // Control: with every node answering, the message is the single node's.
+        assert_eq!(nothing_to_drain(&[]).message(), NOTHING_TO_DRAIN);
+    }
+
+    #[test]
+    fn a_node_keeps_64_remote_drains_and_a_finished_one_for_60_s() {
+        assert_eq!(
+            (MAX_REMOTE_DRAINS, KEEP_FINISHED),
+            (64, Duration::from_secs(60))
+        );
+        let start = Instant::now();
+        let mut drains = RemoteDrains::default();
+        for number in 0..64 {
+            drains
+                .admit(
+                    ("a".to_owned(), number),
+                    pb::DrainProgress::default(),
+                    start,
+                )
+                .unwrap();
+        }
+        let refused = drains
+            .admit(("a".to_owned(), 64), pb::DrainProgress::default(), start)
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused.message().contains("64 drains asked by other nodes"),
+            "{refused:?}"
+        );
+        // One finishes: it is kept (its asker's last poll reads it) for 60 s, then makes room.
+        let finished = pb::DrainProgress {
+            done: true,
+            ..pb::DrainProgress::default()
+        };
+        drains.progressed(("a".to_owned(), 0), finished, start);
+        let almost = start + KEEP_FINISHED - Duration::from_millis(1);
+        assert!(
+            drains
+                .admit(("a".to_owned(), 64), pb::DrainProgress::default(), almost)
+                .is_err()
+        );
+        assert!(drains.drains.contains_key(&("a".to_owned(), 0)));
+        drains
+            .admit(
+                ("a".to_owned(), 64),
+                pb::DrainProgress::default(),
+                start + KEEP_FINISHED,
+            )
+            .unwrap();
+        assert!(!drains.drains.contains_key(&("a".to_owned(), 0)));
+        // Control: a running drain is never let go, however old.
+        let late = start + KEEP_FINISHED * 10;
+        assert!(
+            drains
+                .admit(("a".to_owned(), 65), pb::DrainProgress::default(), late)
+                .is_err()
+        );
     }
 
     #[test]
