@@ -262,6 +262,20 @@ fn heard(cursor: &mut Cursor, answers: Vec<(String, NodeEvents)>) -> Vec<Remote>
     told
 }
 
+/// Whether a poll's `silent` nodes are a change the open streams must be told of, remembering
+/// them in `before`: a different set of names than the last poll's (an empty one included:
+/// every node answers again). The first poll's silence is not, each stream's own opening has
+/// told it.
+fn silence_changed(before: &mut Option<Vec<String>>, silent: &[pb::SilentNode]) -> bool {
+    let names: Vec<String> = silent.iter().map(|s| s.node.clone()).collect();
+    if before.as_ref() == Some(&names) {
+        return false;
+    }
+    let first = before.is_none();
+    *before = Some(names);
+    !first
+}
+
 /// The other nodes' events, polled while any stream is open; see the module documentation.
 #[derive(Debug)]
 pub(crate) struct ClusterEvents {
@@ -338,13 +352,8 @@ impl ClusterEvents {
             for remote in heard(&mut cursor, answers) {
                 let _ = self.sender.send(remote);
             }
-            let names: Vec<String> = silent.iter().map(|s| s.node.clone()).collect();
-            if silent_before.as_ref() != Some(&names) {
-                // The first poll's silence was told by each stream's own opening.
-                if silent_before.is_some() {
-                    let _ = self.sender.send(Remote::Silent(silent));
-                }
-                silent_before = Some(names);
+            if silence_changed(&mut silent_before, &silent) {
+                let _ = self.sender.send(Remote::Silent(silent));
             }
             tokio::select! {
                 () = tokio::time::sleep(POLL) => {}
@@ -626,6 +635,38 @@ mod tests {
         // Control: with every node answering, none is named.
         let line = silent_line(&[], SystemTime::UNIX_EPOCH);
         assert_eq!(line["silent_nodes"], json!([]));
+    }
+
+    #[test]
+    fn streams_are_told_each_change_of_the_silent_set_after_the_first_poll() {
+        let silent = |nodes: &[&str]| -> Vec<pb::SilentNode> {
+            nodes
+                .iter()
+                .map(|node| pb::SilentNode {
+                    node: (*node).to_owned(),
+                    reason: "no responders".to_owned(),
+                })
+                .collect()
+        };
+        let mut before = None;
+        assert!(
+            !silence_changed(&mut before, &silent(&["c"])),
+            "the opening told it"
+        );
+        assert!(!silence_changed(&mut before, &silent(&["c"])), "no change");
+        assert!(
+            silence_changed(&mut before, &silent(&["b", "c"])),
+            "b fell silent"
+        );
+        assert!(
+            silence_changed(&mut before, &silent(&[])),
+            "every node answers again"
+        );
+        assert!(!silence_changed(&mut before, &silent(&[])));
+        // Control: a first poll with every node answering is no change either.
+        let mut fresh = None;
+        assert!(!silence_changed(&mut fresh, &[]));
+        assert!(silence_changed(&mut fresh, &silent(&["c"])));
     }
 
     #[test]
