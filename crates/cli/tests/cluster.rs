@@ -573,7 +573,7 @@ async fn a_task_whose_origin_dies_runs_to_its_end_on_the_taker() {
         .await
         .expect("the task started on C");
     // C must know A as a member before A dies, to see it go silent and then age out: A's
-    // worker listed on C says so (a node learns the others at their next refresh).
+    // worker listed on C says so.
     let _on_a = TestWorker::connect(&a, "idle-on-a", 1, Arc::new(Ledger::default()), quick).await;
     http_until(c_ops, "/v1/workers", "\"gateway_node\":\"a\"").await;
     node_a.kill_9();

@@ -150,8 +150,34 @@ pub(crate) async fn hold(
     }
 }
 
+/// The age of an entry the watch replays (written before the watch started) by the server's
+/// timestamp, `created_unix_nanos`, at `now_unix_nanos` on this node's clock; `None` when it
+/// is not within `[0, ttl)`, which only clocks apart can make it (the bucket's `max_age` is
+/// the TTL): such an entry counts from its arrival, as a live write does.
+pub(crate) fn replayed_age(
+    created_unix_nanos: i128,
+    now_unix_nanos: i128,
+    ttl: Duration,
+) -> Option<Duration> {
+    let age = u64::try_from(now_unix_nanos.checked_sub(created_unix_nanos)?).ok()?;
+    let age = Duration::from_nanos(age);
+    (age < ttl).then_some(age)
+}
+
+/// This node's wall clock, in nanoseconds since the Unix epoch.
+fn unix_nanos_now() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            i128::try_from(since.as_nanos()).unwrap_or(i128::MAX)
+        })
+}
+
 /// Follows every node's entry into `members` until `stop`; `joined` hears each node that
-/// appears (a new node may have free slots).
+/// appears (a new node may have free slots). Each (re)start of the watch first replays every
+/// node's last entry, so a node that starts, or comes back after an outage, knows the others
+/// at once rather than at their next refresh; a replayed entry counts from when it was
+/// written ([`replayed_age`]).
 pub(crate) async fn watch(
     bucket: Bucket,
     members: Arc<Mutex<Members>>,
@@ -161,37 +187,138 @@ pub(crate) async fn watch(
     loop {
         let ttl = bucket.ttl;
         let watching = match bucket.open().await {
-            Ok(kv) => kv.watch_all().await.map_err(|error| error.to_string()),
+            Ok(kv) => kv
+                .watch_with_history(">")
+                .await
+                .map_err(|error| error.to_string()),
             Err(reason) => Err(reason),
         };
         match watching {
-            Ok(mut entries) => loop {
-                let next = tokio::select! {
-                    () = stop.cancelled() => return,
-                    next = entries.next() => next,
-                };
-                let Some(Ok(entry)) = next else { break };
-                let mut members = members.lock().unwrap_or_else(PoisonError::into_inner);
-                match entry.operation {
-                    kv::Operation::Put => {
-                        let now = Instant::now();
-                        let instance = serde_json::from_slice::<NodeInfo>(&entry.value)
-                            .map_or(0, |info| info.instance);
-                        let new = !members.is_live(&entry.key, ttl, now);
-                        members.seen(&entry.key, instance, now);
-                        drop(members);
-                        if new {
-                            joined();
+            Ok(mut entries) => {
+                // The replay ends with the first entry nothing is pending behind (there is
+                // always one: this node's own).
+                let mut replaying = true;
+                loop {
+                    let next = tokio::select! {
+                        () = stop.cancelled() => return,
+                        next = entries.next() => next,
+                    };
+                    let Some(Ok(entry)) = next else { break };
+                    let mut members = members.lock().unwrap_or_else(PoisonError::into_inner);
+                    match entry.operation {
+                        kv::Operation::Put => {
+                            let now = Instant::now();
+                            let written = replaying
+                                .then(|| {
+                                    let created = entry.created.unix_timestamp_nanos();
+                                    replayed_age(created, unix_nanos_now(), ttl)
+                                })
+                                .flatten()
+                                .and_then(|age| now.checked_sub(age))
+                                .unwrap_or(now);
+                            let instance = serde_json::from_slice::<NodeInfo>(&entry.value)
+                                .map_or(0, |info| info.instance);
+                            let new = !members.is_live(&entry.key, ttl, now);
+                            members.seen(&entry.key, instance, written);
+                            drop(members);
+                            if new {
+                                joined();
+                            }
+                        }
+                        kv::Operation::Delete | kv::Operation::Purge => {
+                            members.left(&entry.key);
                         }
                     }
-                    kv::Operation::Delete | kv::Operation::Purge => members.left(&entry.key),
+                    if entry.delta == 0 {
+                        replaying = false;
+                    }
                 }
-            },
+            }
             Err(reason) => tracing::debug!(%reason, "cluster: membership watch unavailable"),
         }
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(RETRY) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_test_support::NatsServer;
+
+    use super::*;
+
+    const SECOND: i128 = 1_000_000_000;
+
+    /// A node that starts watching knows at once the nodes that wrote their entry before it
+    /// started, without waiting for their next refresh (none comes here), and a node written
+    /// after it started too (the control: the watch is live).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_starting_watch_knows_the_nodes_already_in_the_bucket() {
+        let Some(nats) = NatsServer::start() else {
+            return;
+        };
+        let ttl = Duration::from_secs(60);
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let bucket = Bucket {
+            js: jetstream::new(client),
+            name: "switchyard_replay_nodes".to_owned(),
+            ttl,
+        };
+        let store = bucket.open().await.unwrap();
+        let info = |node: &str| NodeInfo {
+            node: node.to_owned(),
+            instance: 7,
+            grpc_addr: None,
+            ops_addr: None,
+            started_unix_ms: 0,
+        };
+        claim(&store, &info("earlier")).await.unwrap();
+        claim(&store, &info("me")).await.unwrap();
+        let members = Arc::new(Mutex::new(Members::default()));
+        let (joined_tx, mut joined) = tokio::sync::mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        tokio::spawn(watch(
+            bucket,
+            Arc::clone(&members),
+            move || {
+                let _ = joined_tx.send(());
+            },
+            stop.clone(),
+        ));
+        let patience = Duration::from_secs(10);
+        let live =
+            |members: &Arc<Mutex<Members>>| members.lock().unwrap().live(ttl, Instant::now());
+        tokio::time::timeout(patience, async {
+            while live(&members) != ["earlier", "me"] {
+                joined.recv().await.unwrap();
+            }
+        })
+        .await
+        .expect("the nodes written before the watch started are known");
+        claim(&store, &info("later")).await.unwrap();
+        tokio::time::timeout(patience, async {
+            while live(&members) != ["earlier", "later", "me"] {
+                joined.recv().await.unwrap();
+            }
+        })
+        .await
+        .expect("a node written after it started is known");
+        stop.cancel();
+    }
+
+    #[test]
+    fn a_replayed_entry_counts_from_when_it_was_written_within_the_ttl() {
+        let ttl = Duration::from_secs(3);
+        let now = 1_000 * SECOND;
+        assert_eq!(
+            replayed_age(now - 2 * SECOND, now, ttl),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(replayed_age(now, now, ttl), Some(Duration::ZERO));
+        // Clocks apart: written "in the future", or older than the bucket keeps anything.
+        assert_eq!(replayed_age(now + SECOND, now, ttl), None);
+        assert_eq!(replayed_age(now - 3 * SECOND, now, ttl), None);
     }
 }
