@@ -610,7 +610,7 @@ async fn a_task_whose_origin_dies_runs_to_its_end_on_the_taker() {
 /// `docs/cluster.md`, failure table: an offer whose answer is lost (here C hears the offer but
 /// nothing it sends reaches NATS) is cancelled on every node when its 2 s are up, and the node
 /// that took it stops the run. The origin, having heard no taker, parks the dispatch; with no
-/// other node to take it, it ends `unserved` at its deadline.
+/// other node to take it, it ends `unserved` at its deadline, saying a node may have started it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offer_whose_answer_is_lost_is_cancelled_on_the_node_that_took_it() {
     use switchyard_test_support::TcpRelay;
@@ -680,6 +680,14 @@ async fn an_offer_whose_answer_is_lost_is_cancelled_on_the_node_that_took_it() {
         unserved_reason(&ended),
         Some(pb::UnservedReason::NoCapacityInCluster),
         "{ended:?}"
+    );
+    // It does not claim no node took it: C did.
+    let Some(pb::dispatch_outcome::Outcome::Unserved(unserved)) = &ended.outcome else {
+        panic!("checked above");
+    };
+    assert!(
+        unserved.detail.contains("a node may have started the task"),
+        "{unserved:?}"
     );
     stop.cancel();
     let _ = running.await;

@@ -189,7 +189,7 @@ impl Forwarder {
                     break;
                 }
                 // A lost or late answer may hide a taker: dropping the watch cancels it.
-                Heard::Unanswered => break,
+                Heard::Unanswered => return Offered::Unanswered,
                 Heard::Answered {
                     taker,
                     answer,

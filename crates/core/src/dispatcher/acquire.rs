@@ -32,6 +32,24 @@ pub(super) const OFFERED_UNLISTED: Duration = Duration::from_millis(250);
 /// `TimedOut` before it ends `TimedOut` itself (the remote outcome crossing the network).
 const FORWARD_GRACE: Duration = Duration::from_secs(2);
 
+/// The detail of a dispatch that ended `no_capacity_in_cluster`; `unanswered` when one of its
+/// offers got no answer in time, so a node may have started the task.
+fn no_capacity_in_cluster(unanswered: bool) -> String {
+    let reason = UnservedReason::NoCapacityInCluster;
+    if unanswered {
+        format!(
+            "{reason}: no local worker can take it and no other node of the cluster was heard \
+             to take the offer; an offer's answer was lost or late, so a node may have started \
+             the task (it was asked to stop it)"
+        )
+    } else {
+        format!(
+            "{reason}: no local worker can take it and no other node of the cluster took the \
+             offer"
+        )
+    }
+}
+
 /// The pool address a dispatch selects from (task queue normalised, empty node as none).
 struct Pool<'a> {
     namespace: &'a str,
@@ -183,6 +201,8 @@ impl Dispatcher {
                 == 0;
         let mut hint: Option<OverflowFuture<()>> = None;
         let mut no_taker = false;
+        // An offer went unanswered: a node may have started the task (see `Offered`).
+        let mut unanswered = false;
         let mut losses =
             LossBudget::new(self.inner.config.loss_budget, self.inner.config.loss_window);
         let mut forwarded: u32 = 0;
@@ -257,7 +277,8 @@ impl Dispatcher {
                     offered = settle(&mut offering) => {
                         offering = None;
                         match offered {
-                            Offered::NoTaker => {
+                            Offered::NoTaker | Offered::Unanswered => {
+                                unanswered |= matches!(offered, Offered::Unanswered);
                                 hint = offer_hint.take();
                                 if !no_taker {
                                     no_taker = true;
@@ -298,9 +319,10 @@ impl Dispatcher {
                         }
                         let outcome = if no_taker {
                             let reason = UnservedReason::NoCapacityInCluster;
-                            let detail = format!("{reason}: no local worker can take it and no \
-                                other node of the cluster took the offer");
-                            ActivityOutcome::Unserved { reason, detail }
+                            ActivityOutcome::Unserved {
+                                reason,
+                                detail: no_capacity_in_cluster(unanswered),
+                            }
                         } else {
                             self.unserved_now(request)
                         };

@@ -36,6 +36,10 @@ pub enum Offered {
     Taken(OverflowFuture<Forwarded>),
     /// No node could take it now.
     NoTaker,
+    /// No answer came in time (lost or late): a node may have taken the task and started it,
+    /// and the overflow has asked every node to stop it. The dispatch parks as for
+    /// [`Self::NoTaker`]; if its deadline passes, its outcome says a node may have started it.
+    Unanswered,
 }
 
 impl std::fmt::Debug for Offered {
@@ -43,6 +47,7 @@ impl std::fmt::Debug for Offered {
         f.write_str(match self {
             Self::Taken(_) => "Taken",
             Self::NoTaker => "NoTaker",
+            Self::Unanswered => "Unanswered",
         })
     }
 }

@@ -37,6 +37,8 @@ impl Scripted {
 
 enum Answer {
     NoTaker,
+    /// No answer in time: a node may have taken it.
+    Unanswered,
     /// No taker, and a capacity announcement arrives while the offer is out (before its
     /// answer).
     NoTakerAfterAnnouncement(Arc<Scripted>),
@@ -68,6 +70,7 @@ impl Overflow for Scripted {
         Box::pin(async move {
             match answer {
                 None | Some(Answer::NoTaker) => Offered::NoTaker,
+                Some(Answer::Unanswered) => Offered::Unanswered,
                 Some(Answer::NoTakerAfterAnnouncement(scripted)) => {
                     scripted.announce();
                     Offered::NoTaker
@@ -236,6 +239,38 @@ async fn the_deadline_of_an_offer_nobody_took_says_no_capacity_in_cluster() {
         ),
         "{outcome:?}"
     );
+}
+
+/// An offer whose answer was lost or late parks the dispatch as "no taker" does, but its
+/// outcome at the deadline does not claim that no node took it: one may have started it.
+#[tokio::test(start_paused = true)]
+async fn the_deadline_after_an_unanswered_offer_says_a_node_may_have_started_the_task() {
+    let s = setup();
+    let _scripted = install(&s, vec![Answer::Unanswered]);
+    let outcome = s
+        .spawn(request("x", Duration::from_secs(5)))
+        .await
+        .expect("dispatch");
+    let ActivityOutcome::Unserved { reason, detail } = outcome else {
+        panic!("not unserved: {outcome:?}");
+    };
+    assert_eq!(reason, UnservedReason::NoCapacityInCluster);
+    assert!(
+        detail.contains("a node may have started the task"),
+        "{detail}"
+    );
+    assert!(!detail.contains("took the offer"), "{detail}");
+    // Control: an offer answered "no taker" says no node took it.
+    let answered = setup();
+    let _scripted = install(&answered, vec![Answer::NoTaker]);
+    let outcome = answered
+        .spawn(request("x", Duration::from_secs(5)))
+        .await
+        .expect("dispatch");
+    let ActivityOutcome::Unserved { detail, .. } = outcome else {
+        panic!("not unserved: {outcome:?}");
+    };
+    assert!(!detail.contains("may have started"), "{detail}");
 }
 
 #[tokio::test(start_paused = true)]
