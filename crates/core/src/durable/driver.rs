@@ -45,6 +45,15 @@ async fn run_some(writing: &mut Option<Writing<'_>>) {
     }
 }
 
+/// Polls `writing` once and lets it go: a note the store takes at once is written, one it
+/// would make the caller wait for is dropped.
+fn offer_once(writing: Option<Writing<'_>>) {
+    if let Some(mut writing) = writing {
+        let mut once = std::task::Context::from_waker(std::task::Waker::noop());
+        let _ = writing.as_mut().poll(&mut once);
+    }
+}
+
 /// The outcome of a dispatch a restart finds past its deadline at `now`; `None` while it
 /// still has time. One that a worker ever held timed out; one no worker took is unserved.
 pub(super) fn expired(row: &StoredDispatch, now: SystemTime) -> Option<ActivityOutcome> {
@@ -194,7 +203,14 @@ pub(super) async fn run_dispatch(
     };
     if outcome.is_some() {
         // Finished: its state notes matter no more, and its outcome does not wait for them
-        // (a store ignores a note that lands after the outcome).
+        // (a store ignores a note that lands after the outcome). The last delivery's claim is
+        // still offered to the store once, in order, without waiting: the outcome can come
+        // back before the loop above took (or started) the claim, and a store that takes it
+        // at once (an in-memory one, SQLite's queue) then still counts that delivery.
+        offer_once(writing);
+        if let Some(claim) = notes.take_last_delivered() {
+            offer_once(Some(Box::pin(write(shared, &d.id, claim))));
+        }
         return outcome;
     }
     // Not finished: the last delivery's claim still counts, or the next start would repeat

@@ -62,6 +62,14 @@ impl Notes {
         self.lock().pop_front()
     }
 
+    /// Empties the queue; the last delivery among what it held, if any.
+    pub(super) fn take_last_delivered(&self) -> Option<Note> {
+        self.lock()
+            .drain(..)
+            .rev()
+            .find(|note| matches!(note, Note::Delivered(..)))
+    }
+
     /// The oldest note, waiting for one.
     pub(super) async fn next(&self) -> Note {
         loop {
@@ -108,5 +116,21 @@ mod tests {
         notes.push(Note::Delivered(WorkerId::from_raw(3), 4));
         let woken = tokio::time::timeout(std::time::Duration::from_secs(10), waiting).await;
         assert_eq!(woken.expect("woken").expect("joined"), Some(4));
+    }
+
+    #[test]
+    fn the_last_delivery_is_taken_and_the_queue_emptied() {
+        let notes = Notes::default();
+        notes.push(Note::Delivered(WorkerId::from_raw(1), 1));
+        notes.push(Note::Delivered(WorkerId::from_raw(2), 2));
+        notes.push(Note::Parked(UnservedReason::NoWorkers));
+        assert_eq!(
+            notes.take_last_delivered().as_ref().and_then(delivered),
+            Some(2)
+        );
+        assert!(notes.try_next().is_none(), "the queue is emptied");
+        // Control: parks alone give no delivery.
+        notes.push(Note::Parked(UnservedReason::NoWorkers));
+        assert!(notes.take_last_delivered().is_none());
     }
 }

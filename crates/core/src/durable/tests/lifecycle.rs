@@ -1,7 +1,10 @@
 //! Submit → driver → recorded outcome → await: one outcome per id, one execution per key.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::delivery::{DeliveryError, TransportName, WorkerDelivery, WorkerMessage};
+use crate::dispatcher::tests::fixture::{caller, registration};
 use crate::durable::{Completion, DispatchState, DispatchStore, OutcomeRecord};
 use crate::outcome::ActivityOutcome;
 
@@ -253,4 +256,58 @@ async fn the_outcome_does_not_wait_for_a_state_note_the_store_is_slow_to_take() 
         Ok(Some(completed("quick"))),
         "the claim never finishes; the outcome is recorded anyway"
     );
+}
+
+/// A leg whose worker answers inside the delivery itself: the outcome is there before the
+/// driver's loop has taken (or started) the delivery's claim.
+struct AnswersAtOnce {
+    dispatcher: crate::Dispatcher,
+    worker: OnceLock<crate::WorkerId>,
+}
+
+impl WorkerDelivery for AnswersAtOnce {
+    fn transport(&self) -> TransportName {
+        TransportName::from_static("test")
+    }
+    fn is_connected(&self) -> bool {
+        true
+    }
+    fn registration_carries_capacity(&self) -> bool {
+        true
+    }
+    fn deliver(&self, message: WorkerMessage) -> Result<(), DeliveryError> {
+        if let (WorkerMessage::Task(task), Some(worker)) = (message, self.worker.get()) {
+            let _ = self.dispatcher.complete(
+                *worker,
+                task.task_id,
+                crate::TaskResult::Success(task.input.clone()),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delivery_answered_before_its_claim_was_taken_still_counts() {
+    let gw = start(memory()).await;
+    let leg = Arc::new(AnswersAtOnce {
+        dispatcher: gw.setup.dispatcher.clone(),
+        worker: OnceLock::new(),
+    });
+    let token = gw
+        .setup
+        .registry
+        .admit(&caller(), registration(1), Arc::clone(&leg) as _)
+        .await
+        .expect("admitted");
+    let _ = leg.worker.set(token.worker_id());
+    let alice = producer("alice");
+    let id = gw.submit(&alice, "at once").await;
+    let outcome = gw
+        .durable
+        .await_outcome(&alice, &id, Duration::from_secs(10))
+        .await;
+    assert_eq!(outcome, Ok(Some(completed("at once"))));
+    assert_eq!(gw.row(&id).await.attempts, 1, "the one delivery is counted");
+    drop(token);
 }
