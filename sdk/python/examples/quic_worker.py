@@ -268,6 +268,10 @@ class Worker(QuicConnectionProtocol):
         #: lane's task frames this many seconds late, as if their packets were lost (tests).
         self.result_copy_first = False
         self.lane_task_delay = 0.0
+        #: Drop results instead of sending them, as if their packets were lost and the
+        #: connection then failed (tests); `result_lost` is set at each.
+        self.results_lost = False
+        self.result_lost = asyncio.Event()
         self._keep_alive: asyncio.Task[None] | None = None
 
     def start(self, register: quic_pb2.QuicRegister, handler: Handler, capacity: int) -> None:
@@ -325,6 +329,9 @@ class Worker(QuicConnectionProtocol):
         self._busy.pop(lane, None)
         if self.closed.done() or lane in self._finished:
             return False
+        if self.results_lost and up.WhichOneof("frame") == "result":
+            self.result_lost.set()
+            return True
         copy = None
         if self.redundancy and up.WhichOneof("frame") == "result" and seq > 0:
             copy = quic_pb2.QuicDatagramUp(lane=lane // 4, seq=seq, result=up.result)

@@ -3,7 +3,8 @@
 dispatched tasks, never more at once than the capacity it announced; a task whose deadline
 passes is cancelled on its lane, the acknowledgement frees the slot at once; its `drain_request`
 ends in `DRAINED`; a session resumed on a new connection (the old one closed `SUPERSEDED`)
-carries its running task there and it runs once; a smaller capacity retires a lane (FIN) and a
+carries its running task there and it runs once, and a result sent and never acknowledged is
+sent again there; a smaller capacity retires a lane (FIN) and a
 larger one opens a new lane; a `register` of another protocol version is closed
 `UNSUPPORTED_VERSION`; with datagram copies (section 3.1) each task runs once whichever copy of
 a task or a result comes first; a lane the worker stops is `PROTOCOL_VIOLATION` naming it; a
@@ -246,6 +247,45 @@ async def test_a_resumed_session_carries_its_running_task_to_the_new_connection(
             finally:
                 dispatch.cancel()
     assert runs == 1, "the resumed task was not run again"
+
+
+async def test_a_result_sent_and_never_acknowledged_is_sent_again_on_the_resumed_connection(
+    quic_gateway: Gateway,
+) -> None:
+    runs = 0
+
+    async def counted_echo(task: quic_pb2.QuicTask) -> bytes:
+        nonlocal runs
+        runs += 1
+        return b"done:" + task.input
+
+    gateway = quic_gateway
+    async with dial(gateway) as first:
+        # Every result this connection sends is lost on the way: the gateway never has it.
+        first.results_lost = True
+        registered = await start_registered(
+            first, register("unacked", resumable=True), counted_echo
+        )
+        async with Producer(gateway.connection()) as producer:
+            dispatch = asyncio.create_task(producer.dispatch(NS, "unacked", b"y", timeout=PATIENCE))
+            try:
+                await asyncio.wait_for(first.result_lost.wait(), PATIENCE)
+                (kept,) = first.session.tasks.values()
+                assert kept.sent and kept.result is not None, "sent, kept until acknowledged"
+                assert not dispatch.done(), "the gateway has no result"
+                async with dial(gateway) as second:
+                    second.resume(first.session, ADMIN_TOKEN)
+                    resumed = await asyncio.wait_for(asyncio.shield(second.registered), PATIENCE)
+                    assert resumed.resumed and resumed.worker_id == registered.worker_id
+                    # Listed as unacknowledged (section 5.1), the gateway still waits on it:
+                    assert list(resumed.held_task_ids) == [kept.task_id]
+                    # ... and the kept result, sent again on the lane the `held` frame names,
+                    # is the dispatch's outcome.
+                    outcome = await asyncio.wait_for(asyncio.shield(dispatch), PATIENCE)
+                    assert outcome == Completed(b"done:y")
+            finally:
+                dispatch.cancel()
+    assert runs == 1, "the task ran once: its result was sent again, not recomputed"
 
 
 async def test_a_task_past_its_deadline_is_cancelled_and_the_acknowledgement_frees_its_slot(
