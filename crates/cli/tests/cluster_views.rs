@@ -498,7 +498,7 @@ fn history_dispatches(history: &Value) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_and_events_asked_on_any_node_cover_the_cluster() {
-    let Some(nats) = NatsServer::start() else {
+    let Some(mut nats) = NatsServer::start() else {
         return;
     };
     let (a, b, c) = (
@@ -563,5 +563,39 @@ async fn history_and_events_asked_on_any_node_cover_the_cluster() {
     let (line, id) = opened.until(|json| json["kind"] == "silent_nodes").await;
     assert_eq!(line["silent_nodes"][0]["node"], "c", "{line}");
     assert!(id.is_empty(), "a silent_nodes line moves no cursor: {id}");
+
+    // NATS gone: A, degraded, asks nobody and answers with its own history (the dispatch its
+    // producer ran), naming the others silent as not asked.
+    nats.kill();
+    let degraded = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let history = get_json(SocketAddr::from(([127, 0, 0, 1], ops_a)), "/v1/history").await;
+            let reasons: Vec<&str> = history["silent_nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["reason"].as_str().unwrap())
+                .collect();
+            if !reasons.is_empty()
+                && reasons
+                    .iter()
+                    .all(|r| r.starts_with("not asked: a is degraded"))
+            {
+                return history;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("A notices NATS is gone");
+    assert_eq!(history_dispatches(&degraded), 1, "{degraded}");
+    assert!(
+        degraded["silent_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["node"] == "b"),
+        "{degraded}"
+    );
     on_b.cancel();
 }

@@ -36,8 +36,9 @@ pub(crate) const VIEW: &str = "events";
 /// Remote lines one stream may be behind before it is told it missed some. A poll sends all
 /// at once, before any stream reads: this holds a whole first poll (every node's kept lines,
 /// which each stream's opening fetched too) of a cluster of up to five nodes, so a page does
-/// not open on a `missed` line for lines it has.
-const REMOTE_BUFFER: usize = 4 * events::RECENT + 16;
+/// not open on a `missed` line for lines it has. A power of two: tokio's broadcast channel
+/// rounds its capacity up to one, so this is the bound streams really have.
+const REMOTE_BUFFER: usize = (4 * events::RECENT + 16).next_power_of_two();
 
 /// The last sequence number seen from each node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -387,10 +388,12 @@ impl ClusterEvents {
         cursor.restarted(&node, feed.first_seq(), next_seq);
         let stream = Stream {
             events: Arc::clone(self),
-            node,
-            cursor,
+            page: Page {
+                node,
+                cursor,
+                pending: VecDeque::new(),
+            },
             replay: Some(recent),
-            pending: VecDeque::new(),
             local,
             remote,
             _held: (permit, watching),
@@ -412,11 +415,9 @@ enum Got {
 /// One open stream's state.
 struct Stream {
     events: Arc<ClusterEvents>,
-    node: String,
-    cursor: Cursor,
+    page: Page,
     /// This node's recent lines, until the opening replay ran.
     replay: Option<Vec<Line>>,
-    pending: VecDeque<Event>,
     local: broadcast::Receiver<Line>,
     remote: broadcast::Receiver<Remote>,
     _held: (OwnedSemaphorePermit, Watching),
@@ -425,8 +426,8 @@ struct Stream {
 impl Stream {
     async fn next(&mut self) -> Option<Event> {
         loop {
-            if let Some(event) = self.pending.pop_front() {
-                return Some(event);
+            if let Some(sent) = self.page.pending.pop_front() {
+                return Some(sent.event());
             }
             if let Some(recent) = self.replay.take() {
                 self.open(recent).await;
@@ -436,37 +437,12 @@ impl Stream {
                 line = self.local.recv() => Got::Local(line),
                 remote = self.remote.recv() => Got::Remote(remote),
             };
-            match got {
-                Got::Local(line) => match line {
-                    Ok(line) => {
-                        let json = serde_json::from_str(&line.json).ok();
-                        let node = self.node.clone();
-                        if let Some(line) = json.and_then(|json| NodeLine::of(&node, json)) {
-                            self.push(line);
-                        }
-                    }
-                    Err(RecvError::Lagged(count)) => self.missed(count),
-                    Err(RecvError::Closed) => return None,
-                },
-                Got::Remote(remote) => match remote {
-                    Ok(Remote::Line(line)) => self.push(line),
-                    Ok(Remote::Restarted { node, first_seq }) => {
-                        self.cursor.set(&node, first_seq.saturating_sub(1));
-                    }
-                    Ok(Remote::Missed { node, oldest }) => {
-                        let count = self.cursor.missed_before(&node, oldest);
-                        if count > 0 {
-                            self.missed(count);
-                        }
-                    }
-                    Ok(Remote::Silent(silent)) => {
-                        let line = silent_line(&silent, SystemTime::now());
-                        self.pending
-                            .push_back(Event::default().data(line.to_string()));
-                    }
-                    Err(RecvError::Lagged(count)) => self.missed(count),
-                    Err(RecvError::Closed) => return None,
-                },
+            let open = match got {
+                Got::Local(line) => self.page.hear_local(line),
+                Got::Remote(remote) => self.page.hear_remote(remote),
+            };
+            if !open {
+                return None;
             }
         }
     }
@@ -474,27 +450,89 @@ impl Stream {
     /// The opening: the nodes that did not answer, then every node's recent lines after the
     /// cursor in time order.
     async fn open(&mut self, recent: Vec<Line>) {
+        let page = &mut self.page;
         let own: Vec<NodeLine> = recent
             .iter()
             .filter_map(|line| serde_json::from_str(&line.json).ok())
-            .filter_map(|json| NodeLine::of(&self.node, json))
+            .filter_map(|json| NodeLine::of(&page.node, json))
             .collect();
-        let (answers, silent) = self.events.gather(&self.cursor).await;
+        let (answers, silent) = self.events.gather(&page.cursor).await;
         if !silent.is_empty() {
-            let line = silent_line(&silent, SystemTime::now());
-            self.pending
-                .push_back(Event::default().data(line.to_string()));
+            page.silent(&silent);
         }
         let mut nodes = vec![own];
         for (node, answer) in answers {
-            self.cursor
+            page.cursor
                 .restarted(&node, answer.first_seq, answer.next_seq);
             let lines = answer.events.into_iter();
             nodes.push(lines.filter_map(|json| NodeLine::of(&node, json)).collect());
         }
         for line in merge_in_time_order(nodes) {
-            self.push(line);
+            page.push(line);
         }
+    }
+}
+
+/// One SSE event a page is owed: its data, and its `id` (the cursor) for an event line.
+#[derive(Debug)]
+struct Sent {
+    data: String,
+    id: Option<String>,
+}
+
+impl Sent {
+    fn event(self) -> Event {
+        let event = Event::default().data(self.data);
+        match self.id {
+            Some(id) => event.id(id),
+            None => event,
+        }
+    }
+}
+
+/// What one stream's page has seen (`cursor`) and is owed (`pending`): the lines it hears are
+/// queued once each, and a receiver that fell behind its channel is told what it missed.
+struct Page {
+    /// The node serving the stream.
+    node: String,
+    cursor: Cursor,
+    pending: VecDeque<Sent>,
+}
+
+impl Page {
+    /// Takes what this node's own feed gave; false once the feed has closed.
+    fn hear_local(&mut self, line: Result<Line, RecvError>) -> bool {
+        match line {
+            Ok(line) => {
+                let json = serde_json::from_str(&line.json).ok();
+                if let Some(line) = json.and_then(|json| NodeLine::of(&self.node, json)) {
+                    self.push(line);
+                }
+            }
+            Err(RecvError::Lagged(count)) => self.missed(count),
+            Err(RecvError::Closed) => return false,
+        }
+        true
+    }
+
+    /// Takes what the poller gave; false once it has stopped.
+    fn hear_remote(&mut self, remote: Result<Remote, RecvError>) -> bool {
+        match remote {
+            Ok(Remote::Line(line)) => self.push(line),
+            Ok(Remote::Restarted { node, first_seq }) => {
+                self.cursor.set(&node, first_seq.saturating_sub(1));
+            }
+            Ok(Remote::Missed { node, oldest }) => {
+                let count = self.cursor.missed_before(&node, oldest);
+                if count > 0 {
+                    self.missed(count);
+                }
+            }
+            Ok(Remote::Silent(silent)) => self.silent(&silent),
+            Err(RecvError::Lagged(count)) => self.missed(count),
+            Err(RecvError::Closed) => return false,
+        }
+        true
     }
 
     /// Queues `line` unless the page has it, moving the cursor past it.
@@ -502,16 +540,24 @@ impl Stream {
         if !self.cursor.advance(&line.node, line.seq) {
             return;
         }
-        let event = Event::default()
-            .data(line.json.to_string())
-            .id(self.cursor.encode());
-        self.pending.push_back(event);
+        self.pending.push_back(Sent {
+            data: line.json.to_string(),
+            id: Some(self.cursor.encode()),
+        });
     }
 
     fn missed(&mut self, count: u64) {
-        let line = events::missed(count, SystemTime::now());
-        self.pending
-            .push_back(Event::default().data(line.to_string()));
+        self.pending.push_back(Sent {
+            data: events::missed(count, SystemTime::now()).to_string(),
+            id: None,
+        });
+    }
+
+    fn silent(&mut self, silent: &[pb::SilentNode]) {
+        self.pending.push_back(Sent {
+            data: silent_line(silent, SystemTime::now()).to_string(),
+            id: None,
+        });
     }
 }
 
@@ -766,6 +812,48 @@ mod tests {
         let mut page = Cursor::parse("b:3", "a");
         assert!(page.restarted("b", 1_000, 1_301));
         assert_eq!(page.missed_before("b", 1_101), 101);
+    }
+
+    /// What a page that read nothing while `sent` remote lines (b's 1..=sent) were handed to
+    /// a channel of the stream's size is owed once it reads.
+    fn owed_after(sent: u64) -> Vec<Sent> {
+        let (sender, mut receiver) = broadcast::channel(REMOTE_BUFFER);
+        for seq in 1..=sent {
+            sender.send(Remote::Line(line("b", seq, seq))).unwrap();
+        }
+        let mut page = Page {
+            node: "a".to_owned(),
+            cursor: Cursor::default(),
+            pending: VecDeque::new(),
+        };
+        loop {
+            let heard = match receiver.try_recv() {
+                Ok(remote) => Ok(remote),
+                Err(broadcast::error::TryRecvError::Lagged(count)) => Err(RecvError::Lagged(count)),
+                Err(_) => return page.pending.into(),
+            };
+            assert!(page.hear_remote(heard));
+        }
+    }
+
+    #[test]
+    fn a_stream_more_remote_lines_behind_than_its_buffer_is_told_how_many_it_missed() {
+        assert_eq!(REMOTE_BUFFER, 1_024, "the figure docs/cluster.md gives");
+        let behind = owed_after(1_025);
+        let first: Value = serde_json::from_str(&behind[0].data).unwrap();
+        assert_eq!(
+            (&first["kind"], &first["count"]),
+            (&json!("missed"), &json!(1))
+        );
+        assert_eq!(behind[0].id, None, "a missed line moves no cursor");
+        // Then the 1,024 lines the channel kept, from b's second on.
+        assert_eq!(behind.len(), 1 + 1_024);
+        assert_eq!(behind[1].id.as_deref(), Some("b:2"));
+        assert_eq!(behind[1_024].id.as_deref(), Some("b:1025"));
+        // Control: 1,024 behind, every line comes and nothing is said missed.
+        let within = owed_after(1_024);
+        assert_eq!(within.len(), 1_024);
+        assert!(within.iter().all(|sent| sent.id.is_some()));
     }
 
     #[test]

@@ -312,6 +312,50 @@ mod tests {
         assert_eq!(counts, [1, 1]);
     }
 
+    /// The dispatch counts of the merged pool, one per interval of the window.
+    fn counts(merged: &Value) -> Vec<u64> {
+        merged["pools"][0]["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["dispatches"].as_u64().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_node_whose_clock_is_fast_counts_a_dispatch_near_a_boundary_in_the_next_interval() {
+        // The same moment, 5 s into a 10 s interval, on a's right clock and on b's, 6 s fast;
+        // each node ends one dispatch of the pool then.
+        let origin = Instant::now();
+        let wall = 1_700_000_005_000;
+        let node = |clock_ms: u64| {
+            let mut node = PoolHistory::new(origin, clock_ms);
+            node.pool("n", "q")
+                .record("completed", Duration::from_millis(5), origin);
+            node
+        };
+        let (mut a, mut b) = (node(wall), node(wall + 6_000));
+        let asked_on_a = |a: &mut PoolHistory, b: &mut PoolHistory, at: Instant| {
+            let parts = vec![
+                ("b".to_owned(), b.recorded(at)),
+                ("a".to_owned(), a.recorded(at)),
+            ];
+            counts(&merge_history(parts, &[], 0))
+        };
+        // Asked on a at once: b's dispatch is in an interval b has started and a has not, past
+        // the window's end; only a's shows.
+        assert_eq!(asked_on_a(&mut a, &mut b, origin), [1]);
+        // At the next refresh, 5 s on, a is in that interval too: b's dispatch shows there, in
+        // the neighbouring interval of a's, not beside it.
+        assert_eq!(
+            asked_on_a(&mut a, &mut b, origin + Duration::from_secs(5)),
+            [1, 1]
+        );
+        // Control: with b's clock right, both dispatches are in one interval.
+        let (mut a, mut b) = (node(wall), node(wall));
+        assert_eq!(asked_on_a(&mut a, &mut b, origin), [2]);
+    }
+
     fn sorted_keys(value: &Value) -> Vec<String> {
         let mut keys: Vec<String> = value.as_object().unwrap().keys().cloned().collect();
         keys.sort();

@@ -727,4 +727,41 @@ mod tests {
         let merged = merge(7, 7, [(Some("b".to_owned()), plain)]);
         assert_eq!(merged[0].points[0].dispatches, 4);
     }
+
+    /// The bytes of the answer a node sends another (its `recorded` history as JSON) when
+    /// `pools` pools (namespaces of 13 characters, task queue `default`) each ended
+    /// dispatches in 10 latency bins in every interval of the window.
+    fn answer_bytes(pools: usize) -> usize {
+        let origin = Instant::now();
+        let mut history = PoolHistory::new(origin, WALL);
+        for interval in 0..BUCKETS as u32 {
+            let at = origin + BUCKET * interval;
+            for pool in 0..pools {
+                let namespace = format!("namespace-{pool:03}");
+                for doubling in 0..10 {
+                    history.record(&namespace, "default", "completed", MS * (1 << doubling), at);
+                }
+            }
+        }
+        let recorded = history.recorded(origin + BUCKET * (BUCKETS as u32 - 1));
+        assert_eq!(recorded.pools.len(), pools);
+        let json = serde_json::to_value(recorded).unwrap();
+        serde_json::to_vec(&json).unwrap().len()
+    }
+
+    #[test]
+    fn a_nodes_answer_takes_about_130_bytes_per_pool_and_interval_so_a_mib_holds_about_130_busy_pools()
+     {
+        const MIB: usize = 1 << 20;
+        let all = answer_bytes(MAX_POOLS);
+        let per_cell = all / (MAX_POOLS * BUCKETS);
+        assert!(
+            (120..=140).contains(&per_cell),
+            "{per_cell} bytes ({all} in all)"
+        );
+        assert!((1_900_000..2_100_000).contains(&all), "{all}");
+        // NATS's default max_payload: 130 pools busy through the window fit, 140 do not.
+        assert!(answer_bytes(130) < MIB);
+        assert!(answer_bytes(140) > MIB);
+    }
 }
