@@ -353,6 +353,39 @@ async fn watching_shows_only_the_workers_of_granted_namespaces() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_is_drained_only_by_an_operator_of_every_namespace_it_serves() {
+    let (gateway, scripted) = gateway().await;
+    // Serves `shared`, which `ops` operates, and `secret`, which it does not.
+    let both = worker(&scripted, "root", &[SHARED, "secret"], "echo").await;
+    let mut ops = client(&gateway, "ops").await;
+    let listed = ops
+        .list_workers(pb::ListWorkersRequest::default())
+        .await
+        .expect("listed")
+        .into_inner();
+    assert!(
+        listed
+            .workers
+            .iter()
+            .any(|w| w.worker_id == both.id().get()),
+        "ops sees the worker through the namespace it is granted"
+    );
+    let refused = ops.drain(drain_by_id(both.id().get())).await.unwrap_err();
+    let unknown = ops.drain(drain_by_id(u64::MAX - 1)).await.unwrap_err();
+    assert_eq!(
+        (refused.code(), refused.message()),
+        (unknown.code(), unknown.message()),
+        "the same answer as a worker that does not exist"
+    );
+    assert_eq!(refused.code(), Code::NotFound);
+    // Control: the same operator drains a worker serving only `shared`.
+    let one = worker(&scripted, "root", &[SHARED], "echo").await;
+    ops.drain(drain_by_id(one.id().get()))
+        .await
+        .expect("ops drains a worker all of whose namespaces it operates");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_by_node_reaches_only_the_workers_the_caller_may_drain() {
     let (gateway, scripted) = gateway().await;
     let on_node = |principal: &'static str, namespace: &'static str| {

@@ -572,3 +572,22 @@ fn durable_by_default_in_cluster_mode_needs_the_jetstream_store_naming_it() {
     let config = GatewayConfig::load(None, env(&[cluster, durable, jetstream]), &[]).unwrap();
     assert_eq!(super::cluster::durable_refusal(&config), None);
 }
+
+#[test]
+fn every_toml_example_of_the_configuration_page_is_accepted() {
+    let doc = include_str!("../../../../docs/configuration.md");
+    let examples: Vec<&str> = doc
+        .split("```toml")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .collect();
+    assert_eq!(examples.len(), 2, "the page's examples");
+    for example in examples {
+        let path = file(example);
+        let loaded = GatewayConfig::load(Some(&path), env(&[]), &[]);
+        let _ = std::fs::remove_file(&path);
+        if let Err(error) = loaded {
+            panic!("docs/configuration.md's example is refused: {error}\n{example}");
+        }
+    }
+}
