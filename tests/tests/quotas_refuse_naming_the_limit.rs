@@ -1,6 +1,6 @@
 //! Quotas on what a producer or a worker churn can make the gateway hold: the refusal is
-//! `RESOURCE_EXHAUSTED` and names the configuration key, and room returns once the pressure
-//! ends.
+//! `RESOURCE_EXHAUSTED`, names the configuration key and is counted on `/metrics`, and room
+//! returns once the pressure ends.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::panic)]
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use switchyard_proto::v1 as pb;
-use switchyard_tests::{RawGrpcWorker, TestGateway, raw_registration};
+use switchyard_tests::{RawGrpcWorker, TestGateway, counter, raw_registration};
 use tonic::Code;
 
 const NS: &str = "quota";
@@ -23,6 +23,14 @@ fn request(activity_id: &str, input: &'static [u8]) -> pb::DispatchRequest {
         timeout_ms: 30_000,
         ..pb::DispatchRequest::default()
     }
+}
+
+/// The counter `name` with the label `label` on the gateway's `/metrics`. Each label counted
+/// here is refused by one test only, so the tests of this file, sharing the process's
+/// recorder, do not count into each other's series.
+async fn counted(gateway: &TestGateway, name: &str, label: &str) -> u64 {
+    let ops = gateway.gateway().ops_addr().expect("an ops listener");
+    counter(ops, name, label).await.expect("/metrics")
 }
 
 /// Waits (bounded) until `n` dispatches are parked.
@@ -57,6 +65,11 @@ async fn a_dispatch_past_the_parked_quota_is_resource_exhausted_naming_the_key()
         })
         .collect();
     parked(&gateway, 2).await;
+    let series = (
+        "switchyard_dispatch_refusals_total",
+        "limit=\"dispatch.max_parked_per_namespace\"",
+    );
+    let before = counted(&gateway, series.0, series.1).await;
 
     let refused = client
         .clone()
@@ -71,6 +84,7 @@ async fn a_dispatch_past_the_parked_quota_is_resource_exhausted_naming_the_key()
         "{}",
         refused.message()
     );
+    assert_eq!(counted(&gateway, series.0, series.1).await, before + 1);
 
     // Control: once the parked ones are cancelled, the same dispatch is accepted and parks.
     for id in ["p1", "p2"] {
@@ -101,6 +115,11 @@ async fn an_input_past_the_held_bytes_quota_is_resource_exhausted_naming_the_key
     })
     .await;
     let client = gateway.client(None).await;
+    let series = (
+        "switchyard_dispatch_refusals_total",
+        "limit=\"dispatch.max_held_input_bytes_per_namespace\"",
+    );
+    let before = counted(&gateway, series.0, series.1).await;
     let refused = client
         .clone()
         .dispatch(request("big", b"123456789"))
@@ -114,6 +133,7 @@ async fn an_input_past_the_held_bytes_quota_is_resource_exhausted_naming_the_key
         "{}",
         refused.message()
     );
+    assert_eq!(counted(&gateway, series.0, series.1).await, before + 1);
     // Control: an input within the quota is accepted (it parks, no worker serves it).
     let mut producer = client.clone();
     let fits = tokio::spawn(async move { producer.dispatch(request("fits", b"12345678")).await });
@@ -134,6 +154,11 @@ async fn a_registration_into_a_namespace_past_the_cap_is_resource_exhausted_nami
     let mut same = RawGrpcWorker::open(&gateway).await.expect("call opens");
     same.register(raw_registration("first", "work", 1)).await;
 
+    let series = (
+        "switchyard_admission_refusals_total",
+        "reason=\"namespace_limit\"",
+    );
+    let before = counted(&gateway, series.0, series.1).await;
     let mut second = RawGrpcWorker::open(&gateway).await.expect("call opens");
     let refused = second
         .try_register(raw_registration("second", "work", 1))
@@ -145,4 +170,5 @@ async fn a_registration_into_a_namespace_past_the_cap_is_resource_exhausted_nami
         "{}",
         refused.message()
     );
+    assert_eq!(counted(&gateway, series.0, series.1).await, before + 1);
 }

@@ -313,6 +313,22 @@ async fn drain_by_an_unknown_id_and_by_an_invisible_id_get_the_same_answer() {
 async fn watching_shows_only_the_workers_of_granted_namespaces() {
     use pb::gateway_event::Event;
     let (gateway, scripted) = gateway().await;
+    // Watching is an operator's: a producer and a worker credential are refused, naming it.
+    for name in ["a", "w1"] {
+        let refused = client(&gateway, name)
+            .await
+            .watch_events(pb::WatchEventsRequest {})
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(
+            (refused.code(), refused.message()),
+            (
+                Code::PermissionDenied,
+                format!("principal `{name}` lacks role `operator` for WatchEvents").as_str()
+            )
+        );
+    }
     let mut events = client(&gateway, "ops")
         .await
         .watch_events(pb::WatchEventsRequest {})
@@ -500,6 +516,15 @@ async fn register(
     Ok((send, replies))
 }
 
+/// `switchyard_admission_refusals_total{reason="principal_max_workers"}` on `/metrics`.
+async fn principal_max_workers_refusals(gateway: &TestGateway) -> u64 {
+    let ops = gateway.gateway().ops_addr().expect("an ops listener");
+    let reason = "reason=\"principal_max_workers\"";
+    switchyard_tests::counter(ops, "switchyard_admission_refusals_total", reason)
+        .await
+        .expect("/metrics")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_quotas_per_principal_and_per_connection_are_refused_naming_the_key() {
     let gateway = TestGateway::start(|config| {
@@ -515,6 +540,7 @@ async fn worker_quotas_per_principal_and_per_connection_are_refused_naming_the_k
     let (one, two) = (channel(&gateway).await, channel(&gateway).await);
     let _first = register(&one, "t-capped").await.expect("first");
     let _second = register(&two, "t-capped").await.expect("second");
+    let before = principal_max_workers_refusals(&gateway).await;
     let refused = register(&channel(&gateway).await, "t-capped")
         .await
         .unwrap_err();
@@ -524,6 +550,8 @@ async fn worker_quotas_per_principal_and_per_connection_are_refused_naming_the_k
         "{}",
         refused.message()
     );
+    // Counted on `/metrics` (only this test of the file reaches the limit).
+    assert_eq!(principal_max_workers_refusals(&gateway).await, before + 1);
     // Control: another principal is not counted against it.
     let fleet = channel(&gateway).await;
     let mut held = Vec::new();
