@@ -155,4 +155,23 @@ mod tests {
         assert_eq!(anonymous.roles, Roles::ADMIN);
         assert_eq!(anonymous.max_workers, None, "development mode has no quota");
     }
+
+    #[test]
+    fn a_principal_without_roles_is_warned_about_at_start_by_name() {
+        use crate::config::RoleName;
+        let mut narrow = principal("narrowed", "t-narrowed", "", &["a"]);
+        narrow.roles = Some(vec![RoleName::Worker]);
+        let legacy = principal("legacy", "t-legacy", "", &["a"]);
+        let log = crate::test_log::logged(|| drop(Principals::new(&[narrow.clone(), legacy])));
+        assert!(
+            log.contains("WARN") && log.contains("principal \"legacy\" has no `roles`"),
+            "{log}"
+        );
+        // Control: a principal with its roles listed is not named.
+        assert!(!log.contains("narrowed"), "{log}");
+        assert_eq!(
+            crate::test_log::logged(|| drop(Principals::new(&[narrow]))),
+            ""
+        );
+    }
 }

@@ -30,6 +30,8 @@ mod ops;
 mod quic;
 mod readiness;
 mod store;
+#[cfg(test)]
+mod test_log;
 mod tls;
 mod transport;
 

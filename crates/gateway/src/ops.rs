@@ -326,38 +326,8 @@ fn unserved_json(core: &Core) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    /// Everything logged while `f` runs.
-    fn logged(f: impl FnOnce()) -> String {
-        let buffer = Arc::new(Mutex::new(Vec::new()));
-        let writer = {
-            let buffer = Arc::clone(&buffer);
-            move || Capture(Arc::clone(&buffer))
-        };
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(writer)
-            .with_ansi(false)
-            .finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let bytes = buffer.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
-    }
-
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Capture {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::test_log::logged;
 
     #[test]
     fn a_non_loopback_ops_listener_is_warned_about_at_start() {

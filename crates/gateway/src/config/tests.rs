@@ -591,3 +591,23 @@ fn every_toml_example_of_the_configuration_page_is_accepted() {
         }
     }
 }
+
+#[test]
+fn a_reconnect_grace_past_what_the_wire_carries_is_refused_naming_the_key() {
+    let load = |grace: &str| {
+        GatewayConfig::load(
+            None,
+            env(&[("SWITCHYARD_QUIC_RECONNECT_GRACE", grace)]),
+            &[],
+        )
+    };
+    let refused = load("4294967296ms").unwrap_err();
+    assert_eq!(
+        invalid_key(&refused),
+        ("quic.reconnect_grace", "SWITCHYARD_QUIC_RECONNECT_GRACE")
+    );
+    assert!(refused.to_string().contains("4294967295ms"), "{refused}");
+    // Control: the most the wire carries, and no grace at all, are accepted.
+    assert!(load("4294967295ms").is_ok());
+    assert!(load("0s").is_ok());
+}
