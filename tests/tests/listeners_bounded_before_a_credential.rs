@@ -111,6 +111,40 @@ async fn a_slowloris_request_is_closed_at_the_header_read_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_connections_beyond_the_limit_are_closed_and_a_closed_one_makes_room() {
+    let gateway = TestGateway::start(|config| {
+        config.quic.enabled = false;
+        config.ops.max_connections = 2;
+        config.ops.header_read_timeout = ConfigDuration::secs(60);
+    })
+    .await;
+    let ops = gateway.gateway().ops_addr().unwrap();
+    // Two idle connections (no request yet) hold both places.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(TcpStream::connect(ops).await.unwrap());
+    }
+    let mut extra = TcpStream::connect(ops).await.unwrap();
+    assert!(
+        closed_by_peer(&mut extra).await,
+        "a third ops connection is still open"
+    );
+    // Control: once one is closed, a request is answered.
+    drop(held.pop());
+    let answered = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok((200, body)) = http_get(ops, "/healthz").await {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the freed place takes a request");
+    assert_eq!(answered, "ok\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_per_address_limit_are_closed_and_others_still_connect() {
     let gateway = TestGateway::start(|config| {
         config.quic.enabled = false;

@@ -281,6 +281,34 @@ mod tests {
         assert!(matches!(admitted, Ok(Some(Ok(_)))), "{admitted:?}");
     }
 
+    /// A connection to `addr` from the loopback address `from`.
+    async fn connect_from(from: [u8; 4], addr: std::net::SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((from, 0).into()).unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_listener_limit_closes_a_connection_from_any_address_once_reached() {
+        let (listener, addr) = listener().await;
+        // One connection in all; each address could hold ten.
+        let mut incoming = limited_incoming(listener, config(1, 10));
+        let _first = connect_from([127, 0, 0, 1], addr).await;
+        let held = incoming.next().await.unwrap().unwrap();
+        let mut other = connect_from([127, 0, 0, 2], addr).await;
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), other.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "another address is refused too once the listener is full: {read:?}"
+        );
+        // Control: once the held connection is dropped, the other address connects.
+        drop(held);
+        let _again = connect_from([127, 0, 0, 2], addr).await;
+        let admitted = tokio::time::timeout(Duration::from_secs(10), incoming.next()).await;
+        assert!(matches!(admitted, Ok(Some(Ok(_)))), "{admitted:?}");
+    }
+
     #[tokio::test]
     async fn dropping_the_stream_stops_accepting() {
         let (listener, addr) = listener().await;
