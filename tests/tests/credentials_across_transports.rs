@@ -69,6 +69,28 @@ fn grpc_answer(status: &Status) -> Answer {
     }
 }
 
+/// An answer and, for a gRPC refusal, its message (empty otherwise).
+struct Said {
+    answer: Answer,
+    message: String,
+}
+
+impl From<Answer> for Said {
+    fn from(answer: Answer) -> Self {
+        Self {
+            answer,
+            message: String::new(),
+        }
+    }
+}
+
+fn said(status: &Status) -> Said {
+    Said {
+        answer: grpc_answer(status),
+        message: status.message().to_owned(),
+    }
+}
+
 /// One row of the table.
 struct Row {
     credential: &'static str,
@@ -80,6 +102,10 @@ struct Row {
     /// The producer API's answer when it differs from the workers' (a role one has and the
     /// other needs).
     api: Option<Answer>,
+    /// What the gRPC worker stream's refusal message says (each part), as the table quotes it.
+    grpc_says: &'static [&'static str],
+    /// What the producer API's refusal message says (each part), as the table quotes it.
+    api_says: &'static [&'static str],
 }
 
 fn rows() -> Vec<Row> {
@@ -91,6 +117,8 @@ fn rows() -> Vec<Row> {
             namespace: GRANTED,
             expected: Answer::Admitted,
             api: None,
+            grpc_says: &[],
+            api_says: &[],
         },
         Row {
             credential: "valid token, `bearer`",
@@ -99,6 +127,8 @@ fn rows() -> Vec<Row> {
             namespace: GRANTED,
             expected: Answer::Admitted,
             api: None,
+            grpc_says: &[],
+            api_says: &[],
         },
         Row {
             credential: "unknown token",
@@ -107,6 +137,8 @@ fn rows() -> Vec<Row> {
             namespace: GRANTED,
             expected: Answer::Unauthenticated,
             api: None,
+            grpc_says: &["bearer token not recognised"],
+            api_says: &["bearer token not recognised"],
         },
         Row {
             credential: "no credential",
@@ -115,6 +147,18 @@ fn rows() -> Vec<Row> {
             namespace: GRANTED,
             expected: Answer::Unauthenticated,
             api: None,
+            grpc_says: &["no credential: "],
+            api_says: &["no credential: "],
+        },
+        Row {
+            credential: "another scheme (`Basic`)",
+            certificate: None,
+            authorization: Some("Basic dC1vcHM6dC1vcHM="),
+            namespace: GRANTED,
+            expected: Answer::Unauthenticated,
+            api: None,
+            grpc_says: &[],
+            api_says: &[],
         },
         Row {
             credential: "trusted certificate, known subject",
@@ -123,6 +167,8 @@ fn rows() -> Vec<Row> {
             namespace: GRANTED,
             expected: Answer::Admitted,
             api: None,
+            grpc_says: &[],
+            api_says: &[],
         },
         Row {
             credential: "trusted certificate, unknown subject (with a valid token)",
@@ -131,6 +177,8 @@ fn rows() -> Vec<Row> {
             namespace: GRANTED,
             expected: Answer::Unauthenticated,
             api: None,
+            grpc_says: &["client certificate subject", "not recognised"],
+            api_says: &["client certificate subject", "not recognised"],
         },
         Row {
             credential: "valid token, namespace not granted",
@@ -139,6 +187,8 @@ fn rows() -> Vec<Row> {
             namespace: NOT_GRANTED,
             expected: Answer::NotGranted,
             api: None,
+            grpc_says: &[],
+            api_says: &[],
         },
         Row {
             credential: "valid token, principal without the `worker` role",
@@ -147,6 +197,8 @@ fn rows() -> Vec<Row> {
             namespace: GRANTED,
             expected: Answer::NotGranted,
             api: Some(Answer::Admitted),
+            grpc_says: &["principal `producer-only` lacks role `worker` to register a worker"],
+            api_says: &[],
         },
         Row {
             credential: "valid token, principal with only the `worker` role",
@@ -155,6 +207,10 @@ fn rows() -> Vec<Row> {
             namespace: GRANTED,
             expected: Answer::Admitted,
             api: Some(Answer::NotGranted),
+            grpc_says: &[],
+            api_says: &[
+                "principal `worker-only` lacks role `producer` or `operator` for DescribePool",
+            ],
         },
         Row {
             credential: "known certificate, namespace not granted",
@@ -163,6 +219,8 @@ fn rows() -> Vec<Row> {
             namespace: NOT_GRANTED,
             expected: Answer::NotGranted,
             api: None,
+            grpc_says: &[],
+            api_says: &[],
         },
     ]
 }
@@ -260,7 +318,7 @@ fn with_authorization<T>(message: T, authorization: Option<&str>) -> Request<T> 
 }
 
 /// A producer API call (`DescribePool` on the row's namespace).
-async fn producer_api(gateway: &TestGateway, certificate: Option<&Issued>, row: &Row) -> Answer {
+async fn producer_api(gateway: &TestGateway, certificate: Option<&Issued>, row: &Row) -> Said {
     let mut client = GatewayClient::new(grpc_channel(gateway, certificate).await);
     let request = with_authorization(
         pb::DescribePoolRequest {
@@ -271,14 +329,14 @@ async fn producer_api(gateway: &TestGateway, certificate: Option<&Issued>, row: 
         row.authorization,
     );
     match tokio::time::timeout(Duration::from_secs(5), client.describe_pool(request)).await {
-        Err(_) => Answer::Other("no answer in 5 s".to_owned()),
-        Ok(Ok(_)) => Answer::Admitted,
-        Ok(Err(status)) => grpc_answer(&status),
+        Err(_) => Answer::Other("no answer in 5 s".to_owned()).into(),
+        Ok(Ok(_)) => Answer::Admitted.into(),
+        Ok(Err(status)) => said(&status),
     }
 }
 
 /// A gRPC worker stream registering for the row's namespace.
-async fn grpc_worker(gateway: &TestGateway, certificate: Option<&Issued>, row: &Row) -> Answer {
+async fn grpc_worker(gateway: &TestGateway, certificate: Option<&Issued>, row: &Row) -> Said {
     let mut client = WorkerGatewayClient::new(grpc_channel(gateway, certificate).await);
     let (send, frames) = mpsc::channel(4);
     send.send(raw_registration(row.namespace, "echo", 1))
@@ -288,22 +346,22 @@ async fn grpc_worker(gateway: &TestGateway, certificate: Option<&Issued>, row: &
     let answered = tokio::time::timeout(Duration::from_secs(5), async {
         let mut replies = match client.connect_worker(request).await {
             Ok(response) => response.into_inner(),
-            Err(status) => return grpc_answer(&status),
+            Err(status) => return said(&status),
         };
         loop {
             match replies.message().await {
                 Ok(Some(pb::GatewayFrame {
                     frame: Some(pb::gateway_frame::Frame::RegisterAck(_)),
-                })) => return Answer::Admitted,
+                })) => return Answer::Admitted.into(),
                 Ok(Some(_)) => {}
-                Ok(None) => return Answer::Other("stream ended without an answer".into()),
-                Err(status) => return grpc_answer(&status),
+                Ok(None) => return Answer::Other("stream ended without an answer".into()).into(),
+                Err(status) => return said(&status),
             }
         }
     })
     .await;
     drop(send);
-    answered.unwrap_or_else(|_| Answer::Other("no answer in 5 s".to_owned()))
+    answered.unwrap_or_else(|_| Answer::Other("no answer in 5 s".to_owned()).into())
 }
 
 /// A QUIC SDK worker registering for the row's namespace; the token is the part of the row's
@@ -361,17 +419,20 @@ async fn every_credential_gets_the_same_answer_on_every_transport() {
             (
                 "gRPC worker stream",
                 grpc_worker(&gateway, certificate, &row).await,
+                row.grpc_says,
             ),
             (
                 "QUIC worker",
-                quic_worker(&gateway, certificate, &row).await,
+                quic_worker(&gateway, certificate, &row).await.into(),
+                &[],
             ),
             (
                 "producer API",
                 producer_api(&gateway, certificate, &row).await,
+                row.api_says,
             ),
         ];
-        for (transport, answer) in answers {
+        for (transport, Said { answer, message }, says) in answers {
             let expected = match (&row.api, transport) {
                 (Some(api), "producer API") => api,
                 _ => &row.expected,
@@ -379,6 +440,12 @@ async fn every_credential_gets_the_same_answer_on_every_transport() {
             if &answer != expected {
                 mismatches.push(format!(
                     "{} on the {transport}: expected {expected:?}, got {answer:?}",
+                    row.credential
+                ));
+            }
+            if let Some(part) = says.iter().find(|part| !message.contains(*part)) {
+                mismatches.push(format!(
+                    "{} on the {transport}: the message does not say {part:?}: {message:?}",
                     row.credential
                 ));
             }
