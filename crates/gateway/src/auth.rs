@@ -59,17 +59,27 @@ impl Principals {
 }
 
 /// The roles `principal` holds: its `roles`, or `admin` when the key is absent (warned once,
-/// at start, naming the principal).
+/// at start, naming the principal: [`unlisted_roles_warning`]).
 fn roles_of(principal: &PrincipalSection) -> Roles {
+    if let Some(warning) = unlisted_roles_warning(principal) {
+        tracing::warn!(principal = %principal.name, "{warning}");
+    }
     match &principal.roles {
         Some(roles) => roles.iter().map(|role| role.role()).collect(),
-        None => {
-            tracing::warn!(principal = %principal.name,
-                "principal {:?} has no `roles`: it holds `admin` (every role); list the roles it \
-                 needs (worker, producer, operator) to narrow it", principal.name);
-            Roles::ADMIN
-        }
+        None => Roles::ADMIN,
     }
+}
+
+/// The warning a principal without `roles` gets at start (it holds `admin`); none for one
+/// whose roles are listed.
+fn unlisted_roles_warning(principal: &PrincipalSection) -> Option<String> {
+    principal.roles.is_none().then(|| {
+        format!(
+            "principal {:?} has no `roles`: it holds `admin` (every role); list the roles it \
+             needs (worker, producer, operator) to narrow it",
+            principal.name
+        )
+    })
 }
 
 impl Authenticate for Principals {
@@ -159,19 +169,16 @@ mod tests {
     #[test]
     fn a_principal_without_roles_is_warned_about_at_start_by_name() {
         use crate::config::RoleName;
+        let legacy = principal("legacy", "t-legacy", "", &["a"]);
+        let warning = unlisted_roles_warning(&legacy).expect("warned");
+        assert!(
+            warning.starts_with("principal \"legacy\" has no `roles`: it holds `admin`"),
+            "{warning}"
+        );
+        assert_eq!(roles_of(&legacy), Roles::ADMIN);
+        // Control: a principal with its roles listed is not warned about.
         let mut narrow = principal("narrowed", "t-narrowed", "", &["a"]);
         narrow.roles = Some(vec![RoleName::Worker]);
-        let legacy = principal("legacy", "t-legacy", "", &["a"]);
-        let log = crate::test_log::logged(|| drop(Principals::new(&[narrow.clone(), legacy])));
-        assert!(
-            log.contains("WARN") && log.contains("principal \"legacy\" has no `roles`"),
-            "{log}"
-        );
-        // Control: a principal with its roles listed is not named.
-        assert!(!log.contains("narrowed"), "{log}");
-        assert_eq!(
-            crate::test_log::logged(|| drop(Principals::new(&[narrow]))),
-            ""
-        );
+        assert_eq!(unlisted_roles_warning(&narrow), None);
     }
 }
