@@ -282,9 +282,92 @@ async fn readiness_says_degraded_while_nats_is_down_and_metrics_carry_the_node()
     assert!(!about.contains("cluster_node"), "{about}");
 }
 
+/// A one-slot worker on a node: the task tagged `tag` says it started, then runs until it is
+/// released or cancelled and says which came first; every other task echoes at once.
+struct Holding {
+    started: tokio::sync::mpsc::UnboundedReceiver<()>,
+    ended: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+    release: Arc<tokio::sync::Notify>,
+    stop: tokio_util::sync::CancellationToken,
+    running: tokio::task::JoinHandle<()>,
+}
+
+impl Holding {
+    /// Registers the worker on `site` (only there).
+    async fn on(site: &Site, tag: u64) -> Self {
+        use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
+        let (started_tx, started) = tokio::sync::mpsc::unbounded_channel();
+        let (ended_tx, ended) = tokio::sync::mpsc::unbounded_channel();
+        let release = Arc::new(tokio::sync::Notify::new());
+        let handler_release = Arc::clone(&release);
+        let worker = GrpcWorker::builder(format!("https://localhost:{}", site.port))
+            .namespaces([NAMESPACE])
+            .max_concurrency(1)
+            .tls(site.client_tls())
+            .activity(
+                ACTIVITY,
+                move |ctx: ActivityContext, input: bytes::Bytes| {
+                    let (started_tx, ended_tx) = (started_tx.clone(), ended_tx.clone());
+                    let release = Arc::clone(&handler_release);
+                    async move {
+                        if input == tagged(tag) {
+                            let released = release.notified();
+                            let _ = started_tx.send(());
+                            let end = tokio::select! {
+                                () = released => "ran to its end",
+                                () = ctx.cancelled() => "cancelled",
+                            };
+                            let _ = ended_tx.send(end);
+                        }
+                        Ok(input)
+                    }
+                },
+            )
+            .connect()
+            .await
+            .expect("the worker registers");
+        let stop = worker.shutdown_token();
+        let running = tokio::spawn(async move {
+            let _ = worker.run().await;
+        });
+        Self {
+            started,
+            ended,
+            release,
+            stop,
+            running,
+        }
+    }
+
+    /// Waits for the held task to start (`what` says where).
+    async fn started(&mut self, what: &str) {
+        tokio::time::timeout(PATIENCE, self.started.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    /// How the held task ended, waiting up to `within`.
+    async fn ended(&mut self, within: Duration, what: &str) -> &'static str {
+        tokio::time::timeout(within, self.ended.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what}"))
+            .expect("the worker runs")
+    }
+
+    /// Whether the held task has ended yet.
+    fn has_ended(&mut self) -> bool {
+        !self.ended.is_empty()
+    }
+
+    /// Stops the worker.
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.running.await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_on_the_origin_stops_the_task_on_the_node_running_it() {
-    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -294,36 +377,8 @@ async fn cancelling_on_the_origin_stops_the_task_on_the_node_running_it() {
     );
     let _a = a.serve().await;
     let _c = c.serve().await;
-    // One slot on C; its handler runs until cancelled, then reports the cancel it saw.
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let (cancel_seen_tx, mut cancel_seen) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
-        .namespaces([NAMESPACE])
-        .max_concurrency(1)
-        .tls(c.client_tls())
-        .activity(
-            ACTIVITY,
-            move |ctx: ActivityContext, input: bytes::Bytes| {
-                let (started_tx, cancel_seen_tx) = (started_tx.clone(), cancel_seen_tx.clone());
-                async move {
-                    if input == tagged(1) {
-                        let _ = started_tx.send(());
-                        tokio::select! {
-                            () = ctx.cancelled() => { let _ = cancel_seen_tx.send(()); }
-                            () = tokio::time::sleep(Duration::from_secs(30)) => {}
-                        }
-                    }
-                    Ok(input)
-                }
-            },
-        )
-        .connect()
-        .await
-        .expect("the worker registers on C");
-    let stop = worker.shutdown_token();
-    let running = tokio::spawn(async move {
-        let _ = worker.run().await;
-    });
+    // One slot on C; its task tagged 1 runs until cancelled.
+    let mut held = Holding::on(&c, 1).await;
     let mut producer = a.producer().await.expect("A listens");
     let mut long_call = producer.clone();
     let long = tokio::spawn(async move {
@@ -344,11 +399,9 @@ async fn cancelling_on_the_origin_stops_the_task_on_the_node_running_it() {
             .outcome
             .expect("an outcome")
     });
-    tokio::time::timeout(PATIENCE, started.recv())
-        .await
-        .expect("the long task started on C");
+    held.started("the long task started on C").await;
     // Control: nothing cancelled it yet.
-    assert!(cancel_seen.try_recv().is_err());
+    assert!(!held.has_ended());
     producer
         .0
         .cancel(pb::CancelDispatchRequest {
@@ -366,14 +419,14 @@ async fn cancelling_on_the_origin_stops_the_task_on_the_node_running_it() {
         ),
         "{ended:?}"
     );
-    tokio::time::timeout(PATIENCE, cancel_seen.recv())
-        .await
-        .expect("the cancel reached the worker on C");
+    let end = held
+        .ended(PATIENCE, "the cancel reached the worker on C")
+        .await;
+    assert_eq!(end, "cancelled");
     // C's only slot is free again: the next dispatch runs there.
     let next = dispatch(&a, ACTIVITY, 2, Duration::from_secs(10)).await;
     assert_eq!(completed(&next), Some(&tagged(2)[..]), "{next:?}");
-    stop.cancel();
-    let _ = running.await;
+    held.stop().await;
 }
 
 /// `docs/cluster.md`, failure table: a taker's outcome lost (NATS down between taker and
@@ -383,7 +436,6 @@ async fn cancelling_on_the_origin_stops_the_task_on_the_node_running_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_lost_between_nodes_ends_the_dispatch_timed_out_two_seconds_past_its_deadline() {
     use futures::StreamExt;
-    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
     const DEADLINE: Duration = Duration::from_secs(3);
     const GRACE: Duration = Duration::from_secs(2);
     let Some(mut nats) = NatsServer::start() else {
@@ -392,35 +444,8 @@ async fn an_outcome_lost_between_nodes_ends_the_dispatch_timed_out_two_seconds_p
     let (a, c) = (node_site(&nats, "lost", "a"), node_site(&nats, "lost", "c"));
     let _a = a.serve().await;
     let (_c, c_ops) = serve_with_ops(&c).await;
-    // One slot on C; the task tagged 2 starts, waits to be released, then says it returned.
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let (returned_tx, mut returned) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let release = Arc::new(tokio::sync::Notify::new());
-    let handler_release = Arc::clone(&release);
-    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
-        .namespaces([NAMESPACE])
-        .max_concurrency(1)
-        .tls(c.client_tls())
-        .activity(ACTIVITY, move |_: ActivityContext, input: bytes::Bytes| {
-            let (started_tx, returned_tx) = (started_tx.clone(), returned_tx.clone());
-            let release = Arc::clone(&handler_release);
-            async move {
-                if input == tagged(2) {
-                    let released = release.notified();
-                    let _ = started_tx.send(());
-                    released.await;
-                    let _ = returned_tx.send(());
-                }
-                Ok(input)
-            }
-        })
-        .connect()
-        .await
-        .expect("the worker registers on C");
-    let stop = worker.shutdown_token();
-    let running = tokio::spawn(async move {
-        let _ = worker.run().await;
-    });
+    // One slot on C; the task tagged 2 starts, then waits to be released.
+    let mut held = Holding::on(&c, 2).await;
     takes_offers(c_ops).await;
     // Control: with NATS up, C's outcome reaches A.
     let before = dispatch(&a, ACTIVITY, 1, PATIENCE).await;
@@ -456,14 +481,16 @@ async fn an_outcome_lost_between_nodes_ends_the_dispatch_timed_out_two_seconds_p
     })
     .await
     .expect("C answers the offer");
-    tokio::time::timeout(PATIENCE, started.recv())
-        .await
-        .expect("the task started on C");
+    held.started("the task started on C").await;
     nats.kill();
-    release.notify_one();
-    tokio::time::timeout(PATIENCE, returned.recv())
-        .await
-        .expect("the task returned on C, its outcome with nowhere to go");
+    held.release.notify_one();
+    let end = held
+        .ended(
+            PATIENCE,
+            "the task returned on C, its outcome with nowhere to go",
+        )
+        .await;
+    assert_eq!(end, "ran to its end");
     let ended = tokio::time::timeout(DEADLINE + GRACE + PATIENCE, call)
         .await
         .expect("the origin ends the dispatch by itself")
@@ -485,8 +512,7 @@ async fn an_outcome_lost_between_nodes_ends_the_dispatch_timed_out_two_seconds_p
         waited < DEADLINE + GRACE + Duration::from_secs(3),
         "ended after {waited:?}"
     );
-    stop.cancel();
-    let _ = running.await;
+    held.stop().await;
 }
 
 /// The silent nodes a node's `/v1/workers` names, read from its operations listener.
@@ -507,7 +533,6 @@ async fn silent_nodes(ops: u16) -> Vec<String> {
 /// has aged out of its view) and drops the outcome: its slot is free again after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_whose_origin_dies_runs_to_its_end_on_the_taker() {
-    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
     let Some(nats) = NatsServer::start() else {
         return;
     };
@@ -517,42 +542,8 @@ async fn a_task_whose_origin_dies_runs_to_its_end_on_the_taker() {
     );
     let mut node_a = a.serve().await;
     let (_c, c_ops) = serve_with_ops(&c).await;
-    // One slot on C; the task tagged 1 starts, then waits to be released or cancelled and
-    // says which came first.
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
-    let release = Arc::new(tokio::sync::Notify::new());
-    let handler_release = Arc::clone(&release);
-    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
-        .namespaces([NAMESPACE])
-        .max_concurrency(1)
-        .tls(c.client_tls())
-        .activity(
-            ACTIVITY,
-            move |ctx: ActivityContext, input: bytes::Bytes| {
-                let (started_tx, ended_tx) = (started_tx.clone(), ended_tx.clone());
-                let release = Arc::clone(&handler_release);
-                async move {
-                    if input == tagged(1) {
-                        let released = release.notified();
-                        let _ = started_tx.send(());
-                        let end = tokio::select! {
-                            () = released => "ran to its end",
-                            () = ctx.cancelled() => "cancelled",
-                        };
-                        let _ = ended_tx.send(end);
-                    }
-                    Ok(input)
-                }
-            },
-        )
-        .connect()
-        .await
-        .expect("the worker registers on C");
-    let stop = worker.shutdown_token();
-    let running = tokio::spawn(async move {
-        let _ = worker.run().await;
-    });
+    // One slot on C; the task tagged 1 starts, then waits to be released or cancelled.
+    let mut held = Holding::on(&c, 1).await;
     takes_offers(c_ops).await;
 
     let mut producer = a.producer().await.expect("A listens");
@@ -569,9 +560,7 @@ async fn a_task_whose_origin_dies_runs_to_its_end_on_the_taker() {
             })
             .await
     });
-    tokio::time::timeout(PATIENCE, started.recv())
-        .await
-        .expect("the task started on C");
+    held.started("the task started on C").await;
     // C must know A as a member before A dies, to see it go silent and then age out: A's
     // worker listed on C says so.
     let _on_a = TestWorker::connect(&a, "idle-on-a", 1, Arc::new(Ledger::default()), quick).await;
@@ -593,18 +582,14 @@ async fn a_task_whose_origin_dies_runs_to_its_end_on_the_taker() {
     })
     .await
     .expect("A is named silent, then ages out of C's membership");
-    assert!(
-        ended.try_recv().is_err(),
-        "the task ended before it was released"
-    );
-    release.notify_one();
-    let end = tokio::time::timeout(PATIENCE, ended.recv()).await.unwrap();
-    assert_eq!(end, Some("ran to its end"));
+    assert!(!held.has_ended(), "the task ended before it was released");
+    held.release.notify_one();
+    let end = held.ended(PATIENCE, "the released task ended").await;
+    assert_eq!(end, "ran to its end");
     // Its outcome went nowhere, and C's only slot is free: C's own producer is served.
     let next = dispatch(&c, ACTIVITY, 2, Duration::from_secs(10)).await;
     assert_eq!(completed(&next), Some(&tagged(2)[..]), "{next:?}");
-    stop.cancel();
-    let _ = running.await;
+    held.stop().await;
 }
 
 /// `docs/cluster.md`, failure table: an offer whose answer is lost (here C hears the offer but
@@ -614,7 +599,6 @@ async fn a_task_whose_origin_dies_runs_to_its_end_on_the_taker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offer_whose_answer_is_lost_is_cancelled_on_the_node_that_took_it() {
     use switchyard_test_support::TcpRelay;
-    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
     const DEADLINE: Duration = Duration::from_secs(9);
     // The offer's 2 s, then the cancel's trip; the deadline is 3 s and more after.
     const CANCEL_WITHIN: Duration = Duration::from_secs(4);
@@ -626,36 +610,8 @@ async fn an_offer_whose_answer_is_lost_is_cancelled_on_the_node_that_took_it() {
     let c = node_site_at(&format!("nats://{}", relay.addr()), "unanswered", "c");
     let _a = a.serve().await;
     let (_c, c_ops) = serve_with_ops(&c).await;
-    // One slot on C; the task tagged 2 runs until cancelled, then reports the cancel it saw.
-    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let (cancel_seen_tx, mut cancel_seen) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
-        .namespaces([NAMESPACE])
-        .max_concurrency(1)
-        .tls(c.client_tls())
-        .activity(
-            ACTIVITY,
-            move |ctx: ActivityContext, input: bytes::Bytes| {
-                let (started_tx, cancel_seen_tx) = (started_tx.clone(), cancel_seen_tx.clone());
-                async move {
-                    if input == tagged(2) {
-                        let _ = started_tx.send(());
-                        tokio::select! {
-                            () = ctx.cancelled() => { let _ = cancel_seen_tx.send(()); }
-                            () = tokio::time::sleep(Duration::from_secs(30)) => {}
-                        }
-                    }
-                    Ok(input)
-                }
-            },
-        )
-        .connect()
-        .await
-        .expect("the worker registers on C");
-    let stop = worker.shutdown_token();
-    let running = tokio::spawn(async move {
-        let _ = worker.run().await;
-    });
+    // One slot on C; the task tagged 2 runs until cancelled.
+    let mut held = Holding::on(&c, 2).await;
     takes_offers(c_ops).await;
     // Control: with C heard, its answer and outcome reach A.
     let before = dispatch(&a, ACTIVITY, 1, PATIENCE).await;
@@ -665,13 +621,16 @@ async fn an_offer_whose_answer_is_lost_is_cancelled_on_the_node_that_took_it() {
     let a = Arc::new(a);
     let origin = Arc::clone(&a);
     let call = tokio::spawn(async move { dispatch(&origin, ACTIVITY, 2, DEADLINE).await });
-    tokio::time::timeout(PATIENCE, started.recv())
-        .await
-        .expect("C took the offer and started the task, its answer going nowhere");
+    held.started("C took the offer and started the task, its answer going nowhere")
+        .await;
     // Well before the deadline, which would stop the task on C by itself.
-    tokio::time::timeout(CANCEL_WITHIN, cancel_seen.recv())
-        .await
-        .expect("A's cancel for the unanswered offer stopped the task on C");
+    let end = held
+        .ended(
+            CANCEL_WITHIN,
+            "A's cancel for the unanswered offer stopped the task on C",
+        )
+        .await;
+    assert_eq!(end, "cancelled");
     let ended = tokio::time::timeout(DEADLINE + PATIENCE, call)
         .await
         .expect("the dispatch ends")
@@ -689,8 +648,7 @@ async fn an_offer_whose_answer_is_lost_is_cancelled_on_the_node_that_took_it() {
         unserved.detail.contains("a node may have started the task"),
         "{unserved:?}"
     );
-    stop.cancel();
-    let _ = running.await;
+    held.stop().await;
 }
 
 /// `docs/cluster.md`: "A taker answers an unreadable offer with an answer naming no forward
