@@ -429,6 +429,36 @@ mod tests {
         }
     }
 
+    impl Held {
+        /// A handler holding every `hold` call until released, serving `node`'s calls until
+        /// `stop`.
+        fn serve(node: &Admin, stop: &CancellationToken) -> Arc<Self> {
+            let held = Arc::new(Self {
+                release: Arc::new(Semaphore::new(0)),
+                entered: Arc::new(AtomicUsize::new(0)),
+                changed: Arc::new(Notify::new()),
+            });
+            node.serve(Arc::clone(&held) as Arc<dyn AdminHandler>);
+            tokio::spawn(node.clone().follow(stop.clone()));
+            held
+        }
+
+        /// Waits (up to `patience`) until `count` held calls have entered.
+        async fn until_entered(&self, count: usize, patience: Duration) {
+            tokio::time::timeout(patience, async {
+                loop {
+                    let notified = self.changed.notified();
+                    if self.entered.load(Ordering::SeqCst) == count {
+                        break;
+                    }
+                    notified.await;
+                }
+            })
+            .await
+            .unwrap();
+        }
+    }
+
     fn admin(client: &Client, node: &str, members: &Arc<Mutex<Members>>) -> Admin {
         let status = ClusterStatus::new(node);
         status.set(Standing::Joined);
@@ -450,19 +480,8 @@ mod tests {
         let client = async_nats::connect(nats.url()).await.unwrap();
         let members = Arc::new(Mutex::new(Members::default()));
         let (a, b) = (admin(&client, "a", &members), admin(&client, "b", &members));
-        let held = Held {
-            release: Arc::new(Semaphore::new(0)),
-            entered: Arc::new(AtomicUsize::new(0)),
-            changed: Arc::new(Notify::new()),
-        };
-        let (release, entered, changed) = (
-            Arc::clone(&held.release),
-            Arc::clone(&held.entered),
-            Arc::clone(&held.changed),
-        );
-        b.serve(Arc::new(held));
         let stop = CancellationToken::new();
-        tokio::spawn(b.clone().follow(stop.clone()));
+        let held = Held::serve(&b, &stop);
         let patience = Duration::from_secs(10);
         // B answers once its subscription is up.
         tokio::time::timeout(patience, async {
@@ -481,22 +500,12 @@ mod tests {
             let a = a.clone();
             holding.spawn(async move { a.ask("b", "hold", "", Bytes::new(), patience).await });
         }
-        tokio::time::timeout(patience, async {
-            loop {
-                let notified = changed.notified();
-                if entered.load(Ordering::SeqCst) == MAX_SERVING {
-                    break;
-                }
-                notified.await;
-            }
-        })
-        .await
-        .unwrap();
+        held.until_entered(MAX_SERVING, patience).await;
         let refused = a.ask("b", "ping", "", Bytes::new(), patience).await;
         let reason = refused.unwrap_err();
         assert!(reason.contains("busy: 16 admin calls"), "{reason}");
         // Control: once the held calls end, B answers again, and every held call was answered.
-        release.add_permits(MAX_SERVING);
+        held.release.add_permits(MAX_SERVING);
         for answer in holding.join_all().await {
             assert_eq!(answer.unwrap(), Bytes::from_static(b"hold"));
         }
@@ -520,19 +529,8 @@ mod tests {
             .unwrap()
             .seen("b", 1, tokio::time::Instant::now());
         let (a, b) = (admin(&client, "a", &members), admin(&client, "b", &members));
-        let held = Held {
-            release: Arc::new(Semaphore::new(0)),
-            entered: Arc::new(AtomicUsize::new(0)),
-            changed: Arc::new(Notify::new()),
-        };
-        let (release, entered, changed) = (
-            Arc::clone(&held.release),
-            Arc::clone(&held.entered),
-            Arc::clone(&held.changed),
-        );
-        b.serve(Arc::new(held));
         let stop = CancellationToken::new();
-        tokio::spawn(b.clone().follow(stop.clone()));
+        let held = Held::serve(&b, &stop);
         let patience = Duration::from_secs(10);
         tokio::time::timeout(patience, async {
             while a
@@ -551,17 +549,7 @@ mod tests {
             let a = a.clone();
             holding.spawn(async move { a.ask_others("hold", "", Bytes::new(), patience).await });
         }
-        tokio::time::timeout(patience, async {
-            loop {
-                let notified = changed.notified();
-                if entered.load(Ordering::SeqCst) == MAX_ASKING {
-                    break;
-                }
-                notified.await;
-            }
-        })
-        .await
-        .unwrap();
+        held.until_entered(MAX_ASKING, patience).await;
         // A ninth gather finds no turn within its 300 ms: every node named silent, why said.
         let late = a
             .ask_others("ping", "", Bytes::new(), Duration::from_millis(300))
@@ -580,7 +568,7 @@ mod tests {
             let a = a.clone();
             tokio::spawn(async move { a.ask_others("ping", "", Bytes::new(), patience).await })
         };
-        release.add_permits(MAX_ASKING);
+        held.release.add_permits(MAX_ASKING);
         let answered = waiting.await.unwrap();
         assert!(answered.silent.is_empty(), "{answered:?}");
         assert_eq!(answered.answers.len(), 1);

@@ -210,10 +210,11 @@ async fn a_capacity_announcement_heard_while_the_offer_is_out_offers_again_at_on
     assert_eq!(offers(&scripted).len(), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_deadline_of_an_offer_nobody_took_says_no_capacity_in_cluster() {
+/// The reason and detail of a dispatch whose one offer got `answer` and that then reached its
+/// deadline unserved.
+async fn unserved_after_one_offer(answer: Answer) -> (UnservedReason, String) {
     let s = setup();
-    let _scripted = install(&s, vec![Answer::NoTaker]);
+    let _scripted = install(&s, vec![answer]);
     let outcome = s
         .spawn(request("x", Duration::from_secs(5)))
         .await
@@ -221,6 +222,12 @@ async fn the_deadline_of_an_offer_nobody_took_says_no_capacity_in_cluster() {
     let ActivityOutcome::Unserved { reason, detail } = outcome else {
         panic!("not unserved: {outcome:?}");
     };
+    (reason, detail)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_of_an_offer_nobody_took_says_no_capacity_in_cluster() {
+    let (reason, detail) = unserved_after_one_offer(Answer::NoTaker).await;
     assert_eq!(reason, UnservedReason::NoCapacityInCluster);
     assert!(detail.contains("no other node"), "{detail}");
     // Control: without an overflow the local reason stands.
@@ -245,15 +252,7 @@ async fn the_deadline_of_an_offer_nobody_took_says_no_capacity_in_cluster() {
 /// outcome at the deadline does not claim that no node took it: one may have started it.
 #[tokio::test(start_paused = true)]
 async fn the_deadline_after_an_unanswered_offer_says_a_node_may_have_started_the_task() {
-    let s = setup();
-    let _scripted = install(&s, vec![Answer::Unanswered]);
-    let outcome = s
-        .spawn(request("x", Duration::from_secs(5)))
-        .await
-        .expect("dispatch");
-    let ActivityOutcome::Unserved { reason, detail } = outcome else {
-        panic!("not unserved: {outcome:?}");
-    };
+    let (reason, detail) = unserved_after_one_offer(Answer::Unanswered).await;
     assert_eq!(reason, UnservedReason::NoCapacityInCluster);
     assert!(
         detail.contains("a node may have started the task"),
@@ -261,15 +260,7 @@ async fn the_deadline_after_an_unanswered_offer_says_a_node_may_have_started_the
     );
     assert!(!detail.contains("took the offer"), "{detail}");
     // Control: an offer answered "no taker" says no node took it.
-    let answered = setup();
-    let _scripted = install(&answered, vec![Answer::NoTaker]);
-    let outcome = answered
-        .spawn(request("x", Duration::from_secs(5)))
-        .await
-        .expect("dispatch");
-    let ActivityOutcome::Unserved { detail, .. } = outcome else {
-        panic!("not unserved: {outcome:?}");
-    };
+    let (_, detail) = unserved_after_one_offer(Answer::NoTaker).await;
     assert!(!detail.contains("may have started"), "{detail}");
 }
 
