@@ -323,3 +323,51 @@ fn refused(correlation_id: u64, status: &Status) -> pb::DispatchStreamReply {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn reply(correlation_id: u64) -> Reply {
+        Ok(pb::DispatchStreamReply {
+            correlation_id,
+            result: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn an_evicted_stream_frees_its_queued_replies_and_ends_with_the_status() {
+        let (send, receiver) = mpsc::channel(4);
+        let outlet = Arc::new(Mutex::new(Outlet {
+            replies: Some(receiver),
+            ended_with: None,
+            waker: None,
+        }));
+        let mut replies = Replies {
+            outlet: Arc::clone(&outlet),
+            taken: Arc::new(Notify::new()),
+        };
+        for id in 0..3 {
+            send.send(reply(id)).await.expect("room");
+        }
+        // Control: before the eviction the producer reads what is queued.
+        let first = replies.next().await.expect("a reply").expect("not a status");
+        assert_eq!(first.correlation_id, 0);
+        assert!(!send.is_closed());
+
+        evict(&outlet, Status::resource_exhausted("slow consumer"));
+        assert!(
+            send.is_closed(),
+            "the queued replies' receiver is dropped, and them with it"
+        );
+        let status = replies
+            .next()
+            .await
+            .expect("the status")
+            .expect_err("not a queued reply");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(replies.next().await.is_none(), "the status is the last item");
+    }
+}
