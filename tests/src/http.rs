@@ -30,17 +30,21 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
     Ok((status, body))
 }
 
-/// The value of the counter `name` whose labels include `label` (`key="value"`) on the
-/// `/metrics` of the operations listener at `addr`; 0 while the series is absent.
+/// The value of the counter `name` whose labels include `label` (`key="value"`; `""` for a
+/// counter without labels) on the `/metrics` of the operations listener at `addr`; 0 while the
+/// series is absent.
 pub async fn counter(addr: SocketAddr, name: &str, label: &str) -> std::io::Result<u64> {
     let (status, metrics) = http_get(addr, "/metrics").await?;
     if status != 200 {
         return Err(std::io::Error::other(format!("/metrics answered {status}")));
     }
-    let series = format!("{name}{{");
+    let (labelled, bare) = (format!("{name}{{"), format!("{name} "));
     Ok(metrics
         .lines()
-        .find(|line| line.starts_with(&series) && line.contains(label))
+        .find(|line| {
+            (line.starts_with(&labelled) && line.contains(label))
+                || (label.is_empty() && line.starts_with(&bare))
+        })
         .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .map_or(0, |value| value as u64))
 }

@@ -353,7 +353,11 @@ mod tests {
             send.send(reply(id)).await.expect("room");
         }
         // Control: before the eviction the producer reads what is queued.
-        let first = replies.next().await.expect("a reply").expect("not a status");
+        let first = replies
+            .next()
+            .await
+            .expect("a reply")
+            .expect("not a status");
         assert_eq!(first.correlation_id, 0);
         assert!(!send.is_closed());
 
@@ -368,6 +372,9 @@ mod tests {
             .expect("the status")
             .expect_err("not a queued reply");
         assert_eq!(status.code(), Code::ResourceExhausted);
-        assert!(replies.next().await.is_none(), "the status is the last item");
+        assert!(
+            replies.next().await.is_none(),
+            "the status is the last item"
+        );
     }
 }
