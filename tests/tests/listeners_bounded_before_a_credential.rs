@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use switchyard_gateway::{ConfigDuration, PrincipalSection};
-use switchyard_tests::{TestGateway, http_get};
+use switchyard_tests::{TestGateway, counter, http_get};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
@@ -213,6 +213,19 @@ async fn health_watch_streams_beyond_the_limit_are_refused_naming_it() {
     let mut first = health.watch(request()).await.unwrap().into_inner();
     let _second = health.watch(request()).await.unwrap().into_inner();
     assert!(first.next().await.is_some(), "an admitted watch answers");
+    let ops = gateway.gateway().ops_addr().unwrap();
+    let refusals = || {
+        counter(
+            ops,
+            "switchyard_health_watch_refused_total",
+            "limit=\"grpc.max_health_watchers\"",
+        )
+    };
+    assert_eq!(
+        refusals().await.unwrap(),
+        0,
+        "two watches are within the limit"
+    );
     let refused = health.watch(request()).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
     assert!(
@@ -222,6 +235,7 @@ async fn health_watch_streams_beyond_the_limit_are_refused_naming_it() {
         "{}",
         refused.message()
     );
+    assert_eq!(refusals().await.unwrap(), 1, "the refusal is counted");
     // Control: a watch that ends gives its place back.
     drop(first);
     let mut admitted = false;
