@@ -9,6 +9,9 @@
 //!   no grant and refused PERMISSION_DENIED at registration; now UNAUTHENTICATED, as on QUIC
 //!   and the producer API.
 //!
+//! A principal at `principals[].max_workers` is refused on QUIC as the limits table says: the
+//! connection closed `UNAVAILABLE` with the key in its reason, counted on `/metrics`.
+//!
 //! The WebSocket transport takes no client certificate; its token rows are covered in its own
 //! crate (`examples/transport-websocket`, `auth.rs` and `tests/wire.rs`).
 
@@ -454,4 +457,56 @@ async fn every_credential_gets_the_same_answer_on_every_transport() {
     // Every transport is asked every row, and the rows hold admissions and both refusal
     // families, so a transport that admitted everyone, or refused everyone alike, fails here.
     assert!(mismatches.is_empty(), "{mismatches:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_at_max_workers_is_refused_over_quic_closing_unavailable_naming_the_key() {
+    const CAPPED: &str = "t-capped-quic-worker";
+    let gateway = TestGateway::start(|config: &mut GatewayConfig| {
+        config.principals = vec![PrincipalSection {
+            name: "capped".to_owned(),
+            token: CAPPED.to_owned(),
+            namespaces: vec![GRANTED.to_owned()],
+            max_workers: 1,
+            ..PrincipalSection::default()
+        }];
+    })
+    .await;
+    let connect = || {
+        QuicWorker::builder(gateway.gateway().addr("quic").unwrap(), "localhost")
+            .namespaces([GRANTED])
+            .max_concurrency(1)
+            .tls(gateway.quic_tls())
+            .token(CAPPED)
+            .connect_timeout(Duration::from_secs(5))
+            .activity("echo", |_: ActivityContext, input: Bytes| async move {
+                Ok::<_, ActivityError>(input)
+            })
+            .connect()
+    };
+    let refusals = || async {
+        let ops = gateway.gateway().ops_addr().unwrap();
+        let reason = "reason=\"principal_max_workers\"";
+        switchyard_tests::counter(ops, "switchyard_admission_refusals_total", reason)
+            .await
+            .unwrap()
+    };
+    // Control: the principal's first worker is within its limit.
+    let _first = connect().await.expect("the first worker is admitted");
+    assert_eq!(refusals().await, 0);
+    let error = match connect().await {
+        Ok(_) => panic!("a second worker of a principal with max_workers 1 was admitted"),
+        Err(error) => error,
+    };
+    match error.link_error::<QuicLinkError>() {
+        Some(QuicLinkError::Refused {
+            code: ErrorCode::Unavailable,
+            reason,
+        }) => assert!(
+            reason.contains("`principals[].max_workers` (1) reached for principal `capped`"),
+            "{reason}"
+        ),
+        _ => panic!("expected a close with UNAVAILABLE: {error}"),
+    }
+    assert_eq!(refusals().await, 1, "the refusal is counted");
 }
