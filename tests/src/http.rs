@@ -7,6 +7,16 @@ use tokio::net::TcpStream;
 
 /// GETs `path` from `addr`; returns the status code and the body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let (status, _head, body) = http_get_with_head(addr, path).await?;
+    Ok((status, body))
+}
+
+/// GETs `path` from `addr`; returns the status code, the head (status line and headers, as
+/// sent) and the body.
+pub async fn http_get_with_head(
+    addr: SocketAddr,
+    path: &str,
+) -> std::io::Result<(u16, String, String)> {
     let mut stream = TcpStream::connect(addr).await?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
@@ -27,7 +37,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
     } else {
         body.to_owned()
     };
-    Ok((status, body))
+    Ok((status, head.to_owned(), body))
 }
 
 /// The value of the counter `name` whose labels include `label` (`key="value"`; `""` for a

@@ -4,7 +4,9 @@
 use bytes::Bytes;
 use switchyard_core::CallerIdentity;
 use switchyard_proto::v1 as pb;
-use switchyard_tests::{ScriptedTransport, TestGateway, http_get, registration};
+use switchyard_tests::{
+    ScriptedTransport, TestGateway, http_get, http_get_with_head, registration,
+};
 use tokio::time::{Duration, timeout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,4 +125,99 @@ async fn health_readiness_metrics_and_json_views_answer() {
     assert_eq!(unserved["unserved"][0]["reason"], "no_workers");
     assert_eq!(unserved["unserved"][0]["waiting"], 1);
     parked.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_answers_503_shutting_down_while_the_gateway_drains() {
+    let scripted = ScriptedTransport::default();
+    let mut gateway = TestGateway::start_with(
+        |config| {
+            config.quic.enabled = false;
+            config.shutdown.drain_timeout = switchyard_gateway::ConfigDuration::secs(2);
+        },
+        |builder| builder.transport(scripted.clone()),
+    )
+    .await;
+    let ops = gateway.gateway().ops_addr().expect("ops enabled");
+    // A task the worker holds keeps the drain going until its timeout.
+    let worker = scripted
+        .connect(
+            &CallerIdentity::trusted("test"),
+            registration(&["drain"], &["hold"], Some(1)),
+            true,
+        )
+        .await
+        .unwrap();
+    let (_control, mut tasks, _serving) = worker.answer_pings_in_background();
+    let mut client = gateway.client(None).await;
+    let dispatch = tokio::spawn(async move {
+        client
+            .dispatch(pb::DispatchRequest {
+                namespace: "drain".to_owned(),
+                activity_type: "hold".to_owned(),
+                input: Bytes::from_static(b"x"),
+                timeout_ms: 30_000,
+                ..pb::DispatchRequest::default()
+            })
+            .await
+    });
+    timeout(Duration::from_secs(15), tasks.recv())
+        .await
+        .expect("the task reaches the worker")
+        .expect("the worker runs");
+    // Control: ready until shutdown begins.
+    assert_eq!(
+        http_get(ops, "/readyz").await.unwrap(),
+        (200, "ready\n".to_owned())
+    );
+
+    let probe = async {
+        // Polled: an HTTP prober has no other way to learn it.
+        for _ in 0..200 {
+            match http_get(ops, "/readyz").await {
+                Ok((200, _)) => tokio::time::sleep(Duration::from_millis(10)).await,
+                other => return other,
+            }
+        }
+        panic!("/readyz still answered 200 two seconds into the shutdown");
+    };
+    let (answer, ()) = tokio::join!(probe, gateway.shutdown());
+    assert_eq!(answer.unwrap(), (503, "shutting down\n".to_owned()));
+    let ended = dispatch.await.unwrap().unwrap().into_inner();
+    assert!(
+        matches!(
+            ended.outcome.and_then(|o| o.outcome),
+            Some(pb::dispatch_outcome::Outcome::ShuttingDown(_))
+        ),
+        "the held task ends shutting down once the drain times out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_and_its_assets_allow_only_their_own_script_and_styles() {
+    let gateway = TestGateway::start(|config| config.quic.enabled = false).await;
+    let ops = gateway.gateway().ops_addr().expect("ops enabled");
+    let csp =
+        "content-security-policy: default-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
+    for path in ["/", "/console.js", "/console.css"] {
+        let (status, head, body) = http_get_with_head(ops, path).await.unwrap();
+        assert_eq!(status, 200, "{path}");
+        assert!(!body.is_empty(), "{path}");
+        let head = head.to_ascii_lowercase();
+        for header in [
+            csp,
+            "x-frame-options: deny",
+            "x-content-type-options: nosniff",
+        ] {
+            assert!(head.contains(header), "{path} lacks {header}:\n{head}");
+        }
+    }
+    // Control: the JSON and probe endpoints are not pages and carry no policy.
+    let (_, head, _) = http_get_with_head(ops, "/healthz").await.unwrap();
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("content-security-policy"),
+        "{head}"
+    );
 }
