@@ -221,3 +221,59 @@ async fn the_console_and_its_assets_allow_only_their_own_script_and_styles() {
         "{head}"
     );
 }
+
+/// Reads from `stream` until `until`: every byte read, and whether the gateway closed it.
+async fn read_until(
+    stream: &mut tokio::net::TcpStream,
+    until: tokio::time::Instant,
+) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut text = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(until, stream.read(&mut buf)).await {
+            Err(_) => return (String::from_utf8_lossy(&text).into_owned(), false),
+            Ok(Ok(0) | Err(_)) => return (String::from_utf8_lossy(&text).into_owned(), true),
+            Ok(Ok(n)) => text.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_event_stream_is_kept_open_by_comments_past_the_idle_timeout() {
+    use tokio::io::AsyncWriteExt;
+    const IDLE: Duration = Duration::from_millis(600);
+    let gateway = TestGateway::start(|config| {
+        config.quic.enabled = false;
+        config.ops.idle_timeout = switchyard_gateway::ConfigDuration::millis(600);
+    })
+    .await;
+    let ops = gateway.gateway().ops_addr().expect("ops enabled");
+    let request = |path: &str| {
+        format!("GET {path} HTTP/1.1\r\nHost: {ops}\r\nAccept: text/event-stream\r\n\r\n")
+    };
+
+    // No worker, so no event: only the keep-alive comments (every 300 ms here) move bytes.
+    let mut events = tokio::net::TcpStream::connect(ops).await.unwrap();
+    events
+        .write_all(request("/v1/events").as_bytes())
+        .await
+        .unwrap();
+    let (text, closed) = read_until(&mut events, tokio::time::Instant::now() + IDLE * 4).await;
+    assert!(!closed, "the event stream was closed:\n{text}");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let comments = text.lines().filter(|line| line.starts_with(':')).count();
+    assert!(
+        comments >= 3,
+        "{comments} comments in four idle timeouts:\n{text}"
+    );
+
+    // Control: a kept-alive connection whose response is over moves nothing and is closed.
+    let mut idle = tokio::net::TcpStream::connect(ops).await.unwrap();
+    idle.write_all(request("/healthz").as_bytes())
+        .await
+        .unwrap();
+    let (text, closed) = read_until(&mut idle, tokio::time::Instant::now() + IDLE * 4).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(closed, "an idle connection outlived four idle timeouts");
+}

@@ -245,12 +245,18 @@ pub(crate) fn sse(
     let lines = events
         .map(Ok::<_, Infallible>)
         .take_until(stop.cancelled_owned());
-    let keep_alive = KEEP_ALIVE
-        .min(idle_timeout / 2)
-        .max(Duration::from_millis(100));
     Sse::new(lines)
-        .keep_alive(KeepAlive::new().interval(keep_alive))
+        .keep_alive(KeepAlive::new().interval(keep_alive_every(idle_timeout)))
         .into_response()
+}
+
+/// How often a silent event stream gets a comment: every [`KEEP_ALIVE`], or half
+/// `ops.idle_timeout` when that is shorter (so the listener never finds the stream idle), and
+/// no more often than every 100 ms.
+fn keep_alive_every(idle_timeout: Duration) -> Duration {
+    KEEP_ALIVE
+        .min(idle_timeout / 2)
+        .max(Duration::from_millis(100))
 }
 
 /// The line telling a page it missed `count` events.
@@ -329,6 +335,22 @@ mod tests {
     use switchyard_core::{DisconnectReason, WorkerId};
 
     use super::*;
+
+    #[test]
+    fn a_silent_stream_gets_a_comment_every_15_s_or_half_the_idle_timeout() {
+        assert_eq!(keep_alive_every(Duration::from_secs(60)), KEEP_ALIVE);
+        assert_eq!(KEEP_ALIVE, Duration::from_secs(15));
+        assert_eq!(
+            keep_alive_every(Duration::from_secs(10)),
+            Duration::from_secs(5),
+            "inside a shorter idle timeout"
+        );
+        assert_eq!(
+            keep_alive_every(Duration::from_millis(50)),
+            Duration::from_millis(100),
+            "never more often than every 100 ms"
+        );
+    }
 
     fn published(feed: &EventFeed, n: u64) {
         for i in 0..n {
