@@ -214,13 +214,27 @@ impl TlsMaterial {
 /// The data directory: `tls.data_dir` when set, else `$XDG_DATA_HOME/switchyard`, else
 /// `$HOME/.local/share/switchyard`, else `.switchyard` in the working directory.
 pub fn resolve_data_dir(configured: &str) -> PathBuf {
+    data_dir_from(
+        configured,
+        std::env::var_os("XDG_DATA_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
+/// [`resolve_data_dir`] with the environment's `XDG_DATA_HOME` and `HOME` given (an empty
+/// value counts as unset).
+fn data_dir_from(
+    configured: &str,
+    xdg_data_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> PathBuf {
     if !configured.is_empty() {
         return PathBuf::from(configured);
     }
-    if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+    if let Some(xdg) = xdg_data_home.filter(|v| !v.is_empty()) {
         return PathBuf::from(xdg).join("switchyard");
     }
-    if let Some(home) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+    if let Some(home) = home.filter(|v| !v.is_empty()) {
         return PathBuf::from(home).join(".local/share/switchyard");
     }
     PathBuf::from(".switchyard")
@@ -322,6 +336,33 @@ fn pem_error(key: &'static str, path: &Path, problem: String) -> TlsError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_data_dir_is_the_setting_else_xdg_data_home_else_home_else_the_working_directory() {
+        let some = |v: &str| Some(std::ffi::OsString::from(v));
+        assert_eq!(
+            data_dir_from("/srv/sy", some("/xdg"), some("/home/u")),
+            PathBuf::from("/srv/sy")
+        );
+        assert_eq!(
+            data_dir_from("", some("/xdg"), some("/home/u")),
+            PathBuf::from("/xdg/switchyard")
+        );
+        assert_eq!(
+            data_dir_from("", some(""), some("/home/u")),
+            PathBuf::from("/home/u/.local/share/switchyard"),
+            "an empty XDG_DATA_HOME counts as unset"
+        );
+        assert_eq!(
+            data_dir_from("", None, some("/home/u")),
+            PathBuf::from("/home/u/.local/share/switchyard")
+        );
+        assert_eq!(
+            data_dir_from("", None, some("")),
+            PathBuf::from(".switchyard")
+        );
+        assert_eq!(data_dir_from("", None, None), PathBuf::from(".switchyard"));
+    }
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(
