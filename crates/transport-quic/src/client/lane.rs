@@ -411,3 +411,59 @@ pub(crate) fn write_reply(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(lane: u64, seq: u64) -> QuicDatagramDown {
+        QuicDatagramDown {
+            lane,
+            seq,
+            task: Some(QuicTask {
+                task_id: seq,
+                ..QuicTask::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_lane_queues_at_most_copy_queue_copies_and_the_rest_are_dropped() {
+        let router = Arc::new(LaneCopyRouter::new(Arc::default()));
+        let (_guard, mut copies) = router.join(1);
+        for seq in 0..COPY_QUEUE as u64 + 2 {
+            assert!(router.route(copy(1, seq)).is_ok());
+        }
+        assert_eq!(COPY_QUEUE, 4);
+        assert_eq!(
+            router.counters.snapshot().copies_dropped,
+            2,
+            "past the queue"
+        );
+        let queued: Vec<u64> = std::iter::from_fn(|| copies.try_recv().ok())
+            .map(|(seq, _)| seq)
+            .collect();
+        assert_eq!(queued, [0, 1, 2, 3], "the first four kept, in order");
+
+        // Control: once the lane took them there is room again.
+        assert!(router.route(copy(1, 9)).is_ok());
+        assert_eq!(router.counters.snapshot().copies_dropped, 2);
+        assert_eq!(copies.try_recv().map(|(seq, _)| seq).ok(), Some(9));
+
+        // A lane nobody serves drops its copy; a copy without a task closes the connection.
+        assert!(router.route(copy(7, 0)).is_ok());
+        assert_eq!(router.counters.snapshot().copies_dropped, 3);
+        let empty = QuicDatagramDown {
+            lane: 1,
+            seq: 10,
+            task: None,
+        };
+        assert!(matches!(
+            router.route(empty),
+            Err(Fault::Close {
+                code: ErrorCode::MalformedFrame,
+                ..
+            })
+        ));
+    }
+}
