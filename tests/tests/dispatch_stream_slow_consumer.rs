@@ -72,7 +72,7 @@ fn serve(
                 None => return,
                 Some(WorkerMessage::Ping { seq }) => worker.pong(seq),
                 Some(WorkerMessage::Task(task)) if task.input.first() == Some(&HOLD) => {
-                    holding = Some(task.task_id.clone());
+                    holding = Some(task.task_id);
                     let _ = seen.send(Held::Started(task.task_id)).await;
                 }
                 Some(WorkerMessage::Task(task)) => worker.complete(task.task_id, task.input),
@@ -203,10 +203,7 @@ async fn a_stream_whose_replies_are_never_read_is_ended_as_a_slow_consumer() {
     let cancelled = within("the held task's cancel", setup.held.recv()).await;
     assert_eq!(
         cancelled,
-        Some(Held::Cancelled(
-            setup.held_task.clone(),
-            CancelReason::CallerGone
-        )),
+        Some(Held::Cancelled(setup.held_task, CancelReason::CallerGone)),
         "the ended stream's running dispatch is cancelled on its worker"
     );
     let (outcomes, ended) = within(
