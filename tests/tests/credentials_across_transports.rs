@@ -492,7 +492,9 @@ async fn a_principal_at_max_workers_is_refused_over_quic_closing_unavailable_nam
             .unwrap()
     };
     // Control: the principal's first worker is within its limit.
-    let _first = connect().await.expect("the first worker is admitted");
+    let first = connect().await.expect("the first worker is admitted");
+    // Served, so it answers the gateway's pings and stays registered however slow this run.
+    let serving = tokio::spawn(first.run());
     assert_eq!(refusals().await, 0);
     let error = match connect().await {
         Ok(_) => panic!("a second worker of a principal with max_workers 1 was admitted"),
@@ -509,4 +511,6 @@ async fn a_principal_at_max_workers_is_refused_over_quic_closing_unavailable_nam
         _ => panic!("expected a close with UNAVAILABLE: {error}"),
     }
     assert_eq!(refusals().await, 1, "the refusal is counted");
+    assert!(!serving.is_finished(), "the first worker is still served");
+    serving.abort();
 }
