@@ -256,6 +256,38 @@ mod tests {
             }),
             ErrorCode::NamespaceNotGranted
         );
+        assert_eq!(
+            refusal_code(&AdmissionError::UnknownNamespace {
+                namespace: "n".into()
+            }),
+            ErrorCode::NamespaceUnknown
+        );
+        assert_eq!(
+            refusal_code(&AdmissionError::PlacementViolated {
+                namespace: "n".into(),
+                node: None,
+                required: Vec::new(),
+            }),
+            ErrorCode::PlacementRefused
+        );
+        for unavailable in [
+            AdmissionError::Store(switchyard_core::StoreError("disk".into())),
+            AdmissionError::PrincipalWorkerLimit {
+                principal: "p".into(),
+                limit: 1,
+            },
+            AdmissionError::NamespaceLimit { limit: 1 },
+        ] {
+            assert_eq!(
+                refusal_code(&unavailable),
+                ErrorCode::Unavailable,
+                "{unavailable}"
+            );
+        }
+        assert_eq!(
+            refusal_code(&AdmissionError::ShuttingDown),
+            ErrorCode::ShuttingDown
+        );
     }
 
     #[test]
