@@ -186,6 +186,31 @@ async fn unknown_protocol_version_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_checked_before_the_version_so_a_bad_token_with_a_wrong_version_is_unauthenticated()
+ {
+    let tokens = CallerTable::new().with_token("good", CallerIdentity::granted("team", [NS]));
+    let gateway = Gateway::with(QuicServerConfig::default(), tokens).await;
+    let refused_with = |token: &str| {
+        let mut register = register_frame(&["work"]);
+        register.protocol_version = 2;
+        register.auth_token = token.to_owned();
+        let gateway = &gateway;
+        async move {
+            let mut raw = Raw::connect(gateway).await;
+            raw.send_control(switchyard_proto::v1::quic_control_up::Frame::Register(
+                register,
+            ))
+            .await;
+            raw.closed().await.0
+        }
+    };
+    assert_eq!(refused_with("bad").await, ErrorCode::Unauthenticated);
+    // Control: the same wrong version with a good token is refused for the version.
+    assert_eq!(refused_with("good").await, ErrorCode::UnsupportedVersion);
+    assert!(gateway.registry().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_never_registers_is_closed_at_the_deadline() {
     let config = QuicServerConfig {
         registration_timeout: Duration::from_millis(200),

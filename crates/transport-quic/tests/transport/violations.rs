@@ -198,6 +198,23 @@ async fn registering_twice_is_a_protocol_violation() {
     assert_eq!(reason, "register sent twice");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_on_an_admitted_connection_is_a_protocol_violation() {
+    let gateway = Gateway::start().await;
+    let (mut raw, _) = registered(&gateway).await;
+    raw.send_control(quic_control_up::Frame::Resume(
+        switchyard_proto::v1::QuicResume {
+            protocol_version: 1,
+            session_id: 1,
+            ..switchyard_proto::v1::QuicResume::default()
+        },
+    ))
+    .await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::ProtocolViolation);
+    assert_eq!(reason, "resume after the connection was admitted");
+}
+
 /// One connection carries one worker: besides `register` twice on the control stream (above),
 /// the worker has no credit for a second stream on which to register another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
