@@ -112,6 +112,22 @@ async fn an_empty_lane_envelope_closes_with_malformed_frame() {
     );
 }
 
+/// A variant this gateway does not know (a field number no envelope has) decodes as an unknown
+/// field, so the envelope carries no variant: malformed, as the spec says, not ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_envelope_with_an_unknown_variant_closes_with_malformed_frame() {
+    let gateway = Gateway::start().await;
+    let (raw, lane) = registered(&gateway).await;
+    // Field 99, varint 1: tag (99 << 3) = 792 = 0x98 0x06.
+    lane.send_bytes(&[0, 0, 0, 3, 0x98, 0x06, 0x01]).await;
+    let (code, reason) = raw.closed().await;
+    assert_eq!(code, ErrorCode::MalformedFrame);
+    assert!(
+        reason.ends_with("frame envelope carries no message"),
+        "{reason}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_for_an_unknown_task_closes_with_unknown_task() {
     let gateway = Gateway::start().await;
