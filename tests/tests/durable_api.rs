@@ -501,6 +501,21 @@ async fn a_watcher_hears_its_own_outcomes_only() {
     assert!(matches!(heard.event,
         Some(pb::watch_outcomes_reply::Event::Outcome(pb::DispatchOutcome {
             outcome: Some(Outcome::Completed(c)) })) if c.output == "mine"));
+
+    // An operator of the namespace reads and awaits a's dispatch (control), but watching
+    // outcomes is a producer's call: it is refused, not a stream of every principal's outcomes.
+    let mut ops = client(&gateway, "ops").await;
+    await_outcome(&mut ops, &mine, 10_000).await;
+    let refused = ops
+        .watch_outcomes(pb::WatchOutcomesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(
+        refused.message().contains("lacks role") && refused.message().contains("for WatchOutcomes"),
+        "{}",
+        refused.message()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
