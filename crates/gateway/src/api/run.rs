@@ -21,6 +21,12 @@ use crate::ops::{PoolCell, PoolHandles};
 /// driver records `timed_out` or `unserved` at the deadline, and the write takes a commit.
 const RECORD_GRACE: Duration = Duration::from_secs(5);
 
+/// How long a durable `Dispatch` (or `DispatchStream` item) waits for its outcome: its
+/// timeout, capped at `dispatch.max_timeout`, and [`RECORD_GRACE`] more.
+fn durable_wait(timeout: Duration, max_timeout: Duration) -> Duration {
+    timeout.min(max_timeout) + RECORD_GRACE
+}
+
 /// Runs the dispatches of `Dispatch` and `DispatchStream`.
 #[derive(Clone, Debug)]
 pub(crate) struct Runner {
@@ -106,7 +112,7 @@ impl Runner {
         wire: pb::DispatchRequest,
     ) -> Result<ActivityOutcome, Status> {
         let (request, key) = outcome::durable_request(wire, self.default_timeout);
-        let wait = request.timeout.min(self.dispatcher.max_timeout()) + RECORD_GRACE;
+        let wait = durable_wait(request.timeout, self.dispatcher.max_timeout());
         let (id, heard) = match key {
             // Without a key nothing is said before the outcome: the task may go to a worker
             // while its record commits.
@@ -140,5 +146,25 @@ impl Runner {
                 id
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_durable_dispatch_waits_its_timeout_capped_at_max_timeout_and_5_s_more() {
+        let max = Duration::from_secs(60);
+        assert_eq!(RECORD_GRACE, Duration::from_secs(5));
+        assert_eq!(
+            durable_wait(Duration::from_secs(2), max),
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            durable_wait(Duration::from_secs(120), max),
+            Duration::from_secs(65),
+            "a timeout past dispatch.max_timeout is capped first"
+        );
     }
 }
