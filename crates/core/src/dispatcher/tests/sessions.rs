@@ -417,3 +417,54 @@ async fn a_resume_lost_before_its_announcement_leaves_one_cancel_for_the_next() 
         "one cancel, not one per resume"
     );
 }
+
+/// The liveness prober's verdict on a session worker (silent for its whole window) suspends it
+/// like a lost connection: its transport is told to close (`DEREGISTERED`, "deregistered by the
+/// gateway: timeout", on QUIC), but the session, its slot and its task stay, so it resumes.
+#[tokio::test(start_paused = true)]
+async fn a_session_worker_found_silent_is_suspended_and_resumes_with_its_task() {
+    let s = setup();
+    let (mut quiet, grant) = session_worker(&s, 1, GRACE).await;
+    let running = s.spawn(request("held", Duration::from_secs(60)));
+    let task = quiet.task().await;
+    let mut events = s.registry.subscribe_events();
+
+    // What the prober calls once the worker missed its window.
+    assert!(s.registry.deregister(quiet.id, DisconnectReason::Timeout));
+    assert_eq!(s.eligibility(&quiet), Eligibility::Suspended);
+    assert_eq!(s.in_flight(&quiet), 1, "the slot stays taken");
+    let seen: Vec<WorkerEvent> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    assert!(
+        seen.iter().any(
+            |event| matches!(event, WorkerEvent::Suspended { worker, .. } if *worker == quiet.id)
+        ),
+        "{seen:?}"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|event| matches!(event, WorkerEvent::Disconnected { .. })),
+        "{seen:?}"
+    );
+
+    let held = resume(&s, &mut quiet, &grant, &[task.task_id], &[]).expect("resumed");
+    assert_eq!(held, vec![task.task_id]);
+    announce(&quiet);
+    s.dispatcher
+        .complete(quiet.id, task.task_id, success("held"))
+        .expect("accepted");
+    assert_eq!(running.await.expect("joined"), completed("held"));
+
+    // Control: a worker without a session found silent leaves.
+    let plain = s.worker(1).await;
+    let mut events = s.registry.subscribe_events();
+    assert!(s.registry.deregister(plain.id, DisconnectReason::Timeout));
+    assert!(!s.registry.is_registered(plain.id));
+    assert_eq!(
+        events.try_recv().ok(),
+        Some(WorkerEvent::Disconnected {
+            worker: plain.id,
+            reason: DisconnectReason::Timeout
+        })
+    );
+}
