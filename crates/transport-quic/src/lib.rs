@@ -80,6 +80,8 @@ mod outbox;
 mod protocol;
 mod redundancy;
 mod server;
+#[cfg(test)]
+mod spec_values;
 mod tls;
 
 pub use crate::metrics::{

@@ -18,7 +18,7 @@
 //! each task core still holds put on a lane of its own with a `held` frame. Results are
 //! acknowledged in batches (`server/acks.rs`) so the worker knows what it may forget.
 
-mod acks;
+pub(crate) mod acks;
 mod admit;
 mod connection;
 mod datagram;
