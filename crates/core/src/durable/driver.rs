@@ -296,3 +296,84 @@ pub(super) async fn record(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::durable::{DispatchId, NewDispatch};
+
+    fn row(state: DispatchState, attempts: u32, deadline: SystemTime) -> StoredDispatch {
+        StoredDispatch {
+            dispatch: NewDispatch {
+                id: DispatchId::generate(),
+                namespace: "ns".into(),
+                task_queue: "q".into(),
+                activity_type: "a".into(),
+                node: None,
+                input: Bytes::new(),
+                principal: "p".into(),
+                idempotency_key: None,
+                submitted_at: deadline - Duration::from_secs(10),
+                deadline,
+            },
+            state,
+            attempts,
+        }
+    }
+
+    #[test]
+    fn a_restart_past_the_deadline_says_timed_out_for_a_dispatch_a_worker_ever_held() {
+        let deadline = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let after = deadline + Duration::from_secs(1);
+        let queued = DispatchState::Queued { not_before: None };
+        let parked = DispatchState::Parked {
+            reason: "no_workers".into(),
+        };
+        let running = DispatchState::Running {
+            worker: crate::WorkerId::from_raw(1),
+            attempt: 1,
+        };
+        // Held once, then back in the queue or parked (its worker lost): timed out.
+        assert_eq!(
+            expired(&row(queued.clone(), 1, deadline), after),
+            Some(ActivityOutcome::TimedOut)
+        );
+        assert_eq!(
+            expired(&row(parked.clone(), 2, deadline), after),
+            Some(ActivityOutcome::TimedOut)
+        );
+        assert_eq!(
+            expired(&row(running.clone(), 1, deadline), after),
+            Some(ActivityOutcome::TimedOut)
+        );
+        // Never held: unserved, saying so.
+        for never in [queued.clone(), parked] {
+            match expired(&row(never, 0, deadline), after) {
+                Some(ActivityOutcome::Unserved { reason, detail }) => {
+                    assert_eq!(reason, UnservedReason::NoWorkers);
+                    assert!(detail.contains("no worker took it"), "{detail}");
+                }
+                other => panic!("expected unserved: {other:?}"),
+            }
+        }
+        // Control: with time left, nothing is decided.
+        assert_eq!(
+            expired(
+                &row(queued, 1, deadline),
+                deadline - Duration::from_millis(1)
+            ),
+            None
+        );
+        assert_eq!(
+            expired(
+                &row(running, 1, deadline),
+                deadline - Duration::from_millis(1)
+            ),
+            None
+        );
+    }
+}
