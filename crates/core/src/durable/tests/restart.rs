@@ -104,6 +104,46 @@ async fn shutting_down_is_not_recorded_and_the_dispatch_runs_after_the_restart()
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_task_its_worker_finishes_within_the_drain_timeout_has_that_outcome_recorded() {
+    let store = memory();
+    let alice = producer("alice");
+    let gw = start(Arc::clone(&store)).await;
+    let mut worker = gw.setup.worker(1).await;
+    let id = gw.submit(&alice, "drained").await;
+    let task = worker.task().await;
+
+    // The gateway's order: the durable dispatcher first, then core's drain.
+    gw.durable.shutdown();
+    let dispatcher = gw.setup.dispatcher.clone();
+    let drain = tokio::spawn(async move { dispatcher.shutdown(Duration::from_secs(30)).await });
+    // The worker hears the shutdown, then finishes its task inside the drain.
+    loop {
+        match worker.rx.recv().await {
+            Some(crate::WorkerMessage::ShuttingDown) => break,
+            Some(_) => {}
+            None => panic!("the worker's link closed before the shutdown was announced"),
+        }
+    }
+    gw.setup
+        .dispatcher
+        .complete(worker.id, task.task_id, success("drained"))
+        .expect("accepted during the drain");
+    drain.await.expect("the drain ends");
+    gw.durable.drivers_ended().await;
+
+    let row = store.get(&id).await.expect("reads").expect("recorded");
+    match row.state {
+        DispatchState::Finished { outcome, .. } => {
+            assert_eq!(
+                (outcome.kind.as_str(), &outcome.output[..]),
+                ("completed", &b"drained"[..])
+            );
+        }
+        other => panic!("the outcome finished in the drain was not recorded: {other:?}"),
+    }
+}
+
 fn past_deadline(principal: &str, input: &str) -> NewDispatch {
     let now = SystemTime::now();
     NewDispatch {
