@@ -233,6 +233,32 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn the_columns_durability_md_lists_are_the_tables_columns_in_order() {
+        const PAGE: &str = include_str!("../../../docs/durability.md");
+        let start = PAGE.find("Columns: `seq`").expect("the columns paragraph");
+        let end = start + PAGE[start..].find("Do not write").expect("its end");
+        // Every backticked word of the paragraph that names a column, in order (state values
+        // and outcome kinds are not columns and drop out).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = open_writer(&dir.path().join("s.sqlite3"), Synchronous::Full).expect("open");
+        let columns: Vec<String> = conn
+            .prepare("SELECT name FROM pragma_table_info('dispatches') ORDER BY cid")
+            .expect("prepare")
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("names");
+        let listed: Vec<&str> = PAGE[start..end]
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|name| columns.iter().any(|column| column == name))
+            .collect();
+        // A column missing from the page, misspelt, or out of order fails here.
+        assert_eq!(listed, columns, "docs/durability.md's column list");
+    }
+
     fn pragma(conn: &Connection, name: &str) -> String {
         conn.pragma_query_value(None, name, |row| row.get::<_, rusqlite::types::Value>(0))
             .map(|value| match value {
