@@ -32,11 +32,21 @@ async fn gateway() -> Gateway {
 
 /// Registers a resumable worker for `work` with capacity 1 over `addr`, once it is eligible.
 async fn resumable(gateway: &Gateway, addr: std::net::SocketAddr) -> (Raw, QuicRegistered) {
+    eligible(gateway, addr, true).await
+}
+
+/// Registers a worker for `work` with capacity 1 over `addr`, resumable or not, once it is
+/// eligible.
+async fn eligible(
+    gateway: &Gateway,
+    addr: std::net::SocketAddr,
+    resumable: bool,
+) -> (Raw, QuicRegistered) {
     let mut events = gateway.registry().subscribe_events();
     let mut raw = Raw::dial(addr, "127.0.0.1:0", client_config(gateway), None).await;
     let registered = raw
         .register(switchyard_proto::v1::QuicRegister {
-            resumable: true,
+            resumable,
             ..register_frame(&["work"])
         })
         .await;
@@ -98,6 +108,50 @@ async fn a_resumable_registration_gets_a_session_and_a_plain_one_does_not() {
         ),
         (0, 0, 0)
     );
+}
+
+/// Runs one task on a worker registered `resumable` or not, and returns what the control
+/// stream carried within 500 ms of the dispatch's outcome (25 times the `results_ack` batch
+/// delay): the acknowledged ids, or `None` for no `results_ack`.
+async fn ack_after_one_result(resumable: bool) -> Option<Vec<u64>> {
+    let gateway = Gateway::start().await;
+    let (mut raw, _) = eligible(&gateway, gateway.addr(), resumable).await;
+    let core = gateway.core.clone();
+    let dispatch = tokio::spawn(async move {
+        core.dispatcher()
+            .dispatch(
+                &switchyard_core::CallerIdentity::trusted("test"),
+                crate::support::request("work", b"in", PATIENCE),
+            )
+            .await
+            .unwrap()
+    });
+    let (lane, task) = raw.next_task().await;
+    lane.send(output(task.task_id, "done")).await;
+    let outcome = tokio::time::timeout(PATIENCE, dispatch)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        outcome,
+        ActivityOutcome::Completed(Bytes::from_static(b"done"))
+    );
+    // An absence has no event to wait for: a window far longer than the batch delay.
+    match tokio::time::timeout(Duration::from_millis(500), raw.next_control()).await {
+        Ok(frame) => match frame.frame {
+            Some(quic_control_down::Frame::ResultsAck(ack)) => Some(ack.task_ids),
+            other => panic!("unexpected control frame {other:?}"),
+        },
+        Err(_) => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_ack_goes_only_to_a_worker_that_registered_resumable() {
+    let (plain, resumable) = tokio::join!(ack_after_one_result(false), ack_after_one_result(true));
+    assert_eq!(plain, None, "a plain worker was sent results_ack");
+    // Control: the same exchange with `resumable` set is acknowledged.
+    assert_eq!(resumable.map(|ids| ids.len()), Some(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
