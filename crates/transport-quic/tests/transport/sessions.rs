@@ -224,6 +224,99 @@ async fn a_lost_connection_suspends_and_a_resume_takes_the_held_task_s_result_on
     assert_eq!(gateway.core.dispatcher().refused().unknown, 0);
 }
 
+/// A worker that shrank its capacity while two tasks ran resumes holding more tasks than it
+/// has slots: the gateway opens a lane for each held task (section 5.1), and both results
+/// complete their dispatches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_holding_more_tasks_than_slots_gets_a_lane_for_each() {
+    let gateway = gateway().await;
+    let relay = UdpRelay::start(gateway.addr()).await.unwrap();
+    let mut events = gateway.registry().subscribe_events();
+    let (mut old, registered) = resumable(&gateway, relay.addr()).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    let announced = |capacity: u32| {
+        move |e: &WorkerEvent| {
+            matches!(e, WorkerEvent::CapacityAnnounced { worker: w, capacity: c }
+                if *w == worker && *c == capacity)
+        }
+    };
+    old.announce(2).await;
+    event(&mut events, "capacity 2", announced(2)).await;
+    let dispatch = |input: &'static [u8]| {
+        let core = gateway.core.clone();
+        tokio::spawn(async move {
+            core.dispatcher()
+                .dispatch(
+                    &switchyard_core::CallerIdentity::trusted("test"),
+                    crate::support::request("work", input, PATIENCE),
+                )
+                .await
+                .unwrap()
+        })
+    };
+    let (first, second) = (dispatch(b"one"), dispatch(b"two"));
+    let (_, a) = old.next_task().await;
+    let (_, b) = old.next_task().await;
+    old.announce(1).await;
+    event(&mut events, "capacity 1", announced(1)).await;
+    relay.freeze();
+    event(
+        &mut events,
+        "suspended",
+        |e| matches!(e, WorkerEvent::Suspended { worker: w, .. } if *w == worker),
+    )
+    .await;
+
+    let mut new = Raw::connect(&gateway).await;
+    new.send_control(quic_control_up::Frame::Resume(resume_frame(
+        &registered,
+        registered.resume_secret.clone(),
+        vec![a.task_id, b.task_id],
+    )))
+    .await;
+    let answer = match new.next_control().await.frame {
+        Some(quic_control_down::Frame::Registered(answer)) => answer,
+        other => panic!("expected registered, got {other:?}"),
+    };
+    let mut held_ids = answer.held_task_ids.clone();
+    held_ids.sort_unstable();
+    let mut expected = vec![a.task_id, b.task_id];
+    expected.sort_unstable();
+    assert_eq!(held_ids, expected);
+    let mut lanes = Vec::new();
+    for _ in 0..2 {
+        let (lane, held) = tokio::time::timeout(PATIENCE, new.held.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        lanes.push((lane, held));
+    }
+    assert_ne!(lanes[0].0.index, lanes[1].0.index, "one lane per held task");
+    // Each held task answered with its input: the dispatch it belongs to hears its own.
+    for (lane, held) in &lanes {
+        let input = if *held == a.task_id {
+            &a.input
+        } else {
+            &b.input
+        };
+        lane.send(quic_lane_up::Frame::Result(QuicResult {
+            task_id: *held,
+            outcome: Some(quic_result::Outcome::Output(input.clone())),
+        }))
+        .await;
+    }
+    for (dispatch, text) in [(first, "one"), (second, "two")] {
+        let outcome = tokio::time::timeout(PATIENCE, dispatch)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            outcome,
+            ActivityOutcome::Completed(Bytes::from_static(text.as_bytes()))
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_secret_is_refused_by_name_and_changes_nothing() {
     let gateway = gateway().await;
