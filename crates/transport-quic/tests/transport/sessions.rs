@@ -146,6 +146,45 @@ async fn ack_after_one_result(resumable: bool) -> Option<Vec<u64>> {
     }
 }
 
+/// A result for a dispatch that already ended (timed out; the result stands in for the cancel
+/// acknowledgement and reaches no producer) is acknowledged all the same, so the worker forgets
+/// it instead of resending it after every resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_for_a_dispatch_that_already_ended_is_still_acknowledged() {
+    let gateway = Gateway::start().await;
+    let (mut raw, _) = eligible(&gateway, gateway.addr(), true).await;
+    let core = gateway.core.clone();
+    let dispatch = tokio::spawn(async move {
+        core.dispatcher()
+            .dispatch(
+                &switchyard_core::CallerIdentity::trusted("test"),
+                crate::support::request("work", b"in", Duration::from_millis(300)),
+            )
+            .await
+            .unwrap()
+    });
+    let (lane, task) = raw.next_task().await;
+    let outcome = tokio::time::timeout(PATIENCE, dispatch)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, ActivityOutcome::TimedOut);
+    lane.send(output(task.task_id, "late")).await;
+    match tokio::time::timeout(PATIENCE, raw.next_control()).await {
+        Ok(frame) => match frame.frame {
+            Some(quic_control_down::Frame::ResultsAck(ack)) => {
+                assert_eq!(ack.task_ids, vec![task.task_id]);
+            }
+            other => panic!("expected results_ack, got {other:?}"),
+        },
+        Err(_) => panic!("the result after the deadline was never acknowledged"),
+    }
+    eventually("the result counted as after its cancel", || {
+        gateway.core.dispatcher().results_after_cancel() == 1
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_ack_goes_only_to_a_worker_that_registered_resumable() {
     let (plain, resumable) = tokio::join!(ack_after_one_result(false), ack_after_one_result(true));
