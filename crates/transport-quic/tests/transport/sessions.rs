@@ -80,6 +80,25 @@ fn resume_frame(registered: &QuicRegistered, secret: Bytes, running: Vec<u64>) -
     }
 }
 
+/// Dispatches `input` to the `work` pool through core, as a producer would; the handle yields
+/// the outcome.
+fn dispatch(
+    gateway: &Gateway,
+    input: &'static [u8],
+    timeout: Duration,
+) -> tokio::task::JoinHandle<ActivityOutcome> {
+    let core = gateway.core.clone();
+    tokio::spawn(async move {
+        core.dispatcher()
+            .dispatch(
+                &switchyard_core::CallerIdentity::trusted("test"),
+                crate::support::request("work", input, timeout),
+            )
+            .await
+            .unwrap()
+    })
+}
+
 fn output(task_id: u64, text: &'static str) -> quic_lane_up::Frame {
     quic_lane_up::Frame::Result(QuicResult {
         task_id,
@@ -116,16 +135,7 @@ async fn a_resumable_registration_gets_a_session_and_a_plain_one_does_not() {
 async fn ack_after_one_result(resumable: bool) -> Option<Vec<u64>> {
     let gateway = Gateway::start().await;
     let (mut raw, _) = eligible(&gateway, gateway.addr(), resumable).await;
-    let core = gateway.core.clone();
-    let dispatch = tokio::spawn(async move {
-        core.dispatcher()
-            .dispatch(
-                &switchyard_core::CallerIdentity::trusted("test"),
-                crate::support::request("work", b"in", PATIENCE),
-            )
-            .await
-            .unwrap()
-    });
+    let dispatch = dispatch(&gateway, b"in", PATIENCE);
     let (lane, task) = raw.next_task().await;
     lane.send(output(task.task_id, "done")).await;
     let outcome = tokio::time::timeout(PATIENCE, dispatch)
@@ -153,16 +163,7 @@ async fn ack_after_one_result(resumable: bool) -> Option<Vec<u64>> {
 async fn a_result_for_a_dispatch_that_already_ended_is_still_acknowledged() {
     let gateway = Gateway::start().await;
     let (mut raw, _) = eligible(&gateway, gateway.addr(), true).await;
-    let core = gateway.core.clone();
-    let dispatch = tokio::spawn(async move {
-        core.dispatcher()
-            .dispatch(
-                &switchyard_core::CallerIdentity::trusted("test"),
-                crate::support::request("work", b"in", Duration::from_millis(300)),
-            )
-            .await
-            .unwrap()
-    });
+    let dispatch = dispatch(&gateway, b"in", Duration::from_millis(300));
     let (lane, task) = raw.next_task().await;
     let outcome = tokio::time::timeout(PATIENCE, dispatch)
         .await
@@ -200,16 +201,7 @@ async fn a_lost_connection_suspends_and_a_resume_takes_the_held_task_s_result_on
     let mut events = gateway.registry().subscribe_events();
     let (mut old, registered) = resumable(&gateway, relay.addr()).await;
     let worker = WorkerId::from_raw(registered.worker_id);
-    let core = gateway.core.clone();
-    let dispatch = tokio::spawn(async move {
-        core.dispatcher()
-            .dispatch(
-                &switchyard_core::CallerIdentity::trusted("test"),
-                crate::support::request("work", b"in", PATIENCE),
-            )
-            .await
-            .unwrap()
-    });
+    let dispatch = dispatch(&gateway, b"in", PATIENCE);
     let (_lane, task) = old.next_task().await;
     relay.freeze();
     event(
@@ -281,19 +273,10 @@ async fn a_resume_holding_more_tasks_than_slots_gets_a_lane_for_each() {
     };
     old.announce(2).await;
     event(&mut events, "capacity 2", announced(2)).await;
-    let dispatch = |input: &'static [u8]| {
-        let core = gateway.core.clone();
-        tokio::spawn(async move {
-            core.dispatcher()
-                .dispatch(
-                    &switchyard_core::CallerIdentity::trusted("test"),
-                    crate::support::request("work", input, PATIENCE),
-                )
-                .await
-                .unwrap()
-        })
-    };
-    let (first, second) = (dispatch(b"one"), dispatch(b"two"));
+    let (first, second) = (
+        dispatch(&gateway, b"one", PATIENCE),
+        dispatch(&gateway, b"two", PATIENCE),
+    );
     let (_, a) = old.next_task().await;
     let (_, b) = old.next_task().await;
     old.announce(1).await;
