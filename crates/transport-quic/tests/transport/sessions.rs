@@ -130,9 +130,9 @@ async fn a_resumable_registration_gets_a_session_and_a_plain_one_does_not() {
 }
 
 /// Runs one task on a worker registered `resumable` or not, and returns what the control
-/// stream carried within 500 ms of the dispatch's outcome (25 times the `results_ack` batch
-/// delay): the acknowledged ids, or `None` for no `results_ack`.
-async fn ack_after_one_result(resumable: bool) -> Option<Vec<u64>> {
+/// stream carried within `window` of the dispatch's outcome: the acknowledged ids, or `None`
+/// for no `results_ack`.
+async fn ack_after_one_result(resumable: bool, window: Duration) -> Option<Vec<u64>> {
     let gateway = Gateway::start().await;
     let (mut raw, _) = eligible(&gateway, gateway.addr(), resumable).await;
     let dispatch = dispatch(&gateway, b"in", PATIENCE);
@@ -146,8 +146,7 @@ async fn ack_after_one_result(resumable: bool) -> Option<Vec<u64>> {
         outcome,
         ActivityOutcome::Completed(Bytes::from_static(b"done"))
     );
-    // An absence has no event to wait for: a window far longer than the batch delay.
-    match tokio::time::timeout(Duration::from_millis(500), raw.next_control()).await {
+    match tokio::time::timeout(window, raw.next_control()).await {
         Ok(frame) => match frame.frame {
             Some(quic_control_down::Frame::ResultsAck(ack)) => Some(ack.task_ids),
             other => panic!("unexpected control frame {other:?}"),
@@ -188,7 +187,11 @@ async fn a_result_for_a_dispatch_that_already_ended_is_still_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_ack_goes_only_to_a_worker_that_registered_resumable() {
-    let (plain, resumable) = tokio::join!(ack_after_one_result(false), ack_after_one_result(true));
+    // An absence has no event to wait for: 500 ms, 25 times the batch delay.
+    let (plain, resumable) = tokio::join!(
+        ack_after_one_result(false, Duration::from_millis(500)),
+        ack_after_one_result(true, PATIENCE)
+    );
     assert_eq!(plain, None, "a plain worker was sent results_ack");
     // Control: the same exchange with `resumable` set is acknowledged.
     assert_eq!(resumable.map(|ids| ids.len()), Some(1));
