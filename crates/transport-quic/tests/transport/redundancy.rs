@@ -258,6 +258,45 @@ async fn copies_are_sent_only_when_both_ends_ask_and_every_task_runs_once() {
     }
 }
 
+/// A frame larger than the path's datagram size goes by lane alone, on both ends: a 4 KiB
+/// task and its 4 KiB echoed result send no copy, while small ones around it do.
+#[tokio::test]
+async fn a_frame_too_large_for_a_datagram_goes_by_lane_alone() {
+    static LARGE: [u8; 4096] = [7; 4096];
+    let (gateway, handle, _) = run_sdk(Redundancy::Datagram, Redundancy::Datagram, 1).await;
+    let copies = || {
+        (
+            gateway.server.redundancy_stats().copies_sent,
+            handle.redundancy_stats().copies_sent,
+        )
+    };
+    // Control: the small task and its result were copied.
+    eventually("the small task's copies", || copies() == (1, 1)).await;
+    assert!(matches!(
+        gateway.dispatch("count", &LARGE).await,
+        ActivityOutcome::Completed(output) if output.len() == 4096
+    ));
+    // Copies leave in order, each one spacing after its lane copy: a copy of the large task
+    // (or result) would be the second one out on its side, ahead of the next small one's.
+    assert!(matches!(
+        gateway.dispatch("count", b"y").await,
+        ActivityOutcome::Completed(_)
+    ));
+    eventually("a second copy on each side", || {
+        copies().0 >= 2 && copies().1 >= 2
+    })
+    .await;
+    let bytes = (
+        gateway.server.redundancy_stats().copy_bytes_sent,
+        handle.redundancy_stats().copy_bytes_sent,
+    );
+    assert!(
+        bytes.0 < 4096 && bytes.1 < 4096,
+        "the large task or its result was copied: {bytes:?} bytes"
+    );
+    assert_eq!(copies(), (2, 2));
+}
+
 #[tokio::test]
 async fn a_datagram_that_does_not_decode_closes_with_malformed_frame() {
     let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
