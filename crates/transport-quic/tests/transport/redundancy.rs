@@ -16,7 +16,7 @@ use switchyard_transport_quic::{
 };
 
 use crate::observe::{copies_total, record_metrics};
-use crate::support::{Gateway, PATIENCE, Raw, eventually, register_frame, request};
+use crate::support::{Gateway, PATIENCE, Raw, eventually, outcome_of, register_frame, request};
 
 fn config(redundancy: Redundancy) -> QuicServerConfig {
     QuicServerConfig {
@@ -83,10 +83,7 @@ async fn a_result_sent_only_by_datagram_completes_its_task_and_its_lane_copy_is_
     raw.conn
         .send_datagram(copy(lane.index, 1, output(task.task_id, "by datagram")))
         .unwrap();
-    let outcome = tokio::time::timeout(PATIENCE, first)
-        .await
-        .unwrap()
-        .unwrap();
+    let outcome = outcome_of(first).await;
     assert_eq!(
         outcome,
         ActivityOutcome::Completed(Bytes::from_static(b"by datagram"))
@@ -116,10 +113,7 @@ async fn a_result_sent_only_by_datagram_completes_its_task_and_its_lane_copy_is_
             "lane first",
         )))
         .await;
-    let outcome = tokio::time::timeout(PATIENCE, second)
-        .await
-        .unwrap()
-        .unwrap();
+    let outcome = outcome_of(second).await;
     assert_eq!(
         outcome,
         ActivityOutcome::Completed(Bytes::from_static(b"lane first"))
@@ -161,10 +155,7 @@ async fn without_negotiated_redundancy_a_datagram_result_waits_for_its_lane_copy
     );
     lane.send(quic_lane_up::Frame::Result(output(task.task_id, "by lane")))
         .await;
-    let outcome = tokio::time::timeout(PATIENCE, dispatch)
-        .await
-        .unwrap()
-        .unwrap();
+    let outcome = outcome_of(dispatch).await;
     assert_eq!(
         outcome,
         ActivityOutcome::Completed(Bytes::from_static(b"by lane"))

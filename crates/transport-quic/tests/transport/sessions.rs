@@ -14,7 +14,9 @@ use switchyard_proto::v1::{
 use switchyard_test_support::UdpRelay;
 use switchyard_transport_quic::{ConnectionConfig, ErrorCode, QuicServerConfig};
 
-use crate::support::{Gateway, PATIENCE, Raw, client_config, event, eventually, register_frame};
+use crate::support::{
+    Gateway, PATIENCE, Raw, client_config, event, eventually, outcome_of, register_frame,
+};
 
 /// A gateway that notices a dead link within half a second: the QUIC idle timeout ends the
 /// connection, not the liveness window.
@@ -138,10 +140,7 @@ async fn ack_after_one_result(resumable: bool, window: Duration) -> Option<Vec<u
     let dispatch = dispatch(&gateway, b"in", PATIENCE);
     let (lane, task) = raw.next_task().await;
     lane.send(output(task.task_id, "done")).await;
-    let outcome = tokio::time::timeout(PATIENCE, dispatch)
-        .await
-        .unwrap()
-        .unwrap();
+    let outcome = outcome_of(dispatch).await;
     assert_eq!(
         outcome,
         ActivityOutcome::Completed(Bytes::from_static(b"done"))
@@ -164,10 +163,7 @@ async fn a_result_for_a_dispatch_that_already_ended_is_still_acknowledged() {
     let (mut raw, _) = eligible(&gateway, gateway.addr(), true).await;
     let dispatch = dispatch(&gateway, b"in", Duration::from_millis(300));
     let (lane, task) = raw.next_task().await;
-    let outcome = tokio::time::timeout(PATIENCE, dispatch)
-        .await
-        .unwrap()
-        .unwrap();
+    let outcome = outcome_of(dispatch).await;
     assert_eq!(outcome, ActivityOutcome::TimedOut);
     lane.send(output(task.task_id, "late")).await;
     match tokio::time::timeout(PATIENCE, raw.next_control()).await {
@@ -241,10 +237,7 @@ async fn a_lost_connection_suspends_and_a_resume_takes_the_held_task_s_result_on
         .unwrap();
     assert_eq!(held, task.task_id, "the held task is put on a lane");
     lane.send(output(task.task_id, "done")).await;
-    let outcome = tokio::time::timeout(PATIENCE, dispatch)
-        .await
-        .unwrap()
-        .unwrap();
+    let outcome = outcome_of(dispatch).await;
     assert_eq!(
         outcome,
         ActivityOutcome::Completed(Bytes::from_static(b"done"))
@@ -331,10 +324,7 @@ async fn a_resume_holding_more_tasks_than_slots_gets_a_lane_for_each() {
         .await;
     }
     for (dispatch, text) in [(first, "one"), (second, "two")] {
-        let outcome = tokio::time::timeout(PATIENCE, dispatch)
-            .await
-            .unwrap()
-            .unwrap();
+        let outcome = outcome_of(dispatch).await;
         assert_eq!(
             outcome,
             ActivityOutcome::Completed(Bytes::from_static(text.as_bytes()))

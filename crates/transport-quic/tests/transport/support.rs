@@ -205,6 +205,16 @@ pub(crate) async fn event(
     .unwrap_or_else(|_| panic!("no event: {what}"))
 }
 
+/// The outcome a spawned dispatch ends with; fails the test after [`PATIENCE`].
+pub(crate) async fn outcome_of(
+    dispatch: tokio::task::JoinHandle<ActivityOutcome>,
+) -> ActivityOutcome {
+    tokio::time::timeout(PATIENCE, dispatch)
+        .await
+        .expect("the dispatch ends in time")
+        .expect("the dispatch task runs to its end")
+}
+
 /// Re-checks `condition` every 10 ms until it holds; panics after [`PATIENCE`]. For state
 /// with no event to wait on.
 pub(crate) async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
