@@ -2,22 +2,35 @@
 //! final, a shutdown asks it to come back, and what was queued before a close reaches the
 //! worker before the close does.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use switchyard_core::{ActivityOutcome, WorkerEvent, WorkerId};
 use switchyard_proto::v1::{
     QuicCancel, QuicCancelReason, QuicControlDown, QuicDrain, QuicDrainReason, QuicDrainRequest,
     quic_control_down, quic_control_up,
 };
+use switchyard_proto::v1::{QuicResult, quic_lane_up, quic_result};
+use switchyard_test_support::UdpRelay;
 use switchyard_transport_quic::{Backoff, ErrorCode};
 
-use crate::support::{Gateway, PATIENCE, Raw, event, register_frame};
+use crate::support::{Gateway, PATIENCE, Raw, RawLane, client_config, event, register_frame};
+
+/// How long the gateway waits at most for a worker to acknowledge what it flushed before a
+/// close (`docs/quic-protocol.md`, section 4: "about a second at most").
+const FLUSH_WAIT: Duration = Duration::from_secs(1);
 
 /// A raw worker registered with capacity `n`, its capacity in force.
 async fn announced(gateway: &Gateway, n: u32) -> (Raw, WorkerId) {
+    announced_at(gateway, gateway.addr(), n).await
+}
+
+/// [`announced`], connected to `addr` (the gateway, or a relay in front of it).
+async fn announced_at(gateway: &Gateway, addr: SocketAddr, n: u32) -> (Raw, WorkerId) {
     let mut events = gateway.registry().subscribe_events();
-    let mut raw = Raw::connect(gateway).await;
+    let mut raw = Raw::dial(addr, "127.0.0.1:0", client_config(gateway), None).await;
     let registered = raw.register(register_frame(&["work"])).await;
     raw.announce(n).await;
     let worker = WorkerId::from_raw(registered.worker_id);
@@ -222,4 +235,149 @@ async fn a_cancel_at_a_drain_deadline_says_so() {
         })
     );
     dispatch.abort();
+}
+
+/// Has the raw worker `raw` of capacity `n` run one task on each of its lanes at once, so it
+/// has accepted every lane; returns the lanes' indexes.
+async fn every_lane_used(gateway: &Arc<Gateway>, raw: &mut Raw, n: usize) -> BTreeSet<u64> {
+    let dispatches: Vec<_> = (0..n)
+        .map(|_| {
+            let gateway = Arc::clone(gateway);
+            tokio::spawn(async move { gateway.dispatch("work", b"one each").await })
+        })
+        .collect();
+    // Every task is held until all have arrived: each occupies a lane of its own.
+    let mut held: Vec<(RawLane, u64)> = Vec::new();
+    for _ in 0..n {
+        let (lane, task) = raw.next_task().await;
+        held.push((lane, task.task_id));
+    }
+    for (lane, task_id) in &held {
+        lane.send(quic_lane_up::Frame::Result(QuicResult {
+            task_id: *task_id,
+            outcome: Some(quic_result::Outcome::Output("done".into())),
+        }))
+        .await;
+    }
+    for dispatch in dispatches {
+        assert_eq!(
+            dispatch.await.unwrap(),
+            ActivityOutcome::Completed("done".into())
+        );
+    }
+    let lanes: BTreeSet<u64> = held.iter().map(|(lane, _)| lane.index).collect();
+    assert_eq!(lanes.len(), n, "one task on each lane: {lanes:?}");
+    lanes
+}
+
+/// How each of `lanes` ended on the raw worker's side: `"FIN"`, or the read's error.
+async fn lane_ends(raw: &mut Raw, lanes: &BTreeSet<u64>) -> BTreeMap<u64, String> {
+    let mut ends = BTreeMap::new();
+    while ends.len() < lanes.len() {
+        let (index, end) = tokio::time::timeout(PATIENCE, raw.lane_ends.recv())
+            .await
+            .unwrap_or_else(|_| panic!("lanes still open; ended so far: {ends:?}"))
+            .expect("the lane readers are gone");
+        let end = match end {
+            Ok(()) => "FIN".to_owned(),
+            Err(error) => error.to_string(),
+        };
+        ends.insert(index, end);
+    }
+    ends
+}
+
+/// Section 4, "Flush, then close": before a drain's or a shutdown's close the gateway finishes
+/// its side of the control stream and of every lane, so a worker reads each to a clean end
+/// (a FIN) rather than losing it to the close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_stream_and_every_lane_end_with_a_fin_before_the_close() {
+    for shutdown in [false, true] {
+        let gateway = Arc::new(Gateway::start().await);
+        let (mut raw, worker) = announced(&gateway, 3).await;
+        let lanes = every_lane_used(&gateway, &mut raw, 3).await;
+        let (reason, code) = if shutdown {
+            gateway.core.shutdown(PATIENCE).await;
+            (QuicDrainReason::ShuttingDown, ErrorCode::ShuttingDown)
+        } else {
+            assert!(gateway.registry().drain_worker(worker));
+            (QuicDrainReason::Requested, ErrorCode::Drained)
+        };
+        assert_eq!(raw.next_control().await, drain(reason));
+        assert!(
+            raw.control_stream_end().await.is_ok(),
+            "shutdown {shutdown}: the control stream ends with a FIN"
+        );
+        let fins = lanes.iter().map(|i| (*i, "FIN".to_owned())).collect();
+        assert_eq!(
+            lane_ends(&mut raw, &lanes).await,
+            fins,
+            "shutdown {shutdown}"
+        );
+        let (closed, phrase) = raw.closed().await;
+        assert_eq!(closed, code, "shutdown {shutdown}: {phrase}");
+    }
+    // Control: a close for a protocol violation is not flushed, and the same reading of the
+    // lanes sees each end by the connection's close, not by a FIN.
+    let gateway = Arc::new(Gateway::start().await);
+    let (mut raw, _) = announced(&gateway, 3).await;
+    let lanes = every_lane_used(&gateway, &mut raw, 3).await;
+    raw.send_control_bytes(&[0, 0, 0, 2, 0xff, 0xff]).await;
+    let ends = lane_ends(&mut raw, &lanes).await;
+    assert_eq!(ends.len(), 3);
+    assert!(
+        ends.values().all(|end| end != "FIN"),
+        "a violation's close ends the lanes without a FIN: {ends:?}"
+    );
+    let (closed, phrase) = raw.closed().await;
+    assert_eq!(closed, ErrorCode::MalformedFrame, "{phrase}");
+}
+
+/// Section 4: the gateway waits for the worker to acknowledge the flushed streams about a second
+/// at most, so a worker that no longer answers does not hold its drain up until the idle
+/// timeout (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_waits_about_a_second_for_a_worker_that_never_acknowledges() {
+    let gateway = Arc::new(Gateway::start().await);
+    let relay = UdpRelay::start(gateway.addr()).await.unwrap();
+    // Control: a worker that acknowledges is let go as soon as it has.
+    let (mut answering, answering_id) = announced(&gateway, 2).await;
+    every_lane_used(&gateway, &mut answering, 2).await;
+    let waited = drained_after(&gateway, answering_id).await;
+    assert!(
+        waited < FLUSH_WAIT,
+        "an answering worker held up {waited:?}"
+    );
+    let (mut silent, silent_id) = announced_at(&gateway, relay.addr(), 2).await;
+    every_lane_used(&gateway, &mut silent, 2).await;
+    // Nothing reaches the silent worker any more, and it acknowledges nothing.
+    relay.freeze();
+    let waited = drained_after(&gateway, silent_id).await;
+    assert!(waited >= FLUSH_WAIT, "gave up after {waited:?}");
+    assert!(waited < 3 * FLUSH_WAIT, "waited {waited:?}");
+}
+
+/// Drains `worker` and returns how long it took to leave (as drained).
+async fn drained_after(gateway: &Gateway, worker: WorkerId) -> Duration {
+    let mut events = gateway.registry().subscribe_events();
+    let started = Instant::now();
+    assert!(gateway.registry().drain_worker(worker));
+    let left = event(
+        &mut events,
+        "the drained worker leaves",
+        |e| matches!(e, WorkerEvent::Disconnected { worker: w, .. } if *w == worker),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert!(
+        matches!(
+            left,
+            WorkerEvent::Disconnected {
+                reason: switchyard_core::DisconnectReason::Drained,
+                ..
+            }
+        ),
+        "{left:?}"
+    );
+    waited
 }

@@ -289,6 +289,9 @@ pub(crate) struct Raw {
     pub(crate) cancels: mpsc::UnboundedReceiver<QuicCancel>,
     /// Every `held` frame the gateway sent after a resume: the lane and the task id.
     pub(crate) held: mpsc::UnboundedReceiver<(RawLane, u64)>,
+    /// How each lane's gateway side ended, by lane index: `Ok` for a FIN, else the read's
+    /// error (a reset, or the connection's close).
+    pub(crate) lane_ends: mpsc::UnboundedReceiver<(u64, Result<(), quinn::ReadError>)>,
 }
 
 impl Raw {
@@ -335,10 +338,12 @@ impl Raw {
         let (events, lanes) = mpsc::unbounded_channel();
         let (cancel_tx, cancels) = mpsc::unbounded_channel();
         let (held_tx, held) = mpsc::unbounded_channel();
+        let (ends_tx, lane_ends) = mpsc::unbounded_channel();
         let senders = LaneSenders {
             events,
             cancels: cancel_tx,
             held: held_tx,
+            ends: ends_tx,
         };
         tokio::spawn(accept_lanes(conn.clone(), senders, stall));
         Self {
@@ -350,6 +355,7 @@ impl Raw {
             lanes,
             cancels,
             held,
+            lane_ends,
         }
     }
 
@@ -449,11 +455,22 @@ async fn read_frame<M: prost::Message + Default>(
     recv: &mut RecvStream,
     decoder: &mut FrameDecoder,
 ) -> Option<M> {
+    read_frame_or_end(recv, decoder).await.ok().flatten()
+}
+
+/// The next frame on `recv`; `Ok(None)` when the stream ends cleanly (a FIN), the read's
+/// error when it ends otherwise (a reset, or the connection's close).
+async fn read_frame_or_end<M: prost::Message + Default>(
+    recv: &mut RecvStream,
+    decoder: &mut FrameDecoder,
+) -> Result<Option<M>, quinn::ReadError> {
     loop {
         if let Some(body) = decoder.next_frame().unwrap() {
-            return Some(decode(body).unwrap());
+            return Ok(Some(decode(body).unwrap()));
         }
-        let chunk = recv.read_chunk(usize::MAX, true).await.ok()??;
+        let Some(chunk) = recv.read_chunk(usize::MAX, true).await? else {
+            return Ok(None);
+        };
         decoder.push(&chunk.bytes);
     }
 }
@@ -484,6 +501,7 @@ struct LaneSenders {
     events: mpsc::UnboundedSender<LaneEvent>,
     cancels: mpsc::UnboundedSender<QuicCancel>,
     held: mpsc::UnboundedSender<(RawLane, u64)>,
+    ends: mpsc::UnboundedSender<(u64, Result<(), quinn::ReadError>)>,
 }
 
 async fn accept_lanes(conn: Connection, senders: LaneSenders, stall: Option<Arc<Stall>>) {
@@ -496,6 +514,7 @@ async fn accept_lanes(conn: Connection, senders: LaneSenders, stall: Option<Arc<
             events,
             cancels,
             held,
+            ends,
         } = senders.clone();
         let stall = stall.clone();
         tokio::spawn(async move {
@@ -505,9 +524,19 @@ async fn accept_lanes(conn: Connection, senders: LaneSenders, stall: Option<Arc<
                     Some(stall) => {
                         read_stalling::<QuicLaneDown>(&mut recv, &mut decoder, stall).await
                     }
-                    None => read_frame::<QuicLaneDown>(&mut recv, &mut decoder).await,
+                    None => read_frame_or_end::<QuicLaneDown>(&mut recv, &mut decoder).await,
                 };
-                let Some(down) = down else { break };
+                let down = match down {
+                    Ok(Some(down)) => down,
+                    Ok(None) => {
+                        let _ = ends.send((lane.index, Ok(())));
+                        break;
+                    }
+                    Err(error) => {
+                        let _ = ends.send((lane.index, Err(error)));
+                        break;
+                    }
+                };
                 match down.frame {
                     Some(quic_lane_down::Frame::Ping(ping)) => {
                         lane.send(quic_lane_up::Frame::Pong(QuicPong { seq: ping.seq }))
@@ -533,11 +562,11 @@ async fn read_stalling<M: prost::Message + Default>(
     recv: &mut RecvStream,
     decoder: &mut FrameDecoder,
     stall: &Stall,
-) -> Option<M> {
+) -> Result<Option<M>, quinn::ReadError> {
     let mut stalled = false;
     loop {
         if let Some(body) = decoder.next_frame().unwrap() {
-            return Some(decode(body).unwrap());
+            return Ok(Some(decode(body).unwrap()));
         }
         if !stalled && decoder.wanted() > STALL_ABOVE {
             stalled = true;
@@ -545,7 +574,9 @@ async fn read_stalling<M: prost::Message + Default>(
             stall.release.acquire().await.unwrap().forget();
         }
         // Small reads, so the stream's flow-control window is what limits the sender.
-        let chunk = recv.read_chunk(1024, true).await.ok()??;
+        let Some(chunk) = recv.read_chunk(1024, true).await? else {
+            return Ok(None);
+        };
         decoder.push(&chunk.bytes);
     }
 }
