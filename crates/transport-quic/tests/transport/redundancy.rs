@@ -10,13 +10,15 @@ use bytes::Bytes;
 use prost::Message;
 use switchyard_auth::AllowAll;
 use switchyard_core::{ActivityOutcome, CallerIdentity, Core};
-use switchyard_proto::v1::{QuicDatagramUp, QuicRedundancy, QuicResult, quic_lane_up, quic_result};
+use switchyard_proto::v1::{
+    QuicDatagramDown, QuicDatagramUp, QuicRedundancy, QuicResult, quic_lane_up, quic_result,
+};
 use switchyard_transport_quic::{
     ActivityContext, ActivityError, QuicServerConfig, QuicWorkerHandle, Redundancy,
 };
 
 use crate::observe::{copies_total, record_metrics};
-use crate::support::{Gateway, PATIENCE, Raw, eventually, outcome_of, register_frame, request};
+use crate::support::{Gateway, NS, PATIENCE, Raw, eventually, outcome_of, register_frame, request};
 
 fn config(redundancy: Redundancy) -> QuicServerConfig {
     QuicServerConfig {
@@ -292,8 +294,7 @@ async fn a_frame_too_large_for_a_datagram_goes_by_lane_alone() {
 async fn a_datagram_that_does_not_decode_closes_with_malformed_frame() {
     let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
     let (raw, _) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
-    // A copy with no result is malformed too; first, control: a well-formed copy for a task
-    // the lane does not hold is only dropped.
+    // First, control: a well-formed copy for a task the lane does not hold is only dropped.
     raw.conn
         .send_datagram(copy(1, 1, output(99, "stale")))
         .unwrap();
@@ -313,4 +314,85 @@ async fn a_datagram_that_does_not_decode_closes_with_malformed_frame() {
         gateway.census("echo").pool_workers == 0
     })
     .await;
+}
+
+/// `docs/quic-protocol.md`: a copy with no `result`, or a result with no outcome, closes the
+/// connection with `MALFORMED_FRAME` as the same fault on a lane does.
+#[tokio::test]
+async fn a_copy_without_a_result_or_an_outcome_closes_with_malformed_frame() {
+    let no_result = QuicDatagramUp {
+        lane: 1,
+        seq: 1,
+        result: None,
+    };
+    let no_outcome = QuicDatagramUp {
+        lane: 1,
+        seq: 1,
+        result: Some(QuicResult {
+            task_id: 1,
+            outcome: None,
+        }),
+    };
+    for (what, up) in [("no result", no_result), ("no outcome", no_outcome)] {
+        let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
+        let (raw, _) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
+        // Control: the same copy with an outcome, for a task the lane does not hold, is only
+        // dropped.
+        raw.conn
+            .send_datagram(copy(1, 1, output(99, "stale")))
+            .unwrap();
+        eventually("the stale copy is dropped", || {
+            gateway.server.redundancy_stats().copies_dropped == 1
+        })
+        .await;
+        assert!(raw.conn.close_reason().is_none(), "{what}");
+        raw.conn
+            .send_datagram(Bytes::from(up.encode_to_vec()))
+            .unwrap();
+        let (code, reason) = raw.closed().await;
+        assert_eq!(
+            code,
+            switchyard_transport_quic::ErrorCode::MalformedFrame,
+            "{what}: {reason}"
+        );
+        assert!(reason.starts_with("datagram:"), "{what}: {reason}");
+    }
+}
+
+/// `docs/quic-protocol.md`: a task is copied by datagram, a cancel is not (it goes by lane
+/// alone, as pings, pongs and cancel acknowledgements do).
+#[tokio::test]
+async fn a_task_is_copied_by_datagram_and_its_cancel_is_not() {
+    let gateway = Arc::new(Gateway::with(config(Redundancy::Datagram), AllowAll).await);
+    let (mut raw, _) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
+    let dispatch = tokio::spawn({
+        let gateway = Arc::clone(&gateway);
+        async move {
+            let mut request = request("echo", b"to cancel", PATIENCE);
+            request.activity_id = Some("c1".into());
+            gateway.dispatch_with(request).await
+        }
+    });
+    let (_lane, task) = raw.next_task().await;
+    // Control: the task's copy arrives by datagram.
+    let copy = tokio::time::timeout(PATIENCE, raw.conn.read_datagram())
+        .await
+        .expect("no copy of the task")
+        .unwrap();
+    let copied = QuicDatagramDown::decode(copy).unwrap();
+    assert_eq!(copied.task.map(|t| t.task_id), Some(task.task_id));
+    gateway
+        .core
+        .dispatcher()
+        .cancel(&CallerIdentity::trusted("test"), NS, "c1")
+        .unwrap();
+    let cancel = tokio::time::timeout(PATIENCE, raw.cancels.recv())
+        .await
+        .expect("no cancel")
+        .unwrap();
+    assert_eq!(cancel.task_id, task.task_id);
+    // A copy leaves 5 ms after its lane copy; none follows the cancel.
+    let after = tokio::time::timeout(Duration::from_millis(300), raw.conn.read_datagram()).await;
+    assert!(after.is_err(), "a datagram after the cancel: {after:?}");
+    assert_eq!(outcome_of(dispatch).await, ActivityOutcome::Cancelled);
 }
