@@ -11,7 +11,8 @@ use prost::Message;
 use switchyard_auth::AllowAll;
 use switchyard_core::{ActivityOutcome, CallerIdentity, Core};
 use switchyard_proto::v1::{
-    QuicDatagramDown, QuicDatagramUp, QuicRedundancy, QuicResult, quic_lane_up, quic_result,
+    QuicDatagramDown, QuicDatagramUp, QuicRedundancy, QuicResult, quic_control_down, quic_lane_up,
+    quic_result,
 };
 use switchyard_transport_quic::{
     ActivityContext, ActivityError, QuicServerConfig, QuicWorkerHandle, Redundancy,
@@ -58,9 +59,15 @@ fn copy(lane: u64, seq: u64, result: QuicResult) -> Bytes {
 /// A raw worker registered for `echo` with one slot, asking for `asked`; returns what the
 /// gateway enabled.
 async fn raw_worker(gateway: &Gateway, asked: QuicRedundancy) -> (Raw, i32) {
+    raw_worker_with(gateway, asked, false).await
+}
+
+/// [`raw_worker`], `resumable` or not.
+async fn raw_worker_with(gateway: &Gateway, asked: QuicRedundancy, resumable: bool) -> (Raw, i32) {
     let mut raw = Raw::connect(gateway).await;
     let mut register = register_frame(&["echo"]);
     register.redundancy = asked.into();
+    register.resumable = resumable;
     let registered = raw.register(register).await;
     raw.announce(1).await;
     eventually("the worker is eligible", || {
@@ -395,4 +402,54 @@ async fn a_task_is_copied_by_datagram_and_its_cancel_is_not() {
     let after = tokio::time::timeout(Duration::from_millis(300), raw.conn.read_datagram()).await;
     assert!(after.is_err(), "a datagram after the cancel: {after:?}");
     assert_eq!(outcome_of(dispatch).await, ActivityOutcome::Cancelled);
+}
+
+/// `docs/quic-protocol.md` (`results_ack`): a result taken from a datagram copy is acknowledged
+/// once; its lane copy, dropped as a duplicate, is not acknowledged again.
+#[tokio::test]
+async fn a_result_taken_from_a_datagram_is_acknowledged_once() {
+    let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
+    let (mut raw, _) = raw_worker_with(&gateway, QuicRedundancy::Datagram, true).await;
+    let core = gateway.core.clone();
+    let first = tokio::spawn(async move { dispatch_on(core, "echo", b"one").await });
+    let (lane, task) = raw.next_task().await;
+    raw.conn
+        .send_datagram(copy(lane.index, 1, output(task.task_id, "by datagram")))
+        .unwrap();
+    assert_eq!(
+        outcome_of(first).await,
+        ActivityOutcome::Completed(Bytes::from_static(b"by datagram"))
+    );
+    assert_eq!(acked(&mut raw).await, vec![task.task_id]);
+    lane.send(quic_lane_up::Frame::Result(output(task.task_id, "by lane")))
+        .await;
+    eventually("the lane copy is recognised", || {
+        gateway.server.redundancy_stats().lane_copies_dropped == 1
+    })
+    .await;
+    // Control: a second task's result, by lane, is acknowledged, and nothing for the first
+    // comes before it or with it.
+    let core = gateway.core.clone();
+    let second = tokio::spawn(async move { dispatch_on(core, "echo", b"two").await });
+    let (lane, next) = raw.next_task().await;
+    lane.send(quic_lane_up::Frame::Result(output(next.task_id, "by lane")))
+        .await;
+    assert_eq!(
+        outcome_of(second).await,
+        ActivityOutcome::Completed(Bytes::from_static(b"by lane"))
+    );
+    assert_eq!(
+        acked(&mut raw).await,
+        vec![next.task_id],
+        "the first task ({}) acknowledged again",
+        task.task_id
+    );
+}
+
+/// The task ids of the next `results_ack` on the raw worker's control stream.
+async fn acked(raw: &mut Raw) -> Vec<u64> {
+    match raw.next_control().await.frame {
+        Some(quic_control_down::Frame::ResultsAck(ack)) => ack.task_ids,
+        other => panic!("expected results_ack, got {other:?}"),
+    }
 }
