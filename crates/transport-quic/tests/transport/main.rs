@@ -7,6 +7,7 @@ mod capacity;
 mod closing;
 mod conformance;
 mod delivery;
+mod handshake_deadline;
 mod initial_flood;
 mod isolation;
 mod observe;
