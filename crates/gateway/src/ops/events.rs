@@ -336,6 +336,86 @@ mod tests {
 
     use super::*;
 
+    /// `docs/operations.md`, "Events": the kinds a stream carries, and the details of a
+    /// `disconnected` event, are the documented ones, for every event and reason core emits.
+    #[test]
+    fn every_event_has_its_documented_kind_and_every_departure_its_detail() {
+        let worker = WorkerId::from_raw(7);
+        let registry = Registry::default();
+        let kind = |event: WorkerEvent| {
+            let line = event_json(&event, &registry, SystemTime::now()).expect("shown");
+            assert_eq!(line["worker_id"], 7);
+            (line["kind"].as_str().unwrap_or_default().to_owned(), line["detail"].clone())
+        };
+        let events = [
+            WorkerEvent::Connected {
+                worker,
+                transport: switchyard_core::TransportName::from_static("grpc"),
+                namespaces: ["ns".to_owned()].into(),
+                task_queue: "default".to_owned(),
+                node: None,
+            },
+            WorkerEvent::ProbationPassed { worker },
+            WorkerEvent::Excluded {
+                worker,
+                exclusion: DispatchExclusion::ReachabilityLost,
+            },
+            WorkerEvent::Recovered { worker },
+            WorkerEvent::Suspended {
+                worker,
+                grace: Duration::from_secs(5),
+            },
+            WorkerEvent::Resumed { worker },
+            WorkerEvent::CapacityAnnounced {
+                worker,
+                capacity: 4,
+            },
+            WorkerEvent::Disconnected {
+                worker,
+                reason: DisconnectReason::Drained,
+            },
+        ];
+        let kinds: Vec<String> = events.into_iter().map(|e| kind(e).0).collect();
+        assert_eq!(
+            kinds,
+            [
+                "connected",
+                "eligible",
+                "excluded",
+                "recovered",
+                "suspended",
+                "resumed",
+                "capacity",
+                "disconnected"
+            ]
+        );
+        // Every reason a worker leaves for; `superseded` names a replaced connection, never
+        // a departure, and no event carries it.
+        let reasons = [
+            DisconnectReason::Disconnect,
+            DisconnectReason::Timeout,
+            DisconnectReason::Drained,
+            DisconnectReason::Unresponsive,
+            DisconnectReason::ReconnectGraceExpired,
+            DisconnectReason::Closed,
+        ];
+        let details: Vec<serde_json::Value> = reasons
+            .into_iter()
+            .map(|reason| kind(WorkerEvent::Disconnected { worker, reason }).1)
+            .collect();
+        assert_eq!(
+            details,
+            [
+                "disconnect",
+                "timeout",
+                "drained",
+                "unresponsive",
+                "reconnect_grace_expired",
+                "closed"
+            ]
+        );
+    }
+
     #[test]
     fn a_silent_stream_gets_a_comment_every_15_s_or_half_the_idle_timeout() {
         assert_eq!(keep_alive_every(Duration::from_secs(60)), KEEP_ALIVE);
