@@ -604,4 +604,11 @@ mod tests {
         let silent: Vec<&str> = gathered.silent.iter().map(|s| s.node.as_str()).collect();
         assert_eq!(silent, ["a", "c"], "ordered by name, none dropped");
     }
+
+    /// `docs/cluster.md`, "Cluster-wide views": a node that does not answer within 2 s is
+    /// reported as such.
+    #[test]
+    fn the_ask_timeout_is_the_documented_one() {
+        assert_eq!(ASK_TIMEOUT, Duration::from_secs(2));
+    }
 }

@@ -467,6 +467,12 @@ mod tests {
         assert_eq!(BUSY_RETRIES, 3);
         assert_eq!(OFFER_BATCH, 64);
         assert_eq!(REOFFER_EVERY, Duration::from_secs(5));
+        assert_eq!(MAX_OFFERS, 32, "at most 32 offers per dispatch");
+        assert_eq!(
+            TAKER_CHECK,
+            Duration::from_secs(1),
+            "takers checked every second"
+        );
     }
 
     fn waiting_on(taker: &str, instance: Option<u64>) -> (Waiting, oneshot::Receiver<RemoteEnd>) {

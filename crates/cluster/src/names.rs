@@ -180,4 +180,18 @@ mod tests {
         assert!(check_name("").is_err());
         assert!(check_name(&"x".repeat(65)).is_err());
     }
+
+    /// `docs/cluster.md`: FNV-1a 64 over the four parts, each followed by a zero byte, in
+    /// hex: values computed apart from this code, so a change of hash breaks them.
+    #[test]
+    fn the_pool_hash_is_fnv_1a_of_its_parts() {
+        assert_eq!(
+            pool_hash("payments", "default", "charge", None),
+            "6761c1e19d3b91f1"
+        );
+        assert_eq!(
+            pool_hash("payments", "default", "charge", Some("n1")),
+            "ea5a14046a90949e"
+        );
+    }
 }

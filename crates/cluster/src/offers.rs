@@ -427,4 +427,12 @@ mod tests {
             }
         ));
     }
+
+    /// `docs/cluster.md`, "Batched offers": at most 4 offer requests out per pool, each with
+    /// up to 256 KiB of input.
+    #[test]
+    fn the_batch_bounds_are_the_documented_ones() {
+        assert_eq!(MAX_IN_FLIGHT, 4);
+        assert_eq!(BATCH_BYTES, 256 * 1024);
+    }
 }

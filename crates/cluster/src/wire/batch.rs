@@ -652,4 +652,12 @@ mod tests {
             Err(WireError::Metadata(_))
         ));
     }
+
+    /// `docs/cluster.md`, "Batched offers": a batch of more than 256 entries is refused, and an
+    /// answer carries at most 256 KiB of ends.
+    #[test]
+    fn the_wire_bounds_are_the_documented_ones() {
+        assert_eq!(MAX_BATCH, 256);
+        assert_eq!(ENDS_BYTES, 256 * 1024);
+    }
 }

@@ -105,4 +105,15 @@ mod tests {
         let high = compose(NodeNumber::new(2).expect("in range"), 1);
         assert!(high > low, "ids keep rising when the number rises");
     }
+
+    /// `docs/cluster.md`, "Worker ids": the node's number above bit 40, numbers up to 8191,
+    /// and node 1's first worker is 1099511627777.
+    #[test]
+    fn the_id_layout_is_the_documented_one() {
+        let one = NodeNumber::new(1).expect("a node number");
+        assert_eq!(compose(one, 1), WorkerId::from_raw(1_099_511_627_777));
+        assert_eq!(MAX_NODE_NUMBER, 8191);
+        assert!(NodeNumber::new(8191).is_some());
+        assert!(NodeNumber::new(8192).is_none(), "above 13 bits");
+    }
 }

@@ -500,4 +500,10 @@ mod tests {
         assert!(merged.done);
         assert_eq!(merged.workers_left, 4);
     }
+
+    /// `docs/cluster.md`: a drain polls each node holding drained workers every 250 ms.
+    #[test]
+    fn a_drain_polls_at_the_documented_pace() {
+        assert_eq!(POLL_EVERY, Duration::from_millis(250));
+    }
 }

@@ -879,4 +879,10 @@ mod tests {
         // Control: a buffer of a node's worth of lines falls behind the same poll.
         assert!(lines_heard(events::RECENT).is_err());
     }
+
+    /// `docs/cluster.md`: one poll of the other nodes' events per second.
+    #[test]
+    fn events_are_polled_once_a_second() {
+        assert_eq!(POLL, Duration::from_secs(1));
+    }
 }

@@ -345,7 +345,10 @@ mod tests {
         let kind = |event: WorkerEvent| {
             let line = event_json(&event, &registry, SystemTime::now()).expect("shown");
             assert_eq!(line["worker_id"], 7);
-            (line["kind"].as_str().unwrap_or_default().to_owned(), line["detail"].clone())
+            (
+                line["kind"].as_str().unwrap_or_default().to_owned(),
+                line["detail"].clone(),
+            )
         };
         let events = [
             WorkerEvent::Connected {
@@ -414,6 +417,15 @@ mod tests {
                 "closed"
             ]
         );
+    }
+
+    /// `docs/operations.md`, "Events": the last 200 replayed, at most 16 streams, a stream
+    /// more than 256 events behind told what it missed.
+    #[test]
+    fn the_event_bounds_are_the_documented_ones() {
+        assert_eq!(RECENT, 200);
+        assert_eq!(MAX_WATCHERS, 16);
+        assert_eq!(WATCHER_BUFFER, 256);
     }
 
     #[test]

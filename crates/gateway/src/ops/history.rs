@@ -764,4 +764,12 @@ mod tests {
         assert!(answer_bytes(130) < MIB);
         assert!(answer_bytes(140) > MIB);
     }
+
+    /// `docs/operations.md`: 10 s intervals, 60 of them per pool, at most 256 pools.
+    #[test]
+    fn the_ring_is_the_documented_size() {
+        assert_eq!(BUCKET, Duration::from_secs(10));
+        assert_eq!(BUCKETS, 60);
+        assert_eq!(MAX_POOLS, 256);
+    }
 }

@@ -217,4 +217,10 @@ mod tests {
         // Control: without paging parameters every worker is listed, as before.
         assert_eq!(ids(&page(&all, &Query::default())).len(), 1_000);
     }
+
+    /// `docs/operations.md`: at most 500 workers a page.
+    #[test]
+    fn a_page_holds_at_most_the_documented_500() {
+        assert_eq!(MAX_PAGE, 500);
+    }
 }
