@@ -168,6 +168,13 @@ mod tests {
         assert_eq!(quic_only, input_room(4 * 1024 * 1024, quic_task_framing));
         config.quic.enabled = false;
         assert_eq!(max_input_bytes(&config), None, "no built-in worker leg");
+        // `docs/configuration.md`: then the limit is 4 MiB less 64 KiB.
+        assert_eq!(
+            crate::gateway::core_config(&config)
+                .dispatch
+                .max_input_bytes,
+            4 * 1024 * 1024 - 64 * 1024
+        );
     }
 
     #[test]

@@ -231,11 +231,34 @@ fn inconsistent_principals_and_namespaces_name_the_entry() {
             "SWITCHYARD_NAMESPACES_KNOWN",
             "namespaces.known[0].prefer",
         ),
+        (
+            r#"[{ name = "a", token = "token-of-principal-a", namespaces = ["x"] }, { name = "a", token = "token-of-principal-b", namespaces = ["y"] }]"#,
+            "SWITCHYARD_PRINCIPALS",
+            "principals[1].name",
+        ),
+        (
+            r#"[{ name = "a", cert_subject = "CN=w", namespaces = ["x"] }, { name = "b", cert_subject = "CN=w", namespaces = ["y"] }]"#,
+            "SWITCHYARD_PRINCIPALS",
+            "principals[1].cert_subject",
+        ),
     ];
     for (value, var, key) in cases {
         let error = GatewayConfig::load(None, env(&[(var, value)]), &[]).unwrap_err();
         assert_eq!(invalid_key(&error), (key, var), "{value}");
     }
+    // Control: two principals differing in name, token and subject load, and a principal's
+    // `max_workers` defaults to the documented 1000.
+    let loaded = GatewayConfig::load(
+        None,
+        env(&[(
+            "SWITCHYARD_PRINCIPALS",
+            r#"[{ name = "a", token = "token-of-principal-a", namespaces = ["x"] }, { name = "b", cert_subject = "CN=w", namespaces = ["y"] }]"#,
+        )]),
+        &[],
+    )
+    .expect("distinct principals load");
+    assert_eq!(loaded.principals.len(), 2);
+    assert!(loaded.principals.iter().all(|p| p.max_workers == 1000));
 }
 
 #[test]

@@ -76,3 +76,38 @@ async fn dispatches_are_refused_up_front_for_empty_fields_and_ungranted_namespac
     let longest = with_id(request("x", Duration::from_millis(1)), &"i".repeat(255));
     assert!(s.dispatcher.dispatch(&caller(), longest).await.is_ok());
 }
+
+/// `docs/configuration.md`, `dispatch.max_timeout`: a longer timeout is clamped to it.
+#[tokio::test(start_paused = true)]
+async fn a_timeout_above_the_maximum_is_clamped_to_it() {
+    let s = setup_with(DispatchConfig {
+        max_timeout: Duration::from_secs(10),
+        ..DispatchConfig::default()
+    });
+    let mut worker = s.worker(1).await;
+    let timed_out_after = |asked: Duration| {
+        let started = tokio::time::Instant::now();
+        let running = s.spawn(request("x", asked));
+        async move {
+            assert_eq!(running.await.expect("joined"), ActivityOutcome::TimedOut);
+            started.elapsed()
+        }
+    };
+    // Control: a timeout under the maximum is kept.
+    let kept = timed_out_after(Duration::from_secs(4));
+    let _task = worker.task().await;
+    let kept = kept.await;
+    assert!(
+        (Duration::from_secs(4)..Duration::from_secs(5)).contains(&kept),
+        "{kept:?}"
+    );
+    worker.leave();
+    let mut worker = s.worker(1).await;
+    let clamped = timed_out_after(Duration::from_secs(3600));
+    let _task = worker.task().await;
+    let clamped = clamped.await;
+    assert!(
+        (Duration::from_secs(10)..Duration::from_secs(11)).contains(&clamped),
+        "the maximum, not the hour asked: {clamped:?}"
+    );
+}
