@@ -17,8 +17,20 @@ pub async fn http_get_with_head(
     addr: SocketAddr,
     path: &str,
 ) -> std::io::Result<(u16, String, String)> {
+    http_request(addr, "GET", path).await
+}
+
+/// Sends `method` `path` (no body) to `addr`; returns the status code, the head (status line
+/// and headers, as sent) and the body.
+pub async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+) -> std::io::Result<(u16, String, String)> {
     let mut stream = TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;

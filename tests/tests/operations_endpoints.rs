@@ -5,7 +5,7 @@ use bytes::Bytes;
 use switchyard_core::CallerIdentity;
 use switchyard_proto::v1 as pb;
 use switchyard_tests::{
-    ScriptedTransport, TestGateway, http_get, http_get_with_head, registration,
+    ScriptedTransport, TestGateway, http_get, http_get_with_head, http_request, registration,
 };
 use tokio::time::{Duration, timeout};
 
@@ -276,4 +276,60 @@ async fn an_idle_event_stream_is_kept_open_by_comments_past_the_idle_timeout() {
     let (text, closed) = read_until(&mut idle, tokio::time::Instant::now() + IDLE * 4).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(closed, "an idle connection outlived four idle timeouts");
+}
+
+/// `docs/operations.md`, "Security": the listener is read-only. A method other than GET, on
+/// any path it serves, is answered 405 and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operations_listener_answers_only_reads() {
+    let scripted = ScriptedTransport::default();
+    let gateway = TestGateway::start_with(
+        |config| config.quic.enabled = false,
+        |builder| builder.transport(scripted.clone()),
+    )
+    .await;
+    let ops = gateway.gateway().ops_addr().expect("ops enabled");
+    let worker = scripted
+        .connect(
+            &CallerIdentity::trusted("test"),
+            registration(&["ro"], &["echo"], Some(1)),
+            true,
+        )
+        .await
+        .unwrap();
+    let listed = format!("\"worker_id\":{}", worker.id().get());
+    let paths = [
+        "/",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/v1/workers",
+        "/v1/pools",
+        "/v1/unserved",
+        "/v1/history",
+        "/v1/explain?namespace=ro&activity_type=echo",
+        "/v1/about",
+    ];
+    for path in paths {
+        // Control: each path answers a read.
+        let (status, _, _) = http_request(ops, "GET", path).await.unwrap();
+        assert_eq!(status, 200, "GET {path}");
+        for method in ["POST", "PUT", "DELETE", "PATCH"] {
+            let (status, _, _) = http_request(ops, method, path).await.unwrap();
+            assert_eq!(status, 405, "{method} {path}");
+        }
+    }
+    let (_, workers) = http_get(ops, "/v1/workers").await.unwrap();
+    assert!(workers.contains(&listed), "{workers}");
+    let snapshot = gateway
+        .gateway()
+        .core()
+        .registry()
+        .worker(worker.id())
+        .expect("still registered");
+    assert_ne!(
+        snapshot.eligibility,
+        switchyard_core::Eligibility::Draining,
+        "nothing drained it"
+    );
 }
