@@ -50,7 +50,9 @@ async fn without_the_worker_service_a_worker_call_is_unimplemented_and_producers
             // Control: with the service, the same call opens.
             assert!(opened.is_ok(), "{:?}", opened.err());
         } else {
-            let status = opened.err().expect("no worker service");
+            let Err(status) = opened else {
+                panic!("a worker call opened without the worker service");
+            };
             assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
         }
         unserved_dispatch_answers(&gateway).await;
