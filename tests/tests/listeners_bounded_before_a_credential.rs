@@ -236,6 +236,15 @@ async fn health_watch_streams_beyond_the_limit_are_refused_naming_it() {
         refused.message()
     );
     assert_eq!(refusals().await.unwrap(), 1, "the refusal is counted");
+    // `Check` is not limited: at the limit it still answers.
+    let checked = health
+        .check(request())
+        .await
+        .expect("Check at the watch limit");
+    assert_eq!(
+        checked.into_inner().status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
     // Control: a watch that ends gives its place back.
     drop(first);
     let mut admitted = false;
