@@ -486,6 +486,32 @@ mod tests {
         assert!(fresh.recv().await.is_ok());
     }
 
+    /// `docs/operations.md`: a stream more than 256 events behind gets one line saying how
+    /// many it missed (no id, so a reconnecting page is not misled), then goes on.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_falls_behind_is_sent_the_count_it_missed() {
+        let feed = EventFeed::numbered_from(1);
+        let stop = CancellationToken::new();
+        let mut stream = feed
+            .serve(&HeaderMap::new(), Duration::from_secs(60), stop.clone())
+            .into_body()
+            .into_data_stream();
+        // Nothing is read while the buffer and ten more are published.
+        published(&feed, WATCHER_BUFFER as u64 + 10);
+        let chunk = stream.next().await.unwrap().unwrap();
+        let text = std::str::from_utf8(&chunk).unwrap();
+        assert!(
+            text.contains("\"kind\":\"missed\"") && text.contains("\"count\":10"),
+            "{text}"
+        );
+        assert!(!text.contains("id:"), "{text}");
+        // Then the oldest event still buffered, with its id.
+        let chunk = stream.next().await.unwrap().unwrap();
+        let text = std::str::from_utf8(&chunk).unwrap();
+        assert!(text.contains("id: 11\n"), "{text}");
+        stop.cancel();
+    }
+
     #[tokio::test]
     async fn no_more_than_max_watchers_streams_are_served() {
         let feed = EventFeed::numbered_from(1);

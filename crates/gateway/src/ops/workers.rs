@@ -218,6 +218,35 @@ mod tests {
         assert_eq!(ids(&page(&all, &Query::default())).len(), 1_000);
     }
 
+    /// `docs/operations.md`, `/v1/workers`: ordered by id; the `standing` filter; `registered`
+    /// and `standings` count every worker whatever the filters.
+    #[tokio::test]
+    async fn workers_are_ordered_by_id_and_filtered_by_standing() {
+        let (core, tokens) = fleet(20).await;
+        let drained = tokens[7].worker_id();
+        assert!(core.registry().drain_worker(drained));
+        let all = core.registry().workers();
+        let listed = ids(&page(&all, &Query::default()));
+        let mut sorted = listed.clone();
+        sorted.sort_unstable();
+        assert_eq!(listed, sorted, "ordered by id");
+        assert_eq!(listed.len(), 20);
+
+        let draining = page(&all, &Query::parse("standing=draining"));
+        assert_eq!(ids(&draining), vec![drained.get()]);
+        assert_eq!(draining["total"], 1);
+        assert_eq!(
+            draining["registered"], 20,
+            "every worker, whatever the filter"
+        );
+        assert_eq!(draining["standings"]["draining"], 1);
+        assert_eq!(draining["standings"]["probation"], 19);
+        // Control: the other standing lists the rest.
+        let probation = page(&all, &Query::parse("standing=probation"));
+        assert_eq!(probation["total"], 19);
+        assert!(!ids(&probation).contains(&drained.get()));
+    }
+
     /// `docs/operations.md`: at most 500 workers a page.
     #[test]
     fn a_page_holds_at_most_the_documented_500() {
