@@ -153,6 +153,16 @@ fn unknown_keys_and_variables_are_refused_by_name() {
     );
     let unrelated = env(&[("PATH", "/bin"), ("SWITCHYARD_TOKEN", "client-only")]);
     assert!(GatewayConfig::load(None, unrelated, &[]).is_ok());
+    // `docs/configuration.md`: the five client variables, all set, are left alone.
+    let client = env(&[
+        ("SWITCHYARD_ENDPOINT", "https://gw:7700"),
+        ("SWITCHYARD_TOKEN", "client-only"),
+        ("SWITCHYARD_CA", "/etc/ca.pem"),
+        ("SWITCHYARD_CLIENT_CERT", "/etc/cert.pem"),
+        ("SWITCHYARD_CLIENT_KEY", "/etc/key.pem"),
+    ]);
+    assert!(GatewayConfig::load(None, client, &[]).is_ok());
+    assert_eq!(CLIENT_ENV_VARS.len(), 5);
 }
 
 #[test]
