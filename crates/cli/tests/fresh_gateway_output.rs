@@ -24,15 +24,31 @@ impl Drop for Serve {
 /// Starts the gateway with stderr written to `log` and returns it with the ops address from
 /// its banner.
 fn serve(data_dir: &Path, log: &Path) -> (Serve, String) {
+    serve_with(data_dir, log, &[], None)
+}
+
+/// [`serve`] with `extra` arguments and `RUST_LOG` set to `rust_log` (unset when `None`).
+fn serve_with(
+    data_dir: &Path,
+    log: &Path,
+    extra: &[&str],
+    rust_log: Option<&str>,
+) -> (Serve, String) {
     let log = std::fs::File::create(log).unwrap();
-    let mut child = Command::new(PathBuf::from(env!("CARGO_BIN_EXE_switchyard")))
+    let mut command = Command::new(PathBuf::from(env!("CARGO_BIN_EXE_switchyard")));
+    command
         .args(["serve", "--grpc-listen", "127.0.0.1:0"])
         .args(["--quic-listen", "127.0.0.1:0"])
         .args(["--ops-listen", "127.0.0.1:0", "--log-filter", "info"])
+        .args(extra)
         .arg("--data-dir")
         .arg(data_dir)
         .env_remove("NO_COLOR")
-        .env_remove("RUST_LOG")
+        .env_remove("RUST_LOG");
+    if let Some(filter) = rust_log {
+        command.env("RUST_LOG", filter);
+    }
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))
         .spawn()
@@ -128,5 +144,41 @@ fn a_log_written_to_a_file_holds_no_colour_codes() {
     assert!(
         !text.contains('\u{1b}'),
         "escape codes in a log written to a file: {text:?}"
+    );
+}
+
+/// The lines the gateway logged to `log` with `--log-json` and `RUST_LOG` = `rust_log`, each
+/// parsed as JSON, once it answered `/healthz` and was stopped.
+fn json_log(rust_log: Option<&str>) -> Vec<serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let (serve, ops) = serve_with(&dir.path().join("data"), &log, &["--log-json"], rust_log);
+    assert!(get(&ops, "/healthz").starts_with("HTTP/1.1 200"));
+    drop(serve);
+    let text = std::fs::read_to_string(&log).unwrap();
+    text.lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"))
+        })
+        .collect()
+}
+
+/// `docs/configuration.md`, `[log]`: `--log-json` writes one JSON object per line, and
+/// `RUST_LOG`, when set, wins over the configured filter.
+#[test]
+fn log_json_writes_one_object_a_line_and_rust_log_wins_over_the_filter() {
+    let level = |line: &serde_json::Value| line["level"].as_str().unwrap_or_default().to_owned();
+    let filtered = json_log(None);
+    assert!(
+        filtered.iter().any(|line| level(line) == "INFO"),
+        "an INFO object with the configured filter (`info`): {filtered:?}"
+    );
+    // `RUST_LOG=warn` holds back the INFO the configured filter let through (the line above
+    // is the control).
+    let warn = json_log(Some("warn"));
+    assert!(
+        !warn.iter().any(|line| level(line) == "INFO"),
+        "RUST_LOG did not win: {warn:?}"
     );
 }
