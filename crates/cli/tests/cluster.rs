@@ -691,3 +691,100 @@ async fn an_unreadable_offer_is_answered_with_no_forward_taken() {
     assert_eq!(ledger.executions(7), 1);
     worker.stop().await;
 }
+
+/// `docs/cluster.md`, "Forwarding": the remote dispatch keeps the origin's deadline. A worker
+/// only on C sees the deadline A's producer asked for; held past it, the task is cancelled on
+/// C and A's producer hears `timed_out` at that deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_task_keeps_the_origin_s_deadline() {
+    use std::time::SystemTime;
+
+    use switchyard_transport_grpc::{ActivityContext, GrpcWorker};
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, c) = (
+        node_site(&nats, "deadline", "a"),
+        node_site(&nats, "deadline", "c"),
+    );
+    let _a = a.serve().await;
+    let (_c, c_ops) = serve_with_ops(&c).await;
+    // C's one-slot worker reports each task's deadline; the task tagged 2 then waits to be
+    // cancelled and says when it was.
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let (cancelled_tx, mut cancelled) = tokio::sync::mpsc::unbounded_channel();
+    let worker = GrpcWorker::builder(format!("https://localhost:{}", c.port))
+        .namespaces([NAMESPACE])
+        .max_concurrency(1)
+        .tls(c.client_tls())
+        .activity(
+            ACTIVITY,
+            move |ctx: ActivityContext, input: bytes::Bytes| {
+                let (seen_tx, cancelled_tx) = (seen_tx.clone(), cancelled_tx.clone());
+                async move {
+                    let _ = seen_tx.send(ctx.deadline());
+                    if input == tagged(2) {
+                        ctx.cancelled().await;
+                        let _ = cancelled_tx.send(SystemTime::now());
+                    }
+                    Ok(input)
+                }
+            },
+        )
+        .connect()
+        .await
+        .expect("the worker registers");
+    let stop = worker.shutdown_token();
+    let running = tokio::spawn(async move {
+        let _ = worker.run().await;
+    });
+    takes_offers(c_ops).await;
+    let deadline_seen = |asked: SystemTime, timeout: Duration, seen: SystemTime| {
+        // The origin computes the time left when it forwards: a little under `timeout` from
+        // `asked`, never more (the clocks are one clock here).
+        let latest = asked + timeout + Duration::from_millis(50);
+        let earliest = asked + timeout - Duration::from_secs(1);
+        assert!(
+            seen <= latest && seen >= earliest,
+            "deadline {:?} after the ask, {timeout:?} asked",
+            seen.duration_since(asked)
+        );
+    };
+    // Control: a 30 s dispatch is seen with a 30 s deadline, and completes.
+    let asked = SystemTime::now();
+    let long = dispatch(&a, ACTIVITY, 1, Duration::from_secs(30)).await;
+    assert_eq!(completed(&long), Some(&tagged(1)[..]), "{long:?}");
+    let seen_long = seen.recv().await.expect("the worker saw the task");
+    deadline_seen(asked, Duration::from_secs(30), seen_long);
+    // A 2 s dispatch, held on C: seen with a 2 s deadline, cancelled there at it, and
+    // `timed_out` at A.
+    let asked = SystemTime::now();
+    let held = dispatch(&a, ACTIVITY, 2, Duration::from_secs(2)).await;
+    let heard = SystemTime::now();
+    assert!(
+        matches!(
+            held.outcome,
+            Some(pb::dispatch_outcome::Outcome::TimedOut(_))
+        ),
+        "{held:?}"
+    );
+    let seen_held = seen.recv().await.expect("the worker saw the task");
+    deadline_seen(asked, Duration::from_secs(2), seen_held);
+    let cancelled_at = tokio::time::timeout(PATIENCE, cancelled.recv())
+        .await
+        .expect("the task on C was cancelled")
+        .expect("the worker runs");
+    let after = |at: SystemTime| at.duration_since(asked).unwrap_or_default();
+    assert!(
+        after(cancelled_at) < Duration::from_secs(5),
+        "cancelled {:?} after the ask",
+        after(cancelled_at)
+    );
+    assert!(
+        after(heard) >= Duration::from_millis(1900) && after(heard) < Duration::from_secs(5),
+        "timed out {:?} after the ask",
+        after(heard)
+    );
+    stop.cancel();
+    let _ = running.await;
+}
