@@ -321,4 +321,67 @@ mod tests {
         assert_eq!(replayed_age(now + SECOND, now, ttl), None);
         assert_eq!(replayed_age(now - 3 * SECOND, now, ttl), None);
     }
+
+    /// `docs/cluster.md`: a clean stop deletes the node's entry once its first refresh has run;
+    /// a node stopped before that leaves it to age out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clean_stop_deletes_the_entry_once_the_first_refresh_has_run() {
+        let Some(nats) = NatsServer::start() else {
+            return;
+        };
+        let client = async_nats::connect(nats.url()).await.unwrap();
+        let bucket = Bucket {
+            js: jetstream::new(client),
+            name: "switchyard_stop_nodes".to_owned(),
+            ttl: Duration::from_secs(60),
+        };
+        let store = bucket.open().await.unwrap();
+        for refreshed in [true, false] {
+            let me = NodeInfo {
+                node: if refreshed { "refreshed" } else { "early" }.to_owned(),
+                instance: 7,
+                grpc_addr: None,
+                ops_addr: None,
+                started_unix_ms: 0,
+            };
+            let first = claim(&store, &me).await.unwrap();
+            // The early node's first refresh would come only after a minute.
+            let every = if refreshed {
+                Duration::from_millis(50)
+            } else {
+                Duration::from_secs(60)
+            };
+            let stop = CancellationToken::new();
+            let holding = tokio::spawn(hold(
+                bucket.clone(),
+                me.clone(),
+                ClusterStatus::new(&me.node),
+                every,
+                stop.clone(),
+                Some(first),
+            ));
+            if refreshed {
+                tokio::time::timeout(Duration::from_secs(10), async {
+                    loop {
+                        let entry = store.entry(&me.node).await.unwrap();
+                        if entry.is_some_and(|e| e.revision > first) {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+                .await
+                .expect("the entry was refreshed");
+            }
+            stop.cancel();
+            holding.await.unwrap();
+            let left = store.get(&me.node).await.unwrap();
+            assert_eq!(
+                left.is_none(),
+                refreshed,
+                "{}: entry left {left:?}",
+                me.node
+            );
+        }
+    }
 }
