@@ -660,4 +660,54 @@ mod tests {
         assert_eq!(MAX_BATCH, 256);
         assert_eq!(ENDS_BYTES, 256 * 1024);
     }
+
+    /// `docs/cluster.md`, "Batched offers", byte for byte: an answer's tag, taker and count,
+    /// then per forward its number and 0 busy, 1 taken, 2 ended (with the end's length and the
+    /// end); an offer entry's forward, timeout, attempt offset, input length and input.
+    #[test]
+    fn answers_and_offer_entries_have_the_documented_layout() {
+        let answer = encode_answers(&BatchAnswer {
+            taker: "c".to_owned(),
+            entries: vec![
+                (1, EntryAnswer::Busy),
+                (2, EntryAnswer::Taken),
+                (3, EntryAnswer::Ended(RemoteEnd::Lost)),
+            ],
+        });
+        let mut expected = b"SYA\x02".to_vec();
+        expected.extend_from_slice(&[0, 1, b'c', 0, 3]);
+        expected.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 1, 0]);
+        expected.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 2, 1]);
+        expected.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0, 0, 16]);
+        // The end: forward 3, kind 0 (lost), not retryable, no attempts, no label.
+        expected.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&answer[..], &expected[..]);
+
+        let header = OfferHeader {
+            origin: "a".to_owned(),
+            namespace: "ns".to_owned(),
+            task_queue: "default".to_owned(),
+            activity_type: "work".to_owned(),
+            node: None,
+        };
+        let offers = encode_offers(
+            &header,
+            &[OfferEntry {
+                forward: 5,
+                timeout_ms: 2_000,
+                attempt_offset: 1,
+                input: Bytes::from_static(b"in"),
+            }],
+        );
+        assert_eq!(&offers[..4], b"SYO\x02");
+        let json_len = u32::from_be_bytes([offers[4], offers[5], offers[6], offers[7]]) as usize;
+        let entry = &offers[8 + json_len..];
+        let mut expected = vec![0, 1];
+        expected.extend_from_slice(&5u64.to_be_bytes());
+        expected.extend_from_slice(&2_000u64.to_be_bytes());
+        expected.extend_from_slice(&1u32.to_be_bytes());
+        expected.extend_from_slice(&2u32.to_be_bytes());
+        expected.extend_from_slice(b"in");
+        assert_eq!(entry, &expected[..]);
+    }
 }

@@ -224,4 +224,69 @@ mod tests {
         // Control: the intact body reads.
         assert!(decode_end(&body).is_ok());
     }
+
+    /// `docs/cluster.md`, "Batched offers": the kind byte of each end (0 lost, 1 completed,
+    /// 2 failed, 3 timed out, 4 cancelled, 5 unserved, 6 transport lost, 7 shutting down),
+    /// byte 8 of the head, with the retryable flag, attempts and label where they apply:
+    /// numbers written here, so a renumbering breaks a mixed-version cluster visibly.
+    #[test]
+    fn each_end_kind_has_its_documented_byte() {
+        let cases = [
+            (RemoteEnd::Lost, 0, 0, 0, &b""[..]),
+            (
+                RemoteEnd::Outcome(ActivityOutcome::Completed(Bytes::new())),
+                1,
+                0,
+                0,
+                b"",
+            ),
+            (
+                RemoteEnd::Outcome(ActivityOutcome::Failed {
+                    message: String::new(),
+                    retryable: true,
+                }),
+                2,
+                1,
+                0,
+                b"",
+            ),
+            (RemoteEnd::Outcome(ActivityOutcome::TimedOut), 3, 0, 0, b""),
+            (RemoteEnd::Outcome(ActivityOutcome::Cancelled), 4, 0, 0, b""),
+            (
+                RemoteEnd::Outcome(ActivityOutcome::Unserved {
+                    reason: UnservedReason::NoWorkers,
+                    detail: String::new(),
+                }),
+                5,
+                0,
+                0,
+                b"no_workers",
+            ),
+            (
+                RemoteEnd::Outcome(ActivityOutcome::TransportLost {
+                    transport: TransportName::new("quic"),
+                    attempts: 3,
+                }),
+                6,
+                0,
+                3,
+                b"quic",
+            ),
+            (
+                RemoteEnd::Outcome(ActivityOutcome::ShuttingDown),
+                7,
+                0,
+                0,
+                b"",
+            ),
+        ];
+        for (end, kind, retryable, attempts, label) in cases {
+            let body = encode_end(9, &end);
+            let mut head = vec![0, 0, 0, 0, 0, 0, 0, 9, kind, retryable];
+            head.extend_from_slice(&u32::to_be_bytes(attempts));
+            head.extend_from_slice(&u16::to_be_bytes(label.len() as u16));
+            head.extend_from_slice(label);
+            assert_eq!(&body[..], &head[..], "{end:?}");
+        }
+    }
 }
