@@ -350,3 +350,34 @@ async fn watch_outcomes_on_any_node_hears_outcomes_recorded_by_another_node() {
     }
     worker.stop().await;
 }
+
+/// `docs/cluster.md`, failure cases: a node with the jetstream store does not start without
+/// NATS; it waits up to 5 s, then exits naming the store, the cluster and the URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jetstream_node_without_nats_exits_within_seconds_naming_the_url() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    // Nothing listens on this port.
+    let url = format!("nats://127.0.0.1:{}", harness::free_port());
+    let site = Site::with_store(&format!(
+        "{JETSTREAM}\n[cluster]\nnats_url = \"{url}\"\nname = \"down\"\nnode = \"a\"\n"
+    ));
+    let started = tokio::time::Instant::now();
+    let mut refused = serve_command(&site.config);
+    let status = tokio::time::timeout(Duration::from_secs(30), refused.exit())
+        .await
+        .expect("the node exits by itself");
+    let took = started.elapsed();
+    assert!(!status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(5 + 5), "exited after {took:?}");
+    let stderr = refused.stderr();
+    assert!(
+        stderr.contains("store jetstream (cluster down): jetstream dispatch store on")
+            && stderr.contains(&url.replace("nats://", "")),
+        "names the store, the cluster and the URL: {stderr}"
+    );
+    // Control: the same node with NATS up starts.
+    let reachable = node_site(&nats, JETSTREAM, "down", "a");
+    let _node = reachable.serve().await;
+}
