@@ -118,12 +118,58 @@ async fn health_readiness_metrics_and_json_views_answer() {
         .map(|p| p["namespace"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["metrics", "nobody"]);
+    // Every field `docs/operations.md` lists for a pool.
+    let served = &pools["pools"][0];
+    assert_eq!(served["task_queue"], "default");
+    assert_eq!(served["workers"], 1);
+    assert_eq!(served["capacity"], 4);
+    assert_eq!(served["in_flight"], 0);
+    assert_eq!(served["activity_types"], serde_json::json!(["echo"]));
+    assert_eq!(served["parked"], 0);
+    let waiting = &pools["pools"][1];
+    assert_eq!(waiting["parked"], 1);
+    assert!(
+        waiting["oldest_parked_seconds"].as_f64().is_some(),
+        "{waiting}"
+    );
 
     let (_, unserved) = http_get(ops, "/v1/unserved").await.unwrap();
     let unserved: serde_json::Value = serde_json::from_str(&unserved).unwrap();
-    assert_eq!(unserved["unserved"][0]["namespace"], "nobody");
-    assert_eq!(unserved["unserved"][0]["reason"], "no_workers");
-    assert_eq!(unserved["unserved"][0]["waiting"], 1);
+    let row = &unserved["unserved"][0];
+    assert_eq!(row["namespace"], "nobody");
+    assert_eq!(row["task_queue"], "default");
+    assert_eq!(row["activity_type"], "echo");
+    assert!(row["node"].is_null(), "{row}");
+    assert_eq!(row["reason"], "no_workers");
+    assert!(
+        row["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "{row}"
+    );
+    assert_eq!(row["waiting"], 1);
+    assert!(row["oldest_wait_seconds"].as_f64().is_some(), "{row}");
+    assert_eq!(row["eligible"], 0);
+    assert_eq!(row["compatible"], 0);
+    assert_eq!(row["pool_workers"], 0);
+
+    let (_, about) = http_get(ops, "/v1/about").await.unwrap();
+    let about: serde_json::Value = serde_json::from_str(&about).unwrap();
+    assert_eq!(about["service"], "switchyard", "{about}");
+    assert!(
+        about["version"].as_str().is_some_and(|v| !v.is_empty()),
+        "{about}"
+    );
+    assert!(about["host"].as_str().is_some(), "{about}");
+    assert_eq!(about["pid"], std::process::id(), "{about}");
+    assert_eq!(about["ops_addr"], ops.to_string(), "{about}");
+    assert!(
+        about["started_unix_ms"].as_u64().is_some_and(|ms| ms > 0),
+        "{about}"
+    );
+    assert_eq!(about["read_only"], true, "{about}");
+    assert!(
+        about.get("cluster_node").is_none(),
+        "outside a cluster: {about}"
+    );
     parked.abort();
 }
 
