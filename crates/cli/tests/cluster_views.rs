@@ -123,6 +123,11 @@ async fn until_listed(site: &Site, count: usize) -> pb::ListWorkersReply {
 
 /// `switchyard workers` against `site`: its standard output and error.
 fn cli_workers(site: &Site) -> (String, String) {
+    cli(site, "workers")
+}
+
+/// The client command `subcommand` against `site`: its standard output and error.
+fn cli(site: &Site, subcommand: &str) -> (String, String) {
     let mut command = Command::new(switchyard());
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("SWITCHYARD_") {
@@ -130,7 +135,7 @@ fn cli_workers(site: &Site) -> (String, String) {
         }
     }
     let output = command
-        .arg("workers")
+        .arg(subcommand)
         .args(["--endpoint", &format!("https://127.0.0.1:{}", site.port)])
         .arg("--data-dir")
         .arg(&site.data_dir)
@@ -598,4 +603,85 @@ async fn history_and_events_asked_on_any_node_cover_the_cluster() {
         "{degraded}"
     );
     on_b.cancel();
+}
+
+/// `docs/cluster.md`, "Cluster-wide views": `UnservedQueues`, `/v1/unserved` and `switchyard
+/// unserved` asked on A list a dispatch parked on B, naming B as the node it waits on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_parked_on_b_is_listed_unserved_from_a() {
+    const NOBODY: &str = "views-nobody";
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b) = (
+        node_site(&nats, "unserved", "a"),
+        node_site(&nats, "unserved", "b"),
+    );
+    let ops_a = enable_ops(&a);
+    let _nodes: Vec<Process> = vec![a.serve().await, b.serve().await];
+    let unserved_on_a = || async {
+        a.producer()
+            .await
+            .expect("A listens")
+            .0
+            .unserved_queues(pb::UnservedQueuesRequest {})
+            .await
+            .expect("UnservedQueues answers")
+            .into_inner()
+    };
+    // Control: nothing waits yet.
+    assert!(unserved_on_a().await.queues.is_empty());
+    let mut on_b = b.producer().await.expect("B listens");
+    let parked = tokio::spawn(async move {
+        on_b.0
+            .dispatch(pb::DispatchRequest {
+                namespace: NAMESPACE.into(),
+                activity_type: NOBODY.into(),
+                input: Bytes::from_static(b"x"),
+                timeout_ms: 60_000,
+                ..pb::DispatchRequest::default()
+            })
+            .await
+    });
+    let row = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let reply = unserved_on_a().await;
+            if let Some(row) = reply.queues.into_iter().find(|q| q.activity_type == NOBODY) {
+                return row;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("A lists the dispatch parked on B");
+    assert_eq!(row.gateway_node, "b", "{row:?}");
+    assert_eq!(row.waiting, 1, "{row:?}");
+    assert_eq!(
+        row.reason,
+        pb::UnservedReason::NoCapacityInCluster as i32,
+        "{row:?}"
+    );
+    let listed = get_json(ops_a, "/v1/unserved").await;
+    let rows: Vec<(&str, &str)> = listed["unserved"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["activity_type"].as_str().unwrap(),
+                r["gateway_node"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, [(NOBODY, "b")], "{listed}");
+    let (table, _) = cli(&a, "unserved");
+    let line = table
+        .lines()
+        .find(|line| line.contains(NOBODY))
+        .unwrap_or_else(|| panic!("`switchyard unserved` on A lacks it: {table}"));
+    assert!(
+        line.split_whitespace().any(|word| word == "b"),
+        "names node b: {table}"
+    );
+    parked.abort();
 }
