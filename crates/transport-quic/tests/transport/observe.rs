@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use switchyard_transport_quic::{
-    CONNECTIONS_REFUSED_TOTAL, LISTENER_LABEL, QUIC_DATAGRAM_COPIES_TOTAL, register_metrics,
+    CONNECTIONS_REFUSED_TOTAL, LISTENER_LABEL, QUIC_DATAGRAM_COPIES_TOTAL,
+    QUIC_DATAGRAM_COPY_BYTES_TOTAL, register_metrics,
 };
 
 fn recorder() -> &'static PrometheusHandle {
@@ -47,6 +48,17 @@ pub(crate) fn copies_total(event: &str) -> u64 {
     let event = format!("event=\"{event}\"");
     text.lines()
         .find(|line| line.starts_with(QUIC_DATAGRAM_COPIES_TOTAL) && line.contains(&event))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse::<f64>().ok())
+        .map_or(0, |value| value as u64)
+}
+
+/// `switchyard_quic_datagram_copy_bytes_total` as recorded so far in this test binary.
+pub(crate) fn copy_bytes_total() -> u64 {
+    let text = recorder().render();
+    let prefix = format!("{QUIC_DATAGRAM_COPY_BYTES_TOTAL} ");
+    text.lines()
+        .find(|line| line.starts_with(&prefix))
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse::<f64>().ok())
         .map_or(0, |value| value as u64)

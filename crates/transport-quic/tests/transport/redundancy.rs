@@ -18,7 +18,7 @@ use switchyard_transport_quic::{
     ActivityContext, ActivityError, QuicServerConfig, QuicWorkerHandle, Redundancy,
 };
 
-use crate::observe::{copies_total, record_metrics};
+use crate::observe::{copies_total, copy_bytes_total, record_metrics};
 use crate::support::{Gateway, NS, PATIENCE, Raw, eventually, outcome_of, register_frame, request};
 
 fn config(redundancy: Redundancy) -> QuicServerConfig {
@@ -452,4 +452,47 @@ async fn acked(raw: &mut Raw) -> Vec<u64> {
         Some(quic_control_down::Frame::ResultsAck(ack)) => ack.task_ids,
         other => panic!("expected results_ack, got {other:?}"),
     }
+}
+
+/// `docs/configuration.md`, `quic.redundancy`: the copies the gateway sends and drops are
+/// counted on its metrics (`sent`, `dropped`, and the copies' bytes).
+#[tokio::test]
+async fn sent_and_dropped_copies_and_their_bytes_reach_the_metrics() {
+    record_metrics();
+    let before = (
+        copies_total("sent"),
+        copies_total("dropped"),
+        copy_bytes_total(),
+    );
+    let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
+    let (mut raw, _) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
+    let core = gateway.core.clone();
+    let first = tokio::spawn(async move { dispatch_on(core, "echo", b"one").await });
+    let (lane, task) = raw.next_task().await;
+    let task_copy = tokio::time::timeout(PATIENCE, raw.conn.read_datagram())
+        .await
+        .expect("the task's copy")
+        .unwrap();
+    lane.send(quic_lane_up::Frame::Result(output(task.task_id, "by lane")))
+        .await;
+    assert!(matches!(
+        outcome_of(first).await,
+        ActivityOutcome::Completed(_)
+    ));
+    // A copy for a task the lane no longer holds is dropped.
+    raw.conn
+        .send_datagram(copy(lane.index, 1, output(task.task_id, "late")))
+        .unwrap();
+    eventually("the late copy is dropped", || {
+        gateway.server.redundancy_stats().copies_dropped == 1
+    })
+    .await;
+    // Other tests of this binary only add to the same counters.
+    assert!(copies_total("sent") > before.0, "sent not exported");
+    assert!(copies_total("dropped") > before.1, "dropped not exported");
+    assert!(
+        copy_bytes_total() >= before.2 + task_copy.len() as u64,
+        "the copy's {} bytes not exported",
+        task_copy.len()
+    );
 }
