@@ -290,5 +290,15 @@ mod tests {
             Ok(vec!["a".to_owned()]),
             "the longest idle (ties by name) makes room"
         );
+        // Not by name: `z`, idle a second longer than `y`, is the one forgotten.
+        let mut ledger = NamespaceLedger::new(2, Duration::from_secs(600));
+        ledger.joined(&names(&["y", "z"]), &grpc);
+        ledger.left(&names(&["z"]), &grpc, t0);
+        ledger.left(&names(&["y"]), &grpc, t0 + Duration::from_secs(1));
+        assert_eq!(
+            ledger.make_room(&names(&["c"])),
+            Ok(vec!["z".to_owned()]),
+            "the longest idle makes room"
+        );
     }
 }
