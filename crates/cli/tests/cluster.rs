@@ -798,3 +798,75 @@ async fn a_forwarded_task_keeps_the_origin_s_deadline() {
     stop.cancel();
     let _ = running.await;
 }
+
+/// `docs/cluster.md`, "Cluster-wide views": a drain asked on A of a worker on C runs on C with
+/// its deadline: the task still running at the deadline is cancelled there, and the progress
+/// A reports counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_asked_on_a_keeps_its_deadline_on_the_node_running_the_worker() {
+    const DEADLINE: Duration = Duration::from_millis(800);
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, c) = (
+        node_site(&nats, "drained", "a"),
+        node_site(&nats, "drained", "c"),
+    );
+    let _a = a.serve().await;
+    let (_c, c_ops) = serve_with_ops(&c).await;
+    let mut held = Holding::on(&c, 1).await;
+    takes_offers(c_ops).await;
+    let a = Arc::new(a);
+    let origin = Arc::clone(&a);
+    let call = tokio::spawn(async move { dispatch(&origin, ACTIVITY, 1, PATIENCE).await });
+    held.started("the task started on C").await;
+    let mut producer = a.producer().await.expect("A listens");
+    let listed = producer
+        .0
+        .list_workers(pb::ListWorkersRequest::default())
+        .await
+        .expect("ListWorkers answers")
+        .into_inner();
+    let worker = listed
+        .workers
+        .iter()
+        .find(|w| w.gateway_node == "c")
+        .unwrap_or_else(|| panic!("C's worker listed on A: {listed:?}"))
+        .worker_id;
+    let asked = tokio::time::Instant::now();
+    let mut progress = producer
+        .0
+        .drain(pb::DrainWorkersRequest {
+            target: Some(pb::drain_workers_request::Target::WorkerId(worker)),
+            deadline_ms: DEADLINE.as_millis() as u64,
+        })
+        .await
+        .expect("Drain answers")
+        .into_inner();
+    let last = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let step = progress
+                .message()
+                .await
+                .expect("progress")
+                .expect("progress until done");
+            if step.done {
+                return step;
+            }
+        }
+    })
+    .await
+    .expect("the drain finishes");
+    let end = held.ended(PATIENCE, "the task on C ended").await;
+    let took = asked.elapsed();
+    assert_eq!(end, "cancelled", "the deadline cancelled the running task");
+    assert!(
+        took >= DEADLINE,
+        "the drain ended after {took:?}, before its deadline"
+    );
+    assert!(took < DEADLINE + Duration::from_secs(5), "{took:?}");
+    assert_eq!(last.cancelled_at_deadline, 1, "{last:?}");
+    assert_eq!(last.workers_left, 1, "{last:?}");
+    call.abort();
+    held.stop().await;
+}
