@@ -146,4 +146,10 @@ mod tests {
         assert_eq!(parse(b"17"), 17);
         assert_eq!(parse(b"seventeen"), 0);
     }
+
+    /// `docs/cluster.md`: a count that keeps changing is given up on after 64 tries.
+    #[test]
+    fn a_count_is_tried_at_most_the_documented_64_times() {
+        assert_eq!(CAS_TRIES, 64);
+    }
 }

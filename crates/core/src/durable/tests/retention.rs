@@ -80,3 +80,13 @@ async fn the_census_counts_the_backlog_waiting_then_running() {
     // Control: a finished dispatch is no backlog.
     assert!(gw.durable.census().await.expect("reads").is_empty());
 }
+
+/// `docs/durability.md` and `docs/cluster.md`: outcomes are kept 24 h, the retention loop runs
+/// once a minute, and a watcher's channel holds 1024 outcomes.
+#[test]
+fn the_durable_defaults_are_the_documented_ones() {
+    let defaults = DurableConfig::default();
+    assert_eq!(defaults.outcome_retention, Duration::from_secs(24 * 3600));
+    assert_eq!(defaults.purge_interval, Duration::from_secs(60));
+    assert_eq!(defaults.watch_capacity, 1024);
+}
