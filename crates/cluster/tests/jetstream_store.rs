@@ -522,3 +522,58 @@ async fn max_queued_per_namespace_holds_across_nodes_submitting_at_once() {
         .unwrap();
     assert!(matches!(retried, Recorded::New(_)), "{retried:?}");
 }
+
+/// `docs/cluster.md`, "Durable dispatches in a cluster": a node's watch of the outcomes bucket
+/// that breaks (NATS restarted) watches again from the revision after the last it saw: the
+/// outcome recorded after the break is heard, once, and none before it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_outcome_watch_resumes_after_the_last_outcome_it_saw() {
+    let Some(mut nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, b) = (
+        store(&nats, "rewatch", "a").await,
+        store(&nats, "rewatch", "b").await,
+    );
+    let mut on_b = b.recorded_elsewhere().expect("a cluster store has peers");
+    let at = SystemTime::now();
+    // Records a finished dispatch on `a`, retrying while its connection comes back.
+    let finish = async |text: &str| {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let recorded = match a.record(dispatch("ns", text, None)).await {
+                    Ok(recorded) => recorded.id().clone(),
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                loop {
+                    match a.complete(&recorded, &outcome(text), at).await {
+                        Ok(_) => return recorded,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
+            }
+        })
+        .await
+        .expect("a records once NATS is back")
+    };
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(30), on_b.recv())
+            .await
+            .expect("b hears a's outcome")
+            .expect("the feed runs")
+            .dispatch
+            .id
+    };
+    let before = finish("before").await;
+    assert_eq!(next().await, before);
+    nats.restart();
+    let after = finish("after").await;
+    let control = finish("control").await;
+    // The first outcome heard after the break is the one recorded after it, then the next:
+    // nothing seen before is heard again, nothing after is missed.
+    assert_eq!(next().await, after);
+    assert_eq!(next().await, control);
+}
