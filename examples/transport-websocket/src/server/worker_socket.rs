@@ -40,6 +40,18 @@ impl Closing {
     fn frame(&self) -> CloseFrame {
         close_frame(self.code, &self.message)
     }
+
+    /// Whether the socket closes because the worker broke the protocol (a frame it may not
+    /// send, or one too large), not because the gateway lets it go.
+    fn breaks_protocol(&self) -> bool {
+        matches!(
+            self.code,
+            CloseCode::ProtocolError
+                | CloseCode::UnsupportedData
+                | CloseCode::InvalidPayload
+                | CloseCode::TooBig
+        )
+    }
 }
 
 /// How a registered socket's read loop ended.
@@ -162,8 +174,10 @@ async fn serve_registered<S>(
     let end = serve(state, &token, &mut stream, &writer_failed).await;
 
     delivery.close();
-    let reason = match end {
+    let reason = match &end {
         End::WorkerClosed if delivery.drain_requested() => DisconnectReason::Drained,
+        // A worker that broke the protocol leaves at once: never a suspended session.
+        End::Closing(closing) if closing.breaks_protocol() => DisconnectReason::Closed,
         _ => DisconnectReason::Disconnect,
     };
     let deregistered = token.deregister(reason);

@@ -362,10 +362,7 @@ async fn oversized_messages_close_with_1009_and_deregister_the_worker() {
     .await;
     let closed = raw::closed(&mut socket, true).await;
     assert_eq!(closed.code, 1009, "{closed:?}");
-    assert_eq!(
-        departure(&mut events, id).await,
-        DisconnectReason::Disconnect
-    );
+    assert_eq!(departure(&mut events, id).await, DisconnectReason::Closed);
 }
 
 #[tokio::test]
@@ -396,10 +393,8 @@ async fn frames_after_registration_are_checked() {
         let closed = raw::closed(&mut socket, true).await;
         assert_eq!(closed.code, code, "{frame}: {closed:?}");
         assert!(closed.reason.contains(names), "{frame}: {closed:?}");
-        assert_eq!(
-            departure(&mut events, id).await,
-            DisconnectReason::Disconnect
-        );
+        // A protocol fault: the worker leaves at once, never suspended.
+        assert_eq!(departure(&mut events, id).await, DisconnectReason::Closed);
     }
 }
 
