@@ -24,6 +24,8 @@ PATIENCE = 30.0
 ADMIN_TOKEN = "admin-token-0123456789"
 #: A principal granted only namespace `billing`.
 BILLING_TOKEN = "billing-token-0123456789"
+#: A producer granted only namespace `demo` (the examples' namespace).
+DEMO_TOKEN = "demo-producer-token-0123456789"
 
 
 def switchyard_binary() -> pathlib.Path:
@@ -84,6 +86,12 @@ name = "certified"
 cert_subject = "{cert_subject}"
 namespaces = ["tests"]
 roles = ["worker", "producer"]
+
+[[principals]]
+name = "demo-producer"
+token = "{demo}"
+namespaces = ["demo"]
+roles = ["producer"]
 """
 #: Subject common name of the client certificate the gateway maps to principal `certified`.
 CERT_SUBJECT = "python-worker"
@@ -143,6 +151,7 @@ class Gateway:
                 data_dir=self.data_dir,
                 admin=ADMIN_TOKEN,
                 billing=BILLING_TOKEN,
+                demo=DEMO_TOKEN,
                 cert_subject=CERT_SUBJECT,
                 client_ca=f'client_ca = "{self.client_ca}"' if self.client_ca else "",
             )
