@@ -96,3 +96,84 @@ async def test_a_stop_interrupts_a_connect_that_hangs() -> None:
     # Far inside the 600 s connect timeout.
     await asyncio.wait_for(running, 10)
     server.close()
+
+
+def test_every_wire_outcome_has_its_class_and_label() -> None:
+    """`docs/python.md`: each outcome on the wire reads as its class, with its label."""
+    from switchyard.outcome import (
+        Cancelled,
+        Completed,
+        Failed,
+        OtherOutcome,
+        ShuttingDown,
+        TimedOut,
+        TransportLost,
+        Unserved,
+        from_proto,
+    )
+    from switchyard.v1 import common_pb2
+    from switchyard.v1 import gateway_pb2 as pb
+
+    cases = [
+        (pb.DispatchOutcome(completed=pb.DispatchCompleted(output=b"out")), Completed(b"out")),
+        (
+            pb.DispatchOutcome(failed=common_pb2.Failure(message="bad", retryable=True)),
+            Failed("bad", True),
+        ),
+        (pb.DispatchOutcome(timed_out=pb.DispatchTimedOut()), TimedOut()),
+        (pb.DispatchOutcome(cancelled=pb.DispatchCancelled()), Cancelled()),
+        (
+            pb.DispatchOutcome(
+                unserved=pb.DispatchUnserved(
+                    reason=pb.UNSERVED_REASON_NO_WORKERS, detail="nobody serves it"
+                )
+            ),
+            Unserved("no_workers", "nobody serves it"),
+        ),
+        (
+            pb.DispatchOutcome(
+                transport_lost=pb.DispatchTransportLost(transport="quic", attempts=3)
+            ),
+            TransportLost("quic", 3),
+        ),
+        (pb.DispatchOutcome(shutting_down=pb.DispatchShuttingDown()), ShuttingDown()),
+        (pb.DispatchOutcome(other=pb.DispatchOtherOutcome(label="later")), OtherOutcome("later")),
+    ]
+    labels = []
+    for wire, expected in cases:
+        outcome = from_proto(wire)
+        assert outcome == expected, wire
+        labels.append(outcome.label)
+    assert labels == [
+        "completed",
+        "failed",
+        "timed_out",
+        "cancelled",
+        "unserved",
+        "transport_lost",
+        "shutting_down",
+        "later",
+    ]
+
+
+def test_every_documented_status_has_its_exception() -> None:
+    """`docs/python.md`: every refusal raises the subclass of its status, with the sentence."""
+    import switchyard.errors as errors
+
+    documented = [
+        "InvalidArgument",
+        "Unauthenticated",
+        "PermissionDenied",
+        "NotFound",
+        "AlreadyExists",
+        "ResourceExhausted",
+        "FailedPrecondition",
+        "Unavailable",
+        "Aborted",
+        "DeadlineExceeded",
+    ]
+    for name in documented:
+        cls = getattr(errors, name)
+        error = from_status_number(cls.status.value[0], f"because of {name}")
+        assert type(error) is cls, name
+        assert error.sentence == f"because of {name}"
