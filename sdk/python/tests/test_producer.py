@@ -55,6 +55,15 @@ async def test_a_worker_refused_for_good_raises_from_run(gateway: Gateway) -> No
     worker.register("echo", lambda context, data: data)
     with pytest.raises(PermissionDenied):
         await asyncio.wait_for(worker.run(), PATIENCE)
+    # A bad credential is refused for good too (docs/python.md, "Refusals").
+    stranger = Worker(
+        namespaces=["payroll"],
+        connection=gateway.connection("wrong-token-0123456789"),
+        handle_signals=False,
+    )
+    stranger.register("echo", lambda context, data: data)
+    with pytest.raises(Unauthenticated):
+        await asyncio.wait_for(stranger.run(), PATIENCE)
 
 
 async def test_a_duplicate_activity_id_is_already_exists(
