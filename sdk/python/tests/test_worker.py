@@ -4,7 +4,9 @@ bound, cancellation, drains, a gateway restart, and a frozen worker replaced."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -415,3 +417,25 @@ async def test_workers_in_one_process_do_not_share_a_connection(
     first.cancel()
     second.cancel()
     await channel.close()
+
+
+async def test_a_worker_left_at_its_defaults_registers_as_documented(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """`docs/python.md`, options: capacity 16, task queue `default`, identity host and pid."""
+    worker = Worker(namespaces=[NS], connection=gateway.connection(), handle_signals=False)
+    worker.register("echo", lambda context, data: data)
+    async with worker.serving():
+        listed = await producer.list_workers(namespace=NS)
+    assert len(listed) == 1, listed
+    info = listed[0]
+    assert info.capacity == 16
+    assert info.task_queue == "default"
+    assert info.identity == f"python-sdk {socket.gethostname()} pid {os.getpid()}"
+    # Control: options given are what the gateway sees.
+    named = new_worker(gateway, identity="named", max_concurrency=3, task_queue="q")
+    named.register("echo", lambda context, data: data)
+    async with named.serving():
+        listed = await producer.list_workers(namespace=NS)
+    named_rows = [(w.identity, w.capacity, w.task_queue) for w in listed if w.identity == "named"]
+    assert named_rows == [("named", 3, "q")], listed
