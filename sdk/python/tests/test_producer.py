@@ -115,6 +115,36 @@ async def test_dispatch_many_completes_a_thousand_tasks_exactly_once(
     assert len(seen) == 1000 and set(seen.values()) == {1}, "each task ran exactly once"
 
 
+async def test_dispatch_many_keeps_at_most_max_outstanding_unanswered(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """`docs/python.md`: at most N unanswered, though the worker could run more at once."""
+    running = 0
+    peak = 0
+    worker = new_worker(gateway, max_concurrency=10)
+
+    @worker.activity("slow")
+    async def slow(context: ActivityContext, data: bytes) -> bytes:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+        return data
+
+    requests = [DispatchRequest(NS, "slow", b"%d" % i, timeout=PATIENCE) for i in range(20)]
+    async with worker.serving():
+        for limit in (2, 10):
+            peak = 0
+            done = [r async for r in producer.dispatch_many(requests, max_outstanding=limit)]
+            assert all(isinstance(r.outcome, Completed) for r in done)
+            if limit == 2:
+                assert peak == 2, peak
+            else:
+                # Control: with room for ten, more than two run at once.
+                assert peak > 2, peak
+
+
 async def test_operator_calls_describe_the_pool_and_watch_events(
     gateway: Gateway, producer: Producer
 ) -> None:
