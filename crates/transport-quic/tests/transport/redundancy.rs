@@ -297,11 +297,12 @@ async fn a_frame_too_large_for_a_datagram_goes_by_lane_alone() {
     assert_eq!(copies(), (2, 2));
 }
 
-#[tokio::test]
-async fn a_datagram_that_does_not_decode_closes_with_malformed_frame() {
+/// Has a fresh raw worker with redundancy send `datagram` once the control holds (a
+/// well-formed copy for a task its lane does not hold is only dropped), and returns the
+/// gateway once it closed the connection with `MALFORMED_FRAME` naming the datagram.
+async fn a_malformed_copy_closes(datagram: Bytes, what: &str) -> Gateway {
     let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
     let (raw, _) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
-    // First, control: a well-formed copy for a task the lane does not hold is only dropped.
     raw.conn
         .send_datagram(copy(1, 1, output(99, "stale")))
         .unwrap();
@@ -309,14 +310,22 @@ async fn a_datagram_that_does_not_decode_closes_with_malformed_frame() {
         gateway.server.redundancy_stats().copies_dropped == 1
     })
     .await;
-    assert!(raw.conn.close_reason().is_none());
-    // Field 1 with wire type 7 does not exist.
-    raw.conn
-        .send_datagram(Bytes::from_static(&[0x0f, 0x01]))
-        .unwrap();
+    assert!(raw.conn.close_reason().is_none(), "{what}");
+    raw.conn.send_datagram(datagram).unwrap();
     let (code, reason) = raw.closed().await;
-    assert_eq!(code, switchyard_transport_quic::ErrorCode::MalformedFrame);
-    assert!(reason.starts_with("datagram:"), "{reason}");
+    assert_eq!(
+        code,
+        switchyard_transport_quic::ErrorCode::MalformedFrame,
+        "{what}: {reason}"
+    );
+    assert!(reason.starts_with("datagram:"), "{what}: {reason}");
+    gateway
+}
+
+#[tokio::test]
+async fn a_datagram_that_does_not_decode_closes_with_malformed_frame() {
+    // Field 1 with wire type 7 does not exist.
+    let gateway = a_malformed_copy_closes(Bytes::from_static(&[0x0f, 0x01]), "undecodable").await;
     eventually("the worker is gone", || {
         gateway.census("echo").pool_workers == 0
     })
@@ -341,28 +350,7 @@ async fn a_copy_without_a_result_or_an_outcome_closes_with_malformed_frame() {
         }),
     };
     for (what, up) in [("no result", no_result), ("no outcome", no_outcome)] {
-        let gateway = Gateway::with(config(Redundancy::Datagram), AllowAll).await;
-        let (raw, _) = raw_worker(&gateway, QuicRedundancy::Datagram).await;
-        // Control: the same copy with an outcome, for a task the lane does not hold, is only
-        // dropped.
-        raw.conn
-            .send_datagram(copy(1, 1, output(99, "stale")))
-            .unwrap();
-        eventually("the stale copy is dropped", || {
-            gateway.server.redundancy_stats().copies_dropped == 1
-        })
-        .await;
-        assert!(raw.conn.close_reason().is_none(), "{what}");
-        raw.conn
-            .send_datagram(Bytes::from(up.encode_to_vec()))
-            .unwrap();
-        let (code, reason) = raw.closed().await;
-        assert_eq!(
-            code,
-            switchyard_transport_quic::ErrorCode::MalformedFrame,
-            "{what}: {reason}"
-        );
-        assert!(reason.starts_with("datagram:"), "{what}: {reason}");
+        a_malformed_copy_closes(Bytes::from(up.encode_to_vec()), what).await;
     }
 }
 
