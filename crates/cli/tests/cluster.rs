@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use harness::{Ledger, NAMESPACE, PATIENCE, Process, Site, TestWorker, serve_command, tagged};
 use nodes::{
-    completed, dispatch, http_get, http_until, is_ok, node_site, node_site_at, sample,
-    serve_with_ops, takes_offers, unserved_reason,
+    completed, dispatch, http_get, http_until, is_ok, node_site, node_site_at, node_site_with,
+    offer_pools_in_all, sample, serve_with_ops, takes_offers, unserved_reason,
 };
 use switchyard_proto::v1 as pb;
 use switchyard_test_support::NatsServer;
@@ -153,13 +153,16 @@ async fn a_node_killed_mid_task_has_its_forwarded_tasks_dispatched_again() {
     takes_offers(c_ops).await;
     let a = Arc::new(a);
     let mut calls = tokio::task::JoinSet::new();
+    // Both tasks run, one on each node (one slot each), then C dies with its task. The second
+    // is offered once the node running the first has left the offer group, so it cannot be
+    // turned away there and wait for that node's slot (NATS picks a group's member at random).
     for tag in 0..2 {
         let a = Arc::clone(&a);
         calls.spawn(async move { (tag, dispatch(&a, ACTIVITY, tag, PATIENCE).await) });
+        let started = tokio::time::timeout(PATIENCE, ledger.wait_total(tag as usize + 1)).await;
+        assert!(started.is_ok(), "task {tag} started");
+        offer_pools_in_all(&[b_ops, c_ops], 1.0 - tag as f64).await;
     }
-    // Both tasks run, one on each node (one slot each), then C dies with its task.
-    let started = tokio::time::timeout(PATIENCE, ledger.wait_total(2)).await;
-    assert!(started.is_ok(), "both tasks started");
     node_c.kill_9();
     let ended = tokio::time::timeout(PATIENCE, calls.join_all())
         .await
@@ -177,6 +180,60 @@ async fn a_node_killed_mid_task_has_its_forwarded_tasks_dispatched_again() {
     );
     worker_b.stop().await;
     worker_c.stop().await;
+}
+
+/// A node whose pool is full leaves the pool's offer group at the first offer it must turn
+/// away, before its "busy" goes back, instead of at the end of the 0.5 s hold: the origin's
+/// next try then reaches a node with a free slot, or hears that none is listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_node_leaves_the_offer_group_at_the_first_offer_it_turns_away() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    // B would keep a full pool's subscription for 30 s: only the turned-away offer can end it
+    // sooner.
+    let (a, b) = (
+        node_site(&nats, "full", "a"),
+        node_site_with(&nats.url(), "full", "b", "offer_hold = \"30s\"\n"),
+    );
+    let _a = a.serve().await;
+    let (_b, b_ops) = serve_with_ops(&b).await;
+    let ledger = Arc::new(Ledger::default());
+    let worker = TestWorker::connect(&b, ACTIVITY, 1, Arc::clone(&ledger), two_seconds).await;
+    takes_offers(b_ops).await;
+    let a = Arc::new(a);
+    let first = {
+        let a = Arc::clone(&a);
+        tokio::spawn(async move { dispatch(&a, ACTIVITY, 0, PATIENCE).await })
+    };
+    let started = tokio::time::timeout(PATIENCE, ledger.wait_total(1)).await;
+    assert!(started.is_ok(), "the first task started");
+    let full_since = std::time::Instant::now();
+    // B's only slot is taken; the second dispatch is turned away there.
+    let second = {
+        let a = Arc::clone(&a);
+        tokio::spawn(async move { dispatch(&a, ACTIVITY, 1, Duration::from_secs(1)).await })
+    };
+    offer_pools_in_all(&[b_ops], 0.0).await;
+    let left_after = full_since.elapsed();
+    // Control: kept for the hold, the subscription would stay 30 s after the slot was taken
+    // (`slots::tests::subscribes_at_one_free_slot_and_unsubscribes_only_after_the_hold`).
+    assert!(
+        left_after < Duration::from_secs(10),
+        "B left the offer group {left_after:?} after it filled"
+    );
+    let second = second.await.expect("the second call ends");
+    assert!(completed(&second).is_none(), "{second:?}");
+    assert_eq!(
+        ledger.executions(1),
+        0,
+        "the second task never ran on the full node"
+    );
+    let first = first.await.expect("the first call ends");
+    assert_eq!(completed(&first), Some(&tagged(0)[..]), "{first:?}");
+    // Its slot free again, B takes offers again.
+    takes_offers(b_ops).await;
+    worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -140,6 +140,7 @@ impl Cluster {
             config.node.clone(),
             dispatcher.clone(),
             status.clone(),
+            config.offer_hold,
         );
         let mut tasks = JoinSet::new();
         let shared_bucket = membership::Bucket {

@@ -23,6 +23,10 @@ pub struct ClusterConfig {
     pub member_ttl: Duration,
     /// How often a node refreshes its membership entry.
     pub refresh_every: Duration,
+    /// How long a pool stays full before this node drops its offer subscription for it
+    /// (hysteresis against subscribing and unsubscribing many times a second); an offer the
+    /// node must turn away drops it at once.
+    pub offer_hold: Duration,
     /// The gRPC address producers and workers reach this node on (shown to other nodes).
     pub grpc_addr: Option<String>,
     /// The operations address of this node (shown to other nodes).
@@ -31,6 +35,9 @@ pub struct ClusterConfig {
     /// dispatch store ([`JetStreamStore`](crate::JetStreamStore)).
     pub forwards_durable: bool,
 }
+
+/// The default [`ClusterConfig::offer_hold`].
+pub const DEFAULT_OFFER_HOLD: Duration = Duration::from_millis(500);
 
 impl ClusterConfig {
     /// A configuration with the default timings and no TLS or credentials.
@@ -48,6 +55,7 @@ impl ClusterConfig {
             tls_client: None,
             member_ttl: Duration::from_secs(10),
             refresh_every: Duration::from_secs(3),
+            offer_hold: DEFAULT_OFFER_HOLD,
             grpc_addr: None,
             ops_addr: None,
             forwards_durable: false,

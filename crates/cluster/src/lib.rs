@@ -34,7 +34,7 @@ pub use admin::{
     SilentNode,
 };
 pub use cluster::Cluster;
-pub use config::{ClusterConfig, default_node_name};
+pub use config::{ClusterConfig, DEFAULT_OFFER_HOLD, default_node_name};
 pub use error::JoinError;
 pub use members::NodeInfo;
 pub use names::{check_name, pool_hash};

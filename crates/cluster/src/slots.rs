@@ -103,6 +103,14 @@ impl Subscriptions {
         plan.unsubscribe.sort();
         plan
     }
+
+    /// `pool`'s subscription ended without being asked to (the client refused it, or its
+    /// stream closed): forgotten, so the next [`plan`](Self::plan) subscribes again while the
+    /// pool has a free slot. Kept, it would read as held, and no offer for the pool would reach
+    /// this node until the pool next stayed full for the whole hold.
+    pub(crate) fn ended(&mut self, pool: &str) {
+        self.held.remove(pool);
+    }
 }
 
 /// How long a "busy" answer keeps its pool owed an announcement: as long as an origin whose
@@ -229,6 +237,25 @@ mod tests {
             subs.plan(&free(&[("p", 1)]), later).subscribe,
             vec!["p".to_owned()]
         );
+    }
+
+    #[test]
+    fn a_subscription_that_ended_by_itself_is_taken_again_while_the_pool_has_a_free_slot() {
+        let start = Instant::now();
+        let mut subs = Subscriptions::new(Duration::from_millis(500));
+        let one = free(&[("p", 1)]);
+        assert_eq!(subs.plan(&one, start).subscribe, vec!["p".to_owned()]);
+        // Control: a held subscription is not taken twice.
+        assert_eq!(subs.plan(&one, start), Plan::default());
+        subs.ended("p");
+        assert_eq!(
+            subs.plan(&one, start + Duration::from_millis(50)).subscribe,
+            vec!["p".to_owned()],
+            "taken again at the next scan"
+        );
+        // A full pool whose subscription ended is not taken again until a slot frees.
+        subs.ended("p");
+        assert_eq!(subs.plan(&free(&[("p", 0)]), start), Plan::default());
     }
 
     #[test]

@@ -27,8 +27,6 @@ use crate::wire::{self, BatchAnswer, CancelMeta, EntryAnswer, RemoteEnd};
 
 /// How often the node looks at its free slots.
 const SLOT_SCAN: Duration = Duration::from_millis(50);
-/// How long a pool stays full before its offer subscription goes.
-const SUBSCRIPTION_HOLD: Duration = Duration::from_millis(500);
 /// The least time between two capacity announcements for one pool: a dispatch parked `no
 /// capacity in cluster` after an announcement waits up to this long (and a slot scan) for
 /// the next one. At 1 s, saturated runs of `bench --cluster 3` had one dispatch in some runs
@@ -51,6 +49,10 @@ pub(crate) struct Taker {
     pub(crate) node: String,
     pub(crate) dispatcher: Dispatcher,
     pub(crate) status: ClusterStatus,
+    /// How long a full pool keeps its offer subscription ([`ClusterConfig::offer_hold`]).
+    ///
+    /// [`ClusterConfig::offer_hold`]: crate::ClusterConfig::offer_hold
+    offer_hold: Duration,
     /// Forwarded dispatches running here, and cancels that came before their offer.
     cancels: Mutex<Cancels>,
     /// Pools this node answered "busy" for since the last slot scan (it owes them an
@@ -101,6 +103,7 @@ impl Taker {
         node: String,
         dispatcher: Dispatcher,
         status: ClusterStatus,
+        offer_hold: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {
             client,
@@ -108,6 +111,7 @@ impl Taker {
             node,
             dispatcher,
             status,
+            offer_hold,
             cancels: Mutex::new(Cancels::default()),
             busy: Mutex::new(HashSet::new()),
         })
@@ -134,8 +138,10 @@ impl Taker {
 /// Keeps one offer subscription per pool with a free slot (with hysteresis), and announces
 /// each pool whose free slots rise from zero, until `stop`.
 pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
-    let mut subscriptions = Subscriptions::new(SUBSCRIPTION_HOLD);
-    let mut serving: HashMap<String, CancellationToken> = HashMap::new();
+    let mut subscriptions = Subscriptions::new(taker.offer_hold);
+    // Each pool's offer task and the token that stops it.
+    let mut serving: HashMap<String, (CancellationToken, tokio::task::JoinHandle<()>)> =
+        HashMap::new();
     let mut announcements = Announcements::new(ANNOUNCE_EVERY);
     let mut scan = tokio::time::interval(SLOT_SCAN);
     scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -145,17 +151,26 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
             _ = scan.tick() => {}
         }
         let now = Instant::now();
+        // An offer task that ended without being stopped (its subscription refused or
+        // closed) is taken again below while its pool has a free slot.
+        serving.retain(|pool, (_, task)| {
+            let ended = task.is_finished();
+            if ended {
+                subscriptions.ended(pool);
+            }
+            !ended
+        });
         let free = free_slots(&taker.dispatcher.registry().workers());
         let plan = subscriptions.plan(&free, now);
         for pool in plan.unsubscribe {
-            if let Some(served) = serving.remove(&pool) {
+            if let Some((served, _)) = serving.remove(&pool) {
                 served.cancel();
             }
         }
         for pool in plan.subscribe {
             let served = stop.child_token();
-            serving.insert(pool.clone(), served.clone());
-            tokio::spawn(serve_pool(Arc::clone(&taker), pool, served));
+            let task = tokio::spawn(serve_pool(Arc::clone(&taker), pool.clone(), served.clone()));
+            serving.insert(pool, (served, task));
         }
         for pool in taker.take_busy() {
             announcements.answered_busy(pool, now);
@@ -167,15 +182,46 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
                 .await;
         }
     }
-    for served in serving.into_values() {
+    for (served, _) in serving.into_values() {
         served.cancel();
     }
 }
 
-/// Takes offers for one pool until `stop`, then unsubscribes.
+/// How long a batch that found its pool full waits for the pool's subscription to leave the
+/// queue group before it answers "busy" anyway.
+const LEAVE_WAIT: Duration = Duration::from_millis(100);
+/// How long a subscription that left keeps answering the offers already on their way to it.
+const DRAIN_TAIL: Duration = Duration::from_secs(1);
+
+/// One pool's offer subscription as the batches it took see it. A batch that found every
+/// slot taken asks it to leave the queue group, and answers "busy" only once the unsubscribe
+/// is queued on the client ahead of that answer: the origin's next offer then cannot land here
+/// again while another node has a free slot (NATS picks a queue group's member at random, and
+/// a full member kept for the whole hold would draw the origin's every retry with odds of one
+/// in the group's size each time).
+#[derive(Clone, Debug, Default)]
+struct PoolGroup {
+    asked: CancellationToken,
+    left: CancellationToken,
+}
+
+impl PoolGroup {
+    /// Asks the subscription to leave; returns once it has (or after [`LEAVE_WAIT`]).
+    async fn leave(&self) {
+        self.asked.cancel();
+        let _ = tokio::time::timeout(LEAVE_WAIT, self.left.cancelled()).await;
+    }
+}
+
+/// Takes offers for one pool until `stop`, until a batch finds the pool full, or until the
+/// client refuses or closes the subscription ([`follow_slots`] subscribes again while the pool
+/// has a free slot). Leaving, it unsubscribes and answers the offers that reached it before the
+/// server had the unsubscribe, instead of dropping them (a dropped offer holds its origin for
+/// the offer timeout).
 async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
     let subject = taker.names.offer(&pool);
     let pool: Arc<str> = Arc::from(pool);
+    let group = PoolGroup::default();
     let mut offers = match taker
         .client
         .queue_subscribe(subject.clone(), TAKERS.to_owned())
@@ -192,19 +238,43 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
     let _ = taker.client.flush().await;
     let offer_pools = metrics::gauge!(OFFER_POOLS);
     offer_pools.increment(1.0);
+    let mut open = true;
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
+            () = group.asked.cancelled() => break,
             offer = offers.next() => match offer {
                 Some(offer) => {
-                    tokio::spawn(take(Arc::clone(&taker), Arc::clone(&pool), offer));
+                    let take = take(Arc::clone(&taker), Arc::clone(&pool), offer, group.clone());
+                    tokio::spawn(take);
                 }
-                None => break,
+                None => {
+                    tracing::debug!(%subject, "cluster: offer subscription closed");
+                    open = false;
+                    break;
+                }
             },
         }
     }
     offer_pools.decrement(1.0);
-    let _ = offers.unsubscribe().await;
+    if open && offers.drain().await.is_ok() {
+        group.left.cancel();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(DRAIN_TAIL, async {
+                while let Some(offer) = offers.next().await {
+                    tokio::spawn(take(
+                        Arc::clone(&taker),
+                        Arc::clone(&pool),
+                        offer,
+                        group.clone(),
+                    ));
+                }
+            })
+            .await;
+        });
+    } else {
+        group.left.cancel();
+    }
 }
 
 /// Answers one offer batch and sends the ends of the dispatches it took to the origin: in
@@ -214,7 +284,7 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
 ///
 /// The batch runs as one [`LocalBatch`]: every dispatch of it is delivered to a local worker
 /// or turned away before this task first waits, so the answer waits only for the linger.
-async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
+async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message, group: PoolGroup) {
     let Some(reply) = offer.reply.clone() else {
         return;
     };
@@ -284,9 +354,11 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
         }
     };
     let mut missed = batch.is_none() && !offered.is_empty();
+    let mut took_any = false;
     for (index, offer_index) in offered.iter().enumerate() {
         let taken = batch.as_ref().and_then(|batch| batch.starts().get(index))
             == Some(&LocalStart::Delivered);
+        took_any |= taken;
         if taken {
             if let Some(answer) = answers.get_mut(*offer_index) {
                 *answer = EntryAnswer::Taken;
@@ -298,6 +370,10 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message) {
     }
     if missed {
         taker.answered_busy(&pool);
+        if !took_any {
+            // Full here: out of the queue group before the "busy" goes back.
+            group.leave().await;
+        }
     }
     // The linger: ends within it ride in the answer.
     if let Some(batch) = batch.as_mut().filter(|batch| batch.running() > 0) {
@@ -403,7 +479,7 @@ mod tests {
     #[test]
     fn the_timings_are_the_documented_ones() {
         assert_eq!(SLOT_SCAN, Duration::from_millis(50));
-        assert_eq!(SUBSCRIPTION_HOLD, Duration::from_millis(500));
+        assert_eq!(crate::DEFAULT_OFFER_HOLD, Duration::from_millis(500));
         assert_eq!(ANNOUNCE_EVERY, Duration::from_millis(100));
         assert_eq!(ANSWER_LINGER, Duration::from_millis(5));
         assert_eq!(EARLY_CANCEL_KEPT, Duration::from_secs(30));

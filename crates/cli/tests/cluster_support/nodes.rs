@@ -25,9 +25,14 @@ pub fn node_site(nats: &NatsServer, cluster: &str, node: &str) -> Site {
 
 /// [`node_site`] reaching NATS at `nats_url` (a relay in front of the server, say).
 pub fn node_site_at(nats_url: &str, cluster: &str, node: &str) -> Site {
+    node_site_with(nats_url, cluster, node, "")
+}
+
+/// [`node_site_at`] with `more` lines in its `[cluster]` section.
+pub fn node_site_with(nats_url: &str, cluster: &str, node: &str, more: &str) -> Site {
     Site::with_store(&format!(
         "\n[cluster]\nnats_url = \"{nats_url}\"\nname = \"{cluster}\"\nnode = \"{node}\"\n\
-         member_ttl = \"3s\"\nrefresh_every = \"1s\"\n"
+         member_ttl = \"3s\"\nrefresh_every = \"1s\"\n{more}"
     ))
 }
 
@@ -131,6 +136,31 @@ pub async fn takes_offers(ops: u16) {
         sample(metrics, "switchyard_cluster_offer_pools") >= 1.0
     })
     .await;
+}
+
+/// Waits until the nodes whose operations listeners are `ops` are subscribed for offers in
+/// `pools` pools in all (a full node leaves its pool's offer group).
+pub async fn offer_pools_in_all(ops: &[u16], pools: f64) {
+    let counted = tokio::time::timeout(harness::PATIENCE, async {
+        loop {
+            let mut sum = 0.0;
+            for port in ops {
+                sum += sample(
+                    &http_get(*port, "/metrics").await,
+                    "switchyard_cluster_offer_pools",
+                );
+            }
+            if sum == pools {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        counted.is_ok(),
+        "the nodes {ops:?} never took offers in {pools} pools in all"
+    );
 }
 
 /// `switchyard serve` on `site` with the operations listener on a fresh port; returns it and

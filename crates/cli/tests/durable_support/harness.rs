@@ -57,10 +57,45 @@ pub struct Process {
     stderr_reader: Option<std::thread::JoinHandle<()>>,
 }
 
+/// How many of a process's last stderr (and unread stdout) lines a failing test prints.
+const STDERR_TAIL: usize = 200;
+
 impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test shows what each of its processes logged: a failure seen once on a
+        // loaded machine is then read from the test's own output, not guessed at.
+        if std::thread::panicking() {
+            if let Some(reader) = self.stderr_reader.take() {
+                let _ = reader.join();
+            }
+            let lines = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
+            let skip = lines.len().saturating_sub(STDERR_TAIL);
+            eprintln!(
+                "--- process {}: last {} of {} stderr lines ---",
+                self.child.id(),
+                lines.len() - skip,
+                lines.len()
+            );
+            for line in &lines[skip..] {
+                eprintln!("{line}");
+            }
+            let mut unread = Vec::new();
+            while let Ok(line) = self.stdout.try_recv() {
+                unread.push(line);
+            }
+            let skip = unread.len().saturating_sub(STDERR_TAIL);
+            eprintln!(
+                "--- process {}: last {} of {} stdout lines the test did not read ---",
+                self.child.id(),
+                unread.len() - skip,
+                unread.len()
+            );
+            for line in &unread[skip..] {
+                eprintln!("{line}");
+            }
+        }
     }
 }
 

@@ -31,6 +31,9 @@ pub struct ClusterSection {
     pub member_ttl: ConfigDuration,
     /// How often a node refreshes its membership entry; less than `member_ttl`.
     pub refresh_every: ConfigDuration,
+    /// How long a pool stays full before the node drops its offer subscription for it; an
+    /// offer the node must turn away drops it at once.
+    pub offer_hold: ConfigDuration,
 }
 
 impl Default for ClusterSection {
@@ -45,6 +48,7 @@ impl Default for ClusterSection {
             tls_key: String::new(),
             member_ttl: ConfigDuration::secs(10),
             refresh_every: ConfigDuration::secs(3),
+            offer_hold: ConfigDuration(switchyard_cluster::DEFAULT_OFFER_HOLD),
         }
     }
 }
@@ -193,6 +197,7 @@ pub(crate) fn cluster_config(
     config.tls_client = path(&section.tls_cert).zip(path(&section.tls_key));
     config.member_ttl = section.member_ttl.get();
     config.refresh_every = section.refresh_every.get();
+    config.offer_hold = section.offer_hold.get();
     config.grpc_addr = grpc_addr;
     config.ops_addr = ops_addr;
     config.forwards_durable = store == StoreBackendName::Jetstream;
