@@ -182,9 +182,10 @@ async fn a_node_killed_mid_task_has_its_forwarded_tasks_dispatched_again() {
     worker_c.stop().await;
 }
 
-/// A node whose pool is full leaves the pool's offer group at the first offer it must turn
-/// away, before its "busy" goes back, instead of at the end of the 0.5 s hold: the origin's
-/// next try then reaches a node with a free slot, or hears that none is listening.
+/// A node whose pool is full (its last slot scan found it so) leaves the pool's offer group at
+/// the first offer it must turn away, before its "busy" goes back, instead of at the end of the
+/// hold: the origin's next try then reaches a node with a free slot, or hears that none is
+/// listening.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_node_leaves_the_offer_group_at_the_first_offer_it_turns_away() {
     let Some(nats) = NatsServer::start() else {
@@ -208,26 +209,30 @@ async fn a_full_node_leaves_the_offer_group_at_the_first_offer_it_turns_away() {
     };
     let started = tokio::time::timeout(PATIENCE, ledger.wait_total(1)).await;
     assert!(started.is_ok(), "the first task started");
-    let full_since = std::time::Instant::now();
-    // B's only slot is taken; the second dispatch is turned away there.
-    let second = {
-        let a = Arc::clone(&a);
-        tokio::spawn(async move { dispatch(&a, ACTIVITY, 1, Duration::from_secs(1)).await })
-    };
-    offer_pools_in_all(&[b_ops], 0.0).await;
-    let left_after = full_since.elapsed();
-    // Control: kept for the hold, the subscription would stay 30 s after the slot was taken
+    // B's only slot is taken; short dispatches are turned away there until it leaves (at the
+    // first one after its 50 ms slot scan has seen the pool full). Control: kept for the hold,
+    // the subscription would stay 30 s
     // (`slots::tests::subscribes_at_one_free_slot_and_unsubscribes_only_after_the_hold`).
+    let mut turned_away = 0;
+    let mut left = false;
+    for tag in 1..=20 {
+        let outcome = dispatch(&a, ACTIVITY, tag, Duration::from_millis(100)).await;
+        assert!(completed(&outcome).is_none(), "{outcome:?}");
+        turned_away += 1;
+        let metrics = http_get(b_ops, "/metrics").await;
+        if sample(&metrics, "switchyard_cluster_offer_pools") == 0.0 {
+            left = true;
+            break;
+        }
+    }
     assert!(
-        left_after < Duration::from_secs(10),
-        "B left the offer group {left_after:?} after it filled"
+        left,
+        "B kept its offer subscription through {turned_away} turned-away offers"
     );
-    let second = second.await.expect("the second call ends");
-    assert!(completed(&second).is_none(), "{second:?}");
     assert_eq!(
-        ledger.executions(1),
-        0,
-        "the second task never ran on the full node"
+        ledger.total(),
+        1,
+        "no turned-away task ran on the full node"
     );
     let first = first.await.expect("the first call ends");
     assert_eq!(completed(&first), Some(&tagged(0)[..]), "{first:?}");

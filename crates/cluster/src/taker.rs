@@ -11,6 +11,7 @@
 //! own.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -139,8 +140,8 @@ impl Taker {
 /// each pool whose free slots rise from zero, until `stop`.
 pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
     let mut subscriptions = Subscriptions::new(taker.offer_hold);
-    // Each pool's offer task and the token that stops it.
-    let mut serving: HashMap<String, (CancellationToken, tokio::task::JoinHandle<()>)> =
+    // Each pool's offer task, the token that stops it and what its batches see of the pool.
+    let mut serving: HashMap<String, (CancellationToken, PoolGroup, tokio::task::JoinHandle<()>)> =
         HashMap::new();
     let mut announcements = Announcements::new(ANNOUNCE_EVERY);
     let mut scan = tokio::time::interval(SLOT_SCAN);
@@ -153,7 +154,7 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
         let now = Instant::now();
         // An offer task that ended without being stopped (its subscription refused or
         // closed) is taken again below while its pool has a free slot.
-        serving.retain(|pool, (_, task)| {
+        serving.retain(|pool, (_, _, task)| {
             let ended = task.is_finished();
             if ended {
                 subscriptions.ended(pool);
@@ -163,14 +164,24 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
         let free = free_slots(&taker.dispatcher.registry().workers());
         let plan = subscriptions.plan(&free, now);
         for pool in plan.unsubscribe {
-            if let Some((served, _)) = serving.remove(&pool) {
+            if let Some((served, _, _)) = serving.remove(&pool) {
                 served.cancel();
             }
         }
         for pool in plan.subscribe {
             let served = stop.child_token();
-            let task = tokio::spawn(serve_pool(Arc::clone(&taker), pool.clone(), served.clone()));
-            serving.insert(pool, (served, task));
+            let group = PoolGroup::default();
+            let serve = serve_pool(
+                Arc::clone(&taker),
+                pool.clone(),
+                served.clone(),
+                group.clone(),
+            );
+            serving.insert(pool, (served, group, tokio::spawn(serve)));
+        }
+        for (pool, (_, group, _)) in &serving {
+            let full = free.get(pool).copied().unwrap_or(0) == 0;
+            group.full.store(full, Ordering::Relaxed);
         }
         for pool in taker.take_busy() {
             announcements.answered_busy(pool, now);
@@ -182,7 +193,7 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
                 .await;
         }
     }
-    for (served, _) in serving.into_values() {
+    for (served, _, _) in serving.into_values() {
         served.cancel();
     }
 }
@@ -194,34 +205,43 @@ const LEAVE_WAIT: Duration = Duration::from_millis(100);
 const DRAIN_TAIL: Duration = Duration::from_secs(1);
 
 /// One pool's offer subscription as the batches it took see it. A batch that found every
-/// slot taken asks it to leave the queue group, and answers "busy" only once the unsubscribe
-/// is queued on the client ahead of that answer: the origin's next offer then cannot land here
-/// again while another node has a free slot (NATS picks a queue group's member at random, and
-/// a full member kept for the whole hold would draw the origin's every retry with odds of one
-/// in the group's size each time).
+/// slot taken while the last slot scan found the pool full too asks it to leave the queue
+/// group, and answers "busy" only once the unsubscribe is queued on the client ahead of that
+/// answer: the origin's next offer then cannot land here again while another node has a free
+/// slot (NATS picks a queue group's member at random, and a full member kept for the whole
+/// hold would draw each of the origin's retries with odds of one in the group's size). A pool
+/// whose slots free and fill between two scans keeps its subscription: leaving and joining
+/// again would cost more than the busy answers it saves, and each leave can drop an offer
+/// already on its way (the client forgets the subscription before the server has its
+/// unsubscribe).
 #[derive(Clone, Debug, Default)]
 struct PoolGroup {
     asked: CancellationToken,
     left: CancellationToken,
+    /// The last slot scan found no free slot in the pool.
+    full: Arc<AtomicBool>,
 }
 
 impl PoolGroup {
-    /// Asks the subscription to leave; returns once it has (or after [`LEAVE_WAIT`]).
-    async fn leave(&self) {
+    /// Asks the subscription to leave, when the pool has stayed full since the last scan;
+    /// returns once it has left (or after [`LEAVE_WAIT`]).
+    async fn leave_when_full(&self) {
+        if !self.full.load(Ordering::Relaxed) {
+            return;
+        }
         self.asked.cancel();
         let _ = tokio::time::timeout(LEAVE_WAIT, self.left.cancelled()).await;
     }
 }
 
-/// Takes offers for one pool until `stop`, until a batch finds the pool full, or until the
-/// client refuses or closes the subscription ([`follow_slots`] subscribes again while the pool
-/// has a free slot). Leaving, it unsubscribes and answers the offers that reached it before the
-/// server had the unsubscribe, instead of dropping them (a dropped offer holds its origin for
+/// Takes offers for one pool until `stop`, until a batch finds the pool full ([`PoolGroup`]),
+/// or until the client refuses or closes the subscription ([`follow_slots`] subscribes again
+/// while the pool has a free slot). Leaving, it unsubscribes and still answers the offers the
+/// client had delivered to it, instead of dropping them (a dropped offer holds its origin for
 /// the offer timeout).
-async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken) {
+async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken, group: PoolGroup) {
     let subject = taker.names.offer(&pool);
     let pool: Arc<str> = Arc::from(pool);
-    let group = PoolGroup::default();
     let mut offers = match taker
         .client
         .queue_subscribe(subject.clone(), TAKERS.to_owned())
@@ -372,7 +392,7 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message, group: PoolGrou
         taker.answered_busy(&pool);
         if !took_any {
             // Full here: out of the queue group before the "busy" goes back.
-            group.leave().await;
+            group.leave_when_full().await;
         }
     }
     // The linger: ends within it ride in the answer.
