@@ -336,6 +336,52 @@ async def test_a_frozen_worker_is_replaced(
         frozen.process.send_signal(signal.SIGCONT)
 
 
+async def test_pings_are_answered_while_every_handler_is_busy(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """docs/python.md, Liveness: the runtime answers pings independently of the handlers. Both
+    slots are held (one async handler awaiting, one sync handler blocked in its thread) for
+    four ping timeouts of the test gateway (200 ms pings, 500 ms timeout); a worker whose pings
+    went unanswered would read `unreachable`, as `test_a_frozen_worker_is_replaced` shows."""
+    release = asyncio.Event()
+    unblock = threading.Event()
+    started: asyncio.Queue[str] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    worker = new_worker(gateway, max_concurrency=2)
+
+    @worker.activity("wait-async")
+    async def wait_async(context: ActivityContext, data: bytes) -> bytes:
+        started.put_nowait("async")
+        await release.wait()
+        return data
+
+    @worker.activity("wait-sync")
+    def wait_sync(context: ActivityContext, data: bytes) -> bytes:
+        loop.call_soon_threadsafe(started.put_nowait, "sync")
+        unblock.wait(PATIENCE)
+        return data
+
+    async with worker.serving():
+        calls = [
+            asyncio.ensure_future(producer.dispatch(NS, "wait-async", b"a", timeout=PATIENCE)),
+            asyncio.ensure_future(producer.dispatch(NS, "wait-sync", b"s", timeout=PATIENCE)),
+        ]
+        seen = {await asyncio.wait_for(started.get(), PATIENCE) for _ in range(2)}
+        assert seen == {"async", "sync"}
+        readings = []
+        window_ends = time.monotonic() + 4 * 0.5
+        while time.monotonic() < window_ends:
+            (listed,) = await producer.list_workers(namespace=NS)
+            readings.append(listed.eligibility)
+            await asyncio.sleep(0.1)
+        assert len(readings) >= 10
+        assert set(readings) == {gateway_pb2.ELIGIBILITY_AT_CAPACITY}, readings
+        release.set()
+        unblock.set()
+        outcomes = await asyncio.gather(*calls)
+    assert outcomes == [Completed(b"a"), Completed(b"s")]
+
+
 async def test_sigterm_finishes_the_task_in_flight_then_exits(
     gateway: Gateway, producer: Producer, worker_processes: list[WorkerProcess]
 ) -> None:
