@@ -382,6 +382,44 @@ async def test_pings_are_answered_while_every_handler_is_busy(
     assert outcomes == [Completed(b"a"), Completed(b"s")]
 
 
+async def test_stop_lets_go_of_the_held_task_and_the_gateway_runs_it_again(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """docs/python.md, Drain and stop: `worker.stop()` leaves at once, letting go of the tasks
+    it holds, and the gateway dispatches them again (the next worker sees attempt 2)."""
+    never = asyncio.Event()
+    first_started = asyncio.Event()
+    attempts: list[tuple[str, int]] = []
+    first = new_worker(gateway, max_concurrency=1)
+
+    @first.activity("held")
+    async def held(context: ActivityContext, data: bytes) -> bytes:
+        attempts.append(("first", context.attempt))
+        first_started.set()
+        await never.wait()
+        return b"first"
+
+    second = new_worker(gateway, max_concurrency=1)
+
+    @second.activity("held")
+    async def again(context: ActivityContext, data: bytes) -> bytes:
+        attempts.append(("second", context.attempt))
+        return b"second"
+
+    running = asyncio.ensure_future(first.run())
+    await first.wait_registered(PATIENCE)
+    call = asyncio.ensure_future(producer.dispatch(NS, "held", b"x", timeout=PATIENCE))
+    await asyncio.wait_for(first_started.wait(), PATIENCE)
+    first.stop()
+    await asyncio.wait_for(running, PATIENCE)
+    # Control: the held task was not answered; it waits for a worker.
+    assert not call.done()
+    async with second.serving():
+        outcome = await asyncio.wait_for(call, PATIENCE)
+    assert outcome == Completed(b"second")
+    assert attempts == [("first", 1), ("second", 2)]
+
+
 async def test_sigterm_finishes_the_task_in_flight_then_exits(
     gateway: Gateway, producer: Producer, worker_processes: list[WorkerProcess]
 ) -> None:
