@@ -439,6 +439,106 @@ async def test_sigterm_finishes_the_task_in_flight_then_exits(
     assert child.process.wait(timeout=PATIENCE) == 0
 
 
+async def test_a_second_sigterm_stops_at_once_and_the_task_runs_again_elsewhere(
+    gateway: Gateway, producer: Producer, worker_processes: list[WorkerProcess]
+) -> None:
+    """docs/python.md, Drain and stop: the first SIGTERM drains (the task in flight would run its
+    30 s), a second one stops at once, letting the task go; the gateway runs it again."""
+    child = WorkerProcess(gateway, "A", "30")
+    worker_processes.append(child)
+    assert child.line().startswith("registered")
+    dispatch = asyncio.ensure_future(producer.dispatch(NS, "whoami", timeout=PATIENCE))
+
+    async def holding() -> bool:
+        listed = await producer.list_workers(namespace=NS)
+        return bool(listed) and listed[0].in_flight == 1
+
+    await eventually(holding, "the child holds the task")
+    child.process.send_signal(signal.SIGTERM)
+
+    async def draining() -> bool:
+        listed = await producer.list_workers(namespace=NS)
+        return bool(listed) and listed[0].eligibility == gateway_pb2.ELIGIBILITY_DRAINING
+
+    await eventually(draining, "the first SIGTERM drains the child")
+    # Control: draining, the child keeps its task (30 s to go).
+    assert not dispatch.done()
+    asked = time.monotonic()
+    child.process.send_signal(signal.SIGTERM)
+    assert child.line() == "exited"
+    assert child.process.wait(timeout=PATIENCE) == 0
+    assert time.monotonic() - asked < 10, "the second signal did not wait for the task"
+    assert not dispatch.done()
+    other = new_worker(gateway)
+    other.register("whoami", lambda context, data: f"B {context.attempt}".encode())
+    async with other.serving():
+        assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"B 2")
+
+
+async def test_with_handle_signals_off_sigterm_is_left_to_the_application(
+    gateway: Gateway, producer: Producer, worker_processes: list[WorkerProcess]
+) -> None:
+    """docs/python.md: `handle_signals=False` installs no handler, so SIGTERM keeps Python's
+    default action (the process ends at once, `run()` never returns) instead of a drain
+    (`test_sigterm_finishes_the_task_in_flight_then_exits` is the control)."""
+    child = WorkerProcess(gateway, "A", "30", "nosignals")
+    worker_processes.append(child)
+    assert child.line().startswith("registered")
+    dispatch = asyncio.ensure_future(producer.dispatch(NS, "whoami", timeout=PATIENCE))
+
+    async def holding() -> bool:
+        listed = await producer.list_workers(namespace=NS)
+        return bool(listed) and listed[0].in_flight == 1
+
+    await eventually(holding, "the child holds the task")
+    child.process.send_signal(signal.SIGTERM)
+    assert child.process.wait(timeout=PATIENCE) == -signal.SIGTERM
+    assert child.process.stdout is not None
+    assert "exited" not in child.process.stdout.read()
+    dispatch.cancel()
+
+
+async def test_a_handler_returning_none_completes_with_empty_output(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """docs/python.md, Handlers: `None` is the empty output, from async and sync handlers."""
+    worker = new_worker(gateway)
+
+    @worker.activity("nothing-async")
+    async def nothing_async(context: ActivityContext, data: bytes) -> None:
+        return None
+
+    worker.register("nothing-sync", lambda context, data: None)
+    worker.register("something", lambda context, data: data)
+    async with worker.serving():
+        for activity in ("nothing-async", "nothing-sync"):
+            outcome = await producer.dispatch(NS, activity, b"in", timeout=PATIENCE)
+            assert outcome == Completed(b""), activity
+        # Control: a handler returning its input is not answered empty.
+        assert await producer.dispatch(NS, "something", b"in", timeout=PATIENCE) == Completed(b"in")
+
+
+async def test_a_result_over_the_frame_limit_fails_locally_and_the_stream_survives(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """docs/python.md, Failures: a result larger than the gateway's `max_worker_frame_bytes`
+    (from `grpc.max_message_size`, 4 MiB here) is failed (fatal) by the runtime instead of sent:
+    the gateway would end the stream over it. The next task runs on the same registration."""
+    limit = 4 * 1024 * 1024
+    worker = new_worker(gateway, max_concurrency=1)
+    worker.register("sized", lambda context, data: b"x" * int(data))
+    async with worker.serving():
+        registered = worker.worker_id
+        outcome = await producer.dispatch(NS, "sized", str(limit + 1).encode(), timeout=PATIENCE)
+        assert isinstance(outcome, Failed), outcome
+        assert not outcome.retryable
+        assert "max_worker_frame_bytes" in outcome.message, outcome.message
+        small = await producer.dispatch(NS, "sized", b"3", timeout=PATIENCE)
+        assert small == Completed(b"xxx")
+        (listed,) = await producer.list_workers(namespace=NS)
+        assert listed.worker_id == registered, "the same stream, not a new registration"
+
+
 async def test_resize_announces_the_new_capacity(gateway: Gateway, producer: Producer) -> None:
     worker = new_worker(gateway, max_concurrency=1)
     worker.register("echo", lambda context, data: data)

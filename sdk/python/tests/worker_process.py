@@ -1,6 +1,7 @@
 """A worker in its own process for the tests: `worker_process.py ENDPOINT CA TOKEN NAME
-[SLEEP]` serves `whoami` (returns NAME after SLEEP seconds) in namespace `tests`, prints
-`registered <id>` once registered and `exited` when `run()` returns."""
+[SLEEP [nosignals]]` serves `whoami` (returns NAME after SLEEP seconds) in namespace `tests`,
+prints `registered <id>` once registered and `exited` when `run()` returns; `nosignals` builds
+it with `handle_signals=False`."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from switchyard import ActivityContext, Backoff, Connection, Worker
 async def main() -> None:
     endpoint, ca, token, name = sys.argv[1:5]
     sleep = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+    handle_signals = sys.argv[6:7] != ["nosignals"]
     worker = Worker(
         namespaces=["tests"],
         connection=Connection(endpoint=endpoint, ca=ca, token=token),
         backoff=Backoff(initial=0.05, max=0.5),
+        handle_signals=handle_signals,
     )
 
     @worker.activity("whoami")
