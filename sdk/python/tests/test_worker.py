@@ -244,6 +244,70 @@ async def test_an_operator_drain_finishes_in_flight_work_and_the_worker_leaves(
     assert await producer.list_workers(namespace=NS) == []
 
 
+async def test_a_drain_by_node_with_a_deadline_cancels_what_is_left_and_spares_other_nodes(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """docs/python.md, A producer: `drain(node=..., deadline=...)` drains every worker with the
+    node label; tasks still running at the deadline end `Cancelled` and their handlers get the
+    cancel. A worker on another node keeps its task and its registration."""
+    started: asyncio.Queue[str] = asyncio.Queue()
+    cancels: list[str] = []
+
+    def labelled(node: str) -> Worker:
+        worker = new_worker(gateway, node=node, max_concurrency=1)
+
+        @worker.activity("held")
+        async def held(context: ActivityContext, data: bytes) -> bytes:
+            started.put_nowait(node)
+            try:
+                await asyncio.sleep(PATIENCE)
+            except asyncio.CancelledError:
+                cancels.append(node)
+                raise
+            return b"late"
+
+        return worker
+
+    workers = [labelled("edge-1"), labelled("edge-1"), labelled("edge-2")]
+    runs = [asyncio.ensure_future(worker.run()) for worker in workers]
+    for worker in workers:
+        await worker.wait_registered(PATIENCE)
+    calls = [
+        asyncio.ensure_future(producer.dispatch(NS, "held", timeout=PATIENCE)) for _ in workers
+    ]
+    nodes = sorted([await asyncio.wait_for(started.get(), PATIENCE) for _ in workers])
+    assert nodes == ["edge-1", "edge-1", "edge-2"]
+    progress = await asyncio.wait_for(
+        _collect(producer.drain(node="edge-1", deadline=0.5)), PATIENCE
+    )
+    assert progress[0].tasks_remaining == 2 and not progress[0].done
+    last = progress[-1]
+    assert last.done and last.cancelled_at_deadline == 2 and last.workers_left == 2, last
+    await asyncio.wait_for(asyncio.gather(*runs[:2]), PATIENCE)
+    assert sorted(cancels) == ["edge-1", "edge-1"]
+
+    async def two_ended() -> bool:
+        return sum(call.done() for call in calls) >= 2
+
+    await eventually(two_ended, "the two calls cancelled at the deadline end")
+    ended = [call for call in calls if call.done()]
+    assert len(ended) == 2 and all(isinstance(call.result(), Cancelled) for call in ended)
+    # Control: the worker on edge-2 is still registered with its task, which still runs.
+    (listed,) = await producer.list_workers(namespace=NS)
+    assert listed.node == "edge-2" and listed.in_flight == 1
+    assert not runs[2].done()
+    workers[2].stop()
+    await asyncio.wait_for(runs[2], PATIENCE)
+    for call in calls:
+        call.cancel()
+
+
+async def _collect(
+    progress: AsyncIterator[gateway_pb2.DrainProgress],
+) -> list[gateway_pb2.DrainProgress]:
+    return [update async for update in progress]
+
+
 async def test_a_worker_drained_by_itself_finishes_its_task_and_leaves(
     gateway: Gateway, producer: Producer
 ) -> None:
