@@ -8,19 +8,21 @@ import collections
 from collections.abc import Iterator
 
 import pytest
-from conftest import BILLING_TOKEN, PATIENCE, Gateway
+from conftest import ADMIN_TOKEN, BILLING_TOKEN, PATIENCE, Gateway
 from test_worker import NS, eventually, new_worker
 
 from switchyard import (
     ActivityContext,
     AlreadyExists,
     Completed,
+    Connection,
     DispatchRequest,
     InvalidArgument,
     NotFound,
     PermissionDenied,
     Producer,
     Unauthenticated,
+    Unavailable,
     Unserved,
     Worker,
 )
@@ -187,3 +189,21 @@ async def test_dispatch_many_raises_a_failing_iterable_after_what_was_sent(
                 seen.append(result.outcome)
     # Control: the request sent before the failure still completed.
     assert seen == [Completed(b"first")]
+
+
+async def test_server_name_verifies_the_certificate_under_another_name(gateway: Gateway) -> None:
+    """docs/python.md, Credentials: `server_name` is the name the gateway's certificate is
+    checked against when the endpoint names the host otherwise (the development certificate
+    names `localhost`; the endpoint here is `127.0.0.1`)."""
+
+    def connection(server_name: str) -> Connection:
+        return Connection(
+            endpoint=gateway.endpoint, ca=gateway.ca, token=ADMIN_TOKEN, server_name=server_name
+        )
+
+    async with Producer(connection("localhost")) as producer:
+        assert await producer.list_workers(namespace=NS) == []
+    # Control: a name the certificate does not carry fails the handshake.
+    async with Producer(connection("elsewhere.invalid")) as producer:
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(producer.list_workers(namespace=NS), PATIENCE)
