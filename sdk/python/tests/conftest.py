@@ -40,6 +40,7 @@ def switchyard_binary() -> pathlib.Path:
 CONFIG = """
 [grpc]
 listen = "127.0.0.1:{port}"
+tls = {grpc_tls}
 reconnect_grace = "2s"
 # One worker stream per connection: a test whose workers shared a connection would fail.
 max_workers_per_connection = 1
@@ -107,6 +108,7 @@ class Gateway:
         quic: bool = False,
         redundancy: bool = False,
         ops: bool = False,
+        plaintext: bool = False,
     ) -> None:
         self.directory = directory
         #: CA that client certificates must chain to (mutual TLS); None for tokens only.
@@ -117,6 +119,8 @@ class Gateway:
         self.redundancy = redundancy
         #: Whether the operations listener (`/metrics`) runs, on `ops_port`.
         self.ops = ops
+        #: Whether the gRPC listener serves plaintext HTTP/2 (`grpc.tls = false`).
+        self.plaintext = plaintext
         self.ops_port = 0
         self.data_dir = directory / "data"
         self.port = 0
@@ -148,6 +152,7 @@ class Gateway:
                 quic_port=self.quic_port,
                 redundancy="datagram" if self.redundancy else "off",
                 ops="true" if self.ops else "false",
+                grpc_tls="false" if self.plaintext else "true",
                 data_dir=self.data_dir,
                 admin=ADMIN_TOKEN,
                 billing=BILLING_TOKEN,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import pathlib
 from collections.abc import Iterator
 
 import pytest
@@ -207,3 +208,27 @@ async def test_server_name_verifies_the_certificate_under_another_name(gateway: 
     async with Producer(connection("elsewhere.invalid")) as producer:
         with pytest.raises(Unavailable):
             await asyncio.wait_for(producer.list_workers(namespace=NS), PATIENCE)
+
+
+async def test_an_http_endpoint_speaks_plaintext_to_a_plaintext_gateway(
+    tmp_path: pathlib.Path,
+) -> None:
+    """docs/python.md, Credentials: `http://host:port` is plaintext, for a loopback gateway
+    with `grpc.tls = false`; worker and producer both work over it."""
+    gateway = Gateway(tmp_path, plaintext=True)
+    gateway.start()
+    try:
+        plain = Connection(endpoint=f"http://{gateway.endpoint}", token=ADMIN_TOKEN)
+        worker = Worker(namespaces=[NS], connection=plain, handle_signals=False)
+        worker.register("echo", lambda context, data: data)
+        async with worker.serving(), Producer(plain) as producer:
+            assert await producer.dispatch(NS, "echo", b"clear", timeout=PATIENCE) == Completed(
+                b"clear"
+            )
+        # Control: a TLS client gets nowhere with the plaintext listener.
+        tls = Connection(endpoint=gateway.endpoint, token=ADMIN_TOKEN)
+        async with Producer(tls) as producer:
+            with pytest.raises(Unavailable):
+                await asyncio.wait_for(producer.list_workers(namespace=NS), PATIENCE)
+    finally:
+        gateway.stop()
