@@ -23,6 +23,7 @@ from switchyard import (
     Completed,
     Failed,
     FatalError,
+    Outcome,
     Producer,
     RetryableError,
     Worker,
@@ -484,10 +485,15 @@ async def test_stop_lets_go_of_the_held_task_and_the_gateway_runs_it_again(
     assert attempts == [("first", 1), ("second", 2)]
 
 
-async def test_sigterm_finishes_the_task_in_flight_then_exits(
-    gateway: Gateway, producer: Producer, worker_processes: list[WorkerProcess]
-) -> None:
-    child = WorkerProcess(gateway, "A", "1.0")
+async def child_holding_a_task(
+    gateway: Gateway,
+    producer: Producer,
+    worker_processes: list[WorkerProcess],
+    *args: str,
+) -> tuple[WorkerProcess, asyncio.Future[Outcome]]:
+    """A `worker_process.py` child (`args` after its gateway) holding one `whoami` task, and
+    the producer's call for it."""
+    child = WorkerProcess(gateway, *args)
     worker_processes.append(child)
     assert child.line().startswith("registered")
     dispatch = asyncio.ensure_future(producer.dispatch(NS, "whoami", timeout=PATIENCE))
@@ -497,6 +503,13 @@ async def test_sigterm_finishes_the_task_in_flight_then_exits(
         return bool(listed) and listed[0].in_flight == 1
 
     await eventually(holding, "the child holds the task")
+    return child, dispatch
+
+
+async def test_sigterm_finishes_the_task_in_flight_then_exits(
+    gateway: Gateway, producer: Producer, worker_processes: list[WorkerProcess]
+) -> None:
+    child, dispatch = await child_holding_a_task(gateway, producer, worker_processes, "A", "1.0")
     child.process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"A")
     assert child.line() == "exited"
@@ -508,16 +521,7 @@ async def test_a_second_sigterm_stops_at_once_and_the_task_runs_again_elsewhere(
 ) -> None:
     """docs/python.md, Drain and stop: the first SIGTERM drains (the task in flight would run its
     30 s), a second one stops at once, letting the task go; the gateway runs it again."""
-    child = WorkerProcess(gateway, "A", "30")
-    worker_processes.append(child)
-    assert child.line().startswith("registered")
-    dispatch = asyncio.ensure_future(producer.dispatch(NS, "whoami", timeout=PATIENCE))
-
-    async def holding() -> bool:
-        listed = await producer.list_workers(namespace=NS)
-        return bool(listed) and listed[0].in_flight == 1
-
-    await eventually(holding, "the child holds the task")
+    child, dispatch = await child_holding_a_task(gateway, producer, worker_processes, "A", "30")
     child.process.send_signal(signal.SIGTERM)
 
     async def draining() -> bool:
@@ -545,16 +549,9 @@ async def test_with_handle_signals_off_sigterm_is_left_to_the_application(
     """docs/python.md: `handle_signals=False` installs no handler, so SIGTERM keeps Python's
     default action (the process ends at once, `run()` never returns) instead of a drain
     (`test_sigterm_finishes_the_task_in_flight_then_exits` is the control)."""
-    child = WorkerProcess(gateway, "A", "30", "nosignals")
-    worker_processes.append(child)
-    assert child.line().startswith("registered")
-    dispatch = asyncio.ensure_future(producer.dispatch(NS, "whoami", timeout=PATIENCE))
-
-    async def holding() -> bool:
-        listed = await producer.list_workers(namespace=NS)
-        return bool(listed) and listed[0].in_flight == 1
-
-    await eventually(holding, "the child holds the task")
+    child, dispatch = await child_holding_a_task(
+        gateway, producer, worker_processes, "A", "30", "nosignals"
+    )
     child.process.send_signal(signal.SIGTERM)
     assert child.process.wait(timeout=PATIENCE) == -signal.SIGTERM
     assert child.process.stdout is not None

@@ -58,7 +58,20 @@ pub struct Process {
 }
 
 /// How many of a process's last stderr (and unread stdout) lines a failing test prints.
-const STDERR_TAIL: usize = 200;
+const OUTPUT_TAIL: usize = 200;
+
+/// Prints the last [`OUTPUT_TAIL`] of `lines`, headed by what they are.
+fn print_tail(what: &str, lines: &[String]) {
+    let skip = lines.len().saturating_sub(OUTPUT_TAIL);
+    eprintln!(
+        "--- {what}: last {} of {} lines ---",
+        lines.len() - skip,
+        lines.len()
+    );
+    for line in &lines[skip..] {
+        eprintln!("{line}");
+    }
+}
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -70,31 +83,17 @@ impl Drop for Process {
             if let Some(reader) = self.stderr_reader.take() {
                 let _ = reader.join();
             }
-            let lines = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
-            let skip = lines.len().saturating_sub(STDERR_TAIL);
-            eprintln!(
-                "--- process {}: last {} of {} stderr lines ---",
-                self.child.id(),
-                lines.len() - skip,
-                lines.len()
-            );
-            for line in &lines[skip..] {
-                eprintln!("{line}");
-            }
+            let pid = self.child.id();
+            let stderr = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
+            print_tail(&format!("process {pid} stderr"), &stderr);
             let mut unread = Vec::new();
             while let Ok(line) = self.stdout.try_recv() {
                 unread.push(line);
             }
-            let skip = unread.len().saturating_sub(STDERR_TAIL);
-            eprintln!(
-                "--- process {}: last {} of {} stdout lines the test did not read ---",
-                self.child.id(),
-                unread.len() - skip,
-                unread.len()
+            print_tail(
+                &format!("process {pid} stdout the test did not read"),
+                &unread,
             );
-            for line in &unread[skip..] {
-                eprintln!("{line}");
-            }
         }
     }
 }
