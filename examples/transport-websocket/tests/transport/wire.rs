@@ -341,6 +341,35 @@ async fn a_connection_that_never_registers_is_closed_with_4408() {
     assert!(closed.reason.contains("no register frame"), "{closed:?}");
 }
 
+/// `WsServerConfig::max_connections`: past the limit a client waits in the listen backlog (its
+/// TCP connect completes, its WebSocket handshake is not answered) until a connection ends.
+#[tokio::test]
+async fn past_max_connections_a_client_waits_until_a_connection_ends() {
+    let gateway = TestGateway::start(WsServerConfig {
+        max_connections: 1,
+        ..WsServerConfig::default()
+    })
+    .await;
+    let addr = gateway.server.local_addr();
+    let (first, _) = raw::connect(addr, Some("Bearer shop-token"), &[]).await;
+    let mut second = tokio::spawn(raw::connect(addr, Some("Bearer shop-token"), &[]));
+    // Held while the first connection lives (bounded wait: no answer is the behaviour).
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut second).await;
+    assert!(
+        early.is_err(),
+        "the second handshake was answered past the limit"
+    );
+    // Control: once the first connection ends, the second is served.
+    drop(first);
+    let (mut second, _) = tokio::time::timeout(STEP, second)
+        .await
+        .expect("the second handshake is answered once a slot frees")
+        .expect("the second connect task");
+    raw::send(&mut second, &raw::register(1)).await;
+    let registered = raw::next(&mut second).await;
+    assert_eq!(registered["type"], "registered", "{registered}");
+}
+
 #[tokio::test]
 async fn oversized_messages_close_with_1009_and_deregister_the_worker() {
     let gateway = TestGateway::start(WsServerConfig {
