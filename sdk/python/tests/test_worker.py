@@ -26,6 +26,7 @@ from switchyard import (
     Outcome,
     Producer,
     RetryableError,
+    TimedOut,
     Worker,
 )
 from switchyard.v1 import gateway_pb2, worker_pb2
@@ -214,6 +215,49 @@ async def test_a_cancel_reaches_the_handler_as_cancelled_error(
         ("cancelled", CancelReason.REQUESTED, "requested"),
         ("finished", None, ""),
     ]
+
+
+async def test_a_sync_handler_sees_its_cancel_and_keeps_its_slot_until_it_returns(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """docs/python.md, Cancellation: a sync handler cannot be interrupted; it sees the cancel
+    on `context.cancelled` (a `threading.Event`) and `context.is_cancelled`, and keeps its slot
+    until it returns: the next task waits for it."""
+    saw_cancel = threading.Event()
+    let_go = threading.Event()
+    seen: list[tuple[bool, CancelReason | None]] = []
+    worker = new_worker(gateway, max_concurrency=1)
+
+    @worker.activity("sync-wait")
+    def sync_wait(context: ActivityContext, data: bytes) -> bytes:
+        if data == b"next":
+            return b"next"
+        assert context.cancelled.wait(PATIENCE)
+        seen.append((context.is_cancelled, context.cancel_reason))
+        saw_cancel.set()
+        let_go.wait(PATIENCE)
+        return b"too late"
+
+    loop = asyncio.get_running_loop()
+    async with worker.serving():
+        outcome = await producer.dispatch(NS, "sync-wait", b"slow", timeout=0.3)
+        assert isinstance(outcome, TimedOut), outcome
+        assert await loop.run_in_executor(None, saw_cancel.wait, PATIENCE)
+        assert seen == [(True, CancelReason.DEADLINE_EXCEEDED)]
+        following = asyncio.ensure_future(
+            producer.dispatch(NS, "sync-wait", b"next", timeout=PATIENCE)
+        )
+
+        async def held() -> bool:
+            (listed,) = await producer.list_workers(namespace=NS)
+            return listed.in_flight == 1
+
+        # The cancelled handler still runs: its slot is not free for the next task.
+        await eventually(held, "the cancelled task holds the slot")
+        done, _ = await asyncio.wait({following}, timeout=0.5)
+        assert not done, "the next task ran while the cancelled handler held the slot"
+        let_go.set()
+        assert await asyncio.wait_for(following, PATIENCE) == Completed(b"next")
 
 
 async def test_an_operator_drain_finishes_in_flight_work_and_the_worker_leaves(
