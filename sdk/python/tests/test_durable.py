@@ -76,3 +76,28 @@ async def test_unknown_and_malformed_ids_are_refused_by_status(producer: Produce
         await producer.get_dispatch("0" * 32)
     with pytest.raises(InvalidArgument):
         await producer.get_dispatch("not-an-id")
+
+
+async def test_await_outcome_answers_across_a_gateway_restart(gateway: Gateway) -> None:
+    """docs/python.md, A producer: `await_outcome` works from any connection within the
+    retention window, also after a restart: for a dispatch that finished before it, and for
+    one still queued through it (the gateway dispatches it once a worker comes)."""
+    async with Producer(gateway.connection()) as producer:
+        finished = await producer.submit(NS, "echo", b"before", timeout=PATIENCE)
+        worker = new_worker(gateway)
+        worker.register("echo", lambda context, data: b"echo:" + data)
+        async with worker.serving():
+            done = await producer.await_outcome(finished.dispatch_id, wait=PATIENCE)
+            assert done == Completed(b"echo:before")
+        queued = await producer.submit(NS, "echo", b"across", timeout=PATIENCE)
+        # Control: no worker now, so nothing answers it before the restart.
+        assert await producer.await_outcome(queued.dispatch_id, wait=0.2) is None
+    gateway.stop()
+    gateway.start()
+    async with Producer(gateway.connection()) as producer:
+        assert await producer.await_outcome(finished.dispatch_id, wait=0) == done
+        worker = new_worker(gateway)
+        worker.register("echo", lambda context, data: b"echo:" + data)
+        async with worker.serving():
+            outcome = await producer.await_outcome(queued.dispatch_id, wait=PATIENCE)
+        assert outcome == Completed(b"echo:across")
