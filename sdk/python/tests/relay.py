@@ -8,13 +8,16 @@ import contextlib
 
 
 class Relay:
-    """Forwards 127.0.0.1:`port` to `target_port`; `cut()` drops every connection."""
+    """Forwards 127.0.0.1:`port` to `target_port`; `cut()` drops every connection, and while
+    `refusing` is set new ones are closed at once."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        #: Close new connections at once (the gateway looks unreachable).
+        self.refusing = False
 
     async def start(self) -> None:
         """Listens on a free loopback port."""
@@ -22,6 +25,9 @@ class Relay:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            writer.transport.abort()
+            return
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(
                 "127.0.0.1", self.target_port

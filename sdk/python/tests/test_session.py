@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 
 from conftest import PATIENCE, Gateway
 from relay import Relay
@@ -20,14 +21,16 @@ from switchyard import (
 )
 
 
-def relayed_worker(gateway: Gateway, relay: Relay, *, resume: bool) -> Worker:
+def relayed_worker(
+    gateway: Gateway, relay: Relay, *, resume: bool, backoff: Backoff | None = None
+) -> Worker:
     connection = Connection(
         endpoint=f"127.0.0.1:{relay.port}", ca=gateway.ca, token=gateway.connection().token
     )
     return Worker(
         namespaces=[NS],
         connection=connection,
-        backoff=Backoff(initial=0.05, max=0.2),
+        backoff=backoff or Backoff(initial=0.05, max=0.2),
         resume=resume,
         handle_signals=False,
     )
@@ -89,3 +92,84 @@ async def test_without_a_session_the_task_is_dispatched_again(
     assert outcome == Completed(b"done")
     assert attempts == {1: 1, 2: 1}
     assert worker_id != first_id, "registered afresh"
+
+
+async def test_the_reconnect_wait_is_capped_at_half_the_grace_so_the_session_resumes(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """docs/python.md, Reconnect and resume: with a session, the waits are capped at half the
+    grace (the test gateway's is 2 s). This worker's backoff alone would wait 2.5-5 s, past the
+    grace; capped, it is back within it and resumes the same session and task."""
+    relay = Relay(gateway.port)
+    await relay.start()
+    runs: list[int] = []
+    started, release = asyncio.Event(), asyncio.Event()
+    worker = relayed_worker(gateway, relay, resume=True, backoff=Backoff(initial=5.0, max=30.0))
+
+    @worker.activity("held")
+    async def held(context: ActivityContext, data: bytes) -> bytes:
+        runs.append(context.attempt)
+        started.set()
+        await asyncio.wait_for(release.wait(), PATIENCE)
+        return b"done"
+
+    try:
+        async with worker.serving():
+            first_id = worker.worker_id
+            dispatch = asyncio.ensure_future(producer.dispatch(NS, "held", timeout=PATIENCE))
+            await asyncio.wait_for(started.wait(), PATIENCE)
+            cut_at = time.monotonic()
+            relay.cut()
+            await eventually(lambda: _true(worker.registrations == 2), "the worker is back")
+            back_after = time.monotonic() - cut_at
+            assert back_after < 2.0, f"back after {back_after:.2f} s, not within the grace"
+            release.set()
+            assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"done")
+            assert worker.worker_id == first_id, "the same session, resumed"
+            assert runs == [1]
+    finally:
+        await relay.close()
+
+
+async def test_past_the_grace_the_worker_registers_afresh_and_the_task_runs_again(
+    gateway: Gateway, producer: Producer
+) -> None:
+    """docs/python.md, Reconnect and resume: after the grace the worker registers afresh and
+    lets go of what it held; the gateway dispatches the task again (attempt 2)."""
+    relay = Relay(gateway.port)
+    await relay.start()
+    runs: list[int] = []
+    started: asyncio.Queue[int] = asyncio.Queue()
+    release = asyncio.Event()
+    worker = relayed_worker(gateway, relay, resume=True)
+
+    @worker.activity("held")
+    async def held(context: ActivityContext, data: bytes) -> bytes:
+        runs.append(context.attempt)
+        started.put_nowait(context.attempt)
+        await asyncio.wait_for(release.wait(), PATIENCE)
+        return b"done"
+
+    try:
+        async with worker.serving():
+            first_id = worker.worker_id
+            dispatch = asyncio.ensure_future(producer.dispatch(NS, "held", timeout=PATIENCE))
+            assert await asyncio.wait_for(started.get(), PATIENCE) == 1
+            relay.refusing = True
+            relay.cut()
+
+            async def expired() -> bool:
+                listed = await producer.list_workers(namespace=NS)
+                return all(w.worker_id != first_id for w in listed)
+
+            # The gateway ends the session once the grace passes without a resume.
+            await eventually(expired, "the session expires")
+            relay.refusing = False
+            assert await asyncio.wait_for(started.get(), PATIENCE) == 2
+            release.set()
+            assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"done")
+            assert worker.registrations == 2
+            assert worker.worker_id != first_id, "registered afresh"
+            assert runs == [1, 2]
+    finally:
+        await relay.close()
