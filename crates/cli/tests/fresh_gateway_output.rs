@@ -182,3 +182,42 @@ fn log_json_writes_one_object_a_line_and_rust_log_wins_over_the_filter() {
         "RUST_LOG did not win: {warn:?}"
     );
 }
+
+/// `docs/configuration.md`, `tls.cert`: the first start generates the development CA and
+/// server certificate under `<data_dir>/tls/` and says so, naming the directory and the files;
+/// a restart reuses them and says nothing of the kind.
+#[test]
+fn the_first_start_names_the_generated_tls_files_and_a_restart_reuses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let tls = data.join("tls");
+    let started = |log: &Path| {
+        let (serve, ops) = serve(&data, log);
+        assert!(get(&ops, "/healthz").starts_with("HTTP/1.1 200"));
+        drop(serve);
+        std::fs::read_to_string(log).unwrap()
+    };
+    let first = started(&dir.path().join("first.log"));
+    let line = first
+        .lines()
+        .find(|line| line.contains("generated new development TLS material"))
+        .unwrap_or_else(|| panic!("no generation line: {first}"));
+    assert!(line.contains(&tls.display().to_string()), "{line}");
+    for file in ["ca.pem", "ca-key.pem", "server.pem", "server-key.pem"] {
+        assert!(line.contains(file), "{file} not named: {line}");
+        assert!(tls.join(file).is_file(), "{file} not written");
+    }
+    let ca = std::fs::read(tls.join("ca.pem")).unwrap();
+    let second = started(&dir.path().join("second.log"));
+    // Control: the second log is a real start log, without the generation line.
+    assert!(second.contains("INFO"), "{second}");
+    assert!(
+        !second.contains("generated new development TLS material"),
+        "{second}"
+    );
+    assert_eq!(
+        std::fs::read(tls.join("ca.pem")).unwrap(),
+        ca,
+        "the CA is reused"
+    );
+}

@@ -397,6 +397,67 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// A TLS handshake in memory between a client trusting `ca` and asking for `name`, and a
+    /// server presenting `material`'s certificate.
+    fn handshake(material: &TlsMaterial, ca: &[u8], name: &str) -> Result<(), rustls::Error> {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let client = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                material.cert_chain().unwrap(),
+                material.private_key().unwrap(),
+            )
+            .unwrap();
+        let name = rustls_pki_types::ServerName::try_from(name.to_owned()).unwrap();
+        let mut client = rustls::ClientConnection::new(std::sync::Arc::new(client), name).unwrap();
+        let mut server = rustls::ServerConnection::new(std::sync::Arc::new(server)).unwrap();
+        // Bounded: a TLS 1.3 handshake takes two flights each way.
+        for _ in 0..8 {
+            if !client.is_handshaking() && !server.is_handshaking() {
+                return Ok(());
+            }
+            let mut wire = Vec::new();
+            client.write_tls(&mut wire).unwrap();
+            server.read_tls(&mut wire.as_slice()).unwrap();
+            server.process_new_packets()?;
+            let mut wire = Vec::new();
+            server.write_tls(&mut wire).unwrap();
+            client.read_tls(&mut wire.as_slice()).unwrap();
+            client.process_new_packets()?;
+        }
+        panic!("the handshake did not finish");
+    }
+
+    /// `docs/configuration.md`, `tls.cert`: the development certificate is for `localhost`,
+    /// `127.0.0.1` and `::1`, signed by the generated `ca.pem`.
+    #[test]
+    fn the_development_certificate_names_localhost_and_both_loopback_addresses() {
+        let dir = temp_dir("names");
+        let material = TlsMaterial::load(&TlsSection::default(), &dir).unwrap();
+        let ca = std::fs::read(material.dev_ca_path().unwrap()).unwrap();
+        for name in ["localhost", "127.0.0.1", "::1"] {
+            assert_eq!(handshake(&material, &ca, name), Ok(()), "{name}");
+        }
+        // Control: a name the certificate does not carry is refused.
+        let other = handshake(&material, &ca, "gateway.example");
+        assert!(
+            matches!(other, Err(rustls::Error::InvalidCertificate(_))),
+            "{other:?}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     #[cfg(unix)]
     #[test]
     fn generated_keys_are_private_to_the_owner() {
