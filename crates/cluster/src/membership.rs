@@ -243,6 +243,44 @@ pub(crate) async fn watch(
     }
 }
 
+/// What the tests of the buckets a node holds share: a bucket on a test server, and waiting for
+/// a key's first refresh.
+#[cfg(test)]
+pub(crate) mod test_bucket {
+    use std::time::Duration;
+
+    use async_nats::jetstream::{self, kv};
+
+    use super::Bucket;
+
+    /// Bucket `name` (60 s TTL) on the NATS server at `url`, opened.
+    pub(crate) async fn open(url: &str, name: &str) -> (Bucket, kv::Store) {
+        let client = async_nats::connect(url).await.unwrap();
+        let bucket = Bucket {
+            js: jetstream::new(client),
+            name: name.to_owned(),
+            ttl: Duration::from_secs(60),
+        };
+        let store = bucket.open().await.unwrap();
+        (bucket, store)
+    }
+
+    /// Waits (at most 10 s) until `key` has a revision above `first`.
+    pub(crate) async fn refreshed(store: &kv::Store, key: &str, first: u64) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let entry = store.entry(key).await.unwrap();
+                if entry.is_some_and(|e| e.revision > first) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the entry was refreshed");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use switchyard_test_support::NatsServer;
@@ -329,13 +367,7 @@ mod tests {
         let Some(nats) = NatsServer::start() else {
             return;
         };
-        let client = async_nats::connect(nats.url()).await.unwrap();
-        let bucket = Bucket {
-            js: jetstream::new(client),
-            name: "switchyard_stop_nodes".to_owned(),
-            ttl: Duration::from_secs(60),
-        };
-        let store = bucket.open().await.unwrap();
+        let (bucket, store) = test_bucket::open(&nats.url(), "switchyard_stop_nodes").await;
         for refreshed in [true, false] {
             let me = NodeInfo {
                 node: if refreshed { "refreshed" } else { "early" }.to_owned(),
@@ -361,17 +393,7 @@ mod tests {
                 Some(first),
             ));
             if refreshed {
-                tokio::time::timeout(Duration::from_secs(10), async {
-                    loop {
-                        let entry = store.entry(&me.node).await.unwrap();
-                        if entry.is_some_and(|e| e.revision > first) {
-                            return;
-                        }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                })
-                .await
-                .expect("the entry was refreshed");
+                test_bucket::refreshed(&store, &me.node, first).await;
             }
             stop.cancel();
             holding.await.unwrap();

@@ -143,7 +143,10 @@ pub(crate) async fn hold(
 
 #[cfg(test)]
 mod tests {
+    use switchyard_test_support::NatsServer;
+
     use super::*;
+    use crate::membership::test_bucket;
 
     fn number(raw: u16) -> NodeNumber {
         NodeNumber::new(raw).unwrap_or(NodeNumber::NONE)
@@ -171,5 +174,52 @@ mod tests {
             1,
             "the last number is the last try"
         );
+    }
+
+    /// `docs/cluster.md`, `switchyard_<cluster>_numbers`: a clean stop deletes the node's
+    /// number once its first refresh has run; a node stopped before that leaves it to age out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clean_stop_deletes_the_number_once_the_first_refresh_has_run() {
+        let Some(nats) = NatsServer::start() else {
+            return;
+        };
+        let (bucket, store) = test_bucket::open(&nats.url(), "switchyard_stop_numbers").await;
+        for (instance, refreshed) in [(1, true), (2, false)] {
+            let me = Holder {
+                node: format!("node-{instance}"),
+                instance,
+            };
+            let registry = Registry::builder().build();
+            let first = claim(&store, &me, NodeNumber::NONE).await.unwrap();
+            apply(&registry, first, &me.node);
+            let key = first.number.to_string();
+            // The early node's first refresh would come only after a minute.
+            let every = if refreshed {
+                Duration::from_millis(50)
+            } else {
+                Duration::from_secs(60)
+            };
+            let stop = CancellationToken::new();
+            let holding = tokio::spawn(hold(
+                bucket.clone(),
+                me.clone(),
+                registry.clone(),
+                every,
+                stop.clone(),
+                Some(first),
+            ));
+            if refreshed {
+                test_bucket::refreshed(&store, &key, first.revision).await;
+            }
+            stop.cancel();
+            holding.await.unwrap();
+            let left = store.get(&key).await.unwrap();
+            assert_eq!(
+                left.is_none(),
+                refreshed,
+                "{}: entry left {left:?}",
+                me.node
+            );
+        }
     }
 }
