@@ -754,6 +754,61 @@ async fn an_unreadable_offer_is_answered_with_no_forward_taken() {
     worker.stop().await;
 }
 
+/// `docs/cluster.md`, "Subjects and buckets": a task that ends within the taker's 5 ms linger
+/// has its end in the offer's answer, and no message on the origin's outcome subject; one that
+/// outlives it is answered "taken" and its end follows there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_within_the_linger_rides_in_the_answer_and_a_later_one_follows_alone() {
+    use futures::StreamExt;
+
+    const QUICK: u64 = 5;
+    // The long task's tag: bytes no wire field of the quick tasks' ends would carry.
+    const LONG: u64 = 0x5a5a_5a5a_5a5a_5a5a;
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let (a, c) = (
+        node_site(&nats, "linger", "a"),
+        node_site(&nats, "linger", "c"),
+    );
+    let _a = a.serve().await;
+    let (_c, c_ops) = serve_with_ops(&c).await;
+    let client = async_nats::connect(nats.url()).await.expect("NATS answers");
+    let mut outcomes = client
+        .subscribe("switchyard.linger.node.a.outcome")
+        .await
+        .expect("the test subscribes");
+    client.flush().await.expect("the subscription is in place");
+    // Tags below QUICK return at once; tag LONG takes 300 ms, far past the linger.
+    let ledger = Arc::new(Ledger::default());
+    let service = |tag: u64| Duration::from_millis(if tag == LONG { 300 } else { 0 });
+    let worker = TestWorker::connect(&c, ACTIVITY, 1, Arc::clone(&ledger), service).await;
+    takes_offers(c_ops).await;
+    for tag in (0..QUICK).chain([LONG]) {
+        let outcome = dispatch(&a, ACTIVITY, tag, PATIENCE).await;
+        assert_eq!(completed(&outcome), Some(&tagged(tag)[..]), "{outcome:?}");
+    }
+    // C publishes in order: the outcome messages of quick tasks that outlived the linger (a
+    // loaded machine can make one do so) come before the long task's.
+    let mut before_the_long_one = 0;
+    loop {
+        let message = tokio::time::timeout(PATIENCE, outcomes.next())
+            .await
+            .expect("the long task's end is published")
+            .expect("the subscription is open");
+        if message.payload.windows(8).any(|w| w == tagged(LONG)) {
+            break;
+        }
+        before_the_long_one += 1;
+    }
+    // Control: were ends never carried in the answers, every quick task would have sent one.
+    assert!(
+        before_the_long_one < QUICK,
+        "all {QUICK} quick tasks sent their end apart from their answer"
+    );
+    worker.stop().await;
+}
+
 /// `docs/cluster.md`, "Forwarding": the remote dispatch keeps the origin's deadline. A worker
 /// only on C sees the deadline A's producer asked for; held past it, the task is cancelled on
 /// C and A's producer hears `timed_out` at that deadline.
