@@ -221,3 +221,39 @@ fn the_first_start_names_the_generated_tls_files_and_a_restart_reuses_them() {
         "the CA is reused"
     );
 }
+
+/// `docs/configuration.md`, `quic.socket_buffer`: the size the kernel granted for the QUIC
+/// socket is logged at start, with the size asked (4 MiB by default) and the bound address.
+#[test]
+fn the_granted_quic_socket_buffer_is_logged_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let (serve, ops) = serve(&dir.path().join("data"), &log);
+    assert!(get(&ops, "/healthz").starts_with("HTTP/1.1 200"));
+    drop(serve);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text
+        .lines()
+        .find(|line| line.contains("QUIC socket buffers") || line.contains("QUIC receive buffer"))
+        .unwrap_or_else(|| panic!("no socket buffer line: {text}"));
+    assert!(line.contains("asked=4194304"), "{line}");
+    let granted = field(line, "receive=");
+    assert!(
+        granted.parse::<u64>().is_ok_and(|bytes| bytes > 0),
+        "the granted size: {line}"
+    );
+    // The address bound, with the port the kernel chose (asked: port 0).
+    let port = field(line, "addr=127.0.0.1:");
+    assert!(
+        port.parse::<u16>().is_ok_and(|port| port != 0),
+        "the bound address: {line}"
+    );
+}
+
+/// The text after `key` in a log line, up to the next space.
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split(key)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+}

@@ -358,6 +358,12 @@ fn bind_udp(addr: SocketAddr, buffer: usize) -> std::io::Result<std::net::UdpSoc
     }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
+    // The address bound (with the port the kernel chose for port 0), as the log should name it.
+    let addr = socket
+        .local_addr()
+        .ok()
+        .and_then(|bound| bound.as_socket())
+        .unwrap_or(addr);
     // Linux reports twice what it granted; less than asked means `net.core.rmem_max` capped it.
     let receive = socket.recv_buffer_size().ok();
     if buffer > 0 && receive.is_some_and(|granted| granted < buffer) {
