@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use harness::{Ledger, NAMESPACE, PATIENCE, Process, Site, TestWorker, serve_command, tagged};
 use nodes::{
-    completed, dispatch, http_get, http_until, is_ok, node_site, node_site_at, node_site_with,
-    offer_pools_in_all, sample, serve_with_ops, takes_offers, unserved_reason,
+    TwoNodes, completed, dispatch, http_get, http_until, is_ok, node_site, node_site_at,
+    node_site_with, offer_pools_in_all, sample, serve_with_ops, takes_offers, two_nodes,
+    unserved_reason,
 };
 use switchyard_proto::v1 as pb;
 use switchyard_test_support::NatsServer;
@@ -598,12 +599,13 @@ async fn a_task_whose_origin_dies_runs_to_its_end_on_the_taker() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
-    let (a, c) = (
-        node_site(&nats, "orphan", "a"),
-        node_site(&nats, "orphan", "c"),
-    );
-    let mut node_a = a.serve().await;
-    let (_c, c_ops) = serve_with_ops(&c).await;
+    let TwoNodes {
+        a,
+        c,
+        a_node: mut node_a,
+        c_node: _c,
+        c_ops,
+    } = two_nodes(&nats, "orphan").await;
     // One slot on C; the task tagged 1 starts, then waits to be released or cancelled.
     let mut held = Holding::on(&c, 1).await;
     takes_offers(c_ops).await;
@@ -767,12 +769,13 @@ async fn an_end_within_the_linger_rides_in_the_answer_and_a_later_one_follows_al
     let Some(nats) = NatsServer::start() else {
         return;
     };
-    let (a, c) = (
-        node_site(&nats, "linger", "a"),
-        node_site(&nats, "linger", "c"),
-    );
-    let _a = a.serve().await;
-    let (_c, c_ops) = serve_with_ops(&c).await;
+    let TwoNodes {
+        a,
+        c,
+        a_node: _a,
+        c_node: _c,
+        c_ops,
+    } = two_nodes(&nats, "linger").await;
     let client = async_nats::connect(nats.url()).await.expect("NATS answers");
     let mut outcomes = client
         .subscribe("switchyard.linger.node.a.outcome")
@@ -820,12 +823,13 @@ async fn a_forwarded_task_keeps_the_origin_s_deadline() {
     let Some(nats) = NatsServer::start() else {
         return;
     };
-    let (a, c) = (
-        node_site(&nats, "deadline", "a"),
-        node_site(&nats, "deadline", "c"),
-    );
-    let _a = a.serve().await;
-    let (_c, c_ops) = serve_with_ops(&c).await;
+    let TwoNodes {
+        a,
+        c,
+        a_node: _a,
+        c_node: _c,
+        c_ops,
+    } = two_nodes(&nats, "deadline").await;
     // C's one-slot worker reports each task's deadline; the task tagged 2 then waits to be
     // cancelled and says when it was.
     let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
@@ -915,12 +919,13 @@ async fn a_drain_asked_on_a_keeps_its_deadline_on_the_node_running_the_worker() 
     let Some(nats) = NatsServer::start() else {
         return;
     };
-    let (a, c) = (
-        node_site(&nats, "drained", "a"),
-        node_site(&nats, "drained", "c"),
-    );
-    let _a = a.serve().await;
-    let (_c, c_ops) = serve_with_ops(&c).await;
+    let TwoNodes {
+        a,
+        c,
+        a_node: _a,
+        c_node: _c,
+        c_ops,
+    } = two_nodes(&nats, "drained").await;
     let mut held = Holding::on(&c, 1).await;
     takes_offers(c_ops).await;
     let a = Arc::new(a);

@@ -36,6 +36,30 @@ pub fn node_site_with(nats_url: &str, cluster: &str, node: &str, more: &str) -> 
     ))
 }
 
+/// Nodes `a` (the producers') and `c` of cluster `cluster` on `nats`, both serving, `c` with
+/// its operations listener on `c_ops`; each node is killed when its process is dropped.
+pub struct TwoNodes {
+    pub a: Site,
+    pub c: Site,
+    pub a_node: Process,
+    pub c_node: Process,
+    pub c_ops: u16,
+}
+
+/// Starts [`TwoNodes`].
+pub async fn two_nodes(nats: &NatsServer, cluster: &str) -> TwoNodes {
+    let (a, c) = (node_site(nats, cluster, "a"), node_site(nats, cluster, "c"));
+    let a_node = a.serve().await;
+    let (c_node, c_ops) = serve_with_ops(&c).await;
+    TwoNodes {
+        a,
+        c,
+        a_node,
+        c_node,
+        c_ops,
+    }
+}
+
 /// An ephemeral dispatch of `activity` with input [`tagged`]`(tag)` through `site`.
 pub async fn dispatch(
     site: &Site,
