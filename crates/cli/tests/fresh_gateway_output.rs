@@ -126,15 +126,20 @@ fn a_fresh_gateway_exports_every_core_series_at_zero() {
     );
 }
 
+/// What the gateway on `data_dir` (with `extra` arguments and `RUST_LOG` = `rust_log`) logged
+/// to `log` by the time it answered `/healthz` (by then it has logged its start) and was
+/// stopped.
+fn start_log(data_dir: &Path, log: &Path, extra: &[&str], rust_log: Option<&str>) -> String {
+    let (serve, ops) = serve_with(data_dir, log, extra, rust_log);
+    assert!(get(&ops, "/healthz").starts_with("HTTP/1.1 200"));
+    drop(serve);
+    std::fs::read_to_string(log).unwrap()
+}
+
 #[test]
 fn a_log_written_to_a_file_holds_no_colour_codes() {
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let (serve, ops) = serve(&dir.path().join("data"), &log);
-    // The gateway is up once /healthz answers; by then it has logged its start.
-    assert!(get(&ops, "/healthz").starts_with("HTTP/1.1 200"));
-    drop(serve);
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = start_log(&dir.path().join("data"), &dir.path().join("log"), &[], None);
     // Control: the file holds real log lines (a level word), so the absence below means
     // something.
     assert!(
@@ -151,11 +156,8 @@ fn a_log_written_to_a_file_holds_no_colour_codes() {
 /// parsed as JSON, once it answered `/healthz` and was stopped.
 fn json_log(rust_log: Option<&str>) -> Vec<serde_json::Value> {
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let (serve, ops) = serve_with(&dir.path().join("data"), &log, &["--log-json"], rust_log);
-    assert!(get(&ops, "/healthz").starts_with("HTTP/1.1 200"));
-    drop(serve);
-    let text = std::fs::read_to_string(&log).unwrap();
+    let (data, log) = (dir.path().join("data"), dir.path().join("log"));
+    let text = start_log(&data, &log, &["--log-json"], rust_log);
     text.lines()
         .filter(|line| !line.trim().is_empty())
         .map(|line| {
@@ -191,12 +193,7 @@ fn the_first_start_names_the_generated_tls_files_and_a_restart_reuses_them() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let tls = data.join("tls");
-    let started = |log: &Path| {
-        let (serve, ops) = serve(&data, log);
-        assert!(get(&ops, "/healthz").starts_with("HTTP/1.1 200"));
-        drop(serve);
-        std::fs::read_to_string(log).unwrap()
-    };
+    let started = |log: &Path| start_log(&data, log, &[], None);
     let first = started(&dir.path().join("first.log"));
     let line = first
         .lines()
@@ -227,11 +224,7 @@ fn the_first_start_names_the_generated_tls_files_and_a_restart_reuses_them() {
 #[test]
 fn the_granted_quic_socket_buffer_is_logged_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let (serve, ops) = serve(&dir.path().join("data"), &log);
-    assert!(get(&ops, "/healthz").starts_with("HTTP/1.1 200"));
-    drop(serve);
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = start_log(&dir.path().join("data"), &dir.path().join("log"), &[], None);
     let line = text
         .lines()
         .find(|line| line.contains("QUIC socket buffers") || line.contains("QUIC receive buffer"))
