@@ -25,7 +25,7 @@ pub struct ClusterConfig {
     pub refresh_every: Duration,
     /// How long a pool stays full before this node drops its offer subscription for it
     /// (hysteresis against subscribing and unsubscribing many times a second); an offer the
-    /// node must turn away drops it at once.
+    /// node must turn away while its last slot scan also found the pool full drops it at once.
     pub offer_hold: Duration,
     /// The gRPC address producers and workers reach this node on (shown to other nodes).
     pub grpc_addr: Option<String>,

@@ -32,7 +32,8 @@ pub struct ClusterSection {
     /// How often a node refreshes its membership entry; less than `member_ttl`.
     pub refresh_every: ConfigDuration,
     /// How long a pool stays full before the node drops its offer subscription for it; an
-    /// offer the node must turn away drops it at once.
+    /// offer the node must turn away while its last slot scan also found the pool full drops
+    /// it at once.
     pub offer_hold: ConfigDuration,
 }
 
