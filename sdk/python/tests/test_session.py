@@ -36,37 +36,49 @@ def relayed_worker(
     )
 
 
+class Held:
+    """A `held` activity registered on a worker: each run's attempt in `runs` and on `started`,
+    every run waiting for `release`, then answering `done`."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.runs: list[int] = []
+        self.started: asyncio.Queue[int] = asyncio.Queue()
+        self.release = asyncio.Event()
+
+        @worker.activity("held")
+        async def held(context: ActivityContext, data: bytes) -> bytes:
+            self.runs.append(context.attempt)
+            self.started.put_nowait(context.attempt)
+            await asyncio.wait_for(self.release.wait(), PATIENCE)
+            return b"done"
+
+    async def next_start(self) -> int:
+        """The attempt of the next run to start (bounded wait)."""
+        return await asyncio.wait_for(self.started.get(), PATIENCE)
+
+
 async def run_across_a_cut(
     gateway: Gateway, producer: Producer, *, resume: bool
 ) -> tuple[int, int, collections.Counter[int], object]:
     relay = Relay(gateway.port)
     await relay.start()
-    attempts: collections.Counter[int] = collections.Counter()
-    started, release = asyncio.Event(), asyncio.Event()
     worker = relayed_worker(gateway, relay, resume=resume)
-
-    @worker.activity("held")
-    async def held(context: ActivityContext, data: bytes) -> bytes:
-        attempts[context.attempt] += 1
-        started.set()
-        await asyncio.wait_for(release.wait(), PATIENCE)
-        return b"done"
-
+    held = Held(worker)
     try:
         async with worker.serving():
             first_id = worker.worker_id
             assert first_id is not None
             dispatch = asyncio.ensure_future(producer.dispatch(NS, "held", timeout=PATIENCE))
-            await asyncio.wait_for(started.wait(), PATIENCE)
+            await held.next_start()
             relay.cut()
             await eventually(
                 lambda: _true(worker.registrations == 2 and worker.worker_id is not None),
                 "the worker is back",
             )
-            release.set()
+            held.release.set()
             outcome = await asyncio.wait_for(dispatch, PATIENCE)
             assert worker.worker_id is not None
-            return worker.worker_id, first_id, attempts, outcome
+            return worker.worker_id, first_id, collections.Counter(held.runs), outcome
     finally:
         await relay.close()
 
@@ -102,31 +114,22 @@ async def test_the_reconnect_wait_is_capped_at_half_the_grace_so_the_session_res
     grace; capped, it is back within it and resumes the same session and task."""
     relay = Relay(gateway.port)
     await relay.start()
-    runs: list[int] = []
-    started, release = asyncio.Event(), asyncio.Event()
     worker = relayed_worker(gateway, relay, resume=True, backoff=Backoff(initial=5.0, max=30.0))
-
-    @worker.activity("held")
-    async def held(context: ActivityContext, data: bytes) -> bytes:
-        runs.append(context.attempt)
-        started.set()
-        await asyncio.wait_for(release.wait(), PATIENCE)
-        return b"done"
-
+    held = Held(worker)
     try:
         async with worker.serving():
             first_id = worker.worker_id
             dispatch = asyncio.ensure_future(producer.dispatch(NS, "held", timeout=PATIENCE))
-            await asyncio.wait_for(started.wait(), PATIENCE)
+            assert await held.next_start() == 1
             cut_at = time.monotonic()
             relay.cut()
             await eventually(lambda: _true(worker.registrations == 2), "the worker is back")
             back_after = time.monotonic() - cut_at
             assert back_after < 2.0, f"back after {back_after:.2f} s, not within the grace"
-            release.set()
+            held.release.set()
             assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"done")
             assert worker.worker_id == first_id, "the same session, resumed"
-            assert runs == [1]
+            assert held.runs == [1]
     finally:
         await relay.close()
 
@@ -138,23 +141,13 @@ async def test_past_the_grace_the_worker_registers_afresh_and_the_task_runs_agai
     lets go of what it held; the gateway dispatches the task again (attempt 2)."""
     relay = Relay(gateway.port)
     await relay.start()
-    runs: list[int] = []
-    started: asyncio.Queue[int] = asyncio.Queue()
-    release = asyncio.Event()
     worker = relayed_worker(gateway, relay, resume=True)
-
-    @worker.activity("held")
-    async def held(context: ActivityContext, data: bytes) -> bytes:
-        runs.append(context.attempt)
-        started.put_nowait(context.attempt)
-        await asyncio.wait_for(release.wait(), PATIENCE)
-        return b"done"
-
+    held = Held(worker)
     try:
         async with worker.serving():
             first_id = worker.worker_id
             dispatch = asyncio.ensure_future(producer.dispatch(NS, "held", timeout=PATIENCE))
-            assert await asyncio.wait_for(started.get(), PATIENCE) == 1
+            assert await held.next_start() == 1
             relay.refusing = True
             relay.cut()
 
@@ -165,11 +158,11 @@ async def test_past_the_grace_the_worker_registers_afresh_and_the_task_runs_agai
             # The gateway ends the session once the grace passes without a resume.
             await eventually(expired, "the session expires")
             relay.refusing = False
-            assert await asyncio.wait_for(started.get(), PATIENCE) == 2
-            release.set()
+            assert await held.next_start() == 2
+            held.release.set()
             assert await asyncio.wait_for(dispatch, PATIENCE) == Completed(b"done")
             assert worker.registrations == 2
             assert worker.worker_id != first_id, "registered afresh"
-            assert runs == [1, 2]
+            assert held.runs == [1, 2]
     finally:
         await relay.close()
