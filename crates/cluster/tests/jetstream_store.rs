@@ -577,3 +577,109 @@ async fn a_broken_outcome_watch_resumes_after_the_last_outcome_it_saw() {
     assert_eq!(next().await, after);
     assert_eq!(next().await, control);
 }
+
+/// The cluster's dispatches bucket, opened as any client would.
+async fn dispatches_bucket(nats: &NatsServer, cluster: &str) -> async_nats::jetstream::kv::Store {
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    async_nats::jetstream::new(client)
+        .get_key_value(format!("switchyard_{cluster}_dispatches"))
+        .await
+        .unwrap()
+}
+
+/// A node that stopped between recording a dispatch's outcome and deleting its entry left the
+/// entry behind: the next scan that meets it, a restart's or a takeover's, sees the outcome,
+/// deletes the entry and drives nothing; an unfinished dispatch beside it is driven as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_left_behind_after_its_outcome_is_deleted_by_the_next_scan_and_not_run() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let cluster = "leftover";
+    let a = store(&nats, cluster, "a").await;
+    let done = a
+        .record(dispatch("ns", "done", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    let open = a
+        .record(dispatch("ns", "open", None))
+        .await
+        .unwrap()
+        .id()
+        .clone();
+    let bucket = dispatches_bucket(&nats, cluster).await;
+    let entry = bucket
+        .get(done.as_str())
+        .await
+        .unwrap()
+        .expect("the recorded dispatch has its entry");
+    assert_eq!(
+        a.complete(&done, &outcome("first"), SystemTime::now())
+            .await
+            .unwrap(),
+        Completion::Recorded
+    );
+    // The stop between the two writes: the outcome is recorded, the entry is still there.
+    let leave_behind = || async {
+        bucket.put(done.as_str(), entry.clone()).await.unwrap();
+        assert!(
+            bucket.get(done.as_str()).await.unwrap().is_some(),
+            "the leftover entry is in place before the scan"
+        );
+    };
+    leave_behind().await;
+    let ids = |rows: Vec<StoredDispatch>| -> Vec<DispatchId> {
+        rows.into_iter().map(|r| r.dispatch.id).collect()
+    };
+
+    // A restart of node a: its scan resumes the open dispatch only and deletes the leftover.
+    drop(a);
+    let a = store(&nats, cluster, "a").await;
+    assert_eq!(ids(a.unfinished().await.unwrap()), vec![open.clone()]);
+    assert!(
+        bucket.get(done.as_str()).await.unwrap().is_none(),
+        "the restart's scan deleted the leftover entry"
+    );
+    let row = a.get(&done).await.unwrap().expect("the outcome stays");
+    assert_eq!(finished_with(&row), Some(&outcome("first")));
+
+    // The same state met by a takeover: a is lost (not in the membership bucket), b scans.
+    leave_behind().await;
+    drop(a);
+    members(&nats, cluster, &["b"]).await;
+    let b = store(&nats, cluster, "b").await;
+    let (adopted_tx, mut adopted) = tokio::sync::mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let scanning = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            b.take_over_lost_nodes(
+                Duration::from_millis(100),
+                move |rows| {
+                    for row in rows {
+                        adopted_tx.send(row.dispatch.id).unwrap();
+                    }
+                },
+                stop,
+            )
+            .await;
+        })
+    };
+    let first = tokio::time::timeout(Duration::from_secs(30), adopted.recv())
+        .await
+        .expect("b takes the open dispatch over")
+        .unwrap();
+    assert_eq!(first, open, "the open dispatch is taken over");
+    assert!(
+        bucket.get(done.as_str()).await.unwrap().is_none(),
+        "the takeover's scan deleted the leftover entry"
+    );
+    stop.cancel();
+    scanning.await.unwrap();
+    assert!(
+        adopted.try_recv().is_err(),
+        "the finished dispatch was taken over too"
+    );
+}
