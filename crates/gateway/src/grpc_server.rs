@@ -209,3 +209,23 @@ impl Transport for GrpcTransport {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tcp_nodelay_key_reaches_the_listener() {
+        let config = crate::GatewayConfig::load(
+            None,
+            [("SWITCHYARD_GRPC_TCP_NODELAY".to_owned(), "false".to_owned())],
+            &[],
+        )
+        .unwrap();
+        assert!(!worker_config(&config.grpc).tcp_nodelay);
+        // Control: the documented default is on.
+        let default =
+            crate::GatewayConfig::load(None, Vec::<(String, String)>::new(), &[]).unwrap();
+        assert!(worker_config(&default.grpc).tcp_nodelay);
+    }
+}

@@ -200,6 +200,28 @@ mod tests {
     }
 
     #[test]
+    fn the_congestion_key_picks_the_controller() {
+        let congestion = |value: &str| {
+            let config = crate::GatewayConfig::load(
+                None,
+                [("SWITCHYARD_QUIC_CONGESTION".to_owned(), value.to_owned())],
+                &[],
+            )
+            .unwrap();
+            QuicTransport::new(config.quic)
+                .server_config()
+                .connection
+                .congestion
+        };
+        assert_eq!(congestion("bbr"), CongestionControl::Bbr);
+        assert_eq!(congestion("newreno"), CongestionControl::NewReno);
+        assert_eq!(congestion("cubic"), CongestionControl::Cubic);
+        // Control: unset, the documented default.
+        let default = QuicTransport::new(QuicSection::default()).server_config();
+        assert_eq!(default.connection.congestion, CongestionControl::Cubic);
+    }
+
+    #[test]
     fn the_fairness_and_ack_threshold_keys_reach_the_listener() {
         let config = crate::GatewayConfig::load(
             None,

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
+use quinn::congestion::{BbrConfig, ControllerFactory, CubicConfig, NewRenoConfig};
 use quinn::{AckFrequencyConfig, IdleTimeout, TransportConfig, VarInt};
 
 use crate::protocol::{DEFAULT_MAX_CONTROL_FRAME, DEFAULT_MAX_LANE_FRAME};
@@ -24,6 +24,17 @@ pub enum CongestionControl {
     Bbr,
     /// NewReno (RFC 9002's reference controller).
     NewReno,
+}
+
+impl CongestionControl {
+    /// quinn's factory of this controller, with its default settings.
+    fn factory(self) -> Arc<dyn ControllerFactory + Send + Sync> {
+        match self {
+            Self::Cubic => Arc::new(CubicConfig::default()),
+            Self::Bbr => Arc::new(BbrConfig::default()),
+            Self::NewReno => Arc::new(NewRenoConfig::default()),
+        }
+    }
 }
 
 /// QUIC transport tuning shared by the gateway and the worker SDK.
@@ -146,17 +157,7 @@ impl ConnectionConfig {
             transport.ack_frequency_config(Some(ack));
         }
         transport.send_fairness(self.send_fairness);
-        match self.congestion {
-            CongestionControl::Cubic => {
-                transport.congestion_controller_factory(Arc::new(CubicConfig::default()))
-            }
-            CongestionControl::Bbr => {
-                transport.congestion_controller_factory(Arc::new(BbrConfig::default()))
-            }
-            CongestionControl::NewReno => {
-                transport.congestion_controller_factory(Arc::new(NewRenoConfig::default()))
-            }
-        };
+        transport.congestion_controller_factory(self.congestion.factory());
         Ok(transport)
     }
 }
@@ -342,6 +343,22 @@ mod tests {
             assert!(link.transport(1, Redundancy::Off).is_ok());
             assert!(link.transport(1, Redundancy::Datagram).is_ok());
         }
+    }
+
+    #[test]
+    fn each_congestion_name_builds_its_own_controller() {
+        let built = |congestion: CongestionControl| {
+            congestion
+                .factory()
+                .build(std::time::Instant::now(), 1200)
+                .into_any()
+        };
+        assert!(built(CongestionControl::Bbr).is::<quinn::congestion::Bbr>());
+        assert!(built(CongestionControl::Cubic).is::<quinn::congestion::Cubic>());
+        assert!(built(CongestionControl::NewReno).is::<quinn::congestion::NewReno>());
+        // Control: the check tells the controllers apart.
+        assert!(!built(CongestionControl::Cubic).is::<quinn::congestion::Bbr>());
+        assert_eq!(CongestionControl::default(), CongestionControl::Cubic);
     }
 
     #[test]

@@ -310,6 +310,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_accepted_connection_has_tcp_nodelay_as_configured() {
+        for nodelay in [true, false] {
+            let (listener, addr) = listener().await;
+            let mut incoming = limited_incoming(
+                listener,
+                AcceptConfig {
+                    nodelay,
+                    ..config(10, 10)
+                },
+            );
+            let _client = TcpStream::connect(addr).await.unwrap();
+            let accepted = incoming.next().await.unwrap().unwrap();
+            // Control (`false`): the kernel's default for an accepted socket is Nagle on.
+            assert_eq!(accepted.io.nodelay().unwrap(), nodelay);
+        }
+    }
+
+    #[tokio::test]
     async fn dropping_the_stream_stops_accepting() {
         let (listener, addr) = listener().await;
         let incoming = limited_incoming(listener, config(10, 10));
