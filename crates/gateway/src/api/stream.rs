@@ -36,9 +36,12 @@ use crate::ops::PoolHandles;
 
 type Reply = Result<pb::DispatchStreamReply, Status>;
 
-/// One WARN per 10 s for slow consumers, whatever the number of streams ended.
+/// At most one slow-consumer WARN per this span, whatever the number of streams ended.
+const SLOW_CONSUMER_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The slow-consumer WARN's throttle, shared by every stream.
 static SLOW_CONSUMER_LOG: std::sync::Mutex<switchyard_core::Throttle> =
-    std::sync::Mutex::new(switchyard_core::Throttle::new(Duration::from_secs(10)));
+    std::sync::Mutex::new(switchyard_core::Throttle::new(SLOW_CONSUMER_LOG_EVERY));
 
 /// Replies of one `DispatchStream`, as tonic sends them.
 pub(crate) type ReplyStream = Pin<Box<dyn Stream<Item = Reply> + Send + 'static>>;
@@ -106,6 +109,31 @@ fn evict(outlet: &Mutex<Outlet>, status: Status) {
     }
 }
 
+/// Logs a stream of `principal` ended as a slow consumer at `now`, unless `log` held back
+/// one less than its interval ago; the line counts the ones held back since the last.
+fn warn_slow_consumer(
+    log: &std::sync::Mutex<switchyard_core::Throttle>,
+    now: std::time::Instant,
+    principal: &str,
+    limits: &StreamLimits,
+) {
+    let allowed = log
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .allow(now);
+    if let Some(suppressed) = allowed {
+        tracing::warn!(
+            principal = %principal,
+            suppressed,
+            "DispatchStream ended as a slow consumer: no reply taken for \
+             dispatch.slow_consumer_timeout ({:?}) with dispatch.max_stream_outstanding \
+             ({}) outstanding",
+            limits.slow_consumer_timeout,
+            limits.max_outstanding
+        );
+    }
+}
+
 /// Limits of one stream.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StreamLimits {
@@ -166,16 +194,12 @@ impl Driver {
         metrics::counter!("switchyard_limit_refusals_total",
             "limit" => "dispatch.slow_consumer_timeout")
         .increment(1);
-        let allowed = SLOW_CONSUMER_LOG
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .allow(Instant::now().into_std());
-        if let Some(suppressed) = allowed {
-            tracing::warn!(principal = %self.caller.principal, suppressed,
-                "DispatchStream ended as a slow consumer: no reply taken for \
-                 dispatch.slow_consumer_timeout ({:?}) with dispatch.max_stream_outstanding \
-                 ({}) outstanding", limits.slow_consumer_timeout, limits.max_outstanding);
-        }
+        warn_slow_consumer(
+            &SLOW_CONSUMER_LOG,
+            Instant::now().into_std(),
+            &self.caller.principal,
+            limits,
+        );
         Status::resource_exhausted(format!(
             "slow consumer: no reply taken for `dispatch.slow_consumer_timeout` ({:?}) with \
              `dispatch.max_stream_outstanding` ({}) outstanding; the stream is ended and its \
@@ -335,6 +359,37 @@ mod tests {
             correlation_id,
             result: None,
         })
+    }
+
+    #[test]
+    fn slow_consumer_warnings_are_one_per_10_s_and_count_those_held_back() {
+        assert_eq!(SLOW_CONSUMER_LOG_EVERY, Duration::from_secs(10));
+        let log = std::sync::Mutex::new(switchyard_core::Throttle::new(SLOW_CONSUMER_LOG_EVERY));
+        let limits = StreamLimits {
+            max_in_flight: 4,
+            max_outstanding: 4,
+            slow_consumer_timeout: Duration::from_secs(30),
+        };
+        let start = std::time::Instant::now();
+        let logged = crate::test_log::logged(|| {
+            for after_ms in [0, 1_000, 9_900, 10_000, 10_500] {
+                let at = start + Duration::from_millis(after_ms);
+                warn_slow_consumer(&log, at, "shop", &limits);
+            }
+        });
+        let lines: Vec<&str> = logged
+            .lines()
+            .filter(|line| line.contains("ended as a slow consumer"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{logged}");
+        // The first stream ended is logged at once (the control: a throttle that held back
+        // everything would log nothing); the next line, 10 s later, counts the two between.
+        assert!(
+            lines[0].contains("WARN") && lines[0].contains("suppressed=0"),
+            "{logged}"
+        );
+        assert!(lines[1].contains("suppressed=2"), "{logged}");
+        assert!(lines[0].contains("principal=shop "), "{logged}");
     }
 
     #[tokio::test]
