@@ -2,8 +2,9 @@
 //! WebDriver against `switchyard serve` with gRPC and QUIC workers (`switchyard worker`
 //! processes), loopback only: the pools, workers and unserved tables show what the JSON API
 //! says; a worker that connects appears without a reload; a parked dispatch appears under
-//! Unserved with its reason and its explanation opens; a drained worker's event shows up. A
-//! screenshot is saved under `target/tmp/console-test/`.
+//! Unserved with its reason and its explanation opens; a drained worker's event shows up; the
+//! page polls every 2 s, not while hidden, and at once when shown again. A screenshot is saved
+//! under `target/tmp/console-test/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`; without them the test says why and
 //! passes, unless `CI_REQUIRE_CHROMIUM` is set (as `.ci/run` does), when it fails.
@@ -599,5 +600,107 @@ async fn the_console_shows_what_the_api_says_and_follows_the_fleet_live() {
         .join("console.png");
     browser.screenshot(&shot).await;
     eprintln!("screenshot: {}", shot.display());
+    browser.close().await;
+}
+
+/// Installs a recorder of the page's refreshes (each sets `body[data-refreshed]`) and a
+/// stand-in for `document.hidden` the test flips.
+const RECORD_REFRESHES: &str = "window.__refreshes = []; window.__hidden = false;\
+    Object.defineProperty(document, 'hidden', { configurable: true, get: () => window.__hidden });\
+    new MutationObserver(() => window.__refreshes.push(performance.now()))\
+      .observe(document.body, { attributes: true, attributeFilter: ['data-refreshed'] });\
+    return true;";
+
+/// The page's refresh times recorded since the last call (ms, the page's clock), then cleared.
+const TAKE_REFRESHES: &str = "const r = window.__refreshes; window.__refreshes = []; return r;";
+
+/// Hides the page (`arguments[0]` true) or shows it again, telling it as a browser does; returns
+/// the page's clock at that moment.
+const SET_HIDDEN: &str = "window.__hidden = arguments[0];\
+    document.dispatchEvent(new Event('visibilitychange')); return performance.now();";
+
+/// As `docs/operations.md` says: the page polls every 2 s, not while the tab is hidden, and
+/// refreshes as soon as it is shown again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_polls_every_2_s_and_not_while_hidden() {
+    if let Some(why) = browser_missing() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let gateway = Gateway::start();
+    let browser = Browser::start().await;
+    browser.goto(&format!("http://{}/", gateway.ops)).await;
+    wait_for_page(
+        &browser,
+        "the first refresh",
+        "return document.body.dataset.refreshed !== undefined;",
+        &json!(true),
+    )
+    .await;
+    assert_eq!(browser.run(RECORD_REFRESHES, json!([])).await, json!(true));
+    let taken = |value: Value| -> Vec<f64> {
+        value
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_f64().unwrap())
+            .collect()
+    };
+
+    // Shown: a refresh every 2 s (and the time a refresh takes).
+    tokio::time::sleep(Duration::from_millis(7_000)).await;
+    let shown = taken(browser.run(TAKE_REFRESHES, json!([])).await);
+    assert!(
+        (2..=4).contains(&shown.len()),
+        "refreshes in 7 s shown: {shown:?}"
+    );
+    for gap in shown.windows(2).map(|w| w[1] - w[0]) {
+        assert!((1_900.0..3_500.0).contains(&gap), "{shown:?}");
+    }
+
+    // Hidden for 2.5 s (at least one tick of the 2 s timer falls in it): no refresh. Shown
+    // again: a refresh at once, not at the next tick. The cycles are 2.5 s apart, so the
+    // moments the page is shown fall at different points of the timer's 2 s cycle: a page that
+    // only refreshed at its ticks would miss the 700 ms bound in some of them.
+    for cycle in 0..4 {
+        let hidden_at = browser
+            .run(SET_HIDDEN, json!([true]))
+            .await
+            .as_f64()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        // A refresh already under way when the page was hidden may still land in its first
+        // moments; the 2.2 s after them hold at least one tick.
+        let hidden: Vec<f64> = taken(browser.run(TAKE_REFRESHES, json!([])).await)
+            .into_iter()
+            .filter(|at| at - hidden_at > 300.0)
+            .collect();
+        assert!(
+            hidden.is_empty(),
+            "cycle {cycle}: refreshed while hidden: {hidden:?}"
+        );
+        let shown_at = browser
+            .run(SET_HIDDEN, json!([false]))
+            .await
+            .as_f64()
+            .unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        let first = loop {
+            let seen = taken(browser.run(TAKE_REFRESHES, json!([])).await);
+            if let Some(first) = seen.first() {
+                break *first;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cycle {cycle}: no refresh once shown"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            first - shown_at < 700.0,
+            "cycle {cycle}: the refresh came {:.0} ms after the page was shown",
+            first - shown_at
+        );
+    }
     browser.close().await;
 }
