@@ -668,6 +668,28 @@ mod tests {
         assert_eq!(ask(&again_from_one, "c:10").events.len(), 10);
     }
 
+    /// A node of an earlier version says nothing of where its run starts: its answer reads
+    /// as numbering from 0, and a restart of it is caught only when its numbers fall below
+    /// the page's.
+    #[test]
+    fn an_earlier_version_node_is_caught_restarting_only_below_the_pages_number() {
+        let earlier: NodeEvents =
+            serde_json::from_value(json!({ "next_seq": 21, "events": [] })).unwrap();
+        assert_eq!(earlier.first_seq, 0, "no first_seq reads as 0");
+        // Its new run (numbered from 1) is at 20 and the page had seen up to 50: caught, and
+        // the page's entry moves before the run's first number.
+        let mut page = Cursor::parse("b:50", "a");
+        assert!(page.restarted("b", earlier.first_seq, earlier.next_seq));
+        assert_eq!(page.get("b"), 0);
+        // Not caught: the page had seen up to 10 of the old run, and the new run is past it,
+        // so its first ten lines read as seen.
+        let mut page = Cursor::parse("b:10", "a");
+        assert!(!page.restarted("b", earlier.first_seq, earlier.next_seq));
+        assert_eq!(page.get("b"), 10);
+        // Control: a node of this version saying its run starts at 15 is caught at 10 too.
+        assert!(page.restarted("b", 15, 21));
+    }
+
     #[test]
     fn a_silent_node_is_named_with_its_reason() {
         let silent = [pb::SilentNode {
