@@ -53,7 +53,7 @@ impl Cluster {
         let status = ClusterStatus::new(&config.node);
         let client = options(&config, status.clone())
             .await?
-            .connect(config.nats_url.as_str())
+            .connect(servers(&config.nats_url))
             .await
             .map_err(|error| {
                 JoinError::Options(format!("nats_url {}: {error}", config.nats_url))
@@ -261,6 +261,15 @@ pub(crate) async fn options(
     Ok(options)
 }
 
+/// The servers `nats_url` lists, comma-separated (async-nats reads a string as one URL).
+pub(crate) fn servers(nats_url: &str) -> Vec<&str> {
+    nats_url
+        .split(',')
+        .map(str::trim)
+        .filter(|server| !server.is_empty())
+        .collect()
+}
+
 /// A random process instance number (tells two processes with one node name apart).
 fn rand_instance() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -272,4 +281,36 @@ fn rand_instance() -> u64 {
     );
     hasher.write_u32(std::process::id());
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nats_url_lists_its_servers_comma_separated() {
+        assert_eq!(
+            servers("nats://a:4222, nats://b:4222,,"),
+            ["nats://a:4222", "nats://b:4222"]
+        );
+        assert_eq!(servers("nats://a:4222"), ["nats://a:4222"]);
+    }
+
+    #[tokio::test]
+    async fn a_credentials_file_that_cannot_be_read_is_refused_naming_it() {
+        let missing = std::env::temp_dir().join(format!(
+            "switchyard-test-{}-missing.creds",
+            std::process::id()
+        ));
+        let mut config = ClusterConfig::new("nats://127.0.0.1:4222", "c", "a");
+        // Control: without credentials the options build.
+        assert!(options(&config, ClusterStatus::new("a")).await.is_ok());
+        config.credentials_file = Some(missing.clone());
+        let refused = options(&config, ClusterStatus::new("a")).await.err();
+        let text = refused.map(|error| error.to_string()).unwrap_or_default();
+        assert!(
+            text.contains("credentials_file") && text.contains(&missing.display().to_string()),
+            "{text}"
+        );
+    }
 }

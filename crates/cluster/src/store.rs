@@ -127,7 +127,7 @@ impl JetStreamStore {
         let names = Names::new(&config.name);
         let opened = tokio::time::timeout(OPEN_WAIT, async {
             let client = options
-                .connect(config.nats_url.as_str())
+                .connect(crate::cluster::servers(&config.nats_url))
                 .await
                 .map_err(|error| error.to_string())?;
             let js = jetstream::new(client.clone());

@@ -683,3 +683,31 @@ async fn an_entry_left_behind_after_its_outcome_is_deleted_by_the_next_scan_and_
         "the finished dispatch was taken over too"
     );
 }
+
+/// `cluster.nats_url` may list several servers, comma-separated: a node reaches the one that
+/// answers whichever place it has in the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_comma_separated_nats_url_reaches_the_server_that_answers() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("nats://{}", listener.local_addr().unwrap())
+    };
+    // Both orders: a node that took only the first or only the last URL fails one of them.
+    for (n, url) in [
+        format!("{dead},{}", nats.url()),
+        format!("{},{dead}", nats.url()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let store =
+            JetStreamStore::open(&ClusterConfig::new(&url, "urls", &format!("n{n}")), LIMITS)
+                .await
+                .unwrap_or_else(|error| panic!("{url}: {error}"));
+        let recorded = store.record(dispatch("ns", "listed", None)).await;
+        assert!(recorded.is_ok(), "{url}: {recorded:?}");
+    }
+}

@@ -88,6 +88,12 @@ pub(super) fn validate(section: &ClusterSection) -> Result<(), ConfigError> {
             "set tls_cert and tls_key together or neither".to_owned(),
         ));
     }
+    if section.member_ttl.get().is_zero() {
+        return Err(ConfigError::invalid(
+            "cluster.member_ttl",
+            "must be longer than 0s".to_owned(),
+        ));
+    }
     if section.refresh_every.get().is_zero()
         || section.refresh_every.get() >= section.member_ttl.get()
     {

@@ -644,3 +644,70 @@ fn a_reconnect_grace_past_what_the_wire_carries_is_refused_naming_the_key() {
     assert!(load("4294967295ms").is_ok());
     assert!(load("0s").is_ok());
 }
+
+/// Each key's zero, when its default is a positive count or a duration: `0` or `0s`.
+fn zero_of(default: &toml::Value) -> Option<&'static str> {
+    match default {
+        toml::Value::Integer(n) if *n > 0 => Some("0"),
+        toml::Value::String(text)
+            if text.starts_with(|c: char| c.is_ascii_digit())
+                && text.ends_with(|c: char| matches!(c, 's' | 'm' | 'h'))
+                && !text.starts_with('0') =>
+        {
+            Some("0s")
+        }
+        _ => None,
+    }
+}
+
+/// "A zero duration or limit is refused naming the key" (`docs/configuration.md`), for every
+/// key there is (with a cluster configured for the `cluster.*` keys, which are read only then),
+/// but the ones whose zero the table gives a meaning.
+#[test]
+fn every_zero_duration_or_limit_is_refused_naming_its_key() {
+    let defaults = defaults_table();
+    let default_of = |key: &str| -> Option<toml::Value> {
+        let mut parts: Vec<&str> = key.split('.').collect();
+        let leaf = parts.pop()?;
+        let table = parts
+            .iter()
+            .try_fold(&defaults, |table, part| match table.get(*part) {
+                Some(toml::Value::Table(inner)) => Some(inner),
+                _ => None,
+            })?;
+        table.get(leaf).cloned()
+    };
+    let mut accepted = Vec::new();
+    let mut tried = 0;
+    for key in keys() {
+        let Some(zero) = default_of(&key).as_ref().and_then(zero_of) else {
+            continue;
+        };
+        tried += 1;
+        let var = env_var_for(&key);
+        let mut vars = vec![(var.as_str(), zero)];
+        if key.starts_with("cluster.") {
+            vars.push(("SWITCHYARD_CLUSTER_NATS_URL", "nats://127.0.0.1:4222"));
+        }
+        match GatewayConfig::load(None, env(&vars), &[]) {
+            Ok(_) => accepted.push(key),
+            Err(error) => assert_eq!(invalid_key(&error).0, key, "{var}={zero}: {error}"),
+        }
+    }
+    assert!(tried > 40, "only {tried} keys tried");
+    // The zeros the table gives a meaning: no sessions, no keep-alive packets, the kernel's
+    // socket buffer, no delivery after a loss, no wait at shutdown, no hold of a full pool's
+    // offer subscription.
+    assert_eq!(
+        accepted,
+        [
+            "cluster.offer_hold",
+            "dispatch.loss_budget",
+            "grpc.reconnect_grace",
+            "quic.keep_alive_interval",
+            "quic.reconnect_grace",
+            "quic.socket_buffer",
+            "shutdown.drain_timeout",
+        ]
+    );
+}
