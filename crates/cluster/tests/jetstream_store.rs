@@ -704,7 +704,7 @@ async fn a_comma_separated_nats_url_reaches_the_server_that_answers() {
     .enumerate()
     {
         let store =
-            JetStreamStore::open(&ClusterConfig::new(&url, "urls", &format!("n{n}")), LIMITS)
+            JetStreamStore::open(&ClusterConfig::new(&url, "urls", format!("n{n}")), LIMITS)
                 .await
                 .unwrap_or_else(|error| panic!("{url}: {error}"));
         let recorded = store.record(dispatch("ns", "listed", None)).await;
