@@ -651,7 +651,7 @@ fn zero_of(default: &toml::Value) -> Option<&'static str> {
         toml::Value::Integer(n) if *n > 0 => Some("0"),
         toml::Value::String(text)
             if text.starts_with(|c: char| c.is_ascii_digit())
-                && text.ends_with(|c: char| matches!(c, 's' | 'm' | 'h'))
+                && text.ends_with(['s', 'm', 'h'])
                 && !text.starts_with('0') =>
         {
             Some("0s")
