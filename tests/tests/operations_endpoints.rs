@@ -379,3 +379,43 @@ async fn the_operations_listener_answers_only_reads() {
         "nothing drained it"
     );
 }
+
+/// `ops.enabled = false` binds no operations listener: nothing answers on the address it
+/// would have taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_disabled_binds_no_listener() {
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let gateway = TestGateway::start_with(
+        |config| {
+            config.quic.enabled = false;
+            config.ops.enabled = false;
+            config.ops.listen = addr;
+        },
+        |builder| builder,
+    )
+    .await;
+    assert_eq!(gateway.gateway().ops_addr(), None);
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "something listens on {addr}"
+    );
+    drop(gateway);
+    // Control: enabled on the same address, it answers there.
+    let gateway = TestGateway::start_with(
+        |config| {
+            config.quic.enabled = false;
+            config.ops.listen = addr;
+        },
+        |builder| builder,
+    )
+    .await;
+    assert_eq!(gateway.gateway().ops_addr(), Some(addr));
+    assert_eq!(
+        http_get(addr, "/healthz").await.unwrap(),
+        (200, "ok\n".to_owned())
+    );
+}

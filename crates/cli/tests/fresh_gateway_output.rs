@@ -200,6 +200,7 @@ fn the_first_start_names_the_generated_tls_files_and_a_restart_reuses_them() {
         .find(|line| line.contains("generated new development TLS material"))
         .unwrap_or_else(|| panic!("no generation line: {first}"));
     assert!(line.contains(&tls.display().to_string()), "{line}");
+    assert!(line.contains(" WARN "), "logged as a warning: {line}");
     for file in ["ca.pem", "ca-key.pem", "server.pem", "server-key.pem"] {
         assert!(line.contains(file), "{file} not named: {line}");
         assert!(tls.join(file).is_file(), "{file} not written");

@@ -200,6 +200,42 @@ mod tests {
     }
 
     #[test]
+    fn the_link_keys_reach_the_listener() {
+        let config = crate::GatewayConfig::load(
+            None,
+            [
+                ("SWITCHYARD_QUIC_KEEP_ALIVE_INTERVAL", "0s"),
+                ("SWITCHYARD_QUIC_INITIAL_RTT", "600ms"),
+                ("SWITCHYARD_QUIC_SEND_WINDOW", "123456"),
+                ("SWITCHYARD_QUIC_MAX_IDLE_TIMEOUT", "45s"),
+                ("SWITCHYARD_QUIC_MIGRATION", "false"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            &[],
+        )
+        .unwrap();
+        let server = QuicTransport::new(config.quic).server_config();
+        let link = &server.connection;
+        assert_eq!(link.keep_alive_interval, None, "0s sends no keep-alives");
+        assert_eq!(link.initial_rtt, std::time::Duration::from_millis(600));
+        assert_eq!(link.send_window, 123_456);
+        assert_eq!(link.max_idle_timeout, std::time::Duration::from_secs(45));
+        assert!(!server.migration);
+        // Control: the defaults (keep-alives every 10 s, 333 ms, migration on) differ.
+        let default = QuicTransport::new(QuicSection::default()).server_config();
+        assert_eq!(
+            default.connection.keep_alive_interval,
+            Some(std::time::Duration::from_secs(10))
+        );
+        assert_eq!(
+            default.connection.initial_rtt,
+            std::time::Duration::from_millis(333)
+        );
+        assert_ne!(default.connection.send_window, 123_456);
+        assert!(default.migration);
+    }
+
+    #[test]
     fn the_congestion_key_picks_the_controller() {
         let congestion = |value: &str| {
             let config = crate::GatewayConfig::load(

@@ -711,3 +711,110 @@ fn every_zero_duration_or_limit_is_refused_naming_its_key() {
         ]
     );
 }
+
+#[test]
+fn a_heartbeat_window_not_longer_than_the_ping_interval_is_refused() {
+    let error = GatewayConfig::load(
+        None,
+        env(&[
+            ("SWITCHYARD_LIVENESS_PING_INTERVAL", "40s"),
+            ("SWITCHYARD_LIVENESS_HEARTBEAT_WINDOW", "30s"),
+        ]),
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(
+        invalid_key(&error).0,
+        "liveness.heartbeat_window",
+        "{error}"
+    );
+    // Control: a window one second longer than the interval loads.
+    assert!(
+        GatewayConfig::load(
+            None,
+            env(&[
+                ("SWITCHYARD_LIVENESS_PING_INTERVAL", "29s"),
+                ("SWITCHYARD_LIVENESS_HEARTBEAT_WINDOW", "30s"),
+            ]),
+            &[],
+        )
+        .is_ok()
+    );
+}
+
+/// `[cluster]`'s checks, each refused naming its key, and what the node is given to connect
+/// with.
+#[test]
+fn the_cluster_section_is_checked_by_key_and_carries_its_credentials() {
+    let url = (
+        "SWITCHYARD_CLUSTER_NATS_URL",
+        "nats://10.0.0.1:4222,nats://10.0.0.2:4222",
+    );
+    for (var, value, key) in [
+        ("SWITCHYARD_CLUSTER_NAME", "a.b", "cluster.name"),
+        ("SWITCHYARD_CLUSTER_NODE", "n*", "cluster.node"),
+        (
+            "SWITCHYARD_CLUSTER_TLS_CERT",
+            "/etc/nats/node.pem",
+            "cluster.tls_cert",
+        ),
+        (
+            "SWITCHYARD_CLUSTER_TLS_KEY",
+            "/etc/nats/node.key",
+            "cluster.tls_cert",
+        ),
+        (
+            "SWITCHYARD_CLUSTER_REFRESH_EVERY",
+            "10s",
+            "cluster.refresh_every",
+        ),
+    ] {
+        let error = GatewayConfig::load(None, env(&[url, (var, value)]), &[]).unwrap_err();
+        assert_eq!(invalid_key(&error).0, key, "{var}={value}: {error}");
+        // Control: without [cluster] the section is not read at all.
+        assert!(
+            GatewayConfig::load(None, env(&[(var, value)]), &[]).is_ok(),
+            "{var}"
+        );
+    }
+    let config = GatewayConfig::load(
+        None,
+        env(&[
+            url,
+            ("SWITCHYARD_CLUSTER_NODE", "n-1"),
+            (
+                "SWITCHYARD_CLUSTER_CREDENTIALS_FILE",
+                "/etc/nats/node.creds",
+            ),
+            ("SWITCHYARD_CLUSTER_TLS_CA", "/etc/nats/ca.pem"),
+            ("SWITCHYARD_CLUSTER_TLS_CERT", "/etc/nats/node.pem"),
+            ("SWITCHYARD_CLUSTER_TLS_KEY", "/etc/nats/node.key"),
+            ("SWITCHYARD_CLUSTER_REFRESH_EVERY", "2s"),
+            ("SWITCHYARD_CLUSTER_MEMBER_TTL", "6s"),
+        ]),
+        &[],
+    )
+    .unwrap();
+    let node = super::cluster::cluster_config(&config.cluster, config.store.backend, None, None);
+    assert_eq!(node.nats_url, url.1);
+    assert_eq!(node.node, "n-1");
+    let path = |p: &str| Some(PathBuf::from(p));
+    assert_eq!(node.credentials_file, path("/etc/nats/node.creds"));
+    assert_eq!(node.tls_ca_file, path("/etc/nats/ca.pem"));
+    assert_eq!(
+        node.tls_client,
+        Some((
+            PathBuf::from("/etc/nats/node.pem"),
+            PathBuf::from("/etc/nats/node.key")
+        ))
+    );
+    assert_eq!(node.refresh_every, std::time::Duration::from_secs(2));
+    assert_eq!(node.member_ttl, std::time::Duration::from_secs(6));
+    // Control: none of them set, none given.
+    let bare = GatewayConfig::load(None, env(&[url]), &[]).unwrap();
+    let bare = super::cluster::cluster_config(&bare.cluster, bare.store.backend, None, None);
+    assert_eq!(
+        (bare.credentials_file, bare.tls_ca_file, bare.tls_client),
+        (None, None, None)
+    );
+}

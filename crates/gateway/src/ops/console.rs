@@ -242,6 +242,25 @@ mod tests {
         assert!(text.starts_with("namespace is required"), "{text}");
     }
 
+    /// `docs/operations.md`: workers 50 a page, the last 200 events, a refresh every 2 s.
+    #[test]
+    fn the_pages_bounds_are_the_documented_ones() {
+        for (constant, value) in [
+            ("PAGE_SIZE", "50"),
+            ("MAX_EVENTS", "200"),
+            ("REFRESH_MS", "2000"),
+        ] {
+            assert!(
+                CONSOLE_JS.contains(&format!("const {constant} = {value};")),
+                "{constant} is not {value}"
+            );
+        }
+        // Control: the constants are what the page uses, for the workers' page and the
+        // events' list.
+        assert!(CONSOLE_JS.contains("offset: state.page * PAGE_SIZE, limit: PAGE_SIZE"));
+        assert!(CONSOLE_JS.contains("list.children.length > MAX_EVENTS"));
+    }
+
     #[tokio::test]
     async fn the_page_and_its_assets_are_served_from_the_binary() {
         let (status, html) = body(index().await).await;
