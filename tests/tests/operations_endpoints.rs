@@ -419,3 +419,78 @@ async fn ops_disabled_binds_no_listener() {
         (200, "ok\n".to_owned())
     );
 }
+
+/// `docs/operations.md`: the pools' history records the dispatches run through the producer
+/// API, `DispatchStream` as well as `Dispatch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_records_dispatch_stream_dispatches() {
+    const NAMESPACE: &str = "history-stream";
+    let scripted = ScriptedTransport::default();
+    let gateway = TestGateway::start_with(
+        |config| config.quic.enabled = false,
+        |builder| builder.transport(scripted.clone()),
+    )
+    .await;
+    let ops = gateway.gateway().ops_addr().expect("ops enabled");
+    let worker = scripted
+        .connect(
+            &CallerIdentity::trusted("test"),
+            registration(&[NAMESPACE], &["echo"], Some(4)),
+            true,
+        )
+        .await
+        .unwrap();
+    let _serving = worker.serve_echo();
+    // The history's dispatches of this test's pool, summed over its points.
+    let recorded = || async {
+        let (status, body) = http_get(ops, "/v1/history").await.unwrap();
+        assert_eq!(status, 200);
+        let history: serde_json::Value = serde_json::from_str(&body).unwrap();
+        history["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|pool| pool["namespace"] == NAMESPACE)
+            .flat_map(|pool| pool["points"].as_array().unwrap().clone())
+            .map(|point| point["outcomes"]["completed"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    // Control: nothing recorded for the pool before the stream.
+    assert_eq!(recorded().await, 0);
+    let mut client = gateway.client(None).await;
+    let requests = (0..3u64).map(|correlation_id| pb::DispatchStreamRequest {
+        correlation_id,
+        request: Some(pb::DispatchRequest {
+            namespace: NAMESPACE.to_owned(),
+            activity_type: "echo".to_owned(),
+            input: Bytes::from_static(b"hi"),
+            timeout_ms: 10_000,
+            ..pb::DispatchRequest::default()
+        }),
+    });
+    let mut replies = client
+        .dispatch_stream(tokio_stream::iter(requests))
+        .await
+        .expect("stream opens")
+        .into_inner();
+    let mut completed = 0;
+    while let Some(reply) = timeout(Duration::from_secs(10), replies.message())
+        .await
+        .expect("replies within 10 s")
+        .unwrap()
+    {
+        if matches!(
+            reply.result,
+            Some(pb::dispatch_stream_reply::Result::Outcome(
+                pb::DispatchOutcome {
+                    outcome: Some(pb::dispatch_outcome::Outcome::Completed(_)),
+                    ..
+                }
+            ))
+        ) {
+            completed += 1;
+        }
+    }
+    assert_eq!(completed, 3);
+    assert_eq!(recorded().await, 3);
+}

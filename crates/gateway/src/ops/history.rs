@@ -575,6 +575,28 @@ mod tests {
         assert!((40.0..48.0).contains(&p99_later), "p99 {p99_later}");
     }
 
+    /// `docs/operations.md`: an interval in which no dispatch ended has no latencies (`null`).
+    #[test]
+    fn an_interval_without_dispatches_has_no_latencies() {
+        let origin = Instant::now();
+        let mut history = PoolHistory::new(origin, WALL);
+        history.record("billing", "default", "completed", 2 * MS, origin);
+        let series = history.snapshot(origin + 2 * BUCKET);
+        let points = &series[0].points;
+        assert_eq!(points.len(), 3);
+        for quiet in &points[1..] {
+            assert_eq!(quiet.dispatches, 0);
+            assert_eq!((quiet.p50_ms, quiet.p99_ms), (None, None));
+        }
+        let json = serde_json::to_value(&points[1]).unwrap();
+        assert!(
+            json["p50_ms"].is_null() && json["p99_ms"].is_null(),
+            "{json}"
+        );
+        // Control: the interval with a dispatch has both.
+        assert!(points[0].p50_ms.is_some() && points[0].p99_ms.is_some());
+    }
+
     #[test]
     fn the_slowest_percent_sets_the_p99() {
         let origin = Instant::now();
