@@ -178,6 +178,89 @@ mod tests {
             .collect()
     }
 
+    /// `docs/operations.md`, `/v1/workers`: every field of a row, and the body's counts.
+    #[tokio::test]
+    async fn a_row_carries_every_documented_field() {
+        let core = Core::start(Registry::builder(), CoreConfig::default());
+        let caller = CallerIdentity::trusted("shop");
+        let registration = Registration {
+            identity: "pod-7".to_owned(),
+            namespaces: ["billing".to_owned()].into(),
+            task_queue: "invoices".to_owned(),
+            activity_types: ["charge".to_owned()].into(),
+            max_concurrency: Some(4),
+            node: switchyard_core::Node::new("rack-a"),
+            ..Registration::default()
+        };
+        let before = crate::api::unix_ms(std::time::SystemTime::now());
+        let _token = core
+            .registry()
+            .admit(&caller, registration, Arc::new(Leg("grpc")))
+            .await
+            .unwrap();
+        let body = page(
+            &core.registry().workers(),
+            &Query::parse("offset=0&limit=10"),
+        );
+        let row = &body["workers"][0];
+        let id = row["worker_id"].as_u64().unwrap();
+        assert!(id > 0);
+        assert_eq!(row["identity"], "pod-7");
+        assert_eq!(row["principal"], "shop");
+        assert_eq!(row["transport"], "grpc");
+        assert_eq!(row["namespaces"], json!(["billing"]));
+        assert_eq!(row["task_queue"], "invoices");
+        assert_eq!(row["node"], "rack-a");
+        assert_eq!(row["activity_types"], json!(["charge"]));
+        assert_eq!(row["capacity"], 4);
+        assert_eq!(row["in_flight"], 0);
+        assert_eq!(row["unresponsive_tasks"], 0);
+        assert!(row["eligibility"].is_string(), "{row}");
+        assert!(row["standing"].is_string(), "{row}");
+        assert_eq!(row["suspended_for_ms"], Value::Null, "not suspended");
+        let since = row["connected_since_unix_ms"].as_u64().unwrap();
+        assert!(
+            since >= before && since <= before + 60_000,
+            "{since} vs {before}"
+        );
+        let documented = [
+            "worker_id",
+            "identity",
+            "principal",
+            "transport",
+            "namespaces",
+            "task_queue",
+            "node",
+            "activity_types",
+            "capacity",
+            "in_flight",
+            "unresponsive_tasks",
+            "eligibility",
+            "standing",
+            "suspended_for_ms",
+            "connected_since_unix_ms",
+        ];
+        let mut fields: Vec<&str> = row
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        fields.sort_unstable();
+        let mut expected = documented.to_vec();
+        expected.sort_unstable();
+        assert_eq!(
+            fields, expected,
+            "the row has exactly the documented fields"
+        );
+        assert_eq!(
+            (&body["total"], &body["offset"], &body["registered"]),
+            (&json!(1), &json!(0), &json!(1))
+        );
+        assert_eq!(body["nodes"], json!({ "rack-a": 1 }));
+        assert_eq!(body["transports"], json!({ "grpc": 1 }));
+    }
+
     #[tokio::test]
     async fn pages_are_bounded_and_filters_apply_before_paging() {
         let (core, _tokens) = fleet(1_000).await;
