@@ -110,6 +110,39 @@ async fn a_slowloris_request_is_closed_at_the_header_read_timeout() {
     assert_eq!((status, body.as_str()), (200, "ok\n"));
 }
 
+/// `ops.header_read_timeout` also bounds a keep-alive connection idle between requests, well
+/// before `ops.idle_timeout` (60 s here, longer than this test waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_at_the_header_read_timeout() {
+    let gateway = TestGateway::start(|config| {
+        config.quic.enabled = false;
+        config.ops.header_read_timeout = ConfigDuration::secs(1);
+        config.ops.idle_timeout = ConfigDuration::secs(60);
+    })
+    .await;
+    let ops = gateway.gateway().ops_addr().unwrap();
+    let mut kept = TcpStream::connect(ops).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: ops\r\n\r\n")
+        .await
+        .unwrap();
+    // The whole answer (a 200 with the body "ok"), on a connection kept alive after it.
+    let mut answer = Vec::new();
+    while !answer.ends_with(b"ok\n") {
+        let mut buf = [0u8; 256];
+        let read = tokio::time::timeout(PATIENCE, kept.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(read > 0, "closed before the answer: {answer:?}");
+        answer.extend_from_slice(&buf[..read]);
+    }
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+    assert!(
+        closed_by_peer(&mut kept).await,
+        "an idle keep-alive connection is still open after {PATIENCE:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ops_connections_beyond_the_limit_are_closed_and_a_closed_one_makes_room() {
     let gateway = TestGateway::start(|config| {
