@@ -711,3 +711,40 @@ async fn a_comma_separated_nats_url_reaches_the_server_that_answers() {
         assert!(recorded.is_ok(), "{url}: {recorded:?}");
     }
 }
+
+/// `cluster.tls_ca`, `cluster.tls_cert` and `cluster.tls_key` against a nats-server that
+/// requires TLS and a client certificate: with all three the node connects; without its
+/// certificate, or without the CA its server's certificate chains to, it does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_over_tls_takes_the_ca_and_the_client_certificate() {
+    let ca = switchyard_test_support::TestCa::new("nats test ca");
+    let Some(nats) = NatsServer::start_tls(&ca, true) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("switchyard-nats-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut config = ClusterConfig::new(nats.url(), "tls", "a");
+    config.tls_ca_file = Some(ca.write_to(&dir, "ca.pem"));
+    config.tls_client = Some(ca.client("node-a").write_to(&dir, "a.pem", "a-key.pem"));
+    let store = JetStreamStore::open(&config, LIMITS)
+        .await
+        .expect("the store opens over TLS");
+    assert!(store.record(dispatch("ns", "tls", None)).await.is_ok());
+    // Controls: the server refuses a node without a client certificate, and a node without
+    // the CA does not trust the server.
+    let without_certificate = ClusterConfig {
+        tls_client: None,
+        ..config.clone()
+    };
+    assert!(
+        JetStreamStore::open(&without_certificate, LIMITS)
+            .await
+            .is_err()
+    );
+    let without_ca = ClusterConfig {
+        tls_ca_file: None,
+        ..config
+    };
+    assert!(JetStreamStore::open(&without_ca, LIMITS).await.is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}

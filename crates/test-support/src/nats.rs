@@ -6,6 +6,7 @@
 //! unless `CI_REQUIRE_NATS` is set (`.ci/run` sets it), where a missing server fails
 //! the test instead of skipping it.
 
+use std::ffi::OsString;
 use std::fs;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
@@ -14,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::pki::TestCa;
 use crate::within::PATIENCE;
 
 /// The environment variable that turns "nats-server missing: skip" into a failure.
@@ -26,6 +28,8 @@ pub struct NatsServer {
     child: Option<Child>,
     addr: SocketAddr,
     dir: PathBuf,
+    /// The TLS arguments of a server started with [`NatsServer::start_tls`].
+    tls: Vec<OsString>,
 }
 
 impl NatsServer {
@@ -36,6 +40,36 @@ impl NatsServer {
     /// When the server is missing and [`REQUIRE_NATS`] is set, or it does not become ready
     /// within [`PATIENCE`].
     pub fn start() -> Option<Self> {
+        Self::start_with(|_| Vec::new())
+    }
+
+    /// As [`NatsServer::start`], the server requiring TLS with a certificate `ca` issued for
+    /// `localhost` and `127.0.0.1`; with `verify_clients`, clients must present a certificate
+    /// of `ca` too.
+    ///
+    /// # Panics
+    /// As [`NatsServer::start`].
+    pub fn start_tls(ca: &TestCa, verify_clients: bool) -> Option<Self> {
+        Self::start_with(|dir| {
+            let (cert, key) = ca.server().write_to(dir, "server.pem", "server-key.pem");
+            let mut args: Vec<OsString> = vec![
+                "--tls".into(),
+                "--tlscert".into(),
+                cert.into(),
+                "--tlskey".into(),
+                key.into(),
+            ];
+            if verify_clients {
+                args.push("--tlsverify".into());
+                args.push("--tlscacert".into());
+                args.push(ca.write_to(dir, "ca.pem").into());
+            }
+            args
+        })
+    }
+
+    /// Starts a server with the extra arguments `tls` gives for its directory.
+    fn start_with(tls: impl FnOnce(&Path) -> Vec<OsString>) -> Option<Self> {
         if !installed() {
             assert!(
                 std::env::var_os(REQUIRE_NATS).is_none(),
@@ -48,10 +82,12 @@ impl NatsServer {
         }
         let addr = free_port();
         let dir = scratch_dir();
+        let tls = tls(&dir);
         let mut server = Self {
             child: None,
             addr,
             dir,
+            tls,
         };
         server.restart();
         Some(server)
@@ -94,6 +130,7 @@ impl NatsServer {
             .arg(self.addr.port().to_string())
             .arg("-l")
             .arg(&log)
+            .args(&self.tls)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
