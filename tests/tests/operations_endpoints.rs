@@ -5,7 +5,8 @@ use bytes::Bytes;
 use switchyard_core::CallerIdentity;
 use switchyard_proto::v1 as pb;
 use switchyard_tests::{
-    ScriptedTransport, TestGateway, http_get, http_get_with_head, http_request, registration,
+    ScriptedTransport, ScriptedWorker, TestGateway, http_get, http_get_with_head, http_request,
+    registration,
 };
 use tokio::time::{Duration, timeout};
 
@@ -324,25 +325,31 @@ async fn an_idle_event_stream_is_kept_open_by_comments_past_the_idle_timeout() {
     assert!(closed, "an idle connection outlived four idle timeouts");
 }
 
-/// `docs/operations.md`, "Security": the listener is read-only. A method other than GET, on
-/// any path it serves, is answered 405 and changes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_operations_listener_answers_only_reads() {
+/// A gateway (QUIC off) with one scripted worker of `capacity` serving `echo` in `namespace`.
+async fn gateway_with_worker(namespace: &str, capacity: u32) -> (TestGateway, ScriptedWorker) {
     let scripted = ScriptedTransport::default();
     let gateway = TestGateway::start_with(
         |config| config.quic.enabled = false,
         |builder| builder.transport(scripted.clone()),
     )
     .await;
-    let ops = gateway.gateway().ops_addr().expect("ops enabled");
     let worker = scripted
         .connect(
             &CallerIdentity::trusted("test"),
-            registration(&["ro"], &["echo"], Some(1)),
+            registration(&[namespace], &["echo"], Some(capacity)),
             true,
         )
         .await
         .unwrap();
+    (gateway, worker)
+}
+
+/// `docs/operations.md`, "Security": the listener is read-only. A method other than GET, on
+/// any path it serves, is answered 405 and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operations_listener_answers_only_reads() {
+    let (gateway, worker) = gateway_with_worker("ro", 1).await;
+    let ops = gateway.gateway().ops_addr().expect("ops enabled");
     let listed = format!("\"worker_id\":{}", worker.id().get());
     let paths = [
         "/",
@@ -425,21 +432,8 @@ async fn ops_disabled_binds_no_listener() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_history_records_dispatch_stream_dispatches() {
     const NAMESPACE: &str = "history-stream";
-    let scripted = ScriptedTransport::default();
-    let gateway = TestGateway::start_with(
-        |config| config.quic.enabled = false,
-        |builder| builder.transport(scripted.clone()),
-    )
-    .await;
+    let (gateway, worker) = gateway_with_worker(NAMESPACE, 4).await;
     let ops = gateway.gateway().ops_addr().expect("ops enabled");
-    let worker = scripted
-        .connect(
-            &CallerIdentity::trusted("test"),
-            registration(&[NAMESPACE], &["echo"], Some(4)),
-            true,
-        )
-        .await
-        .unwrap();
     let _serving = worker.serve_echo();
     // The history's dispatches of this test's pool, summed over its points.
     let recorded = || async {
