@@ -1,5 +1,7 @@
 //! The operations listener answers health, readiness, Prometheus metrics (with the per-pool
 //! gauges computed at scrape time) and the read-only JSON views.
+// Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
+#![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
 use switchyard_core::CallerIdentity;
