@@ -1,7 +1,8 @@
 //! During the shutdown grace (what SIGTERM starts) the producer API still answers: a new
 //! dispatch, on an existing connection or a new one, ends with the `shutting_down` outcome,
 //! and a worker trying to register is told to come back (`UNAVAILABLE`). Once the listener
-//! has closed, producers see `UNAVAILABLE` from their transport.
+//! has closed, producers see `UNAVAILABLE` from their transport. gRPC health reports the server
+//! and the API not serving from the start of the grace.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::panic)]
 
@@ -13,6 +14,10 @@ use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::dispatch_outcome::Outcome;
 use switchyard_tests::{RawGrpcWorker, TestGateway, api_client_at, raw_registration, success};
 use tonic::Code;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 const NS: &str = "grace";
 const ACTIVITY: &str = "work";
@@ -34,6 +39,42 @@ fn outcome(reply: pb::DispatchReply) -> Outcome {
         .outcome
         .and_then(|o| o.outcome)
         .expect("an outcome is always set")
+}
+
+/// gRPC health `Watch` streams of the server (`""`) and of the producer API, on `addr`.
+async fn health_watches(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+) -> Vec<(&'static str, tonic::Streaming<HealthCheckResponse>)> {
+    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
+        .expect("an endpoint")
+        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)))
+        .expect("TLS settings")
+        .connect()
+        .await
+        .expect("the health channel connects");
+    let mut watches = Vec::new();
+    for service in ["", "switchyard.v1.Gateway"] {
+        let watch = HealthClient::new(channel.clone())
+            .watch(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .expect("the watch opens")
+            .into_inner();
+        watches.push((service, watch));
+    }
+    watches
+}
+
+/// The next status a health watch reports.
+async fn next_status(watch: &mut tonic::Streaming<HealthCheckResponse>) -> ServingStatus {
+    let reply = tokio::time::timeout(PATIENCE, watch.message())
+        .await
+        .expect("a status within the patience")
+        .expect("the watch answers")
+        .expect("the watch is open");
+    ServingStatus::try_from(reply.status).expect("a known status")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,6 +104,16 @@ async fn a_dispatch_during_the_grace_gets_shutting_down_and_unavailable_after_cl
     };
     let addr = gateway.gateway().addr("grpc").expect("grpc listens");
     let ca_pem = gateway.ca_pem();
+    // Health watches of the whole server ("", what a default probe asks) and of the API:
+    // serving until the grace begins (the control), not serving from then on.
+    let mut health = health_watches(addr, &ca_pem).await;
+    for (service, watch) in &mut health {
+        assert_eq!(
+            next_status(watch).await,
+            ServingStatus::Serving,
+            "{service:?}"
+        );
+    }
     let shutdown = tokio::spawn(async move {
         gateway.shutdown().await;
         gateway
@@ -74,6 +125,14 @@ async fn a_dispatch_during_the_grace_gets_shutting_down_and_unavailable_after_cl
             Ok(Ok(Some(_))) => {}
             other => panic!("expected the shutdown notice, got {other:?}"),
         }
+    }
+
+    for (service, watch) in &mut health {
+        assert_eq!(
+            next_status(watch).await,
+            ServingStatus::NotServing,
+            "{service:?} during the grace"
+        );
     }
 
     // A dispatch on the producer's existing connection gets the documented outcome.

@@ -179,6 +179,10 @@ impl Transport for GrpcTransport {
                 async move {
                     stop_accepting.cancelled().await;
                     health.set_not_serving::<GatewayServer<GatewayApi>>().await;
+                    // The whole server too: the empty name is what a default probe asks for.
+                    health
+                        .set_service_status("", tonic_health::ServingStatus::NotServing)
+                        .await;
                 }
             };
             let serve =
