@@ -40,7 +40,7 @@ const GRANTED: &str = "ops";
 /// A namespace nobody is granted.
 const NOT_GRANTED: &str = "payroll";
 /// The token of principal `token-holder`.
-const TOKEN: &str = "t-ops";
+const TOKEN: &str = "t-ops-0123456789";
 /// The token of principal `producer-only` (roles `producer`), granted [`GRANTED`].
 const PRODUCER_TOKEN: &str = "t-producer";
 /// The token of principal `worker-only` (roles `worker`), granted [`GRANTED`].
@@ -116,7 +116,7 @@ fn rows() -> Vec<Row> {
         Row {
             credential: "valid token, `Bearer`",
             certificate: None,
-            authorization: Some("Bearer t-ops"),
+            authorization: Some("Bearer t-ops-0123456789"),
             namespace: GRANTED,
             expected: Answer::Admitted,
             api: None,
@@ -126,7 +126,7 @@ fn rows() -> Vec<Row> {
         Row {
             credential: "valid token, `bearer`",
             certificate: None,
-            authorization: Some("bearer t-ops"),
+            authorization: Some("bearer t-ops-0123456789"),
             namespace: GRANTED,
             expected: Answer::Admitted,
             api: None,
@@ -176,7 +176,7 @@ fn rows() -> Vec<Row> {
         Row {
             credential: "trusted certificate, unknown subject (with a valid token)",
             certificate: Some(UNKNOWN_SUBJECT),
-            authorization: Some("Bearer t-ops"),
+            authorization: Some("Bearer t-ops-0123456789"),
             namespace: GRANTED,
             expected: Answer::Unauthenticated,
             api: None,
@@ -186,7 +186,7 @@ fn rows() -> Vec<Row> {
         Row {
             credential: "valid token, namespace not granted",
             certificate: None,
-            authorization: Some("Bearer t-ops"),
+            authorization: Some("Bearer t-ops-0123456789"),
             namespace: NOT_GRANTED,
             expected: Answer::NotGranted,
             api: None,

@@ -29,8 +29,8 @@ pub fn check_idempotency_key(key: &str) -> Result<(), super::DispatchStoreError>
     Err(super::DispatchStoreError::InvalidKey { problem })
 }
 
-/// The id of a durable dispatch: 32 lowercase hex digits (128 random bits), unguessable so an
-/// id alone reveals nothing about other dispatches.
+/// The id of a durable dispatch: 32 lowercase hex digits, the millisecond it was made in (48
+/// bits) then 80 random bits: unguessable, though it tells when it was made.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DispatchId(String);
 
