@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use switchyard_core::{Backoff, Throttle};
+use switchyard_core::{Backoff, KeyedThrottle, Throttle};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -82,7 +82,8 @@ async fn accept_loop(
     table: Arc<Mutex<ConnectionTable>>,
     handoff: mpsc::Sender<Limited<TcpStream>>,
 ) {
-    let mut refusals = Throttle::default();
+    // One warning line per limit per interval: a flood at one limit hides no other's.
+    let mut refusals = KeyedThrottle::default();
     let mut errors = Throttle::default();
     let mut failures: u32 = 0;
     loop {
@@ -109,7 +110,7 @@ async fn accept_loop(
         };
         let admitted = lock(&table).admit(peer.ip());
         if let Err(refusal) = admitted {
-            refused(&config, &refusal, &mut refusals);
+            refused(&config, &refusal, &mut refusals, Instant::now().into_std());
             drop(stream);
             continue;
         }
@@ -143,18 +144,26 @@ fn is_per_connection(error: &io::Error) -> bool {
     )
 }
 
-fn refused(config: &AcceptConfig, refusal: &ConnectionRefusal, throttle: &mut Throttle) {
-    metrics::counter!(CONNECTIONS_REFUSED_TOTAL, "listener" => config.name,
-        "limit" => refusal.limit_name())
-    .increment(1);
-    if let Some(suppressed) = throttle.allow(Instant::now().into_std()) {
-        tracing::warn!(
-            listener = config.name,
-            suppressed,
-            "connection closed at accept: {}.{refusal}",
-            config.name
-        );
-    }
+/// Counts a connection closed at accept for `refusal` and warns of it at `now`, unless a line
+/// for the same limit went out less than the interval ago; returns the count the line carried
+/// (`None`: held back).
+fn refused(
+    config: &AcceptConfig,
+    refusal: &ConnectionRefusal,
+    throttles: &mut KeyedThrottle,
+    now: std::time::Instant,
+) -> Option<u64> {
+    let limit = refusal.limit_name();
+    metrics::counter!(CONNECTIONS_REFUSED_TOTAL, "listener" => config.name, "limit" => limit)
+        .increment(1);
+    let suppressed = throttles.allow(limit, now)?;
+    tracing::warn!(
+        listener = config.name,
+        suppressed,
+        "connection closed at accept: {}.{refusal}",
+        config.name
+    );
+    Some(suppressed)
 }
 
 fn lock(table: &Mutex<ConnectionTable>) -> std::sync::MutexGuard<'_, ConnectionTable> {
@@ -307,6 +316,29 @@ mod tests {
         let _again = connect_from([127, 0, 0, 2], addr).await;
         let admitted = tokio::time::timeout(Duration::from_secs(10), incoming.next()).await;
         assert!(matches!(admitted, Ok(Some(Ok(_)))), "{admitted:?}");
+    }
+
+    /// `docs/security.md`: accept warnings are one line per 10 s per kind, counting the ones
+    /// held back.
+    #[test]
+    fn accept_warnings_are_throttled_per_limit() {
+        let config = config(1, 1);
+        let mut throttles = KeyedThrottle::default();
+        let address = ConnectionRefusal::Address {
+            limit: 1,
+            address: [127, 0, 0, 1].into(),
+        };
+        let listener = ConnectionRefusal::Listener { limit: 1 };
+        let start = std::time::Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        assert_eq!(refused(&config, &address, &mut throttles, at(0)), Some(0));
+        assert_eq!(refused(&config, &address, &mut throttles, at(1)), None);
+        // Another limit's line is not held back by the first one's flood.
+        assert_eq!(refused(&config, &listener, &mut throttles, at(2)), Some(0));
+        assert_eq!(refused(&config, &address, &mut throttles, at(3)), None);
+        // 10 s after the first, the next line counts the two held back.
+        assert_eq!(refused(&config, &address, &mut throttles, at(10)), Some(2));
+        assert_eq!(refused(&config, &listener, &mut throttles, at(11)), None);
     }
 
     #[tokio::test]
