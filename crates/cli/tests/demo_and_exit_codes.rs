@@ -3,7 +3,7 @@
 //! capacity and the latency percentiles, and exits 0; a client command that cannot reach its
 //! gateway exits 1 (a run-time failure), a bad argument 2.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::TcpListener;
 use std::path::PathBuf;
