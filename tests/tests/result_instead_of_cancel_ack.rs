@@ -9,7 +9,7 @@ use bytes::Bytes;
 use switchyard_core::RefusedCounts;
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::dispatch_outcome::Outcome;
-use switchyard_tests::{RawGrpcWorker, TestGateway, raw_registration, success};
+use switchyard_tests::{RawGrpcWorker, TestGateway, counter, raw_registration, success};
 
 const NS: &str = "answers";
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -92,4 +92,12 @@ async fn a_result_instead_of_a_cancel_ack_frees_the_slot_and_is_not_refused() {
         "a well-behaved worker trips no refusal"
     );
     assert_eq!(dispatcher.results_after_cancel(), 1);
+    // And on /metrics (the only test of this file, so the process's recorder counts it alone).
+    let ops = gateway.gateway().ops_addr().expect("an ops listener");
+    assert_eq!(
+        counter(ops, "switchyard_results_after_cancel_total", "")
+            .await
+            .expect("/metrics"),
+        1
+    );
 }
