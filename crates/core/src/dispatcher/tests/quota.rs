@@ -166,3 +166,39 @@ async fn held_bytes_are_given_back_when_the_caller_drops_the_dispatch() {
         "one namespace, one principal"
     );
 }
+
+/// `docs/security.md`: a parked place is given back on every exit, the caller going away
+/// included.
+#[tokio::test(start_paused = true)]
+async fn a_parked_place_is_given_back_when_the_caller_drops_the_dispatch() {
+    let s = quota(1, 100);
+    let dispatcher = s.dispatcher.clone();
+    let stop = CancellationToken::new();
+    let dropped = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let caller = caller();
+            tokio::select! {
+                _ = dispatcher.dispatch(&caller, request("p", Duration::from_secs(60))) => {}
+                () = stop.cancelled() => {}
+            }
+        })
+    };
+    s.parked(1).await;
+    let refused = s
+        .dispatcher
+        .dispatch(&caller(), request("one more", Duration::from_secs(60)))
+        .await
+        .expect_err("the only parked place is taken");
+    assert!(
+        refused
+            .to_string()
+            .contains("`dispatch.max_parked_per_namespace` (1)"),
+        "{refused}"
+    );
+    stop.cancel();
+    dropped.await.expect("joined");
+    // The caller is gone: its place is free, and the next dispatch parks.
+    let _parks = s.spawn(request("after", Duration::from_secs(60)));
+    s.parked(1).await;
+}
