@@ -53,6 +53,23 @@ fn free_udp() -> u16 {
 /// A child process, killed on drop.
 struct Process(Child);
 
+impl Process {
+    /// The process's exit status once it exits by itself, within [`PATIENCE`].
+    fn exited(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running after {PATIENCE:?}"
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
 impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -450,7 +467,7 @@ async fn the_console_shows_what_the_api_says_and_follows_the_fleet_live() {
     }
     let gateway = Gateway::start();
     let _grpc = gateway.worker("grpc", "rack-a");
-    let quic = gateway.worker("quic", "rack-b");
+    let mut quic = gateway.worker("quic", "rack-b");
     let two = gateway.eligible_workers(2).await;
     let quic_id = two
         .iter()
@@ -590,7 +607,8 @@ async fn the_console_shows_what_the_api_says_and_follows_the_fleet_live() {
         .unwrap();
     assert!(status.success(), "drain");
     wait_for_page(&browser, "the drain event", &drained, &json!(["drained"])).await;
-    drop(quic);
+    // A final drain ends the `switchyard worker` process, with success.
+    assert_eq!(quic.exited().code(), Some(0), "the drained worker's exit");
 
     // Settle the tables on the final state, then keep the picture.
     let ids = json!(gateway.worker_ids().await);
