@@ -123,3 +123,27 @@ async fn a_durable_dispatch_on_a_full_disk_is_refused_at_once_naming_the_store_f
     assert!(after.outcome.as_ref().and_then(completed_output).is_some());
     worker.stop().await;
 }
+
+/// `docs/durability.md`, start-up refusals: a store whose directory cannot be written stops
+/// `switchyard serve` with exit code 2 and the store's sentence naming the path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_be_written_stops_serve_with_exit_2_naming_it() {
+    let place = tempfile::tempdir().unwrap();
+    let mount = tmpfs::Tmpfs::mount(&place.path().join("ro"), "ro,size=1m");
+    let store = mount.path().join("dispatches.sqlite3");
+    let site = Site::with_store(&format!("path = {:?}", store.display().to_string()));
+    let mut refused = harness::serve_command(&site.config);
+    let status = refused.exit().await;
+    let stderr = refused.stderr();
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    let p = store.display();
+    assert!(
+        stderr.contains(&format!(
+            "store {p}: not writable: cannot create {p}.lock: Read-only file system"
+        )),
+        "{stderr}"
+    );
+    // Control: the same place made writable, the gateway starts.
+    mount.remount("remount,rw");
+    let _gateway = site.serve().await;
+}

@@ -47,3 +47,16 @@ impl Backlog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `docs/durability.md`: the backlog metrics are refreshed every 5 seconds.
+    #[test]
+    fn the_backlog_is_read_every_documented_5_s() {
+        assert_eq!(REFRESH, Duration::from_secs(5));
+        let doc = include_str!("../../../../docs/durability.md");
+        assert!(doc.contains("from the store, refreshed every 5 seconds"));
+    }
+}
