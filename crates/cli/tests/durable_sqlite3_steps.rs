@@ -2,7 +2,9 @@
 //! `switchyard serve` and its store: the inspection queries through `sqlite3 -readonly` while
 //! the gateway runs, `.backup` while it runs, and a restore (stop, put the copy in place, drop
 //! the old `-wal`/`-shm`, start) after which the copy's unfinished dispatch resumes and a
-//! dispatch recorded after the backup is gone. Needs the `sqlite3` program (Debian's package;
+//! dispatch recorded after the backup is gone; and a cold copy of a killed gateway's store,
+//! which holds every submission with its `-wal` and not without. The first test needs the
+//! `sqlite3` program (Debian's package;
 //! `.ci/run` installs it): without it the test is skipped with a printed reason, unless
 //! `CI_REQUIRE_SQLITE3` is set, where it fails.
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
@@ -144,4 +146,62 @@ async fn the_documented_sqlite3_steps_inspect_back_up_and_restore_a_running_stor
         "the dispatch after the backup is gone"
     );
     worker.stop().await;
+}
+
+/// `docs/durability.md`, backup while stopped: a gateway killed with SIGKILL leaves committed
+/// submissions in the WAL; a copy of the file with its `-wal` holds every one of them, a copy
+/// of the file alone does not. (No `sqlite3` needed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_copy_of_a_killed_gateways_store_needs_its_wal_and_then_holds_every_submission() {
+    const SUBMITTED: u64 = 20;
+    let site = Site::new();
+    let store = site.store_file();
+    let mut gateway = site.serve().await;
+    let mut producer = site.producer().await.unwrap();
+    let mut ids = Vec::new();
+    for tag in 0..SUBMITTED {
+        ids.push(
+            producer
+                .submit(ACTIVITY, tag, None, TIMEOUT)
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    gateway.kill_9();
+    let wal = format!("{}-wal", store.display());
+    assert!(
+        std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0),
+        "the killed gateway left its WAL"
+    );
+    // How many of the submissions a copy holds, started on a site of its own.
+    let restored = |with_wal: bool| {
+        let ids = ids.clone();
+        let (store, wal) = (store.clone(), wal.clone());
+        async move {
+            let copy = Site::new();
+            std::fs::create_dir_all(&copy.data_dir).unwrap();
+            std::fs::copy(&store, copy.store_file()).unwrap();
+            if with_wal {
+                std::fs::copy(&wal, format!("{}-wal", copy.store_file().display())).unwrap();
+            }
+            let mut gateway = copy.serve().await;
+            let mut producer = copy.producer().await.unwrap();
+            let mut found = 0;
+            for id in &ids {
+                if producer.get(id).await.is_ok() {
+                    found += 1;
+                }
+            }
+            gateway.kill_9();
+            found
+        }
+    };
+    assert_eq!(
+        restored(true).await,
+        SUBMITTED,
+        "the file and its WAL hold them all"
+    );
+    // Control: the file alone misses what only the WAL held.
+    assert!(restored(false).await < SUBMITTED);
 }
