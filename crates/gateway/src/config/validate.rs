@@ -55,8 +55,8 @@ fn positive(config: &GatewayConfig) -> Result<(), ConfigError> {
             config.liveness.heartbeat_window,
         ),
         // A zero RTT would start every connection's loss timers at quinn's floor of a few
-        // milliseconds, whatever the link; a zero idle timeout, sent to the peer, turns idle
-        // timeouts off on both sides (RFC 9000, 10.1).
+        // milliseconds, whatever the link; a zero idle timeout advertises none, so a dead
+        // connection would be timed out only if the worker asked for it (RFC 9000, 10.1).
         ("quic.initial_rtt", config.quic.initial_rtt),
         ("quic.max_idle_timeout", config.quic.max_idle_timeout),
     ];
