@@ -48,6 +48,21 @@ impl Interceptor for Bearer {
 /// A producer/operator API client.
 pub type ApiClient = GatewayClient<InterceptedService<Channel, Bearer>>;
 
+/// A TLS channel (one HTTP/2 connection) to the gRPC port at `addr`, trusting `ca_pem` and
+/// naming the gateway `127.0.0.1`; connecting gives up after 5 s.
+pub async fn tls_channel(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
+        .expect("valid endpoint")
+        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)))
+        .expect("tls config")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+}
+
 /// A TLS client of the producer API at `addr` trusting `ca_pem`, with `token` as bearer when
 /// given; for tests that connect while the [`TestGateway`] is busy shutting down.
 pub async fn api_client_at(
@@ -55,13 +70,7 @@ pub async fn api_client_at(
     ca_pem: &str,
     token: Option<&str>,
 ) -> Result<ApiClient, tonic::transport::Error> {
-    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
-        .expect("valid endpoint")
-        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)))
-        .expect("tls config")
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await?;
+    let channel = tls_channel(addr, ca_pem).await?;
     let token = token.map(|t| format!("Bearer {t}").parse().expect("ascii token"));
     Ok(GatewayClient::with_interceptor(channel, Bearer(token)))
 }

@@ -18,7 +18,7 @@ mod sdk;
 pub use fault::{
     FaultSpec, FaultWorker, Gauge, Seeded, Work, grpc_fault_worker, long_tests, quic_fault_worker,
 };
-pub use gateway::{ApiClient, TestGateway, api_client_at, test_config};
+pub use gateway::{ApiClient, TestGateway, api_client_at, test_config, tls_channel};
 pub use http::{counter, http_get, http_get_with_head, http_request};
 pub use raw_grpc::{RawEnd, RawGrpcWorker, pong, raw_registration, success};
 pub use scripted::{ScriptedTransport, ScriptedWorker, WorkerControl, registration};

@@ -12,7 +12,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use crate::TestGateway;
 
@@ -87,13 +86,7 @@ impl RawGrpcWorker {
 
     /// Like [`RawGrpcWorker::open`], for a gateway at `addr` whose CA is `ca_pem`.
     pub async fn open_at(addr: std::net::SocketAddr, ca_pem: &str) -> Result<Self, Status> {
-        let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
-            .expect("valid endpoint")
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)))
-            .expect("tls config")
-            .connect()
-            .await
-            .expect("connects");
+        let channel = crate::tls_channel(addr, ca_pem).await.expect("connects");
         let mut grpc = tonic::client::Grpc::new(channel);
         grpc.ready().await.expect("channel ready");
         let (send, outbound) = mpsc::channel(16);

@@ -2,8 +2,7 @@
 //! reflection lists the Switchyard services.
 
 use futures::StreamExt;
-use switchyard_tests::TestGateway;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+use switchyard_tests::{TestGateway, tls_channel};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -16,13 +15,7 @@ use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 async fn health_reports_serving_and_reflection_lists_the_api() {
     let gateway = TestGateway::start(|config| config.quic.enabled = false).await;
     let addr = gateway.gateway().addr("grpc").unwrap();
-    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
-        .unwrap()
-        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(gateway.ca_pem())))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = tls_channel(addr, &gateway.ca_pem()).await.unwrap();
 
     let mut health = HealthClient::new(channel.clone());
     for service in ["", "switchyard.v1.Gateway"] {

@@ -5,8 +5,6 @@
 // Helpers outside the #[test] functions fail the test on a failed step, like the tests do.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use switchyard_core::CallerIdentity;
 use switchyard_gateway::{PrincipalSection, RoleName};
@@ -16,10 +14,11 @@ use switchyard_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use switchyard_test_support::within;
 use switchyard_tests::{
     ApiClient, ScriptedTransport, ScriptedWorker, TestGateway, raw_registration, registration,
+    tls_channel,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 /// The namespace every principal here is granted.
@@ -467,14 +466,7 @@ async fn a_drain_by_node_reaches_only_the_workers_the_caller_may_drain() {
 /// A TLS channel (one HTTP/2 connection) to the gRPC port.
 async fn channel(gateway: &TestGateway) -> Channel {
     let addr = gateway.gateway().addr("grpc").unwrap();
-    Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
-        .unwrap()
-        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(gateway.ca_pem())))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap()
+    tls_channel(addr, &gateway.ca_pem()).await.unwrap()
 }
 
 /// A worker stream on `channel` with `token`, registered or refused; the sender keeps the

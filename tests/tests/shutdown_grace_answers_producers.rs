@@ -12,9 +12,10 @@ use bytes::Bytes;
 use switchyard_gateway::ConfigDuration;
 use switchyard_proto::v1 as pb;
 use switchyard_proto::v1::dispatch_outcome::Outcome;
-use switchyard_tests::{RawGrpcWorker, TestGateway, api_client_at, raw_registration, success};
+use switchyard_tests::{
+    RawGrpcWorker, TestGateway, api_client_at, raw_registration, success, tls_channel,
+};
 use tonic::Code;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
@@ -46,11 +47,7 @@ async fn health_watches(
     addr: std::net::SocketAddr,
     ca_pem: &str,
 ) -> Vec<(&'static str, tonic::Streaming<HealthCheckResponse>)> {
-    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{}", addr.port()))
-        .expect("an endpoint")
-        .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)))
-        .expect("TLS settings")
-        .connect()
+    let channel = tls_channel(addr, ca_pem)
         .await
         .expect("the health channel connects");
     let mut watches = Vec::new();
