@@ -125,12 +125,9 @@ async fn a_served_dispatch_never_counts_as_parked() {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn held_bytes_are_given_back_when_the_caller_drops_the_dispatch() {
-    let s = setup_with(DispatchConfig {
-        max_held_input_bytes_per_namespace: 10,
-        ..DispatchConfig::default()
-    });
+/// Parks a dispatch of `input` for a caller that then goes away: while it is parked, one more
+/// (`next`) is refused naming `limit`; then the caller drops its dispatch's future.
+async fn park_refuse_then_drop(s: &Setup, input: &'static str, next: &str, limit: &str) {
     let dispatcher = s.dispatcher.clone();
     let stop = CancellationToken::new();
     let dropped = {
@@ -138,7 +135,7 @@ async fn held_bytes_are_given_back_when_the_caller_drops_the_dispatch() {
         tokio::spawn(async move {
             let caller = caller();
             tokio::select! {
-                _ = dispatcher.dispatch(&caller, request("0123456789", Duration::from_secs(60))) => {}
+                _ = dispatcher.dispatch(&caller, request(input, Duration::from_secs(60))) => {}
                 () = stop.cancelled() => {}
             }
         })
@@ -146,17 +143,27 @@ async fn held_bytes_are_given_back_when_the_caller_drops_the_dispatch() {
     s.parked(1).await;
     let refused = s
         .dispatcher
-        .dispatch(&caller(), request("x", Duration::from_secs(60)))
+        .dispatch(&caller(), request(next, Duration::from_secs(60)))
         .await
-        .expect_err("ten bytes already held");
-    assert!(
-        refused
-            .to_string()
-            .contains("`dispatch.max_held_input_bytes_per_namespace` (10)"),
-        "{refused}"
-    );
+        .expect_err("the parked dispatch holds the quota");
+    assert!(refused.to_string().contains(limit), "{refused}");
     stop.cancel();
     dropped.await.expect("joined");
+}
+
+#[tokio::test(start_paused = true)]
+async fn held_bytes_are_given_back_when_the_caller_drops_the_dispatch() {
+    let s = setup_with(DispatchConfig {
+        max_held_input_bytes_per_namespace: 10,
+        ..DispatchConfig::default()
+    });
+    park_refuse_then_drop(
+        &s,
+        "0123456789",
+        "x",
+        "`dispatch.max_held_input_bytes_per_namespace` (10)",
+    )
+    .await;
     // Control: the dropped dispatch's bytes were given back.
     let _fits = s.spawn(request("0123456789", Duration::from_secs(60)));
     s.parked(1).await;
@@ -172,32 +179,13 @@ async fn held_bytes_are_given_back_when_the_caller_drops_the_dispatch() {
 #[tokio::test(start_paused = true)]
 async fn a_parked_place_is_given_back_when_the_caller_drops_the_dispatch() {
     let s = quota(1, 100);
-    let dispatcher = s.dispatcher.clone();
-    let stop = CancellationToken::new();
-    let dropped = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let caller = caller();
-            tokio::select! {
-                _ = dispatcher.dispatch(&caller, request("p", Duration::from_secs(60))) => {}
-                () = stop.cancelled() => {}
-            }
-        })
-    };
-    s.parked(1).await;
-    let refused = s
-        .dispatcher
-        .dispatch(&caller(), request("one more", Duration::from_secs(60)))
-        .await
-        .expect_err("the only parked place is taken");
-    assert!(
-        refused
-            .to_string()
-            .contains("`dispatch.max_parked_per_namespace` (1)"),
-        "{refused}"
-    );
-    stop.cancel();
-    dropped.await.expect("joined");
+    park_refuse_then_drop(
+        &s,
+        "p",
+        "one more",
+        "`dispatch.max_parked_per_namespace` (1)",
+    )
+    .await;
     // The caller is gone: its place is free, and the next dispatch parks.
     let _parks = s.spawn(request("after", Duration::from_secs(60)));
     s.parked(1).await;
