@@ -226,7 +226,9 @@ pub(crate) enum CopyVerdict {
 /// `n`, so the worker has started task `n` by then. A lane frame's number is its position
 /// among the lane's task frames; a datagram carries its number. A copy starts its task when
 /// its number is the next one (`started + 1`); every other copy is the second of a pair, or
-/// a datagram delayed past its lane copy, and is dropped.
+/// a datagram delayed past its lane copy, and is dropped. A datagram that arrives while the
+/// lane's task still runs is dropped too, whatever its number: the gateway cannot have sent
+/// it yet, and the lane copy brings the task should it be real.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LaneCopies {
     /// Task frames read on the lane.
@@ -242,8 +244,11 @@ impl LaneCopies {
         (self.read, self.take(self.read))
     }
 
-    /// A datagram copy of task number `seq` arrived.
-    pub(crate) fn datagram_task(&mut self, seq: u64) -> CopyVerdict {
+    /// A datagram copy of task number `seq` arrived; `busy` while the lane's task still runs.
+    pub(crate) fn datagram_task(&mut self, seq: u64, busy: bool) -> CopyVerdict {
+        if busy {
+            return CopyVerdict::Drop;
+        }
         self.take(seq)
     }
 
@@ -266,14 +271,14 @@ mod tests {
         // Lane copy first, then its datagram.
         let mut lane = LaneCopies::default();
         assert_eq!(lane.lane_task(), (1, CopyVerdict::Start));
-        assert_eq!(lane.datagram_task(1), CopyVerdict::Drop);
+        assert_eq!(lane.datagram_task(1, false), CopyVerdict::Drop);
         // Datagram first, then its lane copy.
-        assert_eq!(lane.datagram_task(2), CopyVerdict::Start);
+        assert_eq!(lane.datagram_task(2, false), CopyVerdict::Start);
         assert_eq!(lane.lane_task(), (2, CopyVerdict::Drop));
         // The datagram alone (its lane copy still lost), then the next task by datagram too,
         // then both lane copies late.
-        assert_eq!(lane.datagram_task(3), CopyVerdict::Start);
-        assert_eq!(lane.datagram_task(4), CopyVerdict::Start);
+        assert_eq!(lane.datagram_task(3, false), CopyVerdict::Start);
+        assert_eq!(lane.datagram_task(4, false), CopyVerdict::Start);
         assert_eq!(lane.lane_task(), (3, CopyVerdict::Drop));
         assert_eq!(lane.lane_task(), (4, CopyVerdict::Drop));
         // Control: the next task's lane copy is not mistaken for a duplicate.
@@ -286,12 +291,27 @@ mod tests {
         assert_eq!(lane.lane_task(), (1, CopyVerdict::Start));
         assert_eq!(lane.lane_task(), (2, CopyVerdict::Start));
         // Task 1's datagram, delayed past two lane copies.
-        assert_eq!(lane.datagram_task(1), CopyVerdict::Drop);
+        assert_eq!(lane.datagram_task(1, false), CopyVerdict::Drop);
         // A number beyond the next would hide task 3's lane copy: refused.
-        assert_eq!(lane.datagram_task(4), CopyVerdict::Drop);
+        assert_eq!(lane.datagram_task(4, false), CopyVerdict::Drop);
         assert_eq!(lane.lane_task(), (3, CopyVerdict::Start));
         // Control: the next number is taken.
-        assert_eq!(lane.datagram_task(4), CopyVerdict::Start);
+        assert_eq!(lane.datagram_task(4, false), CopyVerdict::Start);
+    }
+
+    #[test]
+    fn a_datagram_for_a_lane_whose_task_still_runs_is_dropped() {
+        let mut lane = LaneCopies::default();
+        assert_eq!(lane.lane_task(), (1, CopyVerdict::Start));
+        // Task 1 still runs: a copy numbered 2, the next number, is dropped all the same.
+        assert_eq!(lane.datagram_task(2, true), CopyVerdict::Drop);
+        // Control: once task 1 has ended, the same copy starts task 2, and its lane copy is
+        // then the duplicate.
+        assert_eq!(lane.datagram_task(2, false), CopyVerdict::Start);
+        assert_eq!(lane.lane_task(), (2, CopyVerdict::Drop));
+        // A copy dropped while busy leaves the lane copy to start its task.
+        assert_eq!(lane.datagram_task(3, true), CopyVerdict::Drop);
+        assert_eq!(lane.lane_task(), (3, CopyVerdict::Start));
     }
 
     #[test]

@@ -231,6 +231,9 @@ async fn serve(
     let mut inline: Option<InlineTask> = None;
     loop {
         let event = tokio::select! {
+            // Biased, the task's end first: a copy of the next task, sent once the gateway
+            // has the result, is then never taken for an early one.
+            biased;
             () = run_inline(&mut inline), if inline.is_some() => {
                 inline = None;
                 None
@@ -279,7 +282,8 @@ async fn serve(
             }
             Some((seq, task)) = next_copy(&mut copies) => {
                 let Some(router) = &context.copies else { continue };
-                if numbers.datagram_task(seq) == CopyVerdict::Start {
+                // The lane's task still running (its inline task) makes any copy early.
+                if numbers.datagram_task(seq, inline.is_some()) == CopyVerdict::Start {
                     router.counters.used();
                     Some(LaneEvent::Task(route(seq), activity_task(task)))
                 } else {
