@@ -51,16 +51,7 @@ impl QuicConnection {
         resume: Option<&ResumeRequest>,
     ) -> Result<(Self, Registered), QuicLinkError> {
         let mut client = quinn::ClientConfig::new(settings.tls.quic());
-        // A registration needs one stream credit (lane 0) until capacity is announced; a
-        // resume, one per slot of the capacity the gateway kept (a resize may have changed it
-        // since the options were set): the gateway opens them all, held tasks on some, before
-        // it answers, and never more than that capacity.
-        let credit = match resume {
-            Some(_) => options
-                .max_concurrency
-                .max(switchyard_core::DEFAULT_MAX_CONCURRENCY_LIMIT),
-            None => 1,
-        };
+        let credit = opening_stream_credit(options.max_concurrency, resume.is_some());
         client.transport_config(Arc::new(
             settings.connection.transport(credit, settings.redundancy)?,
         ));
@@ -399,6 +390,21 @@ async fn capacity_changed(mut capacity: watch::Receiver<u32>) -> (bool, watch::R
     (changed, capacity)
 }
 
+/// The bidirectional stream credit a connection grants the gateway before its first frame.
+///
+/// A registration needs one (lane 0) until capacity is announced. A resume needs one per slot
+/// of the capacity the gateway kept, which a resize may have changed since the options were
+/// set: the gateway opens them all, held tasks on some, before it answers, and never more than
+/// that capacity; so a resume grants the larger of `max_concurrency` and the gateway's default
+/// ceiling on announced capacity.
+fn opening_stream_credit(max_concurrency: u32, resuming: bool) -> u32 {
+    if resuming {
+        max_concurrency.max(switchyard_core::DEFAULT_MAX_CONCURRENCY_LIMIT)
+    } else {
+        1
+    }
+}
+
 fn nonzero_or(value: u32, default: u32) -> u32 {
     if value == 0 { default } else { value }
 }
@@ -427,5 +433,21 @@ fn closed(conn: &quinn::Connection, fault: Fault) -> QuicLinkError {
     match conn.close_reason() {
         Some(error) => QuicLinkError::from(error),
         None => QuicLinkError::Connection(ConnectionError::LocallyClosed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::opening_stream_credit;
+
+    #[test]
+    fn a_resume_grants_the_larger_of_max_concurrency_and_1024_streams_and_a_registration_one() {
+        assert_eq!(switchyard_core::DEFAULT_MAX_CONCURRENCY_LIMIT, 1024);
+        assert_eq!(opening_stream_credit(4, true), 1024);
+        assert_eq!(opening_stream_credit(1024, true), 1024);
+        assert_eq!(opening_stream_credit(2000, true), 2000);
+        // Control: a registration grants one lane whatever its capacity.
+        assert_eq!(opening_stream_credit(4, false), 1);
+        assert_eq!(opening_stream_credit(2000, false), 1);
     }
 }
