@@ -126,7 +126,8 @@ async fn the_shutdown_cancel_reaches_a_busy_worker_every_time() {
         );
         let cancel = tokio::time::timeout(PATIENCE, raw.cancels.recv())
             .await
-            .unwrap_or_else(|_| panic!("round {round}: no cancel before the close"));
+            .unwrap_or_else(|_| panic!("round {round}: no cancel before the close"))
+            .map(|(_, cancel)| cancel);
         assert_eq!(
             cancel,
             Some(QuicCancel {
@@ -202,7 +203,8 @@ async fn an_operator_drain_stays_final_through_a_shutdown() {
     gateway.server.shutdown().await;
     let cancel = tokio::time::timeout(PATIENCE, raw.cancels.recv())
         .await
-        .unwrap();
+        .unwrap()
+        .map(|(_, cancel)| cancel);
     assert_eq!(cancel.map(|c| c.task_id), Some(task.task_id));
     let (code, reason) = raw.closed().await;
     assert_eq!(code, ErrorCode::Drained, "the final drain wins: {reason}");
@@ -225,7 +227,8 @@ async fn a_cancel_at_a_drain_deadline_says_so() {
         .cancel_held_by(worker, switchyard_core::CancelReason::DrainDeadline);
     let cancel = tokio::time::timeout(PATIENCE, raw.cancels.recv())
         .await
-        .unwrap();
+        .unwrap()
+        .map(|(_, cancel)| cancel);
     assert_eq!(
         cancel,
         Some(QuicCancel {

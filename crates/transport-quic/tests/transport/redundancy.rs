@@ -381,7 +381,7 @@ async fn a_task_is_copied_by_datagram_and_its_cancel_is_not() {
         .dispatcher()
         .cancel(&CallerIdentity::trusted("test"), NS, "c1")
         .unwrap();
-    let cancel = tokio::time::timeout(PATIENCE, raw.cancels.recv())
+    let (_, cancel) = tokio::time::timeout(PATIENCE, raw.cancels.recv())
         .await
         .expect("no cancel")
         .unwrap();

@@ -524,3 +524,371 @@ async fn every_result_is_acknowledged_once_in_batches() {
     assert_eq!(acknowledged, answered, "every result acknowledged");
     println!("{RESULTS} results acknowledged in {frames} results_ack frames");
 }
+
+/// Resumes `registered`'s session on a new connection made with `config`, listing `running`;
+/// returns the connection and the gateway's `registered` answer.
+async fn resume_with(
+    gateway: &Gateway,
+    config: quinn::ClientConfig,
+    registered: &QuicRegistered,
+    running: Vec<u64>,
+) -> (Raw, QuicRegistered) {
+    let mut raw = Raw::connect_with(gateway, config, None).await;
+    raw.send_control(quic_control_up::Frame::Resume(resume_frame(
+        registered,
+        registered.resume_secret.clone(),
+        running,
+    )))
+    .await;
+    let answer = match raw.next_control().await.frame {
+        Some(quic_control_down::Frame::Registered(answer)) => answer,
+        other => panic!("expected registered, got {other:?}"),
+    };
+    (raw, answer)
+}
+
+/// Resumes `registered`'s session on a new connection, holding no task.
+async fn resume(gateway: &Gateway, registered: &QuicRegistered) -> (Raw, QuicRegistered) {
+    resume_with(gateway, client_config(gateway), registered, Vec::new()).await
+}
+
+/// Sends `resume` for `registered`'s session with its own secret on a new connection, and
+/// returns how the gateway closed that connection.
+async fn refused_resume(gateway: &Gateway, registered: &QuicRegistered) -> (ErrorCode, String) {
+    let mut raw = Raw::connect(gateway).await;
+    raw.send_control(quic_control_up::Frame::Resume(resume_frame(
+        registered,
+        registered.resume_secret.clone(),
+        Vec::new(),
+    )))
+    .await;
+    raw.closed().await
+}
+
+/// Waits for `worker`'s session to be suspended or the worker to leave, whichever comes first.
+async fn suspended_or_left(
+    events: &mut tokio::sync::broadcast::Receiver<WorkerEvent>,
+    worker: WorkerId,
+) -> WorkerEvent {
+    event(events, "suspended or left", |e| {
+        matches!(e, WorkerEvent::Suspended { worker: w, .. }
+            | WorkerEvent::Disconnected { worker: w, .. } if *w == worker)
+    })
+    .await
+}
+
+/// A gateway whose prober finds a silent worker within a second: pings every 100 ms, missed
+/// after 300 ms, silence for 1 s ends the connection. The gateway's config check wants the
+/// window longer than the ping interval and the ping timeout; 1 s leaves room for loopback
+/// under load.
+async fn quick_liveness_gateway() -> Gateway {
+    let mut core = switchyard_core::CoreConfig::default();
+    core.liveness.ping_interval = Duration::from_millis(100);
+    core.liveness.ping_timeout = Duration::from_millis(300);
+    core.liveness.heartbeat_window = Duration::from_secs(1);
+    Gateway::with_core(core).await
+}
+
+/// Registers a worker, resumable or not, makes it stop answering pings while its connection
+/// stays up, and returns the gateway, the registration, how the gateway closed the connection
+/// and how the worker's registration ended.
+async fn silenced(resumable: bool) -> (Gateway, QuicRegistered, (ErrorCode, String), WorkerEvent) {
+    let gateway = quick_liveness_gateway().await;
+    let mut events = gateway.registry().subscribe_events();
+    let (raw, registered) = eligible(&gateway, gateway.addr(), resumable).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    raw.silent.store(true, std::sync::atomic::Ordering::Relaxed);
+    let close = raw.closed().await;
+    let ended = suspended_or_left(&mut events, worker).await;
+    // The connection's own end is handled after the close is sent; it must not undo the
+    // suspension.
+    eventually("the connection untracked", || {
+        gateway.server.registered_workers() == 0
+    })
+    .await;
+    (gateway, registered, close, ended)
+}
+
+/// Silence for the liveness window closes the connection `DEREGISTERED` (timeout), yet a
+/// session worker is only suspended and resumes (section 5.1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_session_worker_is_closed_deregistered_yet_suspended_and_resumes() {
+    let (gateway, registered, (code, reason), ended) = silenced(true).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    assert_eq!(code, ErrorCode::Deregistered, "{reason}");
+    assert!(
+        reason.contains("deregistered by the gateway: timeout"),
+        "{reason}"
+    );
+    assert!(
+        matches!(ended, WorkerEvent::Suspended { .. }),
+        "not suspended: {ended:?}"
+    );
+    assert!(
+        gateway
+            .registry()
+            .worker(worker)
+            .is_some_and(|w| w.suspended_for.is_some()),
+        "suspended after its connection's end"
+    );
+    let (_new, answer) = resume(&gateway, &registered).await;
+    assert!(answer.resumed);
+    assert_eq!(answer.worker_id, registered.worker_id, "same worker id");
+}
+
+/// The control for the test above: the same silence ends a worker without a session, and
+/// nothing is left to resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_worker_without_a_session_is_deregistered_and_cannot_resume() {
+    let (gateway, registered, (code, reason), ended) = silenced(false).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    assert_eq!(code, ErrorCode::Deregistered, "{reason}");
+    assert!(
+        reason.contains("deregistered by the gateway: timeout"),
+        "{reason}"
+    );
+    assert_eq!(
+        ended,
+        WorkerEvent::Disconnected {
+            worker,
+            reason: DisconnectReason::Timeout
+        }
+    );
+    assert!(gateway.registry().worker(worker).is_none());
+    // A plain registration has no secret; the session id is the worker id all the same.
+    let registered = QuicRegistered {
+        session_id: registered.worker_id,
+        ..registered
+    };
+    let (code, reason) = refused_resume(&gateway, &registered).await;
+    assert_eq!(code, ErrorCode::ResumeRefused);
+    assert!(
+        reason.starts_with("resume refused: unknown_session"),
+        "{reason}"
+    );
+}
+
+/// A fault the gateway closes the connection for ends a session worker's session: it leaves at
+/// once, its task goes to another worker as a new attempt, and a resume finds no session.
+/// Control: the same worker's lost connection suspends it, its task waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_the_gateway_closes_for_ends_the_session_where_a_lost_connection_suspends() {
+    for lost in [true, false] {
+        let gateway = gateway().await;
+        let relay = UdpRelay::start(gateway.addr()).await.unwrap();
+        let mut events = gateway.registry().subscribe_events();
+        let (mut raw, registered) = resumable(&gateway, relay.addr()).await;
+        let worker = WorkerId::from_raw(registered.worker_id);
+        let dispatch = dispatch(&gateway, b"in", PATIENCE);
+        let (_lane, task) = raw.next_task().await;
+        if lost {
+            relay.freeze();
+        } else {
+            // A frame whose body is no protobuf message.
+            raw.send_control_bytes(&[0, 0, 0, 2, 0x0f, 0x01]).await;
+            let (code, reason) = raw.closed().await;
+            assert_eq!(code, ErrorCode::MalformedFrame, "{reason}");
+        }
+        let ended = suspended_or_left(&mut events, worker).await;
+        if lost {
+            assert!(
+                matches!(ended, WorkerEvent::Suspended { .. }),
+                "lost: {ended:?}"
+            );
+            assert!(!dispatch.is_finished(), "the producer still waits");
+            let (_new, answer) = resume_with(
+                &gateway,
+                client_config(&gateway),
+                &registered,
+                vec![task.task_id],
+            )
+            .await;
+            assert!(answer.resumed);
+            assert_eq!(answer.held_task_ids, vec![task.task_id]);
+            continue;
+        }
+        assert_eq!(
+            ended,
+            WorkerEvent::Disconnected {
+                worker,
+                reason: DisconnectReason::Closed
+            }
+        );
+        assert!(gateway.registry().worker(worker).is_none());
+        let (mut other, _) = eligible(&gateway, gateway.addr(), false).await;
+        let (lane, again) = other.next_task().await;
+        assert_eq!(again.input, task.input, "the same dispatch");
+        assert_eq!(again.attempt, task.attempt + 1, "dispatched again");
+        lane.send(output(again.task_id, "done")).await;
+        assert_eq!(
+            outcome_of(dispatch).await,
+            ActivityOutcome::Completed(Bytes::from_static(b"done"))
+        );
+        let (code, reason) = refused_resume(&gateway, &registered).await;
+        assert_eq!(code, ErrorCode::ResumeRefused);
+        assert!(
+            reason.starts_with("resume refused: unknown_session"),
+            "{reason}"
+        );
+    }
+}
+
+/// A task whose deadline passes while its worker is suspended is cancelled on its lane after
+/// the resume; a result sent for it instead of `cancel_ack` is refused as late (section 5.1).
+/// Control: a `cancel_ack` is no refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_instead_of_a_cancel_ack_after_a_resume_is_refused_late() {
+    for answers_with_result in [true, false] {
+        let gateway = gateway().await;
+        let relay = UdpRelay::start(gateway.addr()).await.unwrap();
+        let mut events = gateway.registry().subscribe_events();
+        let (mut old, registered) = resumable(&gateway, relay.addr()).await;
+        let worker = WorkerId::from_raw(registered.worker_id);
+        // Suspension takes the 500 ms idle timeout; the deadline is well after it.
+        let dispatch = dispatch(&gateway, b"in", Duration::from_secs(3));
+        let (_lane, task) = old.next_task().await;
+        relay.freeze();
+        let ended = suspended_or_left(&mut events, worker).await;
+        assert!(matches!(ended, WorkerEvent::Suspended { .. }), "{ended:?}");
+        assert!(
+            !dispatch.is_finished(),
+            "the deadline passes while suspended"
+        );
+        assert_eq!(outcome_of(dispatch).await, ActivityOutcome::TimedOut);
+
+        let (mut new, answer) = resume_with(
+            &gateway,
+            client_config(&gateway),
+            &registered,
+            vec![task.task_id],
+        )
+        .await;
+        assert!(answer.resumed);
+        assert_eq!(answer.held_task_ids, vec![task.task_id]);
+        let (held_lane, held) = tokio::time::timeout(PATIENCE, new.held.recv())
+            .await
+            .expect("a held frame")
+            .expect("the lanes are read");
+        assert_eq!(held, task.task_id);
+        let (lane, cancel) = tokio::time::timeout(PATIENCE, new.cancels.recv())
+            .await
+            .expect("the owed cancel")
+            .expect("the lanes are read");
+        assert_eq!(cancel.task_id, task.task_id);
+        assert_eq!(
+            cancel.reason,
+            switchyard_proto::v1::QuicCancelReason::DeadlineExceeded as i32
+        );
+        assert_eq!(lane.index, held_lane.index, "on the held task's lane");
+        if answers_with_result {
+            lane.send(output(task.task_id, "late")).await;
+        } else {
+            lane.send(quic_lane_up::Frame::CancelAck(
+                switchyard_proto::v1::QuicCancelAck {
+                    task_id: task.task_id,
+                },
+            ))
+            .await;
+        }
+        eventually("the slot freed", || {
+            gateway
+                .registry()
+                .worker(worker)
+                .is_some_and(|w| w.in_flight == 0)
+        })
+        .await;
+        let late = gateway.core.dispatcher().refused().late;
+        assert_eq!(
+            late,
+            u64::from(answers_with_result),
+            "answered with a result: {answers_with_result}"
+        );
+    }
+}
+
+/// A client config that grants the gateway `streams` bidirectional streams.
+fn granting(gateway: &Gateway, streams: u32) -> quinn::ClientConfig {
+    let mut config = client_config(gateway);
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_concurrent_bidi_streams(quinn::VarInt::from_u32(streams));
+    config.transport_config(std::sync::Arc::new(transport));
+    config
+}
+
+/// A resumable worker of capacity `capacity`, holding no task, suspended by a lost connection,
+/// on a gateway with a 2 s registration deadline.
+async fn suspended_with_capacity(capacity: u32) -> (Gateway, UdpRelay, QuicRegistered) {
+    let config = QuicServerConfig {
+        connection: ConnectionConfig {
+            max_idle_timeout: Duration::from_millis(500),
+            keep_alive_interval: Some(Duration::from_millis(100)),
+            ..ConnectionConfig::default()
+        },
+        registration_timeout: Duration::from_secs(2),
+        ..QuicServerConfig::default()
+    };
+    let gateway = Gateway::with(config, AllowAll).await;
+    let relay = UdpRelay::start(gateway.addr()).await.unwrap();
+    let mut events = gateway.registry().subscribe_events();
+    let (mut old, registered) = resumable(&gateway, relay.addr()).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    old.announce(capacity).await;
+    event(
+        &mut events,
+        "capacity announced",
+        |e| matches!(e, WorkerEvent::CapacityAnnounced { worker: w, capacity: c } if *w == worker && *c == capacity),
+    )
+    .await;
+    relay.freeze();
+    let ended = suspended_or_left(&mut events, worker).await;
+    assert!(matches!(ended, WorkerEvent::Suspended { .. }), "{ended:?}");
+    (gateway, relay, registered)
+}
+
+/// A resume opens one lane per slot of the session's capacity before it answers: a worker of
+/// capacity 3 that grants exactly 3 streams is answered and runs three tasks at once, each on a
+/// lane of its own. Control: granting 2 streams, the resume is never answered and the
+/// registration deadline closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_opens_a_lane_for_each_slot_before_it_answers() {
+    let (gateway, _relay, registered) = suspended_with_capacity(3).await;
+    let (mut new, answer) =
+        resume_with(&gateway, granting(&gateway, 3), &registered, Vec::new()).await;
+    assert!(answer.resumed);
+    assert!(answer.held_task_ids.is_empty());
+    let dispatches =
+        ["one", "two", "six"].map(|input| dispatch(&gateway, input.as_bytes(), PATIENCE));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        tasks.push(new.next_task().await);
+    }
+    let mut lanes: Vec<u64> = tasks.iter().map(|(lane, _)| lane.index).collect();
+    lanes.sort_unstable();
+    lanes.dedup();
+    assert_eq!(lanes.len(), 3, "three tasks at once, one a lane");
+    for (lane, task) in &tasks {
+        lane.send(quic_lane_up::Frame::Result(QuicResult {
+            task_id: task.task_id,
+            outcome: Some(quic_result::Outcome::Output(task.input.clone())),
+        }))
+        .await;
+    }
+    for dispatch in dispatches {
+        assert!(matches!(
+            outcome_of(dispatch).await,
+            ActivityOutcome::Completed(_)
+        ));
+    }
+
+    let (gateway, _relay, registered) = suspended_with_capacity(3).await;
+    let mut short = Raw::connect_with(&gateway, granting(&gateway, 2), None).await;
+    short
+        .send_control(quic_control_up::Frame::Resume(resume_frame(
+            &registered,
+            registered.resume_secret.clone(),
+            Vec::new(),
+        )))
+        .await;
+    let (code, reason) = short.closed().await;
+    assert_eq!(code, ErrorCode::RegistrationTimeout, "{reason}");
+}

@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -285,13 +286,15 @@ pub(crate) struct Raw {
     control_recv: Option<RecvStream>,
     control_decoder: FrameDecoder,
     pub(crate) lanes: mpsc::UnboundedReceiver<LaneEvent>,
-    /// Every cancel the gateway sent, on any lane.
-    pub(crate) cancels: mpsc::UnboundedReceiver<QuicCancel>,
+    /// Every cancel the gateway sent, with the lane it came on.
+    pub(crate) cancels: mpsc::UnboundedReceiver<(RawLane, QuicCancel)>,
     /// Every `held` frame the gateway sent after a resume: the lane and the task id.
     pub(crate) held: mpsc::UnboundedReceiver<(RawLane, u64)>,
     /// How each lane's gateway side ended, by lane index: `Ok` for a FIN, else the read's
     /// error (a reset, or the connection's close).
     pub(crate) lane_ends: mpsc::UnboundedReceiver<(u64, Result<(), quinn::ReadError>)>,
+    /// While set, pings go unanswered: the worker falls silent with its connection up.
+    pub(crate) silent: Arc<AtomicBool>,
 }
 
 impl Raw {
@@ -339,11 +342,13 @@ impl Raw {
         let (cancel_tx, cancels) = mpsc::unbounded_channel();
         let (held_tx, held) = mpsc::unbounded_channel();
         let (ends_tx, lane_ends) = mpsc::unbounded_channel();
+        let silent = Arc::new(AtomicBool::new(false));
         let senders = LaneSenders {
             events,
             cancels: cancel_tx,
             held: held_tx,
             ends: ends_tx,
+            silent: Arc::clone(&silent),
         };
         tokio::spawn(accept_lanes(conn.clone(), senders, stall));
         Self {
@@ -356,6 +361,7 @@ impl Raw {
             cancels,
             held,
             lane_ends,
+            silent,
         }
     }
 
@@ -499,9 +505,10 @@ impl Default for Stall {
 #[derive(Clone)]
 struct LaneSenders {
     events: mpsc::UnboundedSender<LaneEvent>,
-    cancels: mpsc::UnboundedSender<QuicCancel>,
+    cancels: mpsc::UnboundedSender<(RawLane, QuicCancel)>,
     held: mpsc::UnboundedSender<(RawLane, u64)>,
     ends: mpsc::UnboundedSender<(u64, Result<(), quinn::ReadError>)>,
+    silent: Arc<AtomicBool>,
 }
 
 async fn accept_lanes(conn: Connection, senders: LaneSenders, stall: Option<Arc<Stall>>) {
@@ -515,6 +522,7 @@ async fn accept_lanes(conn: Connection, senders: LaneSenders, stall: Option<Arc<
             cancels,
             held,
             ends,
+            silent,
         } = senders.clone();
         let stall = stall.clone();
         tokio::spawn(async move {
@@ -538,6 +546,7 @@ async fn accept_lanes(conn: Connection, senders: LaneSenders, stall: Option<Arc<
                     }
                 };
                 match down.frame {
+                    Some(quic_lane_down::Frame::Ping(_)) if silent.load(Ordering::Relaxed) => {}
                     Some(quic_lane_down::Frame::Ping(ping)) => {
                         lane.send(quic_lane_up::Frame::Pong(QuicPong { seq: ping.seq }))
                             .await;
@@ -546,7 +555,7 @@ async fn accept_lanes(conn: Connection, senders: LaneSenders, stall: Option<Arc<
                         let _ = events.send(LaneEvent(lane.clone(), task));
                     }
                     Some(quic_lane_down::Frame::Cancel(cancel)) => {
-                        let _ = cancels.send(cancel);
+                        let _ = cancels.send((lane.clone(), cancel));
                     }
                     Some(quic_lane_down::Frame::Held(task)) => {
                         let _ = held.send((lane.clone(), task.task_id));

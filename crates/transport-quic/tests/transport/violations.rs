@@ -425,7 +425,7 @@ async fn held_past_their_deadlines(
         assert!(matches!(outcome, ActivityOutcome::TimedOut), "{outcome:?}");
     }
     for _ in 0..2 {
-        let cancel = tokio::time::timeout(crate::support::PATIENCE, raw.cancels.recv())
+        let (_, cancel) = tokio::time::timeout(crate::support::PATIENCE, raw.cancels.recv())
             .await
             .expect("a cancel")
             .expect("the lanes are read");
