@@ -99,6 +99,11 @@ impl WorkerHandle {
         self.0.capacity.subscribe()
     }
 
+    /// The capacity now: the options' until a resize, then the last resize's.
+    pub(crate) fn current_capacity(&self) -> u32 {
+        *self.0.capacity.borrow()
+    }
+
     /// The id of the current registration, `None` while disconnected.
     pub fn worker_id(&self) -> Option<WorkerId> {
         *self.0.registered.borrow()

@@ -127,6 +127,10 @@ impl<L: Link> Worker<L> {
                     let request: Option<ResumeRequest> = lost
                         .as_ref()
                         .map(|lost| self.keeper.resume_request(&lost.grant));
+                    // A resize since the options were set is the capacity the gateway kept for
+                    // a session, and the one to register with afresh: a link opens with it (a
+                    // QUIC resume grants a stream per slot of it before the gateway answers).
+                    self.options.max_concurrency = self.handle.current_capacity();
                     let opened = tokio::select! {
                         () = stop.cancelled() => return Ok(()),
                         // Nothing reaches a disconnected worker, so a drain ends it now; what
@@ -473,6 +477,78 @@ mod tests {
         );
         handle.shutdown();
         assert!(matches!(worker.run().await, Ok(())));
+    }
+
+    /// A link that can resize: records the capacity each open was made with; its first
+    /// connection is lost at once, the next ones serve until the worker stops.
+    #[derive(Default)]
+    struct ResizableLink {
+        opened_with: Mutex<Vec<u32>>,
+    }
+
+    impl Link for std::sync::Arc<ResizableLink> {
+        type Connection = ();
+        type Error = Scripted;
+        const TRANSPORT: &'static str = "resizable";
+        const CAN_DRAIN: bool = true;
+        const CAN_RESIZE: bool = true;
+
+        async fn open(
+            &self,
+            options: &WorkerOptions,
+            _: Option<&ResumeRequest>,
+        ) -> Result<((), Registered), Scripted> {
+            let mut opened = self
+                .opened_with
+                .lock()
+                .map_err(|_| Scripted { permanent: true })?;
+            opened.push(options.max_concurrency);
+            let id = u64::try_from(opened.len()).unwrap_or(u64::MAX);
+            Ok(((), Registered::new(WorkerId::from_raw(id), "q".into())))
+        }
+
+        async fn serve(&self, (): (), _: ConnectionContext<'_>) -> ConnectionEnd<Scripted> {
+            let first = self
+                .opened_with
+                .lock()
+                .map(|o| o.len() == 1)
+                .unwrap_or(false);
+            if first {
+                return ConnectionEnd::ComeBack {
+                    reason: "lost".into(),
+                    shutting_down: false,
+                };
+            }
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnection_opens_with_the_capacity_of_the_last_resize() {
+        let link = std::sync::Arc::new(ResizableLink::default());
+        let mut options = options();
+        options.max_concurrency = 4;
+        let Ok(worker) = Worker::connect(std::sync::Arc::clone(&link), options).await else {
+            panic!("first registration");
+        };
+        let handle = worker.handle();
+        assert!(handle.set_max_concurrency(2000).is_ok());
+        let mut registrations = handle.registrations();
+        let run = tokio::spawn(worker.run());
+        let second = registrations
+            .wait_for(|id| *id == Some(WorkerId::from_raw(2)))
+            .await
+            .map(|id| *id);
+        assert_eq!(second.ok(), Some(Some(WorkerId::from_raw(2))));
+        let opened = link
+            .opened_with
+            .lock()
+            .map(|o| o.clone())
+            .unwrap_or_default();
+        // Control: the first open, before the resize, used the options' capacity.
+        assert_eq!(opened, vec![4, 2000]);
+        handle.shutdown();
+        assert!(matches!(run.await, Ok(Ok(()))));
     }
 
     /// A link shared with the test, so the test can read what it recorded.
