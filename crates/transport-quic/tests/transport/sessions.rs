@@ -565,6 +565,17 @@ async fn refused_resume(gateway: &Gateway, registered: &QuicRegistered) -> (Erro
     raw.closed().await
 }
 
+/// Asserts that a resume of `registered`'s session, with its own secret, is refused as
+/// `unknown_session`: the gateway keeps no session for it.
+async fn assert_no_session(gateway: &Gateway, registered: &QuicRegistered) {
+    let (code, reason) = refused_resume(gateway, registered).await;
+    assert_eq!(code, ErrorCode::ResumeRefused);
+    assert!(
+        reason.starts_with("resume refused: unknown_session"),
+        "{reason}"
+    );
+}
+
 /// Waits for `worker`'s session to be suspended or the worker to leave, whichever comes first.
 async fn suspended_or_left(
     events: &mut tokio::sync::broadcast::Receiver<WorkerEvent>,
@@ -660,12 +671,7 @@ async fn a_silent_worker_without_a_session_is_deregistered_and_cannot_resume() {
         session_id: registered.worker_id,
         ..registered
     };
-    let (code, reason) = refused_resume(&gateway, &registered).await;
-    assert_eq!(code, ErrorCode::ResumeRefused);
-    assert!(
-        reason.starts_with("resume refused: unknown_session"),
-        "{reason}"
-    );
+    assert_no_session(&gateway, &registered).await;
 }
 
 /// A fault the gateway closes the connection for ends a session worker's session: it leaves at
@@ -724,12 +730,7 @@ async fn a_fault_the_gateway_closes_for_ends_the_session_where_a_lost_connection
             outcome_of(dispatch).await,
             ActivityOutcome::Completed(Bytes::from_static(b"done"))
         );
-        let (code, reason) = refused_resume(&gateway, &registered).await;
-        assert_eq!(code, ErrorCode::ResumeRefused);
-        assert!(
-            reason.starts_with("resume refused: unknown_session"),
-            "{reason}"
-        );
+        assert_no_session(&gateway, &registered).await;
     }
 }
 
