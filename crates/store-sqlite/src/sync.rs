@@ -31,9 +31,9 @@ use crate::writer::Reply;
 /// Batches the writer may hand on before it waits for the syncer: one, so the writer commits
 /// the next batch while the syncer syncs and hands it on at once, and the syncer's next round
 /// takes it without waiting for the writer (docs/benchmarks.md, sessions 17, 23 and 26: 1.00
-/// to 1.05× the throughput of the rendezvous, never less). Running
-/// further ahead commits more, smaller batches for the same syncs: more WAL pages written per
-/// dispatch (a fifth more CPU per `Submit`, measured with 4; two against one, 0.98×).
+/// to 1.05× the throughput of the rendezvous, never less). Running further ahead commits
+/// more, smaller batches for the same syncs: more WAL pages written per dispatch (a fifth more
+/// CPU per `Submit`, measured with 4; two against one, 0.98×).
 const QUEUED_BATCHES: usize = 1;
 
 /// Makes everything written to the WAL so far durable.
