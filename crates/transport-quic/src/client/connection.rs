@@ -325,6 +325,11 @@ impl Replies {
         }
     }
 
+    /// Whether `task` was routed to a lane and its reply has not gone out yet.
+    pub(crate) fn awaits_reply(&self, task: TaskId) -> bool {
+        self.routes.contains_key(&task)
+    }
+
     /// Where `reply` goes, or `None` while its lane is not known yet.
     fn reply(&mut self, reply: TaskReply) -> Option<(Route, TaskReply)> {
         let task = match &reply {

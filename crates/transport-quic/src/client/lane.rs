@@ -229,11 +229,11 @@ async fn serve(
     // cost a spawn and a wake-up each. Should the lane end first, it moves onto a task of its
     // own (see `InlineTask`), so no handler stops with its lane.
     let mut inline: Option<InlineTask> = None;
+    // The last task routed to this lane (read here, by copy, or held after a resume): the lane
+    // is busy until its reply has gone out.
+    let mut last_task: Option<TaskId> = None;
     loop {
         let event = tokio::select! {
-            // Biased, the task's end first: a copy of the next task, sent once the gateway
-            // has the result, is then never taken for an early one.
-            biased;
             () = run_inline(&mut inline), if inline.is_some() => {
                 inline = None;
                 None
@@ -282,8 +282,10 @@ async fn serve(
             }
             Some((seq, task)) = next_copy(&mut copies) => {
                 let Some(router) = &context.copies else { continue };
-                // The lane's task still running (its inline task) makes any copy early.
-                if numbers.datagram_task(seq, inline.is_some()) == CopyVerdict::Start {
+                // The lane's task still running makes any copy early.
+                let busy =
+                    last_task.is_some_and(|task| lock(&context.replies).awaits_reply(task));
+                if numbers.datagram_task(seq, busy) == CopyVerdict::Start {
                     router.counters.used();
                     Some(LaneEvent::Task(route(seq), activity_task(task)))
                 } else {
@@ -293,6 +295,11 @@ async fn serve(
             }
         };
         if let Some(event) = event {
+            match &event {
+                LaneEvent::Task(_, task) => last_task = Some(task.task_id),
+                LaneEvent::Held(_, task) => last_task = Some(*task),
+                LaneEvent::Cancel(_) => {}
+            }
             act(conn, context, event, &mut inline)?;
         }
     }
