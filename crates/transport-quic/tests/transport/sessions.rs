@@ -44,8 +44,18 @@ async fn eligible(
     addr: std::net::SocketAddr,
     resumable: bool,
 ) -> (Raw, QuicRegistered) {
+    eligible_with(gateway, addr, resumable, client_config(gateway)).await
+}
+
+/// [`eligible`], dialing with `config`.
+async fn eligible_with(
+    gateway: &Gateway,
+    addr: std::net::SocketAddr,
+    resumable: bool,
+    config: quinn::ClientConfig,
+) -> (Raw, QuicRegistered) {
     let mut events = gateway.registry().subscribe_events();
-    let mut raw = Raw::dial(addr, "127.0.0.1:0", client_config(gateway), None).await;
+    let mut raw = Raw::dial(addr, "127.0.0.1:0", config, None).await;
     let registered = raw
         .register(switchyard_proto::v1::QuicRegister {
             resumable,
@@ -249,6 +259,83 @@ async fn a_lost_connection_suspends_and_a_resume_takes_the_held_task_s_result_on
         other => panic!("expected results_ack, got {other:?}"),
     }
     assert_eq!(gateway.core.dispatcher().refused().unknown, 0);
+}
+
+/// `docs/quic-protocol.md` 5.1, how fast a blackout ends a connection: a blackout shorter than
+/// the QUIC idle timeout is invisible. The connection, its lane and the task on it survive, what
+/// was lost is sent again, and the worker is neither suspended nor resumed; its result after the
+/// blackout completes the task. Control: on the same connection, a blackout that outlasts the
+/// idle timeout suspends the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackout_shorter_than_the_idle_timeout_is_invisible_and_a_longer_one_suspends() {
+    const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+    // Four of the gateway's keep-alive intervals, so packets are lost both ways, and a fifth of
+    // the idle timeout, so the timeout cannot end the connection even on a slow machine.
+    const SHORT_BLACKOUT: Duration = Duration::from_millis(400);
+    let config = QuicServerConfig {
+        connection: ConnectionConfig {
+            max_idle_timeout: IDLE_TIMEOUT,
+            keep_alive_interval: Some(Duration::from_millis(100)),
+            ..ConnectionConfig::default()
+        },
+        ..QuicServerConfig::default()
+    };
+    let gateway = Gateway::with(config, AllowAll).await;
+    let relay = UdpRelay::start(gateway.addr()).await.unwrap();
+    // The worker's own keep-alives are packets sure to be lost in the blackout, so QUIC has
+    // something to send again once the path is back.
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(Duration::from_millis(50)));
+    let mut client = client_config(&gateway);
+    client.transport_config(std::sync::Arc::new(transport));
+    let mut events = gateway.registry().subscribe_events();
+    let (mut raw, registered) = eligible_with(&gateway, relay.addr(), true, client).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    let dispatch = dispatch(&gateway, b"in", PATIENCE);
+    let (lane, task) = raw.next_task().await;
+    let lost_before = raw.conn.stats().path.lost_packets;
+
+    relay.freeze();
+    // The blackout itself: a length of time, with nothing to wait for.
+    tokio::time::sleep(SHORT_BLACKOUT).await;
+    relay.thaw();
+    lane.send(output(task.task_id, "after the blackout")).await;
+    assert_eq!(
+        outcome_of(dispatch).await,
+        ActivityOutcome::Completed(Bytes::from_static(b"after the blackout")),
+        "the task survived on its lane"
+    );
+    // Losses are declared when a later packet is acknowledged, which may come after the result.
+    eventually("the blackout lost packets of the worker's", || {
+        raw.conn.stats().path.lost_packets > lost_before
+    })
+    .await;
+    assert!(raw.conn.close_reason().is_none(), "the connection lives");
+    assert!(
+        gateway
+            .registry()
+            .worker(worker)
+            .is_some_and(|w| w.suspended_for.is_none()),
+        "the same worker id, registered and not suspended"
+    );
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            !matches!(
+                event,
+                WorkerEvent::Suspended { worker: w, .. }
+                    | WorkerEvent::Disconnected { worker: w, .. }
+                    | WorkerEvent::Resumed { worker: w } if w == worker
+            ),
+            "the short blackout was seen: {event:?}"
+        );
+    }
+
+    relay.freeze();
+    let ended = suspended_or_left(&mut events, worker).await;
+    assert!(
+        matches!(ended, WorkerEvent::Suspended { .. }),
+        "the long blackout: {ended:?}"
+    );
 }
 
 /// A worker that shrank its capacity while two tasks ran resumes holding more tasks than it
