@@ -761,19 +761,56 @@ async fn a_silent_worker_without_a_session_is_deregistered_and_cannot_resume() {
     assert_no_session(&gateway, &registered).await;
 }
 
+/// A resumable raw worker behind a relay, holding the task of one dispatch.
+struct Holding {
+    gateway: Gateway,
+    relay: UdpRelay,
+    events: tokio::sync::broadcast::Receiver<WorkerEvent>,
+    raw: Raw,
+    registered: QuicRegistered,
+    worker: WorkerId,
+    dispatch: tokio::task::JoinHandle<ActivityOutcome>,
+    task: switchyard_proto::v1::QuicTask,
+}
+
+/// Registers a resumable raw worker through a relay and dispatches one task with `timeout` to
+/// it; returns once the worker holds the task.
+async fn holding_a_task(timeout: Duration) -> Holding {
+    let gateway = gateway().await;
+    let relay = UdpRelay::start(gateway.addr()).await.unwrap();
+    let events = gateway.registry().subscribe_events();
+    let (mut raw, registered) = resumable(&gateway, relay.addr()).await;
+    let worker = WorkerId::from_raw(registered.worker_id);
+    let dispatch = dispatch(&gateway, b"in", timeout);
+    let (_lane, task) = raw.next_task().await;
+    Holding {
+        gateway,
+        relay,
+        events,
+        raw,
+        registered,
+        worker,
+        dispatch,
+        task,
+    }
+}
+
 /// A fault the gateway closes the connection for ends a session worker's session: it leaves at
 /// once, its task goes to another worker as a new attempt, and a resume finds no session.
 /// Control: the same worker's lost connection suspends it, its task waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_the_gateway_closes_for_ends_the_session_where_a_lost_connection_suspends() {
     for lost in [true, false] {
-        let gateway = gateway().await;
-        let relay = UdpRelay::start(gateway.addr()).await.unwrap();
-        let mut events = gateway.registry().subscribe_events();
-        let (mut raw, registered) = resumable(&gateway, relay.addr()).await;
-        let worker = WorkerId::from_raw(registered.worker_id);
-        let dispatch = dispatch(&gateway, b"in", PATIENCE);
-        let (_lane, task) = raw.next_task().await;
+        let Holding {
+            gateway,
+            relay,
+            mut events,
+            mut raw,
+            registered,
+            worker,
+            dispatch,
+            task,
+        } = holding_a_task(PATIENCE).await;
         if lost {
             relay.freeze();
         } else {
@@ -827,14 +864,18 @@ async fn a_fault_the_gateway_closes_for_ends_the_session_where_a_lost_connection
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_instead_of_a_cancel_ack_after_a_resume_is_refused_late() {
     for answers_with_result in [true, false] {
-        let gateway = gateway().await;
-        let relay = UdpRelay::start(gateway.addr()).await.unwrap();
-        let mut events = gateway.registry().subscribe_events();
-        let (mut old, registered) = resumable(&gateway, relay.addr()).await;
-        let worker = WorkerId::from_raw(registered.worker_id);
         // Suspension takes the 500 ms idle timeout; the deadline is well after it.
-        let dispatch = dispatch(&gateway, b"in", Duration::from_secs(3));
-        let (_lane, task) = old.next_task().await;
+        let Holding {
+            gateway,
+            relay,
+            mut events,
+            registered,
+            worker,
+            dispatch,
+            task,
+            // Kept open: the relay's freeze, not a close, is what suspends it.
+            raw: _old,
+        } = holding_a_task(Duration::from_secs(3)).await;
         relay.freeze();
         let ended = suspended_or_left(&mut events, worker).await;
         assert!(matches!(ended, WorkerEvent::Suspended { .. }), "{ended:?}");
