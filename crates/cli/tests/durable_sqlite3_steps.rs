@@ -102,7 +102,7 @@ async fn the_documented_sqlite3_steps_inspect_back_up_and_restore_a_running_stor
     assert_eq!(one.split('|').count(), 9, "{one:?}");
     assert_eq!(
         sqlite3(&["-readonly", text(&store), "PRAGMA user_version;"]),
-        "2"
+        "3"
     );
     assert_eq!(
         sqlite3(&["-readonly", text(&store), "PRAGMA application_id;"]),

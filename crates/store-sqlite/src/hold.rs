@@ -273,7 +273,8 @@ mod tests {
             Op::Barrier,
             Op::Purge {
                 finished_before: SystemTime::now(),
-                limit: 1,
+                after_seq: 0,
+                window: 1,
             },
         ] {
             let batch = vec![command(record(&id), Some(later)), command(other, None)];

@@ -21,6 +21,7 @@ mod lock;
 mod open_error;
 mod ops;
 mod options;
+mod purge;
 mod reads;
 mod schema;
 mod statements;

@@ -16,6 +16,7 @@ use switchyard_core::{
 use crate::backlog::Backlog;
 use crate::codec::{RawOutcome, to_nanos, worker_to_sql};
 use crate::insert::{NewRow, insert_one};
+use crate::purge::Purged;
 use crate::statements::{Sql, Statements};
 
 /// The bounds `record` enforces.
@@ -51,10 +52,12 @@ pub(crate) enum Op {
     },
     /// Writes nothing: answered once every command sent before it is committed.
     Barrier,
-    /// Deletes at most `limit` rows finished before `finished_before`.
+    /// One step of the purge ([`crate::purge`]): of the `window` rows after `after_seq`,
+    /// deletes those finished before `finished_before`.
     Purge {
         finished_before: SystemTime,
-        limit: u64,
+        after_seq: i64,
+        window: u64,
     },
 }
 
@@ -64,7 +67,7 @@ pub(crate) enum Answer {
     Recorded(Recorded),
     Completion(Completion),
     Done,
-    Purged(u64),
+    Purged(Purged),
 }
 
 /// Why one write did not happen.
@@ -139,13 +142,14 @@ impl Op {
             }
             Self::Purge {
                 finished_before,
-                limit,
-            } => {
-                let deleted = statements
-                    .get(Sql::Purge)?
-                    .execute(params![to_nanos(*finished_before), limit])?;
-                Ok(Answer::Purged(deleted as u64))
-            }
+                after_seq,
+                window,
+            } => Ok(Answer::Purged(crate::purge::step(
+                statements,
+                *finished_before,
+                *after_seq,
+                *window,
+            )?)),
         }
     }
 }

@@ -14,7 +14,7 @@ pub(crate) const APPLICATION_ID: u32 = 0x5357_5944;
 
 /// The schema this build writes, and the newest it reads; it opens every older one, migrating
 /// it first ([`migrate`]).
-pub(crate) const SCHEMA_VERSION: i64 = 2;
+pub(crate) const SCHEMA_VERSION: i64 = 3;
 
 /// How long a connection waits for another's lock (a reader during a checkpoint) before it
 /// reports busy.
@@ -24,12 +24,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// to, and SQLite's default (2 MiB) makes a large backlog spill to the OS between batches.
 const WRITER_CACHE_KIB: i64 = 16 * 1024;
 
-/// Schema version 2. Times are nanoseconds since the Unix epoch; `seq` is the submission
-/// order among equal `submitted_at_ns`. The indexes a write maintains are kept few: the pool
-/// index covers only unfinished rows (the census, the restart's `unfinished` and the backlog
-/// count at open read it, sorting when they need another order), so a finished row costs the
-/// table, the `id` index and `finished_at_ns` (the retention's purge) and nothing else.
-const SCHEMA_V2: &str = "
+/// Schema version 3. Times are nanoseconds since the Unix epoch; `seq` is the recording
+/// order. The indexes a write maintains are kept few: the pool index covers only unfinished
+/// rows (the census, the restart's `unfinished` and the backlog count at open read it, sorting
+/// when they need another order), and the retention's purge walks the table in `seq` order
+/// ([`crate::purge`]), so a finished row costs the table and the `id` index and nothing else.
+const SCHEMA_V3: &str = "
 CREATE TABLE dispatches (
     seq               INTEGER PRIMARY KEY,
     id                TEXT    NOT NULL UNIQUE,
@@ -61,13 +61,15 @@ CREATE INDEX dispatches_pool
     WHERE state <> 'finished';
 CREATE UNIQUE INDEX dispatches_idempotency ON dispatches (namespace, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
-CREATE INDEX dispatches_finished_at ON dispatches (finished_at_ns)
-    WHERE finished_at_ns IS NOT NULL;
 ";
 
 /// From schema 1 to 2: schema 1 had a second index of unfinished rows by submission time,
 /// which every unfinished write maintained and only a restart read.
 const MIGRATE_1_TO_2: &str = "DROP INDEX IF EXISTS dispatches_unfinished;";
+
+/// From schema 2 to 3: schema 2 indexed finished rows by finishing time, which every finished
+/// row paid for and only the retention's purge read; the purge now walks the table instead.
+const MIGRATE_2_TO_3: &str = "DROP INDEX IF EXISTS dispatches_finished_at;";
 
 /// What a file's header and catalogue say it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,7 +166,7 @@ pub(crate) fn open_writer(path: &Path, synchronous: Synchronous) -> Result<Conne
 
 fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
     let tx = conn.unchecked_transaction()?;
-    tx.execute_batch(SCHEMA_V2)?;
+    tx.execute_batch(SCHEMA_V3)?;
     // Bit pattern of the id as SQLite's signed 32-bit integer.
     tx.pragma_update(None, "application_id", APPLICATION_ID as i32)?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
@@ -187,6 +189,9 @@ fn migrate_then_commit(
     let tx = conn.unchecked_transaction()?;
     if from <= 1 {
         tx.execute_batch(MIGRATE_1_TO_2)?;
+    }
+    if from <= 2 {
+        tx.execute_batch(MIGRATE_2_TO_3)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     before_commit();
@@ -276,7 +281,7 @@ mod tests {
         assert_eq!(pragma(&full, "journal_mode"), "wal");
         assert_eq!(pragma(&full, "synchronous"), "2", "FULL");
         assert_eq!(pragma(&full, "application_id"), APPLICATION_ID.to_string());
-        assert_eq!(pragma(&full, "user_version"), "2");
+        assert_eq!(pragma(&full, "user_version"), "3");
         let normal =
             open_writer(&dir.path().join("normal.sqlite3"), Synchronous::Normal).expect("open");
         assert_eq!(pragma(&normal, "synchronous"), "1", "NORMAL");
@@ -293,7 +298,11 @@ mod tests {
             identify(APPLICATION_ID, 2, 5),
             Identity::Store { version: 2 }
         );
-        assert_eq!(identify(APPLICATION_ID, 3, 5), Identity::Newer { found: 3 });
+        assert_eq!(
+            identify(APPLICATION_ID, 3, 5),
+            Identity::Store { version: 3 }
+        );
+        assert_eq!(identify(APPLICATION_ID, 4, 5), Identity::Newer { found: 4 });
         assert_eq!(identify(7, 0, 1), Identity::Foreign { found: 7 });
         assert_eq!(
             identify(0, 0, 1),
@@ -312,28 +321,68 @@ mod tests {
     /// Whether the child stops before its commit until it is killed (else it commits).
     const CHILD_STALLS: &str = "SWITCHYARD_MIGRATION_CHILD_STALLS";
 
-    /// A schema-1 store at `path`: this schema with the index schema 1 had beside it.
+    /// Schema 2's index that schema 3 dropped.
+    const SCHEMA_2_INDEX: &str = "CREATE INDEX dispatches_finished_at ON dispatches
+        (finished_at_ns) WHERE finished_at_ns IS NOT NULL;";
+
+    /// A schema-2 store at `path`: this schema with the index schema 2 had beside it.
+    fn write_schema_2(path: &Path) {
+        let conn = open_writer(path, Synchronous::Full).expect("open");
+        conn.execute_batch(&format!("{SCHEMA_2_INDEX} PRAGMA user_version = 2;"))
+            .expect("schema 2");
+    }
+
+    /// A schema-1 store at `path`: this schema with the indexes schema 1 had beside it.
     fn write_schema_1(path: &Path) {
         let conn = open_writer(path, Synchronous::Full).expect("open");
-        conn.execute_batch(
+        conn.execute_batch(&format!(
             "CREATE INDEX dispatches_unfinished ON dispatches (submitted_at_ns)
                  WHERE state <> 'finished';
-             PRAGMA user_version = 1;",
-        )
+             {SCHEMA_2_INDEX}
+             PRAGMA user_version = 1;"
+        ))
         .expect("schema 1");
     }
 
-    /// `(user_version, whether the index schema 1 had is there)` of the store at `path`.
-    fn version_and_old_index(path: &Path) -> (String, bool) {
+    /// `(user_version, the indexes older schemas had that are there)` of the store at `path`.
+    fn version_and_old_indexes(path: &Path) -> (String, Vec<String>) {
         let conn = Connection::open(path).expect("open");
-        let old_index: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_schema WHERE name = 'dispatches_unfinished'",
-                [],
-                |row| row.get(0),
+        let old: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_schema WHERE name IN \
+                 ('dispatches_unfinished', 'dispatches_finished_at') ORDER BY name",
             )
-            .expect("catalogue");
-        (pragma(&conn, "user_version"), old_index == 1)
+            .expect("prepare")
+            .query_map([], |row| row.get(0))
+            .expect("catalogue")
+            .collect::<Result<_, _>>()
+            .expect("names");
+        (pragma(&conn, "user_version"), old)
+    }
+
+    /// What a schema-1 store has before its migration.
+    fn schema_1() -> (String, Vec<String>) {
+        let old = ["dispatches_finished_at", "dispatches_unfinished"];
+        ("1".to_owned(), old.map(str::to_owned).to_vec())
+    }
+
+    /// What a migrated store has.
+    fn migrated() -> (String, Vec<String>) {
+        (SCHEMA_VERSION.to_string(), Vec::new())
+    }
+
+    #[test]
+    fn a_schema_2_store_opens_as_schema_3_without_its_finishing_time_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store.sqlite3");
+        write_schema_2(&path);
+        let before = version_and_old_indexes(&path);
+        assert_eq!(
+            before,
+            ("2".to_owned(), vec!["dispatches_finished_at".to_owned()])
+        );
+        drop(open_writer(&path, Synchronous::Full).expect("open and migrate"));
+        assert_eq!(version_and_old_indexes(&path), migrated());
     }
 
     /// The child: migrates the schema-1 store it is given, printing `migrating` once every
@@ -396,19 +445,19 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("store.sqlite3");
         write_schema_1(&path);
-        assert_eq!(version_and_old_index(&path), ("1".to_owned(), true));
+        assert_eq!(version_and_old_indexes(&path), schema_1());
 
         // Killed with every change made and none committed: schema 1, whole.
         assert!(!run_child(&path, true), "killed before its commit");
-        assert_eq!(version_and_old_index(&path), ("1".to_owned(), true));
+        assert_eq!(version_and_old_indexes(&path), schema_1());
         // The next start migrates it.
         drop(open_writer(&path, Synchronous::Full).expect("reopen after the crash"));
-        assert_eq!(version_and_old_index(&path), ("2".to_owned(), false));
+        assert_eq!(version_and_old_indexes(&path), migrated());
 
         // Control: the same child left to commit migrates the store.
         let control = dir.path().join("control.sqlite3");
         write_schema_1(&control);
         assert!(run_child(&control, false));
-        assert_eq!(version_and_old_index(&control), ("2".to_owned(), false));
+        assert_eq!(version_and_old_indexes(&control), migrated());
     }
 }

@@ -28,8 +28,10 @@ pub(crate) enum Sql {
     Claim,
     /// A state note: queued again.
     Release,
-    /// Finished rows past their retention deleted.
-    Purge,
+    /// A window of rows in `seq` order, as the purge judges them ([`crate::purge`]).
+    PurgeScan,
+    /// One row deleted by `seq`.
+    PurgeRow,
     /// The bytes of the store's pages in use (pages freed by deletes are reused, so they
     /// count as free).
     BytesInUse,
@@ -37,7 +39,7 @@ pub(crate) enum Sql {
 
 impl Sql {
     /// How many statements there are.
-    const COUNT: usize = 10;
+    const COUNT: usize = 11;
 
     /// Its text.
     pub(crate) fn text(self) -> &'static str {
@@ -71,10 +73,11 @@ impl Sql {
                 "UPDATE dispatches SET state = 'queued', not_before_ns = ?2, worker = NULL, \
                  parked_reason = NULL WHERE id = ?1 AND state <> 'finished'"
             }
-            Self::Purge => {
-                "DELETE FROM dispatches WHERE seq IN (SELECT seq FROM dispatches \
-                 WHERE finished_at_ns < ?1 LIMIT ?2)"
+            Self::PurgeScan => {
+                "SELECT seq, submitted_at_ns, finished_at_ns FROM dispatches WHERE seq > ?1 \
+                 ORDER BY seq LIMIT ?2"
             }
+            Self::PurgeRow => "DELETE FROM dispatches WHERE seq = ?1",
             Self::BytesInUse => {
                 "SELECT (c.page_count - f.freelist_count) * s.page_size \
                  FROM pragma_page_count() c, pragma_freelist_count() f, pragma_page_size() s"
@@ -136,7 +139,8 @@ mod tests {
         Sql::Park,
         Sql::Claim,
         Sql::Release,
-        Sql::Purge,
+        Sql::PurgeScan,
+        Sql::PurgeRow,
         Sql::BytesInUse,
     ];
 

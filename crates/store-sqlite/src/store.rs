@@ -28,9 +28,9 @@ use crate::writer::{BatchPolicy, Command, Writer};
 /// Commands the writer's channel holds, in batches: senders wait beyond that.
 const QUEUED_BATCHES: usize = 4;
 
-/// Finished rows one purge transaction deletes at most, so records interleave with a long
-/// purge.
-const PURGE_CHUNK: u64 = 4096;
+/// Rows one purge transaction reads at most (and so deletes at most), so records interleave
+/// with a long purge.
+const PURGE_WINDOW: u64 = 4096;
 
 /// The embedded durable-dispatch store: one SQLite file in WAL mode, one writer thread that
 /// group-commits every write, reads on their own connections on tokio's blocking pool.
@@ -376,16 +376,20 @@ impl DispatchStore for SqliteStore {
 
     async fn purge(&self, finished_before: SystemTime) -> Result<u64, DispatchStoreError> {
         let mut deleted = 0;
+        // The walk starts before the first row.
+        let mut after_seq = i64::MIN;
         loop {
             let op = Op::Purge {
                 finished_before,
-                limit: PURGE_CHUNK,
+                after_seq,
+                window: PURGE_WINDOW,
             };
             match self.write(op).await? {
-                Answer::Purged(n) => {
-                    deleted += n;
-                    if n < PURGE_CHUNK {
-                        return Ok(deleted);
+                Answer::Purged(step) => {
+                    deleted += step.deleted;
+                    match step.resume_after {
+                        Some(seq) => after_seq = seq,
+                        None => return Ok(deleted),
                     }
                 }
                 other => return Err(mismatched(&other)),

@@ -267,13 +267,15 @@ async fn census_counts_waiting_and_running_per_pool_with_the_oldest_age() {
 async fn purge_deletes_only_what_finished_before_the_cutoff() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = fixtures::open(dir.path());
-    let cutoff = SystemTime::now();
+    // After the three submissions, as a retention's cutoff is.
+    let cutoff = SystemTime::now() + Duration::from_secs(10);
     let (early, late, open) = (
         fixtures::keyed("ns", "early"),
         fixtures::dispatch("ns", "late"),
         fixtures::dispatch("ns", "open"),
     );
-    for d in [&early, &late, &open] {
+    // The due one recorded last: rows the purge keeps do not stop it.
+    for d in [&open, &late, &early] {
         store.record(d.clone()).await.expect("record");
     }
     let outcome = fixtures::completed("");
@@ -307,7 +309,7 @@ async fn purge_deletes_only_what_finished_before_the_cutoff() {
 }
 
 #[tokio::test]
-async fn a_purge_larger_than_one_chunk_deletes_everything_due() {
+async fn a_purge_longer_than_one_window_deletes_everything_due() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = std::sync::Arc::new(fixtures::open(dir.path()));
     let at = SystemTime::now();
@@ -327,7 +329,9 @@ async fn a_purge_larger_than_one_chunk_deletes_everything_due() {
     for task in tasks {
         task.await.expect("task");
     }
-    assert_eq!(store.purge(at + Duration::from_secs(1)).await, Ok(5000));
+    // After every submission (the purge stops at the first dispatch submitted at or after it).
+    let cutoff = SystemTime::now() + Duration::from_secs(1);
+    assert_eq!(store.purge(cutoff).await, Ok(5000));
     assert!(
         store
             .list(&Default::default())
@@ -335,6 +339,39 @@ async fn a_purge_larger_than_one_chunk_deletes_everything_due() {
             .expect("list")
             .is_empty()
     );
+}
+
+#[tokio::test]
+async fn a_purge_ends_at_the_first_dispatch_submitted_at_or_after_its_cutoff() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = fixtures::open(dir.path());
+    let cutoff = SystemTime::now();
+    let outcome = fixtures::completed("");
+    // Recorded in this order: one submitted before the cutoff, one at it, then one stamped
+    // before it again (as after the clock was set back); all finished before it.
+    let mut first = fixtures::dispatch("ns", "first");
+    first.submitted_at = cutoff - Duration::from_secs(30);
+    let mut at_cutoff = fixtures::dispatch("ns", "at the cutoff");
+    at_cutoff.submitted_at = cutoff;
+    let mut stamped_earlier = fixtures::dispatch("ns", "stamped earlier");
+    stamped_earlier.submitted_at = cutoff - Duration::from_secs(20);
+    for d in [&first, &at_cutoff, &stamped_earlier] {
+        store.record(d.clone()).await.expect("record");
+        let finished = cutoff - Duration::from_secs(10);
+        store
+            .complete(&d.id, &outcome, finished)
+            .await
+            .expect("complete");
+    }
+
+    assert_eq!(store.purge(cutoff).await, Ok(1), "only the first");
+    assert_eq!(store.get(&first.id).await.expect("get"), None);
+    for kept in [&at_cutoff, &stamped_earlier] {
+        assert!(store.get(&kept.id).await.expect("get").is_some());
+    }
+    // Control: a cutoff after the second's submission reaches the third too.
+    let later = cutoff + Duration::from_secs(1);
+    assert_eq!(store.purge(later).await, Ok(2));
 }
 
 /// A record and its dispatch's complete issued together (one batch: the row goes in finished)

@@ -201,12 +201,11 @@ async fn a_schema_1_store_is_migrated_and_keeps_its_dispatches() {
     // The backlog bound counts the two unfinished rows found at open.
     drop(store);
 
-    assert_eq!(user_version(&path), 2, "migrated");
+    assert_eq!(user_version(&path), 3, "migrated");
     let migrated = indexes(&path);
-    assert!(
-        !migrated.contains(&"dispatches_unfinished".to_owned()),
-        "{migrated:?}"
-    );
+    for dropped in ["dispatches_unfinished", "dispatches_finished_at"] {
+        assert!(!migrated.contains(&dropped.to_owned()), "{migrated:?}");
+    }
     // Control: a store created by this release has the same indexes as a migrated one.
     let fresh = tempfile::tempdir().expect("tempdir");
     drop(fixtures::open(fresh.path()));

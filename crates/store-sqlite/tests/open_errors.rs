@@ -120,17 +120,17 @@ fn a_store_of_a_newer_schema_is_refused_naming_both_versions() {
             .pragma_update(None, "user_version", version)
             .expect("user_version");
     };
-    set_version(3);
+    set_version(4);
     assert_eq!(
         open_error(&path),
         format!(
-            "store {}: written by a newer version of Switchyard (found schema 3, this build \
-             reads up to 2)",
+            "store {}: written by a newer version of Switchyard (found schema 4, this build \
+             reads up to 3)",
             path.display()
         )
     );
-    // Control: the same file at schema 2 opens.
-    set_version(2);
+    // Control: the same file at schema 3 opens.
+    set_version(3);
     let store = SqliteStore::open(&path, SqliteOptions::default());
     assert!(store.is_ok(), "{store:?}");
 }
