@@ -19,7 +19,9 @@
 # TASKS (200000), PAYLOAD (64), ROUNDS (3), NATS_PORT (14233), RUN_TIMEOUT (600, seconds per run),
 # RESULTS (bench/results/cluster), BEFORE_BIN (unset; a directory holding another build's
 # `switchyard`: each round then also runs its cluster bench, between the baseline and this
-# build's, and the summary adds its rows as "before ...", for an interleaved A/B).
+# build's, and the summary adds its rows as "before ...", for an interleaved A/B),
+# NODE_THREADS (unset; the worker threads of each node's runtime, `--node-worker-threads`,
+# for this build's cluster runs only: the baseline and the bench process keep the default).
 # Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard`
 # and `switchyard-baselines`:
 #   cargo build --release --locked -p switchyard --bin switchyard
@@ -43,6 +45,7 @@ NATS_PORT=${NATS_PORT:-14233}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 RESULTS=${RESULTS:-$ROOT/bench/results/cluster}
 BEFORE_BIN=${BEFORE_BIN:-}
+NODE_THREADS=${NODE_THREADS:-}
 
 . "$ROOT/bench/lib/nats.sh"
 bench_preflight "$SWITCHYARD" "$BASELINES" ${BEFORE_BIN:+"$BEFORE_BIN/switchyard"}
@@ -62,7 +65,8 @@ for round in $(seq "$ROUNDS"); do
             nats) command=("$BASELINES" nats --server "127.0.0.1:$NATS_PORT" "${KNOBS[@]}") ;;
             # The bench starts a nats-server of its own (the same program), so it can
             # also report that server's CPU time per dispatch.
-            cluster) command=("$SWITCHYARD" bench --cluster "$NODES" "${KNOBS[@]}") ;;
+            cluster) command=("$SWITCHYARD" bench --cluster "$NODES" "${KNOBS[@]}"
+                              ${NODE_THREADS:+--node-worker-threads "$NODE_THREADS"}) ;;
             before) command=("$BEFORE_BIN/switchyard" bench --cluster "$NODES" "${KNOBS[@]}") ;;
         esac
         echo "round $round $config: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$RESULTS/load.txt" >&2

@@ -23,6 +23,8 @@ const MAX_SERVICE_TIME_US: u64 = 10_000_000;
 const MAX_CONNECTIONS: u32 = 64;
 /// Most nodes `--cluster` starts.
 const MAX_NODES: u32 = 8;
+/// The most worker threads `--node-worker-threads` gives a node.
+const MAX_NODE_WORKER_THREADS: u16 = 64;
 
 /// Which worker transport the bench's workers use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -258,6 +260,11 @@ pub(crate) struct BenchArgs {
     /// the messages per dispatch.
     #[arg(long, value_name = "ADDR", requires = "nats_url")]
     pub(crate) nats_monitor: Option<SocketAddr>,
+    /// Worker threads of each --cluster node's async runtime (1..=64; the nodes get it as
+    /// `TOKIO_WORKER_THREADS`) [default: the bench's environment's `TOKIO_WORKER_THREADS`, else
+    /// one per core].
+    #[arg(long, value_name = "N", requires = "cluster")]
+    pub(crate) node_worker_threads: Option<u16>,
 }
 
 impl BenchArgs {
@@ -341,6 +348,13 @@ impl BenchArgs {
         if !(2..=MAX_NODES).contains(&nodes) {
             return Err(Failure::usage(format!(
                 "--cluster {nodes}: must be 2..={MAX_NODES}"
+            )));
+        }
+        if let Some(threads) = self.node_worker_threads
+            && !(1..=MAX_NODE_WORKER_THREADS).contains(&threads)
+        {
+            return Err(Failure::usage(format!(
+                "--node-worker-threads {threads}: must be 1..={MAX_NODE_WORKER_THREADS}"
             )));
         }
         let refused = [

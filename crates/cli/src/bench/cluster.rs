@@ -364,4 +364,18 @@ pub(super) mod tests {
         // Control: the same flags without --cluster are accepted.
         assert!(args(&["--idle-workers", "10"]).validate().is_ok());
     }
+
+    #[test]
+    fn node_worker_threads_must_be_1_to_64() {
+        let threads = |n: &str| args(&["--cluster", "3", "--node-worker-threads", n]).validate();
+        for refused in ["0", "65"] {
+            let failure = threads(refused).err().map(|f| f.message);
+            assert_eq!(
+                failure.as_deref(),
+                Some(format!("--node-worker-threads {refused}: must be 1..=64").as_str())
+            );
+        }
+        // Control: the ends of the range are accepted.
+        assert!(threads("1").is_ok() && threads("64").is_ok());
+    }
 }

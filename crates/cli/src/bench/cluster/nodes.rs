@@ -151,6 +151,13 @@ pub(crate) struct NodeSpec<'a> {
     pub(crate) cluster: Option<(&'a str, &'a str)>,
 }
 
+/// The environment that sizes a node's async runtime: `TOKIO_WORKER_THREADS` when
+/// `--node-worker-threads` is given (tokio reads it when `serve` builds its runtime), else
+/// nothing (the node inherits the bench's environment).
+fn runtime_env(threads: Option<u16>) -> Option<(&'static str, String)> {
+    threads.map(|threads| ("TOKIO_WORKER_THREADS", threads.to_string()))
+}
+
 /// A running `switchyard serve` node and how to reach it.
 pub(crate) struct Node {
     /// Its name.
@@ -186,6 +193,7 @@ impl Node {
             .arg("--config")
             .arg(&config)
             .env_remove("RUST_LOG")
+            .envs(runtime_env(args.node_worker_threads))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr);
@@ -357,6 +365,27 @@ mod tests {
             },
         );
         assert!(!lone.contains("[cluster]"));
+    }
+
+    #[test]
+    fn node_worker_threads_reach_the_node_as_tokio_worker_threads() {
+        let args =
+            crate::bench::cluster::tests::args(&["--cluster", "3", "--node-worker-threads", "1"]);
+        let mut command = Command::new("serve");
+        command.envs(runtime_env(args.node_worker_threads));
+        let envs: Vec<_> = command.get_envs().collect();
+        assert_eq!(
+            envs,
+            [(
+                std::ffi::OsStr::new("TOKIO_WORKER_THREADS"),
+                Some(std::ffi::OsStr::new("1"))
+            )]
+        );
+        // Control: without the flag the node's environment is left as it is.
+        let args = crate::bench::cluster::tests::args(&["--cluster", "3"]);
+        let mut command = Command::new("serve");
+        command.envs(runtime_env(args.node_worker_threads));
+        assert_eq!(command.get_envs().count(), 0);
     }
 
     #[test]
