@@ -80,6 +80,14 @@ async fn eligible_with(
     (raw, registered)
 }
 
+/// Whether `worker` is suspended; `None` while it is not registered at all.
+fn suspended(gateway: &Gateway, worker: WorkerId) -> Option<bool> {
+    gateway
+        .registry()
+        .worker(worker)
+        .map(|w| w.suspended_for.is_some())
+}
+
 fn resume_frame(registered: &QuicRegistered, secret: Bytes, running: Vec<u64>) -> QuicResume {
     QuicResume {
         protocol_version: 1,
@@ -311,11 +319,9 @@ async fn a_blackout_shorter_than_the_idle_timeout_is_invisible_and_a_longer_one_
     })
     .await;
     assert!(raw.conn.close_reason().is_none(), "the connection lives");
-    assert!(
-        gateway
-            .registry()
-            .worker(worker)
-            .is_some_and(|w| w.suspended_for.is_none()),
+    assert_eq!(
+        suspended(&gateway, worker),
+        Some(false),
         "the same worker id, registered and not suspended"
     );
     while let Ok(event) = events.try_recv() {
@@ -450,13 +456,7 @@ async fn a_wrong_secret_is_refused_by_name_and_changes_nothing() {
         reason.starts_with("resume refused: wrong_secret"),
         "{reason}"
     );
-    assert!(
-        gateway
-            .registry()
-            .worker(worker)
-            .is_some_and(|w| w.suspended_for.is_some()),
-        "still suspended"
-    );
+    assert_eq!(suspended(&gateway, worker), Some(true), "still suspended");
     // Control: the right secret resumes the same session.
     let mut owner = Raw::connect(&gateway).await;
     owner
@@ -500,13 +500,7 @@ async fn a_resume_while_the_old_connection_lives_closes_the_old_one_superseded()
         gateway.server.registered_workers() == 1
     })
     .await;
-    assert!(
-        gateway
-            .registry()
-            .worker(worker)
-            .is_some_and(|w| w.suspended_for.is_none()),
-        "not suspended"
-    );
+    assert_eq!(suspended(&gateway, worker), Some(false), "not suspended");
     // The newer connection serves the worker: a dispatch reaches it there.
     let dispatch = gateway.dispatch("work", b"x");
     let answer = async {
@@ -723,11 +717,9 @@ async fn a_silent_session_worker_is_closed_deregistered_yet_suspended_and_resume
         matches!(ended, WorkerEvent::Suspended { .. }),
         "not suspended: {ended:?}"
     );
-    assert!(
-        gateway
-            .registry()
-            .worker(worker)
-            .is_some_and(|w| w.suspended_for.is_some()),
+    assert_eq!(
+        suspended(&gateway, worker),
+        Some(true),
         "suspended after its connection's end"
     );
     let (_new, answer) = resume(&gateway, &registered).await;
