@@ -3,13 +3,17 @@
 //! Schema 3 keeps no index of finishing times (every finished row paid for one and only the
 //! purge read it). The purge walks the table in `seq` order instead, a window of rows per
 //! transaction, and stops at the first row submitted at or after the cutoff: a dispatch cannot
-//! finish before it was submitted, and rows are recorded in submission order, so no row after
-//! it can be due. What one walk reads is therefore the rows it deletes plus the old rows that
-//! are not due yet (unfinished, or finished within the retention), not the whole table.
+//! finish before it was submitted, and rows are recorded in about submission order, so a row
+//! after it is due only if it was recorded out of that order. What one walk reads is therefore
+//! the rows it deletes plus the old rows that are not due yet (unfinished, or finished within
+//! the retention), not the whole table.
 //!
-//! Submission order is the wall clock's: a clock set back by some time makes rows recorded
-//! after that look older than the ones before, and the walk stops at the first of the latter
-//! until the clock has caught up, so those rows are deleted up to that much later.
+//! Two things put rows out of submission order, and a row behind the stop waits for a later
+//! walk: submissions racing to the writer, and a record held a few milliseconds for its
+//! outcome ([`crate::hold`]), which only matter for rows submitted right at the cutoff (the
+//! next walk, a purge interval later, deletes them); and the wall clock set back, which makes
+//! rows recorded after that look older than the ones before, so they are deleted up to that
+//! much later.
 
 use std::time::SystemTime;
 
