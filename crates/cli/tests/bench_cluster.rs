@@ -153,6 +153,11 @@ fn three_nodes_complete_every_dispatch_and_only_the_cross_node_path_uses_nats() 
         .map(|node| node.as_str().unwrap())
         .collect();
     assert_eq!(cross_nodes, ["n2", "n2", "n3", "n3"]);
+    // The cross phase starts once the local phase's workers have left n1: its gRPC workers,
+    // stopped without a drain, stay suspended there for the reconnect grace (5 s) otherwise.
+    // Control: the local phase counts its own four there.
+    assert_eq!(report["local"]["producer_node_workers"], 4);
+    assert_eq!(report["cross"]["producer_node_workers"], 0);
     // Forwarded dispatches cross NATS: an offer request and its answer (which carries the ends
     // of tasks done within the taker's linger; a longer one adds an outcome message), shared
     // by up to 64 dispatches of a pool under load (docs/cluster.md, Batched offers). So some

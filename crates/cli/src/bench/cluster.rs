@@ -7,7 +7,8 @@
 //! - `local`: node 1 of the cluster with the workers connected to it (the local path, which
 //!   must cost what a lone node costs and send nothing to NATS);
 //! - `cross`: the producer on node 1, the workers spread over nodes 2..N (every dispatch is
-//!   forwarded over NATS).
+//!   forwarded over NATS); it starts once node 1 holds no worker of the `local` phase (a
+//!   gRPC worker stopped without a drain stays registered, suspended, for the reconnect grace).
 //!
 //! Each phase reports the JSON of a load run plus the NATS messages it caused, read from the
 //! NATS server's `/varz` before and after. Every process is killed when the run ends, fails or
@@ -49,6 +50,9 @@ struct PhaseReport<'a> {
     producer_node: String,
     /// The nodes the workers connected to, one per worker.
     worker_nodes: Vec<String>,
+    /// Workers registered on the producer's node as the measured run started, suspended
+    /// ones included: the phase's own workers there, and none in `cross`.
+    producer_node_workers: u32,
     /// The load run's figures, as `switchyard bench` prints them.
     #[serde(flatten)]
     load: LoadReport<'a>,
@@ -166,8 +170,20 @@ async fn phase<'a>(
                 .wait_eligible(ACTIVITY, *workers, READY_DEADLINE)
                 .await?;
         }
+        if !worker_nodes.iter().any(|node| node.name == producer.name) {
+            // An earlier phase's workers on the producer's node are stopped without a drain
+            // (gRPC has none) and keep their sessions for the reconnect grace: until they are
+            // gone, every dispatch there would also queue for them and count them.
+            producer
+                .target
+                .wait_no_workers(&producer.name, ACTIVITY, READY_DEADLINE)
+                .await?;
+        }
         warm_up(&producer.target).await?;
         settle(nats).await?;
+        let producer_node_workers =
+            Target::node_workers(&mut producer.target.api().await?, &producer.name, ACTIVITY)
+                .await?;
         let served_before = served(&fleets);
         let traffic_before = counters(nats).await?;
         let processes = processes(nats, producer, worker_nodes);
@@ -207,6 +223,7 @@ async fn phase<'a>(
                 .zip(&placement)
                 .flat_map(|(node, &workers)| (0..workers).map(|_| node.name.clone()))
                 .collect(),
+            producer_node_workers,
             load,
             traffic,
             cpu_us_per_dispatch_by_process: split_before

@@ -254,6 +254,55 @@ impl Target {
         }
     }
 
+    /// How many workers serving `activity` are registered on this cluster node (`node`, its
+    /// `cluster.node`), suspended ones included: this node's part of the cluster's census.
+    pub(crate) async fn node_workers(
+        api: &mut Api,
+        node: &str,
+        activity: &str,
+    ) -> Result<u32, Failure> {
+        let pool = api
+            .describe_pool(pb::DescribePoolRequest {
+                namespace: NAMESPACE.to_owned(),
+                activity_type: activity.to_owned(),
+                ..pb::DescribePoolRequest::default()
+            })
+            .await
+            .map_err(|status| Failure::status(&status))?
+            .into_inner();
+        Ok(pool
+            .nodes
+            .iter()
+            .find(|part| part.gateway_node == node)
+            .and_then(|part| part.census.as_ref())
+            .map_or(0, |census| census.compatible))
+    }
+
+    /// Waits until [`Target::node_workers`] reads 0 (a worker stopped without a drain keeps
+    /// its session, suspended, for the reconnect grace); returns how long it took.
+    pub(crate) async fn wait_no_workers(
+        &self,
+        node: &str,
+        activity: &str,
+        deadline: Duration,
+    ) -> Result<Duration, Failure> {
+        let started = Instant::now();
+        let mut api = self.api().await?;
+        loop {
+            let workers = Self::node_workers(&mut api, node, activity).await?;
+            if workers == 0 {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > deadline {
+                return Err(Failure::runtime(format!(
+                    "{workers} workers still registered on {node} after {} s",
+                    deadline.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// How many finished durable dispatches of namespace `bench` the gateway's store lists
     /// (at most [`MAX_LISTED`]); `None` when the listing is refused (it needs the operator
     /// role) or fails.
