@@ -29,11 +29,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::hints::Hints;
+use crate::id_hash::IdHash;
 use crate::members::Members;
-use crate::names::{Names, pool_hash, pool_key};
-use crate::offers::{Heard, OfferQueues, Queued, Tries};
+use crate::names::{Names, pool_key};
+use crate::offers::{Address, Heard, OfferQueues, PoolRef, Queued, Tries};
 use crate::status::{ClusterStatus, Standing};
-use crate::wire::{self, CancelMeta, EntryAnswer, OfferEntry, OfferHeader, RemoteEnd};
+use crate::wire::{self, CancelMeta, EntryAnswer, OfferEntry, RemoteEnd};
 
 /// How long an offer waits for its "taken" or "busy".
 const OFFER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -60,7 +61,7 @@ pub(crate) struct Forwarder {
     member_ttl: Duration,
     next_forward: AtomicU64,
     /// Forwarded dispatches waiting for their end, by forward id.
-    waiting: Mutex<HashMap<u64, Waiting>>,
+    waiting: Mutex<HashMap<u64, Waiting, IdHash>>,
     /// The capacity announcements and joins heard, which wake parked dispatches.
     hints: Hints,
     /// Dispatches waiting to be offered, per pool.
@@ -84,7 +85,7 @@ impl Forwarder {
             members,
             member_ttl,
             next_forward: AtomicU64::new(1),
-            waiting: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(HashMap::default()),
             hints: Hints::default(),
             queues: Mutex::new(OfferQueues::default()),
         })
@@ -94,7 +95,7 @@ impl Forwarder {
         self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting>> {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiting, IdHash>> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -134,30 +135,44 @@ impl Forwarder {
         }
     }
 
-    async fn offer(self: Arc<Self>, offer: OverflowOffer) -> Offered {
+    /// Offers a dispatch: finds its pool's queue now (the request is borrowed), then the
+    /// returned future queues it and hears the answers.
+    fn offer(self: &Arc<Self>, offer: OverflowOffer<'_>) -> OverflowFuture<Offered> {
         if self.status.standing() != Standing::Joined {
-            return Offered::NoTaker;
+            return Box::pin(std::future::ready(Offered::NoTaker));
         }
         let OverflowOffer {
             request,
             deadline,
             attempt_offset,
         } = offer;
-        let header = OfferHeader {
-            origin: self.node.clone(),
-            namespace: request.namespace,
-            task_queue: request.task_queue,
-            activity_type: request.activity_type,
-            node: request.node,
+        let address = Address {
+            namespace: &request.namespace,
+            task_queue: switchyard_core::normalise_task_queue(&request.task_queue),
+            activity_type: &request.activity_type,
+            node: request.node.as_deref().filter(|n| !n.is_empty()),
         };
-        let forward = self.next_forward.fetch_add(1, Ordering::Relaxed);
+        let pool = self
+            .queues()
+            .find(&self.node, address, |key| self.offer_subject(key));
         let timeout = deadline.saturating_duration_since(Instant::now());
         let entry = OfferEntry {
-            forward,
+            forward: self.next_forward.fetch_add(1, Ordering::Relaxed),
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             attempt_offset,
-            input: request.input,
+            input: request.input.clone(),
         };
+        Box::pin(Arc::clone(self).offered(pool, entry))
+    }
+
+    /// The offer subject of the pool whose key is `key`.
+    fn offer_subject(&self, key: u64) -> String {
+        self.names.offer(&format!("{key:016x}"))
+    }
+
+    /// Queues `entry` in `pool` and hears its answer, again while a "busy" answer allows.
+    async fn offered(self: Arc<Self>, pool: PoolRef, entry: OfferEntry) -> Offered {
+        let forward = entry.forward;
         let (ended_tx, ended) = oneshot::channel();
         self.waiting().insert(
             forward,
@@ -177,7 +192,7 @@ impl Forwarder {
             watch.unanswered = true;
             let (heard_tx, heard) = oneshot::channel();
             self.enqueue(
-                &header,
+                &pool,
                 Queued {
                     entry: entry.clone(),
                     heard: heard_tx,
@@ -215,31 +230,24 @@ impl Forwarder {
 
     /// Queues a dispatch for its pool's next batch, starting a sender when the pool has a
     /// batch slot free.
-    fn enqueue(self: &Arc<Self>, header: &OfferHeader, queued: Queued) {
-        let start = {
-            self.queues().push(header, queued, || {
-                self.names.offer(&pool_hash(
-                    &header.namespace,
-                    switchyard_core::normalise_task_queue(&header.task_queue),
-                    &header.activity_type,
-                    header.node.as_deref().filter(|n| !n.is_empty()),
-                ))
-            })
-        };
+    fn enqueue(self: &Arc<Self>, pool: &PoolRef, queued: Queued) {
+        let start = self
+            .queues()
+            .push(pool, queued, |key| self.offer_subject(key));
         if start {
-            tokio::spawn(Arc::clone(self).send_batches(header.clone()));
+            tokio::spawn(Arc::clone(self).send_batches(pool.clone()));
         }
     }
 
     /// Offers the pool's queued dispatches, a batch at a time, until none is queued; each
     /// dispatch hears its own answer.
-    async fn send_batches(self: Arc<Self>, header: OfferHeader) {
+    async fn send_batches(self: Arc<Self>, pool: PoolRef) {
         loop {
             let next = {
                 let mut queues = self.queues();
-                queues.get_mut(&header).and_then(|pool| {
-                    let batch = pool.next_batch(OFFER_BATCH)?;
-                    Some((batch, pool.subject.clone()))
+                queues.get_mut(&pool).and_then(|queue| {
+                    let batch = queue.next_batch(OFFER_BATCH)?;
+                    Some((batch, queue.subject.clone()))
                 })
             };
             let Some((batch, subject)) = next else { return };
@@ -247,7 +255,7 @@ impl Forwarder {
                 .into_iter()
                 .map(|queued| (queued.entry, queued.heard))
                 .unzip();
-            let body = wire::encode_offers(&header, &entries);
+            let body = wire::encode_offers(&pool.header, &entries);
             let asked = self
                 .client
                 .send_request(
@@ -319,7 +327,7 @@ struct Waiting {
 /// channel: another process holds the taker's name now, or (once this node has been
 /// connected for a whole TTL, `settled`) its entry aged out.
 fn lost_takers(
-    waiting: &mut HashMap<u64, Waiting>,
+    waiting: &mut HashMap<u64, Waiting, IdHash>,
     members: &Members,
     settled: bool,
     ttl: Duration,
@@ -376,8 +384,8 @@ impl Overflow for ClusterOverflow {
         self.1
     }
 
-    fn offer(&self, offer: OverflowOffer) -> OverflowFuture<Offered> {
-        Box::pin(Arc::clone(&self.0).offer(offer))
+    fn offer(&self, offer: OverflowOffer<'_>) -> OverflowFuture<Offered> {
+        self.0.offer(offer)
     }
 
     fn capacity_hint(&self, request: &ActivityRequest) -> OverflowFuture<()> {
@@ -488,7 +496,7 @@ mod tests {
         let mut members = Members::default();
         members.seen("a", 1, start);
         members.seen("b", 2, start);
-        let mut waiting = HashMap::new();
+        let mut waiting = HashMap::default();
         let (on_a, _a) = waiting_on("a", Some(1));
         let (on_b, _b) = waiting_on("b", Some(2));
         let (offered, _o) = oneshot::channel();

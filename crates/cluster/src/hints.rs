@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::id_hash::IdHash;
+
 /// Pools whose announcements are tracked before the ones no hint waits on are forgotten.
 const TRACKED_POOLS: usize = 1024;
 
@@ -51,7 +53,7 @@ impl Generation {
 /// joined.
 #[derive(Debug, Default)]
 pub(crate) struct Hints {
-    pools: Mutex<HashMap<u64, Arc<Generation>>>,
+    pools: Mutex<HashMap<u64, Arc<Generation>, IdHash>>,
     joined: Arc<Generation>,
 }
 

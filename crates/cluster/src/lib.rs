@@ -17,6 +17,7 @@ mod config;
 mod error;
 mod forward;
 mod hints;
+mod id_hash;
 mod kv_bucket;
 mod members;
 mod membership;

@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use crate::id_hash::IdHash;
+use crate::names::pool_key;
 use crate::wire::{EntryAnswer, OfferEntry, OfferHeader};
 
 /// The most input bytes one batch carries (a single larger input still goes, alone): well
@@ -88,17 +90,66 @@ pub(crate) struct Queued {
     pub(crate) heard: oneshot::Sender<Heard>,
 }
 
+/// A pool's address as a dispatch carries it (task queue normalised, empty node as none):
+/// borrowed, so finding its queue copies nothing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Address<'a> {
+    pub(crate) namespace: &'a str,
+    pub(crate) task_queue: &'a str,
+    pub(crate) activity_type: &'a str,
+    pub(crate) node: Option<&'a str>,
+}
+
+impl Address<'_> {
+    /// The pool's key ([`pool_key`]): the queues' hash, and the offer subject in hex.
+    pub(crate) fn key(&self) -> u64 {
+        pool_key(
+            self.namespace,
+            self.task_queue,
+            self.activity_type,
+            self.node,
+        )
+    }
+
+    fn is(&self, header: &OfferHeader) -> bool {
+        header.namespace == self.namespace
+            && header.task_queue == self.task_queue
+            && header.activity_type == self.activity_type
+            && header.node.as_deref() == self.node
+    }
+
+    fn header(&self, origin: &str) -> OfferHeader {
+        OfferHeader {
+            origin: origin.to_owned(),
+            namespace: self.namespace.to_owned(),
+            task_queue: self.task_queue.to_owned(),
+            activity_type: self.activity_type.to_owned(),
+            node: self.node.map(str::to_owned),
+        }
+    }
+}
+
+/// A pool's queue as a dispatch holds on to it between offers: its key and the header its
+/// batches carry (shared with the queue, so a dispatch copies no name).
+#[derive(Clone, Debug)]
+pub(crate) struct PoolRef {
+    key: u64,
+    pub(crate) header: Arc<OfferHeader>,
+}
+
 /// One pool's queue and its batches out.
 #[derive(Debug)]
 pub(crate) struct PoolQueue {
+    header: Arc<OfferHeader>,
     pub(crate) subject: String,
     waiting: VecDeque<Queued>,
     in_flight: usize,
 }
 
 impl PoolQueue {
-    fn new(subject: String) -> Self {
+    fn new(header: Arc<OfferHeader>, subject: String) -> Self {
         Self {
+            header,
             subject,
             waiting: VecDeque::new(),
             in_flight: 0,
@@ -151,45 +202,71 @@ impl PoolQueue {
     }
 }
 
-/// Every pool's queue, by the offer header its dispatches share.
+/// Every pool's queue, by pool key (pools whose keys collide share an entry, told apart by
+/// their header).
 #[derive(Debug, Default)]
 pub(crate) struct OfferQueues {
-    pools: HashMap<OfferHeader, PoolQueue>,
+    pools: HashMap<u64, Vec<PoolQueue>, IdHash>,
 }
 
 impl OfferQueues {
-    /// The queue for `header`, created with `subject` when new.
-    pub(crate) fn pool(
+    /// The queue of `address` for dispatches from `origin`, created with `subject` when new;
+    /// finding a tracked pool (every dispatch after its pool's first) copies nothing.
+    pub(crate) fn find(
         &mut self,
-        header: &OfferHeader,
-        subject: impl FnOnce() -> String,
-    ) -> &mut PoolQueue {
-        if !self.pools.contains_key(header) && self.pools.len() >= TRACKED_POOLS {
-            self.pools.retain(|_, pool| !pool.idle());
+        origin: &str,
+        address: Address<'_>,
+        subject: impl FnOnce(u64) -> String,
+    ) -> PoolRef {
+        let key = address.key();
+        if let Some(pool) = self
+            .pools
+            .get(&key)
+            .and_then(|pools| pools.iter().find(|pool| address.is(&pool.header)))
+        {
+            return PoolRef {
+                key,
+                header: Arc::clone(&pool.header),
+            };
         }
-        self.pools
-            .entry(header.clone())
-            .or_insert_with(|| PoolQueue::new(subject()))
+        let header = Arc::new(address.header(origin));
+        self.insert(key, PoolQueue::new(Arc::clone(&header), subject(key)));
+        PoolRef { key, header }
     }
 
-    /// Queues `queued` in `header`'s pool (created with `subject` when new); true when the
-    /// caller must start a sender (see [`PoolQueue::push`]). A pool already tracked (every
-    /// dispatch after its pool's first) costs one lookup and no copy of the header.
+    fn insert(&mut self, key: u64, pool: PoolQueue) {
+        if !self.pools.contains_key(&key) && self.pools.len() >= TRACKED_POOLS {
+            self.pools.retain(|_, pools| {
+                pools.retain(|pool| !pool.idle());
+                !pools.is_empty()
+            });
+        }
+        self.pools.entry(key).or_default().push(pool);
+    }
+
+    /// Queues `queued` in `pool`'s queue (created again with `subject` if it was forgotten
+    /// while idle); true when the caller must start a sender (see [`PoolQueue::push`]).
     pub(crate) fn push(
         &mut self,
-        header: &OfferHeader,
+        pool: &PoolRef,
         queued: Queued,
-        subject: impl FnOnce() -> String,
+        subject: impl FnOnce(u64) -> String,
     ) -> bool {
-        match self.pools.get_mut(header) {
-            Some(pool) => pool.push(queued),
-            None => self.pool(header, subject).push(queued),
+        if let Some(queue) = self.get_mut(pool) {
+            return queue.push(queued);
         }
+        let mut queue = PoolQueue::new(Arc::clone(&pool.header), subject(pool.key));
+        let start = queue.push(queued);
+        self.insert(pool.key, queue);
+        start
     }
 
-    /// The queue for `header`, if it exists.
-    pub(crate) fn get_mut(&mut self, header: &OfferHeader) -> Option<&mut PoolQueue> {
-        self.pools.get_mut(header)
+    /// `pool`'s queue, if it is tracked.
+    pub(crate) fn get_mut(&mut self, pool: &PoolRef) -> Option<&mut PoolQueue> {
+        self.pools
+            .get_mut(&pool.key)?
+            .iter_mut()
+            .find(|queue| Arc::ptr_eq(&queue.header, &pool.header) || *queue.header == *pool.header)
     }
 }
 
@@ -241,14 +318,19 @@ mod tests {
     use super::*;
     use crate::wire::{MAX_BATCH, RemoteEnd};
 
-    fn header() -> OfferHeader {
-        OfferHeader {
-            origin: "a".to_owned(),
-            namespace: "ns".to_owned(),
-            task_queue: "q".to_owned(),
-            activity_type: "act".to_owned(),
+    fn address() -> Address<'static> {
+        Address {
+            namespace: "ns",
+            task_queue: "q",
+            activity_type: "act",
             node: None,
         }
+    }
+
+    /// The queue of the test pool, created on first use.
+    fn pool(queues: &mut OfferQueues) -> &mut PoolQueue {
+        let pool = queues.find("a", address(), |_| "offer.p".to_owned());
+        queues.get_mut(&pool).expect("just found")
     }
 
     fn queued(forward: u64) -> (Queued, oneshot::Receiver<Heard>) {
@@ -273,7 +355,7 @@ mod tests {
     #[test]
     fn an_idle_pool_sends_at_once_and_a_busy_one_gathers_a_batch() {
         let mut queues = OfferQueues::default();
-        let pool = queues.pool(&header(), || "offer.p".to_owned());
+        let pool = pool(&mut queues);
         let mut receivers = Vec::new();
         // The first MAX_IN_FLIGHT dispatches each start a sender, with a batch of one.
         for forward in 0..MAX_IN_FLIGHT as u64 {
@@ -302,9 +384,46 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_is_found_by_its_address_and_one_forgotten_while_idle_comes_back() {
+        let mut queues = OfferQueues::default();
+        let mut made = 0;
+        let first = queues.find("a", address(), |_| {
+            made += 1;
+            "offer.p".to_owned()
+        });
+        assert_eq!(first.header.origin, "a");
+        assert_eq!(first.header.namespace, "ns");
+        let again = queues.find("a", address(), |_| unreachable!("tracked"));
+        assert!(
+            Arc::ptr_eq(&first.header, &again.header),
+            "one queue per pool"
+        );
+        // Control: another node pin is another pool.
+        let pinned = Address {
+            node: Some("n1"),
+            ..address()
+        };
+        let other = queues.find("a", pinned, |_| {
+            made += 1;
+            "offer.q".to_owned()
+        });
+        assert_eq!(made, 2);
+        assert!(!Arc::ptr_eq(&first.header, &other.header));
+        assert_eq!(other.header.node.as_deref(), Some("n1"));
+        // A pool forgotten while idle is queued in again by a dispatch still holding it.
+        queues.pools.clear();
+        let (q, _r) = queued(1);
+        assert!(queues.push(&first, q, |_| "offer.p".to_owned()));
+        assert_eq!(
+            queues.get_mut(&again).map(|pool| pool.subject.as_str()),
+            Some("offer.p")
+        );
+    }
+
+    #[test]
     fn a_batch_stops_at_its_byte_budget_but_a_large_input_still_goes_alone() {
         let mut queues = OfferQueues::default();
-        let pool = queues.pool(&header(), || "offer.p".to_owned());
+        let pool = pool(&mut queues);
         let mut keep = Vec::new();
         for (forward, size) in [
             (1, BATCH_BYTES * 2),
@@ -362,7 +481,7 @@ mod tests {
     #[test]
     fn a_dispatch_that_stopped_waiting_is_not_offered() {
         let mut queues = OfferQueues::default();
-        let pool = queues.pool(&header(), || "offer.p".to_owned());
+        let pool = pool(&mut queues);
         let (first, _keep) = queued(1);
         let (gone, dropped) = queued(2);
         let (last, _keep_too) = queued(3);

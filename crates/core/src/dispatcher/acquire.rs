@@ -173,7 +173,7 @@ impl Dispatcher {
                 .map(|overflow| {
                     let hint = overflow.capacity_hint(request);
                     let offered = overflow.offer(OverflowOffer {
-                        request: request.clone(),
+                        request,
                         deadline,
                         attempt_offset: hooks.attempt_offset,
                     });
@@ -190,15 +190,12 @@ impl Dispatcher {
         // selection. An arrival meanwhile is seen when the offer comes back untaken or has been
         // out for `OFFERED_UNLISTED`, whichever is first.
         let mut waiting_deferred = offering.is_some()
-            && registry
-                .pool_census(
-                    pool.namespace,
-                    pool.task_queue,
-                    pool.activity_type,
-                    pool.node,
-                )
-                .compatible
-                == 0;
+            && !registry.has_compatible_workers(
+                pool.namespace,
+                pool.task_queue,
+                pool.activity_type,
+                pool.node,
+            );
         let mut hint: Option<OverflowFuture<()>> = None;
         let mut no_taker = false;
         // An offer went unanswered: a node may have started the task (see `Offered`).

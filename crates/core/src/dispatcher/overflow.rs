@@ -19,10 +19,10 @@ pub type OverflowFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// What a parked dispatch offers: its request (task queue normalised, empty node as none) and
 /// when its caller stops waiting.
-#[derive(Clone, Debug)]
-pub struct OverflowOffer {
-    /// The request as the caller made it.
-    pub request: ActivityRequest,
+#[derive(Clone, Copy, Debug)]
+pub struct OverflowOffer<'a> {
+    /// The request as the caller made it (borrowed: the overflow copies what it keeps).
+    pub request: &'a ActivityRequest,
     /// When the dispatch's deadline passes.
     pub deadline: Instant,
     /// Deliveries already made for this dispatch (the remote attempt is one more).
@@ -65,7 +65,7 @@ pub enum Forwarded {
 /// Other gateway nodes a dispatch may be offered to when no local worker takes it.
 pub trait Overflow: Send + Sync + 'static {
     /// Offers a dispatch that found no local worker.
-    fn offer(&self, offer: OverflowOffer) -> OverflowFuture<Offered>;
+    fn offer(&self, offer: OverflowOffer<'_>) -> OverflowFuture<Offered>;
 
     /// Resolves when another node may have gained a free slot for `request`'s pool since this
     /// call (the parked dispatch then offers again). The dispatcher takes one as each offer

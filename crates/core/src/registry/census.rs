@@ -214,6 +214,28 @@ impl PoolCensus {
 }
 
 impl Registry {
+    /// Whether the pool has any compatible worker (on `node` when given), whatever its
+    /// standing: [`PoolCensus::compatible`] above zero, without counting the rest.
+    pub fn has_compatible_workers(
+        &self,
+        namespace: &str,
+        task_queue: &str,
+        activity_type: &str,
+        node: Option<&str>,
+    ) -> bool {
+        let task_queue = normalise_task_queue(task_queue);
+        let state = self.inner.lock();
+        state
+            .rotation(namespace, task_queue, activity_type)
+            .is_some_and(|rotation| {
+                rotation
+                    .members
+                    .values()
+                    .filter_map(|slot| state.workers.at(*slot))
+                    .any(|entry| node_matches(entry, node))
+            })
+    }
+
     /// Counts the pool's workers by standing for a dispatch of `activity_type` (on `node`).
     pub fn pool_census(
         &self,
@@ -238,7 +260,7 @@ impl Registry {
                 .filter_map(|slot| state.workers.at(*slot))
             {
                 census.activity_workers += 1;
-                if node.is_some_and(|n| entry.worker.node().map(|w| w.as_str()) != Some(n)) {
+                if !node_matches(entry, node) {
                     continue;
                 }
                 census.compatible += 1;
@@ -282,4 +304,10 @@ impl Registry {
         }
         census
     }
+}
+
+/// Whether `entry` runs on `node` (any worker matches when no node is asked for): one rule for
+/// the census and [`Registry::has_compatible_workers`].
+fn node_matches(entry: &super::workers::WorkerEntry, node: Option<&str>) -> bool {
+    node.is_none_or(|n| entry.worker.node().map(|w| w.as_str()) == Some(n))
 }

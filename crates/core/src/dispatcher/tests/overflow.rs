@@ -58,7 +58,7 @@ impl Drop for DropSignal {
 }
 
 impl Overflow for Scripted {
-    fn offer(&self, offer: OverflowOffer) -> OverflowFuture<Offered> {
+    fn offer(&self, offer: OverflowOffer<'_>) -> OverflowFuture<Offered> {
         self.offers
             .lock()
             .expect("test lock")

@@ -353,3 +353,35 @@ async fn draining_a_suspended_worker_lets_it_go_as_drained() {
     // Control: the reason names the drain, not a lost connection.
     assert_eq!(reasons, vec![crate::DisconnectReason::Drained]);
 }
+
+/// The cheap question the dispatcher asks before it parks agrees with the census's
+/// `compatible` count: the activity and node must match, the standing does not.
+#[test]
+fn has_compatible_workers_answers_as_the_census_counts_compatible_workers() {
+    let registry = Registry::default();
+    let asks = [
+        ("greet", None),
+        ("greet", Some("n1")),
+        ("greet", Some("n2")),
+        ("audit", None),
+    ];
+    let agree = |registry: &Registry| {
+        asks.map(|(activity, node)| {
+            let census = registry.pool_census("default", "general", activity, node);
+            let has = registry.has_compatible_workers("default", "general", activity, node);
+            assert_eq!(has, census.compatible > 0, "{activity} on {node:?}");
+            has
+        })
+    };
+    // Control: nobody is registered, so nothing is compatible.
+    assert_eq!(agree(&registry), [false; 4]);
+    let _greeter = admit(
+        &registry,
+        registration(&["default"], "general", "n1", &["greet"]),
+    );
+    assert_eq!(agree(&registry), [true, true, false, false]);
+    // A worker running a task is as compatible as an idle one.
+    let held = hold(&registry, "default", "general", "greet");
+    assert!(held.is_some());
+    assert_eq!(agree(&registry), [true, true, false, false]);
+}
