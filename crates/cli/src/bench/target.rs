@@ -228,29 +228,16 @@ impl Target {
                     .eligible
                     .try_into()
                     .unwrap_or(u32::MAX),
-                (None, Some(api)) => api
-                    .describe_pool(pb::DescribePoolRequest {
-                        namespace: NAMESPACE.to_owned(),
-                        activity_type: activity.to_owned(),
-                        ..pb::DescribePoolRequest::default()
-                    })
-                    .await
-                    .map_err(|status| Failure::status(&status))?
-                    .into_inner()
+                (None, Some(api)) => describe(api, activity)
+                    .await?
                     .census
                     .map_or(0, |census| census.eligible),
                 (None, None) => 0,
             };
-            if eligible >= want {
-                return Ok(started.elapsed());
+            let late = || format!("only {eligible} of {want} workers eligible");
+            if let Some(end) = turn(started, deadline, eligible >= want, late).await {
+                return end;
             }
-            if started.elapsed() > deadline {
-                return Err(Failure::runtime(format!(
-                    "only {eligible} of {want} workers eligible after {} s",
-                    deadline.as_secs()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -261,15 +248,7 @@ impl Target {
         node: &str,
         activity: &str,
     ) -> Result<u32, Failure> {
-        let pool = api
-            .describe_pool(pb::DescribePoolRequest {
-                namespace: NAMESPACE.to_owned(),
-                activity_type: activity.to_owned(),
-                ..pb::DescribePoolRequest::default()
-            })
-            .await
-            .map_err(|status| Failure::status(&status))?
-            .into_inner();
+        let pool = describe(api, activity).await?;
         Ok(pool
             .nodes
             .iter()
@@ -290,16 +269,10 @@ impl Target {
         let mut api = self.api().await?;
         loop {
             let workers = Self::node_workers(&mut api, node, activity).await?;
-            if workers == 0 {
-                return Ok(started.elapsed());
+            let late = || format!("{workers} workers still registered on {node}");
+            if let Some(end) = turn(started, deadline, workers == 0, late).await {
+                return end;
             }
-            if started.elapsed() > deadline {
-                return Err(Failure::runtime(format!(
-                    "{workers} workers still registered on {node} after {} s",
-                    deadline.as_secs()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -365,4 +338,38 @@ fn describe_in_process(gateway: &Gateway) -> Result<(SocketAddr, SocketAddr, Str
         .dev_ca_path()
         .ok_or_else(|| Failure::runtime("the bench needs development TLS material"))?;
     Ok((api_addr, quic_addr, read_ca(ca_path)?))
+}
+
+/// `DescribePool` of `activity` in namespace `bench`.
+async fn describe(api: &mut Api, activity: &str) -> Result<pb::DescribePoolReply, Failure> {
+    api.describe_pool(pb::DescribePoolRequest {
+        namespace: NAMESPACE.to_owned(),
+        activity_type: activity.to_owned(),
+        ..pb::DescribePoolRequest::default()
+    })
+    .await
+    .map(tonic::Response::into_inner)
+    .map_err(|status| Failure::status(&status))
+}
+
+/// One turn of a wait started at `started`: the time it took once `done`, a failure saying
+/// `late()` once past `deadline`, else `None` after a 10 ms pause.
+async fn turn(
+    started: Instant,
+    deadline: Duration,
+    done: bool,
+    late: impl FnOnce() -> String,
+) -> Option<Result<Duration, Failure>> {
+    if done {
+        return Some(Ok(started.elapsed()));
+    }
+    if started.elapsed() > deadline {
+        return Some(Err(Failure::runtime(format!(
+            "{} after {} s",
+            late(),
+            deadline.as_secs()
+        ))));
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    None
 }
