@@ -350,45 +350,59 @@ impl Dispatcher {
     /// held-bytes quota, or the caller already has a dispatch with this activity id in flight
     /// in the namespace (another principal's ids are not seen); refused when it would park
     /// past a parked quota ([`DispatchError::QuotaExceeded`]).
-    pub async fn dispatch(
-        &self,
-        caller: &CallerIdentity,
+    ///
+    /// (A plain function returning [`Dispatcher::dispatch_with`]'s future: an `async fn`
+    /// layer would keep its own copy of `request` beside the one it passes on.)
+    pub fn dispatch<'a>(
+        &'a self,
+        caller: &'a CallerIdentity,
         request: ActivityRequest,
-    ) -> Result<ActivityOutcome, DispatchError> {
+    ) -> impl Future<Output = Result<ActivityOutcome, DispatchError>> + 'a {
         self.dispatch_with(caller, request, DispatchHooks::default())
-            .await
     }
 
     /// [`Dispatcher::dispatch`], telling `hooks` when the task is delivered or parks, with
     /// attempts counted from `hooks.attempt_offset`; a `hooks.durable` dispatch is exempt
     /// from the parked-count and held-bytes quotas.
-    pub async fn dispatch_with(
-        &self,
-        caller: &CallerIdentity,
+    ///
+    /// (An `async move` block rather than an `async fn`: the block keeps `request` and `hooks`
+    /// once, where an `async fn` also copies its arguments into locals, and every dispatch's
+    /// future is copied whole into its caller's task.)
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would hold request and hooks twice"
+    )]
+    pub fn dispatch_with<'a>(
+        &'a self,
+        caller: &'a CallerIdentity,
         request: ActivityRequest,
         mut hooks: DispatchHooks,
-    ) -> Result<ActivityOutcome, DispatchError> {
-        self.check(caller, &request)?;
-        let held = self.inner.quotas.hold(
-            &self.inner.config,
-            &request.namespace,
-            &caller.principal,
-            request.input.len(),
-            hooks.durable,
-        )?;
-        let (cancel, _activity) = self.claim_activity_id(caller, &request, hooks.cancel.take())?;
-        let started = Instant::now();
-        let span = tracing::debug_span!("dispatch", namespace = %request.namespace,
-            activity_type = %request.activity_type, activity_id = request.activity_id.as_deref());
-        let outcome = if self.inner.shutting_down.load(Ordering::Acquire) {
-            ActivityOutcome::ShuttingDown
-        } else {
-            self.run(&request, &cancel, &held, &hooks)
-                .instrument(span)
-                .await?
-        };
-        self.inner.metrics.ended(&outcome, started.elapsed());
-        Ok(outcome)
+    ) -> impl Future<Output = Result<ActivityOutcome, DispatchError>> + 'a {
+        async move {
+            self.check(caller, &request)?;
+            let held = self.inner.quotas.hold(
+                &self.inner.config,
+                &request.namespace,
+                &caller.principal,
+                request.input.len(),
+                hooks.durable,
+            )?;
+            let (cancel, _activity) =
+                self.claim_activity_id(caller, &request, hooks.cancel.take())?;
+            let started = Instant::now();
+            let span = tracing::debug_span!("dispatch", namespace = %request.namespace,
+                activity_type = %request.activity_type,
+                activity_id = request.activity_id.as_deref());
+            let outcome = if self.inner.shutting_down.load(Ordering::Acquire) {
+                ActivityOutcome::ShuttingDown
+            } else {
+                self.run(&request, &cancel, &held, &hooks)
+                    .instrument(span)
+                    .await?
+            };
+            self.inner.metrics.ended(&outcome, started.elapsed());
+            Ok(outcome)
+        }
     }
 
     /// Checks what [`Dispatcher::dispatch`] checks before it starts, without starting

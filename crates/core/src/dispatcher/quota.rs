@@ -168,18 +168,22 @@ impl QuotaBook {
         held: &HeldInput<'a>,
     ) -> Result<ParkedPlace<'a>, DispatchError> {
         let mut books = self.lock();
-        let ns = books
-            .namespaces
-            .get(held.namespace)
-            .map_or(0, |entry| entry.usage.parked);
-        let pr = books.principals.get(held.principal).map_or(0, |u| u.parked);
-        let refusal = if ns >= config.max_parked_per_namespace {
+        let Books {
+            namespaces,
+            principals,
+        } = &mut *books;
+        // Each count looked up once: checked, then raised in place.
+        let ns = namespaces
+            .get_mut(held.namespace)
+            .map(|entry| &mut entry.usage.parked);
+        let pr = principals.get_mut(held.principal).map(|u| &mut u.parked);
+        let refusal = if ns.as_deref().map_or(0, |n| *n) >= config.max_parked_per_namespace {
             Some((
                 MAX_PARKED_PER_NAMESPACE,
                 config.max_parked_per_namespace,
                 Scope::Namespace,
             ))
-        } else if pr >= config.max_parked_per_principal {
+        } else if pr.as_deref().map_or(0, |n| *n) >= config.max_parked_per_principal {
             Some((
                 MAX_PARKED_PER_PRINCIPAL,
                 config.max_parked_per_principal,
@@ -192,7 +196,9 @@ impl QuotaBook {
             drop(books);
             return Err(self.refuse(limit, value, scope, held.namespace, held.principal));
         }
-        count_parked(&mut books, held);
+        for count in [ns, pr].into_iter().flatten() {
+            *count += 1;
+        }
         Ok(ParkedPlace {
             book: self,
             namespace: held.namespace,

@@ -9,6 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::TryFutureExt;
+use futures::future::Either;
+
 use switchyard_core::{ActivityOutcome, CallerIdentity, Dispatcher, DurableDispatcher};
 use switchyard_proto::v1 as pb;
 use tonic::Status;
@@ -60,19 +63,27 @@ impl Runner {
     /// Runs `wire` to its one outcome, or refuses it with the status of `Dispatch`; the
     /// outcome goes into the console's history of `wire`'s pool, `pool`
     /// ([`Runner::pool_of`]).
-    pub(crate) async fn run(
-        &self,
-        caller: &CallerIdentity,
+    ///
+    /// `wire` is turned into its dispatch when this is called, not when the future is first
+    /// polled: the future then holds the dispatch's own future and no copy of `wire` (an
+    /// `async fn` keeps its arguments for its whole life, and each `DispatchStream` item's
+    /// future is copied whole into the stream's set).
+    pub(crate) fn run<'a>(
+        &'a self,
+        caller: &'a CallerIdentity,
         wire: pb::DispatchRequest,
-        pool: &PoolCell,
-    ) -> Result<ActivityOutcome, Status> {
-        let started = tokio::time::Instant::now();
-        let result = self.run_to_outcome(caller, wire).await;
-        if let Ok(outcome) = &result {
-            let now = tokio::time::Instant::now();
-            pool.record(outcome.label(), now.saturating_duration_since(started), now);
+        pool: Arc<PoolCell>,
+    ) -> impl Future<Output = Result<ActivityOutcome, Status>> + 'a {
+        let leg = self.run_to_outcome(caller, wire);
+        async move {
+            let started = tokio::time::Instant::now();
+            let result = leg.await;
+            if let Ok(outcome) = &result {
+                let now = tokio::time::Instant::now();
+                pool.record(outcome.label(), now.saturating_duration_since(started), now);
+            }
+            result
         }
-        result
     }
 
     /// The console's history cell of `wire`'s pool, from the producer's `handles`.
@@ -81,28 +92,32 @@ impl Runner {
         handles.get(&wire.namespace, task_queue)
     }
 
-    async fn run_to_outcome(
-        &self,
-        caller: &CallerIdentity,
+    /// The future that runs `wire`: core's dispatch for an ephemeral one, the durable
+    /// dispatcher's (boxed: inline, its state would make every ephemeral dispatch's future
+    /// 440 bytes larger, measured in the hot-path pass, docs/benchmarks.md) for a durable one,
+    /// or the refusal of an idempotency key on an ephemeral dispatch.
+    fn run_to_outcome<'a>(
+        &'a self,
+        caller: &'a CallerIdentity,
         wire: pb::DispatchRequest,
-    ) -> Result<ActivityOutcome, Status> {
-        if !self.durability.durable(&wire.namespace, wire.durable) {
-            if !wire.idempotency_key.is_empty() {
-                return Err(Status::invalid_argument(
+    ) -> impl Future<Output = Result<ActivityOutcome, Status>> + 'a {
+        if self.durability.durable(&wire.namespace, wire.durable) {
+            return Either::Right(Box::pin(self.run_durable(caller, wire)));
+        }
+        if !wire.idempotency_key.is_empty() {
+            return Either::Left(Either::Left(std::future::ready(Err(
+                Status::invalid_argument(
                     "idempotency_key is set on an ephemeral dispatch; an idempotency key needs \
                      the dispatch store: set durable = true",
-                ));
-            }
-            let request = outcome::request(wire, self.default_timeout);
-            return self
-                .dispatcher
-                .dispatch(caller, request)
-                .await
-                .map_err(|error| outcome::refusal(&error));
+                ),
+            ))));
         }
-        // Boxed: inline, the durable path's state makes every ephemeral dispatch's future
-        // 440 bytes larger (measured in the hot-path pass, docs/benchmarks.md).
-        Box::pin(self.run_durable(caller, wire)).await
+        let request = outcome::request(wire, self.default_timeout);
+        Either::Left(Either::Right(
+            self.dispatcher
+                .dispatch(caller, request)
+                .map_err(|error| outcome::refusal(&error)),
+        ))
     }
 
     /// The durable half of [`Runner::run`].

@@ -375,7 +375,7 @@ impl GatewayRpc for GatewayApi {
         let caller = self.caller(&request, DISPATCH, "Dispatch")?;
         let wire = request.into_inner();
         let pool = Runner::pool_of(&mut PoolHandles::default(), &wire);
-        let ended = self.runner.run(&caller, wire, &pool).await?;
+        let ended = self.runner.run(&caller, wire, pool).await?;
         Ok(Response::new(pb::DispatchReply {
             outcome: Some(outcome::outcome(ended)),
         }))

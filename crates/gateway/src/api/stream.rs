@@ -264,10 +264,8 @@ impl Driver {
                                     // count to raise and drop on the runner every stream and
                                     // thread shares.
                                     let (runner, caller) = (&**runner, &**caller);
-                                    running.push(async move {
-                                        let ended = runner.run(caller, request, &pool).await;
-                                        (correlation_id, ended)
-                                    });
+                                    let run = runner.run(caller, request, pool);
+                                    running.push(async move { (correlation_id, run.await) });
                                     None
                                 }
                             };
