@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryFutureExt;
 use futures::future::Either;
+use futures::{FutureExt, TryFutureExt};
 
 use switchyard_core::{ActivityOutcome, CallerIdentity, Dispatcher, DurableDispatcher};
 use switchyard_proto::v1 as pb;
@@ -64,26 +64,26 @@ impl Runner {
     /// outcome goes into the console's history of `wire`'s pool, `pool`
     /// ([`Runner::pool_of`]).
     ///
-    /// `wire` is turned into its dispatch when this is called, not when the future is first
-    /// polled: the future then holds the dispatch's own future and no copy of `wire` (an
-    /// `async fn` keeps its arguments for its whole life, and each `DispatchStream` item's
-    /// future is copied whole into the stream's set).
+    /// `wire` is turned into its dispatch, and the latency clock started, when this is called
+    /// rather than when the future is first polled: the future then holds the dispatch's own
+    /// future and no copy of `wire` (an `async fn` keeps its arguments for its whole life, and
+    /// each `DispatchStream` item's future is copied whole into the stream's set).
     pub(crate) fn run<'a>(
         &'a self,
         caller: &'a CallerIdentity,
         wire: pb::DispatchRequest,
         pool: Arc<PoolCell>,
     ) -> impl Future<Output = Result<ActivityOutcome, Status>> + 'a {
-        let leg = self.run_to_outcome(caller, wire);
-        async move {
-            let started = tokio::time::Instant::now();
-            let result = leg.await;
+        // A combinator, not an `async` block: awaiting a captured future moves it into the
+        // block's own state, a second copy.
+        let started = tokio::time::Instant::now();
+        self.run_to_outcome(caller, wire).map(move |result| {
             if let Ok(outcome) = &result {
                 let now = tokio::time::Instant::now();
                 pool.record(outcome.label(), now.saturating_duration_since(started), now);
             }
             result
-        }
+        })
     }
 
     /// The console's history cell of `wire`'s pool, from the producer's `handles`.

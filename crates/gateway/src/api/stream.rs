@@ -21,7 +21,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use switchyard_core::CallerIdentity;
 use switchyard_proto::v1 as pb;
 use tokio::sync::{Notify, mpsc};
@@ -264,8 +264,13 @@ impl Driver {
                                     // count to raise and drop on the runner every stream and
                                     // thread shares.
                                     let (runner, caller) = (&**runner, &**caller);
-                                    let run = runner.run(caller, request, pool);
-                                    running.push(async move { (correlation_id, run.await) });
+                                    // Mapped, not awaited in an `async` block, which would
+                                    // hold the future twice.
+                                    running.push(
+                                        runner
+                                            .run(caller, request, pool)
+                                            .map(move |ended| (correlation_id, ended)),
+                                    );
                                     None
                                 }
                             };
