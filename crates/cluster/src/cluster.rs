@@ -137,10 +137,10 @@ impl Cluster {
         let taker = Taker::new(
             client.clone(),
             names,
-            config.node.clone(),
+            &config,
             dispatcher.clone(),
             status.clone(),
-            config.offer_hold,
+            Arc::clone(&members),
         );
         let mut tasks = JoinSet::new();
         let shared_bucket = membership::Bucket {

@@ -19,6 +19,7 @@ mod forward;
 mod hints;
 mod id_hash;
 mod kv_bucket;
+mod leave;
 mod members;
 mod membership;
 mod names;

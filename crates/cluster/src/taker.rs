@@ -15,12 +15,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_nats::{Client, Message};
+use async_nats::client::RequestErrorKind;
+use async_nats::{Client, Message, Request};
 use futures::{FutureExt, StreamExt};
 use switchyard_core::{ActivityOutcome, BatchCancel, CallerIdentity, Dispatcher, LocalStart};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::ClusterConfig;
+use crate::leave::{self, Counted};
+use crate::members::Members;
 use crate::names::{Names, TAKERS};
 use crate::slots::{Announcements, Subscriptions, free_slots};
 use crate::status::{ClusterStatus, Standing};
@@ -54,6 +58,9 @@ pub(crate) struct Taker {
     ///
     /// [`ClusterConfig::offer_hold`]: crate::ClusterConfig::offer_hold
     offer_hold: Duration,
+    /// The nodes seen in the membership bucket, for how many may be offering to a pool.
+    members: Arc<Mutex<Members>>,
+    member_ttl: Duration,
     /// Forwarded dispatches running here, and cancels that came before their offer.
     cancels: Mutex<Cancels>,
     /// Pools this node answered "busy" for since the last slot scan (it owes them an
@@ -98,24 +105,33 @@ impl Cancels {
 }
 
 impl Taker {
+    /// The taking side of the node `config` names, over `client`.
     pub(crate) fn new(
         client: Client,
         names: Names,
-        node: String,
+        config: &ClusterConfig,
         dispatcher: Dispatcher,
         status: ClusterStatus,
-        offer_hold: Duration,
+        members: Arc<Mutex<Members>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             client,
             names,
-            node,
+            node: config.node.clone(),
             dispatcher,
             status,
-            offer_hold,
+            offer_hold: config.offer_hold,
+            members,
+            member_ttl: config.member_ttl,
             cancels: Mutex::new(Cancels::default()),
             busy: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// How many nodes are live in the membership view now (this one included once it is seen).
+    fn live_nodes(&self) -> usize {
+        let members = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        members.live(self.member_ttl, Instant::now()).len()
     }
 
     fn cancels(&self) -> std::sync::MutexGuard<'_, Cancels> {
@@ -201,19 +217,16 @@ pub(crate) async fn follow_slots(taker: Arc<Taker>, stop: CancellationToken) {
 /// How long a batch that found its pool full waits for the pool's subscription to leave the
 /// queue group before it answers "busy" anyway.
 const LEAVE_WAIT: Duration = Duration::from_millis(100);
-/// How long a subscription that left keeps answering the offers already on their way to it.
-const DRAIN_TAIL: Duration = Duration::from_secs(1);
 
 /// One pool's offer subscription as the batches it took see it. A batch that found every
 /// slot taken while the last slot scan found the pool full too asks it to leave the queue
 /// group, and answers "busy" only once the unsubscribe is queued on the client ahead of that
-/// answer: the origin's next offer then cannot land here again while another node has a free
-/// slot (NATS picks a queue group's member at random, and a full member kept for the whole
-/// hold would draw each of the origin's retries with odds of one in the group's size). A pool
+/// answer: the server then stops routing the pool's offers here after the few already on
+/// their way ([`crate::leave`]), so the origin's retries reach the nodes with a free slot
+/// (NATS picks a queue group's member at random, and a full member kept for the whole hold
+/// would draw each of the origin's retries with odds of one in the group's size). A pool
 /// whose slots free and fill between two scans keeps its subscription: leaving and joining
-/// again would cost more than the busy answers it saves, and each leave can drop an offer
-/// already on its way (the client forgets the subscription before the server has its
-/// unsubscribe).
+/// again would cost more than the busy answers it saves.
 #[derive(Clone, Debug, Default)]
 struct PoolGroup {
     asked: CancellationToken,
@@ -224,21 +237,22 @@ struct PoolGroup {
 
 impl PoolGroup {
     /// Asks the subscription to leave, when the pool has stayed full since the last scan;
-    /// returns once it has left (or after [`LEAVE_WAIT`]).
-    async fn leave_when_full(&self) {
-        if !self.full.load(Ordering::Relaxed) {
-            return;
+    /// returns once it has left (or after [`LEAVE_WAIT`]), true when the subscription is
+    /// leaving (asked now or before).
+    async fn leave_when_full(&self) -> bool {
+        if self.full.load(Ordering::Relaxed) {
+            self.asked.cancel();
+            let _ = tokio::time::timeout(LEAVE_WAIT, self.left.cancelled()).await;
         }
-        self.asked.cancel();
-        let _ = tokio::time::timeout(LEAVE_WAIT, self.left.cancelled()).await;
+        self.asked.is_cancelled()
     }
 }
 
 /// Takes offers for one pool until `stop`, until a batch finds the pool full ([`PoolGroup`]),
 /// or until the client refuses or closes the subscription ([`follow_slots`] subscribes again
-/// while the pool has a free slot). Leaving, it unsubscribes and still answers the offers the
-/// client had delivered to it, instead of dropping them (a dropped offer holds its origin for
-/// the offer timeout).
+/// while the pool has a free slot). Leaving, it asks the server to stop after the offers that
+/// may be on their way and answers those as any other ([`crate::leave`]), instead of
+/// dropping them (a dropped offer holds its origin for the offer timeout).
 async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken, group: PoolGroup) {
     let subject = taker.names.offer(&pool);
     let pool: Arc<str> = Arc::from(pool);
@@ -247,22 +261,21 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken, gr
         .queue_subscribe(subject.clone(), TAKERS.to_owned())
         .await
     {
-        Ok(offers) => offers,
+        Ok(offers) => Counted::new(offers),
         Err(error) => {
             tracing::debug!(%subject, %error, "cluster: offer subscription failed");
             return;
         }
     };
-    // Counted once the server has the subscription (a flush is a round trip after it), so the
-    // gauge says offers can reach this node.
+    // Counted once the subscription is written to the server, so the gauge says offers can
+    // reach this node.
     let _ = taker.client.flush().await;
     let offer_pools = metrics::gauge!(OFFER_POOLS);
     offer_pools.increment(1.0);
-    let mut open = true;
-    loop {
+    let leave = loop {
         tokio::select! {
-            () = stop.cancelled() => break,
-            () = group.asked.cancelled() => break,
+            () = stop.cancelled() => break true,
+            () = group.asked.cancelled() => break true,
             offer = offers.next() => match offer {
                 Some(offer) => {
                     let take = take(Arc::clone(&taker), Arc::clone(&pool), offer, group.clone());
@@ -270,27 +283,29 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken, gr
                 }
                 None => {
                     tracing::debug!(%subject, "cluster: offer subscription closed");
-                    open = false;
-                    break;
+                    break false;
                 }
             },
         }
-    }
+    };
     offer_pools.decrement(1.0);
-    if open && offers.drain().await.is_ok() {
+    // Leaving, for whichever reason: the offers that still come are passed on when full.
+    group.asked.cancel();
+    let margin = leave::margin(taker.live_nodes());
+    if leave && offers.leave(margin).await.is_ok() {
         group.left.cancel();
+        // The offers still on their way here are answered as any other; the subscription
+        // ends after the last of them (or the tail), and a free slot subscribes again
+        // meanwhile.
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(DRAIN_TAIL, async {
-                while let Some(offer) = offers.next().await {
-                    tokio::spawn(take(
-                        Arc::clone(&taker),
-                        Arc::clone(&pool),
-                        offer,
-                        group.clone(),
-                    ));
-                }
-            })
-            .await;
+            while let Some(offer) = offers.next().await {
+                tokio::spawn(take(
+                    Arc::clone(&taker),
+                    Arc::clone(&pool),
+                    offer,
+                    group.clone(),
+                ));
+            }
         });
     } else {
         group.left.cancel();
@@ -389,11 +404,14 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message, group: PoolGrou
         }
     }
     if missed {
-        taker.answered_busy(&pool);
-        if !took_any {
-            // Full here: out of the queue group before the "busy" goes back.
-            group.leave_when_full().await;
+        // Full here and leaving the queue group: the offer goes back to the group and the
+        // origin hears from the node that takes it ([`pass_on`]). Not when a cancel came
+        // first for one of its dispatches: that one is answered "busy".
+        if !took_any && group.leave_when_full().await && offered.len() == forwards.len() {
+            pass_on(&taker, &pool, reply, offer.payload, &forwards).await;
+            return;
         }
+        taker.answered_busy(&pool);
     }
     // The linger: ends within it ride in the answer.
     if let Some(batch) = batch.as_mut().filter(|batch| batch.running() > 0) {
@@ -432,6 +450,43 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message, group: PoolGrou
         }
         send_ends(&taker, &outcome, &ends).await;
     }
+}
+
+/// How long a node that is leaving waits for the answer to an offer it passed on: less than
+/// the origin's own offer timeout, so a "busy" still reaches the origin in time.
+const PASS_ON_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Offers a batch drawn by a node that is leaving to the pool's queue group again, and relays
+/// the answer (naming the node that took it) to the origin: the origin hears from a node with
+/// a free slot instead of spending one of its "busy" tries here. A leaving subscription is
+/// drawn at most its leave margin more times ([`crate::leave`]), so a batch passes through a
+/// bounded number of nodes. Nobody left to take it: "busy" for every forward, as this node
+/// would have answered. No answer within [`PASS_ON_TIMEOUT`]: none is relayed, so the origin
+/// treats the offer as unanswered (someone may have taken it), as for a lost answer.
+async fn pass_on(
+    taker: &Taker,
+    pool: &str,
+    reply: async_nats::Subject,
+    offer: bytes::Bytes,
+    forwards: &[u64],
+) {
+    let subject = taker.names.offer(pool);
+    let request = Request::new().payload(offer).timeout(Some(PASS_ON_TIMEOUT));
+    let answer = match taker.client.send_request(subject, request).await {
+        Ok(answer) => answer.payload,
+        Err(error) if error.kind() == RequestErrorKind::NoResponders => {
+            taker.answered_busy(pool);
+            wire::encode_answers(&BatchAnswer {
+                taker: taker.node.clone(),
+                entries: forwards.iter().map(|f| (*f, EntryAnswer::Busy)).collect(),
+            })
+        }
+        Err(error) => {
+            tracing::debug!(%error, "cluster: an offer passed on was not answered");
+            return;
+        }
+    };
+    let _ = taker.client.publish(reply, answer).await;
 }
 
 /// Sends the ends of forwarded dispatches to their origin's outcome `subject`.
