@@ -155,8 +155,9 @@ async fn a_node_killed_mid_task_has_its_forwarded_tasks_dispatched_again() {
     let a = Arc::new(a);
     let mut calls = tokio::task::JoinSet::new();
     // Both tasks run, one on each node (one slot each), then C dies with its task. The second
-    // is offered once the node running the first has left the offer group, so it cannot be
-    // turned away there and wait for that node's slot (NATS picks a group's member at random).
+    // is offered once the node running the first has asked to leave the offer group: drawn
+    // there while that node is still leaving (NATS picks a group's member at random), it is
+    // passed on to the other node instead of being turned away to wait for the first's slot.
     for tag in 0..2 {
         let a = Arc::clone(&a);
         calls.spawn(async move { (tag, dispatch(&a, ACTIVITY, tag, PATIENCE).await) });

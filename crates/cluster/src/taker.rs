@@ -39,7 +39,7 @@ const SLOT_SCAN: Duration = Duration::from_millis(50);
 const ANNOUNCE_EVERY: Duration = Duration::from_millis(100);
 
 /// `switchyard_cluster_offer_pools`: pools this node is subscribed to for offers (it has a
-/// free slot there, or had one within the hold).
+/// free slot there, or had one within the hold), not counting one it is leaving.
 pub const OFFER_POOLS: &str = "switchyard_cluster_offer_pools";
 
 /// How long a taker holds its "taken" after the delivery, for the end to ride in the answer
