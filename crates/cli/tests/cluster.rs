@@ -230,9 +230,9 @@ async fn a_full_node_leaves_the_offer_group_at_the_first_offer_it_turns_away() {
     let Some(leaving) = left else {
         panic!("B kept its offer subscription through {turned_away} turned-away offers");
     };
-    // B, leaving, is drawn only for the offers already on their way (its leave margin), then
-    // NATS tells A that nobody can take the pool's offers: the dispatch that made B leave
-    // waited as `no capacity in cluster`, not on a taker's answer.
+    // B, leaving, passes the offer on to the group, where it draws it again (itself the only
+    // member) until its leave count is spent; then NATS tells A that nobody can take the
+    // pool's offers: the dispatch that made B leave waited as `no capacity in cluster`.
     assert_eq!(
         unserved_reason(&leaving),
         Some(pb::UnservedReason::NoCapacityInCluster),
