@@ -55,6 +55,8 @@ impl Counted {
             Some(since) => {
                 let tail = tokio::time::sleep_until(since + LEAVE_TAIL);
                 tokio::select! {
+                    // A message already delivered is read before the tail can end.
+                    biased;
                     message = self.subscriber.next() => message,
                     () = tail => None,
                 }
@@ -181,7 +183,11 @@ mod tests {
             )
             .await
             .expect("the member's subscription ends after it leaves");
-            assert!(answered >= 50 + round, "it answered {answered}");
+            // Everything it drew before leaving, and at most its margin after.
+            assert!(
+                (50 + round..=50 + round + margin(2)).contains(&answered),
+                "it answered {answered}"
+            );
             left += 1;
         }
         stop.store(true, Ordering::Relaxed);
