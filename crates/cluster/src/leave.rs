@@ -12,9 +12,10 @@
 //! other. A pool that draws fewer than `margin` more offers within [`LEAVE_TAIL`] is then left
 //! at once (an offer on its way at that moment is the only one that can be dropped).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_nats::{Message, Subscriber};
+use async_nats::{Client, Message, Subscriber};
 use futures::StreamExt;
 use tokio::time::Instant;
 
@@ -25,45 +26,100 @@ pub(crate) const LEAVE_TAIL: Duration = Duration::from_secs(1);
 
 /// How many offers may be on their way to one node's subscription of a pool while `nodes`
 /// nodes offer there: [`MAX_IN_FLIGHT`] from each of them (this one included, as it may offer
-/// to the pool while its own workers are busy).
+/// to the pool while its own workers are busy). At least two nodes are counted, so a node not
+/// yet in this node's membership view is covered too.
 pub(crate) fn margin(nodes: usize) -> u64 {
-    u64::try_from(MAX_IN_FLIGHT.saturating_mul(nodes.max(1))).unwrap_or(u64::MAX)
+    u64::try_from(MAX_IN_FLIGHT.saturating_mul(nodes.max(2))).unwrap_or(u64::MAX)
 }
 
 /// A queue subscription that counts what it delivered, so it can leave by count.
 pub(crate) struct Counted {
     subscriber: Subscriber,
+    client: Client,
     read: u64,
-    leaving_since: Option<Instant>,
+    tail: Duration,
+    leaving: Option<Leaving>,
+}
+
+/// A leave asked of a [`Counted`] subscription.
+struct Leaving {
+    since: Instant,
+    /// The message the client and the server both stop after.
+    last: u64,
+    /// The client's connection count when the leave was asked: a reconnect since then
+    /// subscribed again without the count ([`Counted::next`]).
+    connects: u64,
+    /// Unsubscribed at once, after a reconnect.
+    cut: bool,
 }
 
 impl Counted {
-    /// Wraps a subscription nothing has been read from yet.
-    pub(crate) fn new(subscriber: Subscriber) -> Self {
+    /// Wraps a subscription of `client` nothing has been read from yet.
+    pub(crate) fn new(subscriber: Subscriber, client: Client) -> Self {
         Self {
             subscriber,
+            client,
             read: 0,
-            leaving_since: None,
+            tail: LEAVE_TAIL,
+            leaving: None,
         }
     }
 
+    /// The same subscription with another tail (a test outlasting a server restart).
+    #[cfg(test)]
+    fn with_tail(mut self, tail: Duration) -> Self {
+        self.tail = tail;
+        self
+    }
+
+    /// How many times the client has connected (the first time included).
+    fn connects(&self) -> u64 {
+        self.client.statistics().connects.load(Ordering::Relaxed)
+    }
+
     /// The next message; `None` once the subscription has ended (closed by the client, or
-    /// left: its last message delivered, or [`LEAVE_TAIL`] passed since [`leave`](Self::leave)).
+    /// left: its last message delivered, or the tail ([`LEAVE_TAIL`]) passed since
+    /// [`leave`](Self::leave)).
+    ///
+    /// A reconnect while leaving: the client subscribes again without the count, so the server
+    /// would go on routing offers here, while the client still forgets the subscription at the
+    /// count without telling the server (offers routed to it afterwards are dropped, until the
+    /// next reconnect). So the subscription is unsubscribed at once (the messages the client
+    /// already holds are still read), and one that reached its count after a reconnect, whose
+    /// server side may have outlived it, makes the client reconnect once more.
     pub(crate) async fn next(&mut self) -> Option<Message> {
-        let message = match self.leaving_since {
-            None => self.subscriber.next().await,
-            Some(since) => {
-                let tail = tokio::time::sleep_until(since + LEAVE_TAIL);
-                tokio::select! {
-                    // A message already delivered is read before the tail can end.
-                    biased;
-                    message = self.subscriber.next() => message,
-                    () = tail => None,
-                }
+        let connects = self.connects();
+        let Some(leaving) = &mut self.leaving else {
+            let message = self.subscriber.next().await;
+            if message.is_some() {
+                self.read = self.read.saturating_add(1);
             }
+            return message;
+        };
+        let reconnected = connects != leaving.connects;
+        if reconnected && !leaving.cut {
+            leaving.cut = true;
+            tracing::debug!(
+                "cluster: reconnected while leaving an offer group; unsubscribing at once"
+            );
+            let _ = self.subscriber.unsubscribe().await;
+        }
+        let tail = tokio::time::sleep_until(leaving.since + self.tail);
+        let message = tokio::select! {
+            // A message already delivered is read before the tail can end.
+            biased;
+            message = self.subscriber.next() => message,
+            () = tail => None,
         };
         if message.is_some() {
             self.read = self.read.saturating_add(1);
+        } else if reconnected && self.read >= leaving.last {
+            // Ended by the count after a reconnect: the server may still hold it.
+            leaving.connects = connects;
+            tracing::warn!(
+                "cluster: an offer subscription ended by count after a reconnect; reconnecting so the server forgets it"
+            );
+            let _ = self.client.force_reconnect().await;
         }
         message
     }
@@ -73,11 +129,16 @@ impl Counted {
     /// Returns once the unsubscribe is queued on the client (ahead of anything published
     /// after it). An error means the client is gone: the subscription has ended.
     pub(crate) async fn leave(&mut self, margin: u64) -> Result<(), async_nats::UnsubscribeError> {
-        if self.leaving_since.is_some() {
+        if self.leaving.is_some() {
             return Ok(());
         }
-        self.leaving_since = Some(Instant::now());
         let last = self.read.saturating_add(margin.max(1));
+        self.leaving = Some(Leaving {
+            since: Instant::now(),
+            last,
+            connects: self.connects(),
+            cut: false,
+        });
         self.subscriber.unsubscribe_after(last).await
     }
 }
@@ -146,7 +207,7 @@ mod tests {
             .queue_subscribe(SUBJECT, GROUP.to_owned())
             .await
             .expect("subscribes");
-        let mut offers = Counted::new(subscriber);
+        let mut offers = Counted::new(subscriber, client.clone());
         let mut answered = 0;
         while let Some(message) = offers.next().await {
             if let Some(reply) = message.reply {
@@ -223,7 +284,7 @@ mod tests {
         // The member's client outlives its subscription, as a node's does.
         let answers = member.clone();
         let answering = tokio::spawn(async move {
-            let mut offers = Counted::new(subscriber);
+            let mut offers = Counted::new(subscriber, answers.clone());
             let mut drawn = 0;
             while let Some(message) = offers.next().await {
                 drawn += 1;
@@ -261,9 +322,139 @@ mod tests {
         assert_eq!(drawn, answered);
     }
 
+    /// A client that counts its connections on `connected` (the first one included).
+    async fn counting_client(
+        url: String,
+    ) -> (async_nats::Client, tokio::sync::watch::Receiver<u32>) {
+        let (connected, connections) = tokio::sync::watch::channel(0_u32);
+        let client = async_nats::ConnectOptions::new()
+            .event_callback(move |event| {
+                let connected = connected.clone();
+                async move {
+                    if matches!(event, async_nats::Event::Connected) {
+                        connected.send_modify(|count| *count += 1);
+                    }
+                }
+            })
+            .connect(url)
+            .await
+            .expect("connects");
+        (client, connections)
+    }
+
+    /// A member leaves its group with `margin` more messages to come, the server restarts
+    /// before they come (the client subscribes again without the count), and the member's
+    /// subscription ends: afterwards no request is routed to a subscription nobody reads.
+    /// The steady member answers the rest. With a margin of 1 the count is reached after
+    /// the reconnect (the client forgets the subscription without telling the server, and
+    /// the leave makes it reconnect once more); with 8 the subscription is cut at the first
+    /// message after the reconnect. Without either, about half the requests after the end
+    /// went to the forgotten subscription and timed out.
+    /// Returns how many of 40 requests after the end timed out, and how many times the
+    /// leaving member's client connected.
+    async fn leave_across_a_restart(margin: u64) -> Option<(usize, u32)> {
+        let mut nats = NatsServer::start()?;
+        let (leaving, mut leaving_connections) = counting_client(nats.url()).await;
+        let (steady, mut steady_connections) = counting_client(nats.url()).await;
+        let (requester, mut requester_connections) = counting_client(nats.url()).await;
+        tokio::spawn(member(steady.clone(), u64::MAX, 1));
+        let subscriber = leaving
+            .queue_subscribe(SUBJECT, GROUP.to_owned())
+            .await
+            .expect("subscribes");
+        let mut offers =
+            Counted::new(subscriber, leaving.clone()).with_tail(Duration::from_secs(60));
+        offers.leave(margin).await.expect("leaves");
+        leaving.flush().await.expect("flushes");
+        // Reading (and waiting for the next message) before the restart, as a node does.
+        let answers = leaving.clone();
+        let mut left = tokio::spawn(async move {
+            let mut drawn = 0_u64;
+            while let Some(message) = offers.next().await {
+                drawn += 1;
+                if let Some(reply) = message.reply {
+                    answers.publish(reply, Bytes::new()).await.expect("answers");
+                }
+            }
+            drawn
+        });
+        nats.restart();
+        for connections in [
+            &mut leaving_connections,
+            &mut steady_connections,
+            &mut requester_connections,
+        ] {
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                connections.wait_for(|count| *count >= 2),
+            )
+            .await
+            .expect("reconnects after the restart")
+            .expect("counting");
+        }
+        let request = || {
+            requester.send_request(
+                SUBJECT,
+                async_nats::Request::new()
+                    .payload(Bytes::from_static(b"offer"))
+                    .timeout(Some(Duration::from_millis(300))),
+            )
+        };
+        // Requests flow until the leaving subscription has ended (bounded).
+        let mut sent = 0;
+        let drawn = loop {
+            let _ = request().await;
+            sent += 1;
+            assert!(sent < 2_000, "the leaving subscription never ended");
+            if let Ok(drawn) = tokio::time::timeout(Duration::from_millis(1), &mut left).await {
+                break drawn.expect("the leaving member");
+            }
+        };
+        assert!(drawn <= margin, "drew {drawn} of its margin {margin}");
+        let mut timed_out = 0;
+        for _ in 0..40 {
+            match request().await {
+                Ok(_) => {}
+                Err(error) => {
+                    assert_ne!(
+                        error.kind(),
+                        RequestErrorKind::NoResponders,
+                        "the steady member is there"
+                    );
+                    timed_out += 1;
+                }
+            }
+        }
+        let connections = *leaving_connections.borrow();
+        Some((timed_out, connections))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leave_that_reaches_its_count_after_a_reconnect_leaves_nothing_behind() {
+        let Some((timed_out, connections)) = leave_across_a_restart(1).await else {
+            return;
+        };
+        assert_eq!(timed_out, 0, "requests timed out");
+        assert_eq!(
+            connections, 3,
+            "reconnected once more, for the server to forget it"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leave_interrupted_by_a_reconnect_is_cut_and_leaves_nothing_behind() {
+        let Some((timed_out, connections)) = leave_across_a_restart(8).await else {
+            return;
+        };
+        assert_eq!(timed_out, 0, "requests timed out");
+        assert_eq!(connections, 2, "cut, not reconnected once more");
+    }
+
     #[test]
     fn the_margin_covers_every_node_s_offers_in_flight() {
-        assert_eq!(margin(0), MAX_IN_FLIGHT as u64);
         assert_eq!(margin(3), 3 * MAX_IN_FLIGHT as u64);
+        // A node alone in its view still counts one other it may not have seen yet.
+        assert_eq!(margin(0), 2 * MAX_IN_FLIGHT as u64);
+        assert_eq!(margin(1), 2 * MAX_IN_FLIGHT as u64);
     }
 }

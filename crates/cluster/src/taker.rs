@@ -261,7 +261,7 @@ async fn serve_pool(taker: Arc<Taker>, pool: String, stop: CancellationToken, gr
         .queue_subscribe(subject.clone(), TAKERS.to_owned())
         .await
     {
-        Ok(offers) => Counted::new(offers),
+        Ok(offers) => Counted::new(offers, taker.client.clone()),
         Err(error) => {
             tracing::debug!(%subject, %error, "cluster: offer subscription failed");
             return;
@@ -350,6 +350,12 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message, group: PoolGrou
             return;
         }
     };
+    // An offer another node passed on is not passed on again: a batch makes at most one
+    // extra hop, however many nodes are leaving.
+    let passed_on = offer
+        .headers
+        .as_ref()
+        .is_some_and(|headers| headers.get(PASSED_ON).is_some());
     let origin: Arc<str> = Arc::from(header.origin.as_str());
     let forwards: Vec<u64> = entries.iter().map(|entry| entry.forward).collect();
     let mut answers = vec![EntryAnswer::Busy; forwards.len()];
@@ -406,8 +412,13 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message, group: PoolGrou
     if missed {
         // Full here and leaving the queue group: the offer goes back to the group and the
         // origin hears from the node that takes it ([`pass_on`]). Not when a cancel came
-        // first for one of its dispatches: that one is answered "busy".
-        if !took_any && group.leave_when_full().await && offered.len() == forwards.len() {
+        // first for one of its dispatches (that one is answered "busy"), nor when another
+        // node passed it on already.
+        if !took_any
+            && !passed_on
+            && group.leave_when_full().await
+            && offered.len() == forwards.len()
+        {
             pass_on(&taker, &pool, reply, offer.payload, &forwards).await;
             return;
         }
@@ -452,6 +463,10 @@ async fn take(taker: Arc<Taker>, pool: Arc<str>, offer: Message, group: PoolGrou
     }
 }
 
+/// The header a node passing an offer on sets (to its own name): the node that draws it
+/// answers it and never passes it on again ([`pass_on`]).
+const PASSED_ON: &str = "Switchyard-Passed-On";
+
 /// How long a node that is leaving waits for the answer to an offer it passed on: less than
 /// the origin's own offer timeout, so a "busy" still reaches the origin in time.
 const PASS_ON_TIMEOUT: Duration = Duration::from_secs(1);
@@ -459,8 +474,9 @@ const PASS_ON_TIMEOUT: Duration = Duration::from_secs(1);
 /// Offers a batch drawn by a node that is leaving to the pool's queue group again, and relays
 /// the answer (naming the node that took it) to the origin: the origin hears from a node with
 /// a free slot instead of spending one of its "busy" tries here. A leaving subscription is
-/// drawn at most its leave margin more times ([`crate::leave`]), so a batch passes through a
-/// bounded number of nodes. Nobody left to take it: "busy" for every forward, as this node
+/// drawn at most its leave margin more times ([`crate::leave`]), and the offer goes out marked
+/// [`PASSED_ON`]: whoever draws it (this node included, while it is still in the group)
+/// answers it, "busy" if full, so a batch makes one extra hop at most. Nobody left to take it: "busy" for every forward, as this node
 /// would have answered. No answer within [`PASS_ON_TIMEOUT`]: none is relayed, so the origin
 /// treats the offer as unanswered (someone may have taken it), as for a lost answer.
 async fn pass_on(
@@ -471,7 +487,12 @@ async fn pass_on(
     forwards: &[u64],
 ) {
     let subject = taker.names.offer(pool);
-    let request = Request::new().payload(offer).timeout(Some(PASS_ON_TIMEOUT));
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(PASSED_ON, taker.node.as_str());
+    let request = Request::new()
+        .headers(headers)
+        .payload(offer)
+        .timeout(Some(PASS_ON_TIMEOUT));
     let answer = match taker.client.send_request(subject, request).await {
         Ok(answer) => answer.payload,
         Err(error) if error.kind() == RequestErrorKind::NoResponders => {
@@ -558,6 +579,142 @@ mod tests {
         assert_eq!(ANNOUNCE_EVERY, Duration::from_millis(100));
         assert_eq!(ANSWER_LINGER, Duration::from_millis(5));
         assert_eq!(EARLY_CANCEL_KEPT, Duration::from_secs(30));
+    }
+
+    async fn next_answer(answers: &mut async_nats::Subscriber) -> BatchAnswer {
+        let message = tokio::time::timeout(Duration::from_secs(5), answers.next())
+            .await
+            .expect("answered")
+            .expect("inbox open");
+        wire::decode_answers(&message.payload).expect("an answer")
+    }
+
+    /// A node whose pool is full and leaving the group passes an offer it draws on to the
+    /// group, marked, and relays the answer of the member that took it; an offer already
+    /// passed on it answers "busy" itself (a batch makes one extra hop at most). The first
+    /// offer is the control: the same offer without the mark goes to the other member.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_leaving_node_passes_an_offer_on_once_and_relays_the_answer() {
+        use switchyard_core::{DispatchConfig, Registry};
+        use switchyard_test_support::NatsServer;
+
+        use crate::wire::{OfferEntry, OfferHeader};
+
+        let Some(nats) = NatsServer::start() else {
+            return;
+        };
+        let names = Names::new("c");
+        let pool = "p";
+        let client = async_nats::connect(nats.url()).await.expect("connects");
+        let status = ClusterStatus::new("n1");
+        status.set(Standing::Joined);
+        let taker = Taker::new(
+            client.clone(),
+            names.clone(),
+            &ClusterConfig::new(nats.url(), "c", "n1"),
+            Dispatcher::new(Registry::default(), DispatchConfig::default()),
+            status,
+            Arc::new(Mutex::new(Members::default())),
+        );
+        // Another member of the pool's group, with room: it takes every forward, and notes
+        // who passed each offer on.
+        let other = async_nats::connect(nats.url()).await.expect("connects");
+        let mut drawn = other
+            .queue_subscribe(names.offer(pool), TAKERS.to_owned())
+            .await
+            .expect("subscribes");
+        other.flush().await.expect("flushes");
+        let (seen, mut passed_by) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            while let Some(offer) = drawn.next().await {
+                let by = offer
+                    .headers
+                    .as_ref()
+                    .and_then(|headers| headers.get(PASSED_ON))
+                    .map(ToString::to_string);
+                let (_, entries) = wire::decode_offers(&offer.payload).expect("an offer");
+                let answer = BatchAnswer {
+                    taker: "n2".to_owned(),
+                    entries: entries
+                        .iter()
+                        .map(|e| (e.forward, EntryAnswer::Taken))
+                        .collect(),
+                };
+                let reply = offer.reply.expect("a request");
+                let _ = seen.send(by).await;
+                other
+                    .publish(reply, wire::encode_answers(&answer))
+                    .await
+                    .expect("answers");
+            }
+        });
+        // The origin's inbox.
+        let inbox = client.new_inbox();
+        let mut answers = client.subscribe(inbox.clone()).await.expect("subscribes");
+        client.flush().await.expect("flushes");
+        let body = wire::encode_offers(
+            &OfferHeader {
+                origin: "n9".to_owned(),
+                namespace: "ns".to_owned(),
+                task_queue: "q".to_owned(),
+                activity_type: "a".to_owned(),
+                node: None,
+            },
+            &[OfferEntry {
+                forward: 7,
+                timeout_ms: 10_000,
+                attempt_offset: 0,
+                input: bytes::Bytes::new(),
+            }],
+        );
+        let offer = |headers: Option<async_nats::HeaderMap>| Message {
+            subject: names.offer(pool).into(),
+            reply: Some(inbox.clone().into()),
+            payload: body.clone(),
+            headers,
+            status: None,
+            description: None,
+            length: 0,
+        };
+        // Full since the last scan (no worker here at all), and already left.
+        let group = PoolGroup::default();
+        group.full.store(true, Ordering::Relaxed);
+        group.left.cancel();
+        take(
+            Arc::clone(&taker),
+            Arc::from(pool),
+            offer(None),
+            group.clone(),
+        )
+        .await;
+        let relayed = next_answer(&mut answers).await;
+        assert_eq!(
+            relayed.taker, "n2",
+            "passed on, and the taker's answer relayed"
+        );
+        assert_eq!(relayed.entries, vec![(7, EntryAnswer::Taken)]);
+        assert_eq!(
+            passed_by.recv().await.flatten().as_deref(),
+            Some("n1"),
+            "marked"
+        );
+
+        let mut marked = async_nats::HeaderMap::new();
+        marked.insert(PASSED_ON, "n3");
+        take(
+            Arc::clone(&taker),
+            Arc::from(pool),
+            offer(Some(marked)),
+            group,
+        )
+        .await;
+        let own = next_answer(&mut answers).await;
+        assert_eq!(own.taker, "n1", "answered here, not passed on again");
+        assert_eq!(own.entries, vec![(7, EntryAnswer::Busy)]);
+        assert!(
+            passed_by.try_recv().is_err(),
+            "the other member was not asked"
+        );
     }
 
     #[test]
