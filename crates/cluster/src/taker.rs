@@ -667,6 +667,18 @@ mod tests {
                 input: bytes::Bytes::new(),
             }],
         );
+        // The other member's subscription has reached the server once it answers a probe
+        // (a flush only writes it out).
+        let mut probes = 0;
+        while client
+            .request(names.offer(pool), body.clone())
+            .await
+            .is_err()
+        {
+            probes += 1;
+            assert!(probes < 1_000, "the other member never subscribed");
+        }
+        assert_eq!(passed_by.recv().await, Some(None), "a probe is not marked");
         let offer = |headers: Option<async_nats::HeaderMap>| Message {
             subject: names.offer(pool).into(),
             reply: Some(inbox.clone().into()),
