@@ -12,10 +12,11 @@
 //! other. A pool that draws fewer than `margin` more offers within [`LEAVE_TAIL`] is then left
 //! at once (an offer on its way at that moment is the only one that can be dropped).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_nats::{Client, Message, Subscriber};
+use async_nats::{Client, Message, Statistics, Subscriber};
 use futures::StreamExt;
 use tokio::time::Instant;
 
@@ -36,6 +37,8 @@ pub(crate) fn margin(nodes: usize) -> u64 {
 pub(crate) struct Counted {
     subscriber: Subscriber,
     client: Client,
+    /// The client's statistics, read for its connection count (one atomic load).
+    statistics: Arc<Statistics>,
     read: u64,
     tail: Duration,
     leaving: Option<Leaving>,
@@ -58,6 +61,7 @@ impl Counted {
     pub(crate) fn new(subscriber: Subscriber, client: Client) -> Self {
         Self {
             subscriber,
+            statistics: client.statistics(),
             client,
             read: 0,
             tail: LEAVE_TAIL,
@@ -74,7 +78,7 @@ impl Counted {
 
     /// How many times the client has connected (the first time included).
     fn connects(&self) -> u64 {
-        self.client.statistics().connects.load(Ordering::Relaxed)
+        self.statistics.connects.load(Ordering::Relaxed)
     }
 
     /// The next message; `None` once the subscription has ended (closed by the client, or
