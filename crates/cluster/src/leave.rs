@@ -39,6 +39,8 @@ pub(crate) struct Counted {
     client: Client,
     /// The client's statistics, read for its connection count (one atomic load).
     statistics: Arc<Statistics>,
+    /// The client's connection count when it subscribed.
+    subscribed_at: u64,
     read: u64,
     tail: Duration,
     leaving: Option<Leaving>,
@@ -59,9 +61,11 @@ struct Leaving {
 impl Counted {
     /// Wraps a subscription of `client` nothing has been read from yet.
     pub(crate) fn new(subscriber: Subscriber, client: Client) -> Self {
+        let statistics = client.statistics();
         Self {
             subscriber,
-            statistics: client.statistics(),
+            subscribed_at: statistics.connects.load(Ordering::Relaxed),
+            statistics,
             client,
             read: 0,
             tail: LEAVE_TAIL,
@@ -137,13 +141,25 @@ impl Counted {
             return Ok(());
         }
         let last = self.read.saturating_add(margin.max(1));
+        let connects = self.connects();
+        // A reconnect since subscribing restarted the server's count at the re-subscription
+        // while the client's runs from the start: the two would not stop at the same
+        // message, so such a subscription is cut at once.
+        let cut = connects != self.subscribed_at;
         self.leaving = Some(Leaving {
             since: Instant::now(),
             last,
-            connects: self.connects(),
-            cut: false,
+            connects,
+            cut,
         });
-        self.subscriber.unsubscribe_after(last).await
+        if cut {
+            tracing::debug!(
+                "cluster: leaving an offer group after a reconnect; unsubscribing at once"
+            );
+            self.subscriber.unsubscribe().await
+        } else {
+            self.subscriber.unsubscribe_after(last).await
+        }
     }
 }
 
@@ -441,6 +457,114 @@ mod tests {
         }
         let connections = *leaving_connections.borrow();
         Some((timed_out, connections))
+    }
+
+    /// A member whose subscription lived through a reconnect before it leaves (the server
+    /// counts from the re-subscription, the client from the start) is cut at once: no request
+    /// after the leave waits on a subscription the client dropped. Without the cut, 19 of
+    /// the 40 requests after the end timed out (its server side outlived the client's).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leave_after_a_reconnect_is_cut_and_leaves_nothing_behind() {
+        let Some(mut nats) = NatsServer::start() else {
+            return;
+        };
+        let (leaving, mut leaving_connections) = counting_client(nats.url()).await;
+        let (steady, mut steady_connections) = counting_client(nats.url()).await;
+        let (requester, mut requester_connections) = counting_client(nats.url()).await;
+        let subscriber = leaving
+            .queue_subscribe(SUBJECT, GROUP.to_owned())
+            .await
+            .expect("subscribes");
+        let mut offers = Counted::new(subscriber, leaving.clone());
+        let answers = leaving.clone();
+        let (go, mut leave_now) = tokio::sync::oneshot::channel::<()>();
+        let mut asked = false;
+        let left = tokio::spawn(async move {
+            let mut drawn = 0_u64;
+            loop {
+                tokio::select! {
+                    message = offers.next() => {
+                        let Some(message) = message else { break };
+                        drawn += 1;
+                        if let Some(reply) = message.reply {
+                            answers.publish(reply, Bytes::new()).await.expect("answers");
+                        }
+                    }
+                    _ = &mut leave_now, if !asked => {
+                        asked = true;
+                        offers.leave(8).await.expect("leaves");
+                    }
+                }
+            }
+            drawn
+        });
+        tokio::spawn(member(steady.clone(), u64::MAX, 1));
+        let request = || {
+            requester.send_request(
+                SUBJECT,
+                async_nats::Request::new()
+                    .payload(Bytes::from_static(b"offer"))
+                    .timeout(Some(Duration::from_millis(300))),
+            )
+        };
+        // The leaving member draws its share before the restart and after it.
+        for _ in 0..40 {
+            let _ = request().await;
+        }
+        nats.restart();
+        for connections in [
+            &mut leaving_connections,
+            &mut steady_connections,
+            &mut requester_connections,
+        ] {
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                connections.wait_for(|count| *count >= 2),
+            )
+            .await
+            .expect("reconnects after the restart")
+            .expect("counting");
+        }
+        for _ in 0..10 {
+            let _ = request().await;
+        }
+        go.send(()).expect("the member is reading");
+        // Requests flow until the leaving subscription has ended (bounded), as offers do.
+        let mut left = left;
+        let mut sent = 0;
+        let drawn = loop {
+            let _ = request().await;
+            sent += 1;
+            assert!(sent < 2_000, "the leaving subscription never ended");
+            if let Ok(drawn) = tokio::time::timeout(Duration::from_millis(1), &mut left).await {
+                break drawn.expect("the leaving member");
+            }
+        };
+        assert!(drawn > 0, "the member drew requests before it left");
+        // The cut has reached the server once a round trip on its connection is back.
+        leaving.flush().await.expect("flushes");
+        let inbox = leaving.new_inbox();
+        let mut echo = leaving.subscribe(inbox.clone()).await.expect("subscribes");
+        leaving
+            .publish(inbox, Bytes::new())
+            .await
+            .expect("publishes");
+        tokio::time::timeout(Duration::from_secs(5), echo.next())
+            .await
+            .expect("round trip")
+            .expect("inbox open");
+        let mut timed_out = 0;
+        for _ in 0..40 {
+            if request().await.is_err() {
+                timed_out += 1;
+            }
+        }
+        assert_eq!(timed_out, 0, "requests timed out");
+        assert_eq!(
+            *leaving_connections.borrow(),
+            2,
+            "cut, not reconnected once more"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
