@@ -362,6 +362,40 @@ mod tests {
         (client, connections)
     }
 
+    /// Waits (up to 30 s) until the client `connections` counts has connected `times` times.
+    async fn connected(connections: &mut tokio::sync::watch::Receiver<u32>, times: u32) {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            connections.wait_for(|count| *count >= times),
+        )
+        .await
+        .expect("connected as often as expected")
+        .expect("counting");
+    }
+
+    /// One request to the group, waiting 300 ms for its answer.
+    async fn request(requester: &async_nats::Client) -> Result<Message, async_nats::RequestError> {
+        let request = async_nats::Request::new()
+            .payload(Bytes::from_static(b"offer"))
+            .timeout(Some(Duration::from_millis(300)));
+        requester.send_request(SUBJECT, request).await
+    }
+
+    /// Sends requests, one at a time, until the leaving member's task `left` ends (bounded),
+    /// as offers keep coming to a node; returns what the member drew.
+    async fn requests_until_ended(
+        requester: &async_nats::Client,
+        left: &mut tokio::task::JoinHandle<u64>,
+    ) -> u64 {
+        for _ in 0..2_000 {
+            let _ = request(requester).await;
+            if let Ok(drawn) = tokio::time::timeout(Duration::from_millis(1), &mut *left).await {
+                return drawn.expect("the leaving member");
+            }
+        }
+        panic!("the leaving subscription never ended");
+    }
+
     /// A member leaves its group with `margin` more messages to come, the server restarts
     /// before they come (the client subscribes again without the count), and the member's
     /// subscription ends: afterwards no request is routed to a subscription nobody reads.
@@ -407,43 +441,15 @@ mod tests {
             &mut steady_connections,
             &mut requester_connections,
         ] {
-            tokio::time::timeout(
-                Duration::from_secs(30),
-                connections.wait_for(|count| *count >= 2),
-            )
-            .await
-            .expect("reconnects after the restart")
-            .expect("counting");
+            connected(connections, 2).await;
         }
-        let request = || {
-            requester.send_request(
-                SUBJECT,
-                async_nats::Request::new()
-                    .payload(Bytes::from_static(b"offer"))
-                    .timeout(Some(Duration::from_millis(300))),
-            )
-        };
         // Requests flow until the leaving subscription has ended (bounded).
-        let mut sent = 0;
-        let drawn = loop {
-            let _ = request().await;
-            sent += 1;
-            assert!(sent < 2_000, "the leaving subscription never ended");
-            if let Ok(drawn) = tokio::time::timeout(Duration::from_millis(1), &mut left).await {
-                break drawn.expect("the leaving member");
-            }
-        };
+        let drawn = requests_until_ended(&requester, &mut left).await;
         assert!(drawn <= margin, "drew {drawn} of its margin {margin}");
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            leaving_connections.wait_for(|count| *count >= connections),
-        )
-        .await
-        .expect("connected as often as expected")
-        .expect("counting");
+        connected(&mut leaving_connections, connections).await;
         let mut timed_out = 0;
         for _ in 0..40 {
-            match request().await {
+            match request(&requester).await {
                 Ok(_) => {}
                 Err(error) => {
                     assert_ne!(
@@ -479,7 +485,7 @@ mod tests {
         let answers = leaving.clone();
         let (go, mut leave_now) = tokio::sync::oneshot::channel::<()>();
         let mut asked = false;
-        let left = tokio::spawn(async move {
+        let mut left = tokio::spawn(async move {
             let mut drawn = 0_u64;
             loop {
                 tokio::select! {
@@ -499,17 +505,9 @@ mod tests {
             drawn
         });
         tokio::spawn(member(steady.clone(), u64::MAX, 1));
-        let request = || {
-            requester.send_request(
-                SUBJECT,
-                async_nats::Request::new()
-                    .payload(Bytes::from_static(b"offer"))
-                    .timeout(Some(Duration::from_millis(300))),
-            )
-        };
         // The leaving member draws its share before the restart and after it.
         for _ in 0..40 {
-            let _ = request().await;
+            let _ = request(&requester).await;
         }
         nats.restart();
         for connections in [
@@ -517,29 +515,14 @@ mod tests {
             &mut steady_connections,
             &mut requester_connections,
         ] {
-            tokio::time::timeout(
-                Duration::from_secs(30),
-                connections.wait_for(|count| *count >= 2),
-            )
-            .await
-            .expect("reconnects after the restart")
-            .expect("counting");
+            connected(connections, 2).await;
         }
         for _ in 0..10 {
-            let _ = request().await;
+            let _ = request(&requester).await;
         }
         go.send(()).expect("the member is reading");
         // Requests flow until the leaving subscription has ended (bounded), as offers do.
-        let mut left = left;
-        let mut sent = 0;
-        let drawn = loop {
-            let _ = request().await;
-            sent += 1;
-            assert!(sent < 2_000, "the leaving subscription never ended");
-            if let Ok(drawn) = tokio::time::timeout(Duration::from_millis(1), &mut left).await {
-                break drawn.expect("the leaving member");
-            }
-        };
+        let drawn = requests_until_ended(&requester, &mut left).await;
         assert!(drawn > 0, "the member drew requests before it left");
         // The cut has reached the server once a round trip on its connection is back.
         leaving.flush().await.expect("flushes");
@@ -555,7 +538,7 @@ mod tests {
             .expect("inbox open");
         let mut timed_out = 0;
         for _ in 0..40 {
-            if request().await.is_err() {
+            if request(&requester).await.is_err() {
                 timed_out += 1;
             }
         }
