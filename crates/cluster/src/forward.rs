@@ -233,7 +233,7 @@ impl Forwarder {
     fn enqueue(self: &Arc<Self>, pool: &PoolRef, queued: Queued) {
         let start = self
             .queues()
-            .push(pool, queued, |key| self.offer_subject(key));
+            .push(pool, queued, Instant::now(), |key| self.offer_subject(key));
         if start {
             tokio::spawn(Arc::clone(self).send_batches(pool.clone()));
         }
@@ -242,11 +242,13 @@ impl Forwarder {
     /// Offers the pool's queued dispatches, a batch at a time, until none is queued; each
     /// dispatch hears its own answer.
     async fn send_batches(self: Arc<Self>, pool: PoolRef) {
+        let mut answered_in = None;
         loop {
+            let sent = Instant::now();
             let next = {
                 let mut queues = self.queues();
                 queues.get_mut(&pool).and_then(|queue| {
-                    let batch = queue.next_batch(OFFER_BATCH)?;
+                    let batch = queue.next_batch(OFFER_BATCH, sent, answered_in)?;
                     Some((batch, queue.subject.clone()))
                 })
             };
@@ -279,6 +281,7 @@ impl Forwarder {
                     entries.iter().map(|_| Heard::Unanswered).collect()
                 }
             };
+            answered_in = Some(sent.elapsed());
             for (listener, heard) in listeners.into_iter().zip(heard) {
                 let _ = listener.send(heard);
             }

@@ -2,16 +2,25 @@
 //! one NATS request for up to [`MAX_BATCH`](crate::wire::MAX_BATCH) of them. Plain data behind a lock; the sending is
 //! [`crate::forward`]'s.
 //!
-//! A pool has at most [`MAX_IN_FLIGHT`] batches out at once. The first dispatch to arrive at
-//! an idle pool is offered at once (a batch of one: no added latency when the cluster is
-//! quiet); while batches are out, the dispatches arriving meanwhile queue and leave together
-//! when one comes back. So under load k dispatches share a request and its answer, and at
-//! low load nothing waits.
+//! A pool has [`OPEN_IN_FLIGHT`] batches out at once, and up to [`MAX_IN_FLIGHT`] while its
+//! answers are slow. The first dispatch to arrive at an idle pool is offered at once (a batch
+//! of one: no added latency when the cluster is quiet); while batches are out, the dispatches
+//! arriving meanwhile queue and leave together when one comes back. So under load k
+//! dispatches share a request and its answer, and at low load nothing waits.
+//!
+//! The window: a taker holds its answer while the tasks it started may end within its linger
+//! (their ends then ride in the answer), so answers come back within a round trip when tasks
+//! are quick and after the linger when they are not. Quick answers keep two batches out (the
+//! fewer out, the larger each one and the fewer NATS messages); when no batch has gone out for
+//! [`WIDEN_AFTER`] another sender starts, up to [`MAX_IN_FLIGHT`], and a sender beyond the
+//! open two whose answer came back within [`WIDEN_AFTER`] gives its slot back.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::id_hash::IdHash;
 use crate::names::pool_key;
@@ -21,8 +30,15 @@ use crate::wire::{EntryAnswer, OfferEntry, OfferHeader};
 /// under NATS's default `max_payload` of 1 MiB.
 pub(crate) const BATCH_BYTES: usize = 256 * 1024;
 
-/// The most batches one pool has out at once.
+/// The batches one pool has out at once while its answers come back quickly.
+pub(crate) const OPEN_IN_FLIGHT: usize = 2;
+
+/// The most batches one pool has out at once (while its answers are slow).
 pub(crate) const MAX_IN_FLIGHT: usize = 4;
+
+/// How long a pool goes without sending a batch before another sender starts, and the answer
+/// time under which a sender beyond [`OPEN_IN_FLIGHT`] gives its slot back.
+pub(crate) const WIDEN_AFTER: Duration = Duration::from_millis(1);
 
 /// Pools whose queues are tracked before idle ones are forgotten.
 const TRACKED_POOLS: usize = 1024;
@@ -143,7 +159,10 @@ pub(crate) struct PoolQueue {
     header: Arc<OfferHeader>,
     pub(crate) subject: String,
     waiting: VecDeque<Queued>,
+    /// Senders holding a batch slot.
     in_flight: usize,
+    /// When the last batch went out (or the last sender started).
+    last_sent: Option<Instant>,
 }
 
 impl PoolQueue {
@@ -153,24 +172,44 @@ impl PoolQueue {
             subject,
             waiting: VecDeque::new(),
             in_flight: 0,
+            last_sent: None,
         }
     }
 
-    /// Queues `queued`; true when the caller must start a sender for the pool (fewer than
-    /// [`MAX_IN_FLIGHT`] batches are out), which then owns one batch slot.
-    pub(crate) fn push(&mut self, queued: Queued) -> bool {
+    /// Queues `queued` at `now`; true when the caller must start a sender for the pool, which
+    /// then owns one batch slot: fewer than [`OPEN_IN_FLIGHT`] batches are out, or fewer than
+    /// [`MAX_IN_FLIGHT`] and none went out for [`WIDEN_AFTER`] (the ones out are slow).
+    pub(crate) fn push(&mut self, queued: Queued, now: Instant) -> bool {
         self.waiting.push_back(queued);
-        if self.in_flight < MAX_IN_FLIGHT {
+        let slow = self
+            .last_sent
+            .is_some_and(|sent| now.saturating_duration_since(sent) >= WIDEN_AFTER);
+        if self.in_flight < OPEN_IN_FLIGHT || (self.in_flight < MAX_IN_FLIGHT && slow) {
             self.in_flight += 1;
+            // The new sender's batch goes out now: the next widening waits for another
+            // silence, however long the pool was idle before.
+            self.last_sent = Some(now);
             return true;
         }
         false
     }
 
-    /// The next batch for a sender holding a batch slot: up to `max` queued dispatches whose
-    /// caller still waits, with at most [`BATCH_BYTES`] of input unless the first alone has
-    /// more. `None` gives the slot back (nothing is waiting).
-    pub(crate) fn next_batch(&mut self, max: usize) -> Option<Vec<Queued>> {
+    /// The next batch for a sender holding a batch slot at `now`, whose last batch was
+    /// answered in `answered_in` (`None` for a sender's first): up to `max` queued dispatches
+    /// whose caller still waits, with at most [`BATCH_BYTES`] of input unless the first alone
+    /// has more. `None` gives the slot back: nothing is waiting, or the sender is beyond
+    /// [`OPEN_IN_FLIGHT`] and was answered within [`WIDEN_AFTER`] (the others suffice).
+    pub(crate) fn next_batch(
+        &mut self,
+        max: usize,
+        now: Instant,
+        answered_in: Option<Duration>,
+    ) -> Option<Vec<Queued>> {
+        let quick = answered_in.is_some_and(|answered_in| answered_in < WIDEN_AFTER);
+        if self.in_flight > OPEN_IN_FLIGHT && quick {
+            self.in_flight -= 1;
+            return None;
+        }
         let mut batch: Vec<Queued> = Vec::new();
         let mut bytes = 0usize;
         while batch.len() < max {
@@ -194,6 +233,7 @@ impl PoolQueue {
             self.in_flight = self.in_flight.saturating_sub(1);
             return None;
         }
+        self.last_sent = Some(now);
         Some(batch)
     }
 
@@ -245,18 +285,19 @@ impl OfferQueues {
     }
 
     /// Queues `queued` in `pool`'s queue (created again with `subject` if it was forgotten
-    /// while idle); true when the caller must start a sender (see [`PoolQueue::push`]).
+    /// while idle); true when the caller must start a sender (see [`PoolQueue::push`]) at `now`.
     pub(crate) fn push(
         &mut self,
         pool: &PoolRef,
         queued: Queued,
+        now: Instant,
         subject: impl FnOnce(u64) -> String,
     ) -> bool {
         if let Some(queue) = self.get_mut(pool) {
-            return queue.push(queued);
+            return queue.push(queued, now);
         }
         let mut queue = PoolQueue::new(Arc::clone(&pool.header), subject(pool.key));
-        let start = queue.push(queued);
+        let start = queue.push(queued, now);
         self.insert(pool.key, queue);
         start
     }
@@ -352,35 +393,90 @@ mod tests {
         batch.iter().map(|q| q.entry.forward).collect()
     }
 
+    /// A moment after `start` (the tests' clock: they run in no runtime).
+    fn at(start: Instant, micros: u64) -> Instant {
+        start + Duration::from_micros(micros)
+    }
+
     #[test]
     fn an_idle_pool_sends_at_once_and_a_busy_one_gathers_a_batch() {
         let mut queues = OfferQueues::default();
         let pool = pool(&mut queues);
+        let start = Instant::now();
         let mut receivers = Vec::new();
-        // The first MAX_IN_FLIGHT dispatches each start a sender, with a batch of one.
-        for forward in 0..MAX_IN_FLIGHT as u64 {
+        // The first OPEN_IN_FLIGHT dispatches each start a sender, with a batch of one.
+        for forward in 0..OPEN_IN_FLIGHT as u64 {
             let (q, r) = queued(forward);
             receivers.push(r);
-            assert!(pool.push(q), "a free batch slot starts a sender");
-            let batch = pool.next_batch(MAX_BATCH).expect("one waits");
+            assert!(pool.push(q, start), "a free batch slot starts a sender");
+            let batch = pool.next_batch(MAX_BATCH, start, None).expect("one waits");
             assert_eq!(forwards(&batch), vec![forward]);
         }
-        // Every slot is out: the next ones queue ...
+        // Every open slot is out and a batch went out just now: the next ones queue ...
         for forward in 10..15 {
             let (q, r) = queued(forward);
             receivers.push(r);
-            assert!(!pool.push(q), "no sender while every batch slot is out");
+            assert!(
+                !pool.push(q, at(start, 100)),
+                "no sender while every open batch slot is out"
+            );
         }
         // ... and leave together with the next sender's batch, capped at its max.
-        let batch = pool.next_batch(3).expect("queued");
+        let quick = Some(Duration::from_micros(200));
+        let batch = pool.next_batch(3, at(start, 200), quick).expect("queued");
         assert_eq!(forwards(&batch), vec![10, 11, 12]);
-        let batch = pool.next_batch(3).expect("queued");
+        let batch = pool.next_batch(3, at(start, 200), quick).expect("queued");
         assert_eq!(forwards(&batch), vec![13, 14]);
         // Control: with nothing left the sender gives its slot back, and the next dispatch
         // starts a sender again.
-        assert!(pool.next_batch(3).is_none());
+        assert!(pool.next_batch(3, at(start, 300), quick).is_none());
         let (q, _r) = queued(20);
-        assert!(pool.push(q));
+        assert!(pool.push(q, at(start, 300)));
+    }
+
+    #[test]
+    fn a_pool_whose_answers_are_slow_widens_to_its_most_and_narrows_when_they_are_quick() {
+        let mut queues = OfferQueues::default();
+        let pool = pool(&mut queues);
+        let start = Instant::now();
+        let mut receivers = Vec::new();
+        let mut push = |pool: &mut PoolQueue, forward: u64, micros: u64| {
+            let (q, r) = queued(forward);
+            receivers.push(r);
+            pool.push(q, at(start, micros))
+        };
+        for forward in 0..OPEN_IN_FLIGHT as u64 {
+            assert!(push(pool, forward, 0));
+            assert!(pool.next_batch(1, start, None).is_some());
+        }
+        // Control: a pool that sent a batch less than WIDEN_AFTER ago does not widen.
+        assert!(!push(pool, 10, 999));
+        // No batch went out for WIDEN_AFTER: another sender starts, and one more after
+        // another WIDEN_AFTER, up to MAX_IN_FLIGHT.
+        let widen = u64::try_from(WIDEN_AFTER.as_micros()).expect("small");
+        let mut now = 0;
+        for extra in 0..(MAX_IN_FLIGHT - OPEN_IN_FLIGHT) as u64 {
+            now += widen;
+            assert!(push(pool, 20 + extra, now), "slow answers widen the window");
+            assert!(!push(pool, 30 + extra, now + widen / 2), "one per silence");
+        }
+        assert_eq!(pool.in_flight, MAX_IN_FLIGHT);
+        assert!(
+            !push(pool, 40, now + 10 * widen),
+            "never beyond MAX_IN_FLIGHT"
+        );
+        // A sender answered slowly keeps its slot while dispatches wait ...
+        let slow = Some(WIDEN_AFTER * 5);
+        assert!(pool.next_batch(1, at(start, now + widen), slow).is_some());
+        // ... one answered quickly beyond the open window gives it back though some wait ...
+        let quick = Some(WIDEN_AFTER / 5);
+        for _ in OPEN_IN_FLIGHT..MAX_IN_FLIGHT {
+            assert!(pool.next_batch(1, at(start, now + widen), quick).is_none());
+        }
+        assert_eq!(pool.in_flight, OPEN_IN_FLIGHT);
+        // ... and the open ones go on sending.
+        assert!(pool.next_batch(1, at(start, now + widen), quick).is_some());
+        assert_eq!(pool.in_flight, OPEN_IN_FLIGHT);
     }
 
     #[test]
@@ -413,7 +509,7 @@ mod tests {
         // A pool forgotten while idle is queued in again by a dispatch still holding it.
         queues.pools.clear();
         let (q, _r) = queued(1);
-        assert!(queues.push(&first, q, |_| "offer.p".to_owned()));
+        assert!(queues.push(&first, q, Instant::now(), |_| "offer.p".to_owned()));
         assert_eq!(
             queues.get_mut(&again).map(|pool| pool.subject.as_str()),
             Some("offer.p")
@@ -424,6 +520,7 @@ mod tests {
     fn a_batch_stops_at_its_byte_budget_but_a_large_input_still_goes_alone() {
         let mut queues = OfferQueues::default();
         let pool = pool(&mut queues);
+        let start = Instant::now();
         let mut keep = Vec::new();
         for (forward, size) in [
             (1, BATCH_BYTES * 2),
@@ -432,20 +529,23 @@ mod tests {
         ] {
             let (q, r) = sized(forward, size);
             keep.push(r);
-            pool.push(q);
+            pool.push(q, start);
         }
         let (q, r) = sized(4, 1);
         keep.push(r);
-        pool.push(q);
-        assert_eq!(forwards(&pool.next_batch(MAX_BATCH).expect("big")), vec![1]);
+        pool.push(q, start);
         assert_eq!(
-            forwards(&pool.next_batch(MAX_BATCH).expect("two halves")),
+            forwards(&pool.next_batch(MAX_BATCH, start, None).expect("big")),
+            vec![1]
+        );
+        assert_eq!(
+            forwards(&pool.next_batch(MAX_BATCH, start, None).expect("two halves")),
             vec![2, 3],
             "exactly at the budget"
         );
         // Control: what is left fits and goes.
         assert_eq!(
-            forwards(&pool.next_batch(MAX_BATCH).expect("small")),
+            forwards(&pool.next_batch(MAX_BATCH, start, None).expect("small")),
             vec![4]
         );
     }
@@ -485,11 +585,12 @@ mod tests {
         let (first, _keep) = queued(1);
         let (gone, dropped) = queued(2);
         let (last, _keep_too) = queued(3);
-        pool.push(first);
-        pool.push(gone);
-        pool.push(last);
+        let start = Instant::now();
+        pool.push(first, start);
+        pool.push(gone, start);
+        pool.push(last, start);
         drop(dropped);
-        let batch = pool.next_batch(MAX_BATCH).expect("two wait");
+        let batch = pool.next_batch(MAX_BATCH, start, None).expect("two wait");
         assert_eq!(forwards(&batch), vec![1, 3]);
     }
 
@@ -551,7 +652,9 @@ mod tests {
     /// up to 256 KiB of input.
     #[test]
     fn the_batch_bounds_are_the_documented_ones() {
+        assert_eq!(OPEN_IN_FLIGHT, 2);
         assert_eq!(MAX_IN_FLIGHT, 4);
+        assert_eq!(WIDEN_AFTER, Duration::from_millis(1));
         assert_eq!(BATCH_BYTES, 256 * 1024);
     }
 }
