@@ -20,8 +20,10 @@
 # RESULTS (bench/results/cluster), BEFORE_BIN (unset; a directory holding another build's
 # `switchyard`: each round then also runs its cluster bench, between the baseline and this
 # build's, and the summary adds its rows as "before ...", for an interleaved A/B),
-# NODE_THREADS (unset; the worker threads of each node's runtime, `--node-worker-threads`,
-# for this build's cluster runs only: the baseline and the bench process keep the default).
+# NODE_THREADS (unset; the worker threads of each node's runtime, `--node-worker-threads`:
+# a number, `share` or `inherit`; unset, the bench's default `share`, each node's share of the
+# machine's cores; for this build's cluster runs only: the baseline, the bench process and
+# BEFORE_BIN's runs get no flag).
 # Binaries: $BIN (default $CARGO_TARGET_DIR/release, or target/release) must hold `switchyard`
 # and `switchyard-baselines`:
 #   cargo build --release --locked -p switchyard --bin switchyard

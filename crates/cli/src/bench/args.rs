@@ -260,11 +260,77 @@ pub(crate) struct BenchArgs {
     /// the messages per dispatch.
     #[arg(long, value_name = "ADDR", requires = "nats_url")]
     pub(crate) nats_monitor: Option<SocketAddr>,
-    /// Worker threads of each --cluster node's async runtime (1..=64; the nodes get it as
-    /// `TOKIO_WORKER_THREADS`) [default: the bench's environment's `TOKIO_WORKER_THREADS`, else
-    /// one per core].
-    #[arg(long, value_name = "N", requires = "cluster")]
-    pub(crate) node_worker_threads: Option<u16>,
+    /// Worker threads of each --cluster node's async runtime (the nodes get it as
+    /// `TOKIO_WORKER_THREADS`): N (1..=64); `share`, each node's share of this machine's
+    /// cores, the cores ÷ (nodes + 1) counting the bench's own process, at least 1 (nodes on
+    /// one machine standing for nodes on machines of their own); `inherit`, the bench's
+    /// environment's `TOKIO_WORKER_THREADS`, else one per core.
+    #[arg(
+        long,
+        value_name = "N|share|inherit",
+        default_value = "share",
+        requires = "cluster"
+    )]
+    pub(crate) node_worker_threads: NodeThreads,
+}
+
+/// How many worker threads each `--cluster` node's async runtime gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NodeThreads {
+    /// Its share of the machine's cores ([`NodeThreads::resolve`]).
+    Share,
+    /// Whatever the bench's environment gives (tokio's default: one per core).
+    Inherit,
+    /// This many.
+    Count(u16),
+}
+
+impl NodeThreads {
+    /// The worker threads a node gets among `nodes` on a machine of `cores`: `None` leaves the
+    /// node's environment as it is. A share is the cores ÷ (nodes + 1), the bench's own
+    /// process (producer and workers) counted as one more, and at least 1.
+    pub(crate) fn resolve(self, cores: usize, nodes: u32) -> Option<u16> {
+        match self {
+            Self::Share => {
+                let sharers = usize::try_from(nodes)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(1);
+                let share = (cores / sharers).max(1);
+                Some(
+                    u16::try_from(share)
+                        .unwrap_or(MAX_NODE_WORKER_THREADS)
+                        .min(MAX_NODE_WORKER_THREADS),
+                )
+            }
+            Self::Inherit => None,
+            Self::Count(threads) => Some(threads),
+        }
+    }
+}
+
+impl std::str::FromStr for NodeThreads {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "share" => Ok(Self::Share),
+            "inherit" => Ok(Self::Inherit),
+            count => count
+                .parse()
+                .map(Self::Count)
+                .map_err(|_| format!("{count:?}: a number, `share` or `inherit`")),
+        }
+    }
+}
+
+impl Serialize for NodeThreads {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Share => serializer.serialize_str("share"),
+            Self::Inherit => serializer.serialize_str("inherit"),
+            Self::Count(threads) => serializer.serialize_u16(*threads),
+        }
+    }
 }
 
 impl BenchArgs {
@@ -350,7 +416,7 @@ impl BenchArgs {
                 "--cluster {nodes}: must be 2..={MAX_NODES}"
             )));
         }
-        if let Some(threads) = self.node_worker_threads
+        if let NodeThreads::Count(threads) = self.node_worker_threads
             && !(1..=MAX_NODE_WORKER_THREADS).contains(&threads)
         {
             return Err(Failure::usage(format!(

@@ -73,6 +73,9 @@ struct ClusterReport<'a> {
     nodes: u32,
     /// The NATS server's version (from `/varz`), when its monitor is known.
     nats_version: Option<String>,
+    /// Worker threads of each node's runtime (`--node-worker-threads` resolved on this
+    /// machine); `null` when the nodes inherited the bench's environment.
+    node_worker_threads: Option<u16>,
     /// A lone node (no `[cluster]`), workers on it.
     single: PhaseReport<'a>,
     /// Node 1 of the cluster, workers on it.
@@ -130,6 +133,7 @@ async fn measure(args: &BenchArgs, count: u32, scratch: &Scratch) -> Result<Stri
         mode: "cluster",
         nodes: count,
         nats_version,
+        node_worker_threads: nodes::node_worker_threads(args),
         single,
         local,
         cross,
@@ -394,5 +398,21 @@ pub(super) mod tests {
         }
         // Control: the ends of the range are accepted.
         assert!(threads("1").is_ok() && threads("64").is_ok());
+    }
+
+    #[test]
+    fn a_node_s_share_is_the_cores_over_the_nodes_and_the_bench_at_least_one() {
+        use crate::bench::args::NodeThreads;
+        assert_eq!(NodeThreads::Share.resolve(2, 3), Some(1));
+        assert_eq!(NodeThreads::Share.resolve(16, 3), Some(4));
+        assert_eq!(NodeThreads::Share.resolve(9, 2), Some(3));
+        assert_eq!(NodeThreads::Share.resolve(1000, 2), Some(64), "capped");
+        // Controls: a count is taken as given, `inherit` sets nothing.
+        assert_eq!(NodeThreads::Count(2).resolve(2, 3), Some(2));
+        assert_eq!(NodeThreads::Inherit.resolve(16, 3), None);
+        assert_eq!("share".parse(), Ok(NodeThreads::Share));
+        assert_eq!("inherit".parse(), Ok(NodeThreads::Inherit));
+        assert_eq!("3".parse(), Ok(NodeThreads::Count(3)));
+        assert!("many".parse::<NodeThreads>().is_err());
     }
 }

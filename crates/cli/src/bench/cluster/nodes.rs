@@ -151,11 +151,18 @@ pub(crate) struct NodeSpec<'a> {
     pub(crate) cluster: Option<(&'a str, &'a str)>,
 }
 
-/// The environment that sizes a node's async runtime: `TOKIO_WORKER_THREADS` when
-/// `--node-worker-threads` is given (tokio reads it when `serve` builds its runtime), else
-/// nothing (the node inherits the bench's environment).
-fn runtime_env(threads: Option<u16>) -> Option<(&'static str, String)> {
-    threads.map(|threads| ("TOKIO_WORKER_THREADS", threads.to_string()))
+/// The environment that sizes a node's async runtime: `TOKIO_WORKER_THREADS` (tokio reads it
+/// when `serve` builds its runtime) as `--node-worker-threads` resolves for this machine, or
+/// nothing for `inherit` (the node inherits the bench's environment).
+fn runtime_env(args: &BenchArgs) -> Option<(&'static str, String)> {
+    node_worker_threads(args).map(|threads| ("TOKIO_WORKER_THREADS", threads.to_string()))
+}
+
+/// The worker threads each node's runtime gets on this machine; `None` when inherited.
+pub(crate) fn node_worker_threads(args: &BenchArgs) -> Option<u16> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    args.node_worker_threads
+        .resolve(cores, args.cluster.unwrap_or(1))
 }
 
 /// A running `switchyard serve` node and how to reach it.
@@ -193,7 +200,7 @@ impl Node {
             .arg("--config")
             .arg(&config)
             .env_remove("RUST_LOG")
-            .envs(runtime_env(args.node_worker_threads))
+            .envs(runtime_env(args))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr);
@@ -369,23 +376,32 @@ mod tests {
 
     #[test]
     fn node_worker_threads_reach_the_node_as_tokio_worker_threads() {
-        let args =
-            crate::bench::cluster::tests::args(&["--cluster", "3", "--node-worker-threads", "1"]);
-        let mut command = Command::new("serve");
-        command.envs(runtime_env(args.node_worker_threads));
-        let envs: Vec<_> = command.get_envs().collect();
-        assert_eq!(
-            envs,
-            [(
-                std::ffi::OsStr::new("TOKIO_WORKER_THREADS"),
-                Some(std::ffi::OsStr::new("1"))
+        let envs = |flags: &[&str]| {
+            let args = crate::bench::cluster::tests::args(flags);
+            let mut command = Command::new("serve");
+            command.envs(runtime_env(&args));
+            command
+                .get_envs()
+                .map(|(name, value)| (name.to_owned(), value.map(std::ffi::OsStr::to_owned)))
+                .collect::<Vec<_>>()
+        };
+        let threads = |count: u16| {
+            vec![(
+                std::ffi::OsString::from("TOKIO_WORKER_THREADS"),
+                Some(std::ffi::OsString::from(count.to_string())),
             )]
+        };
+        assert_eq!(
+            envs(&["--cluster", "3", "--node-worker-threads", "1"]),
+            threads(1)
         );
-        // Control: without the flag the node's environment is left as it is.
-        let args = crate::bench::cluster::tests::args(&["--cluster", "3"]);
-        let mut command = Command::new("serve");
-        command.envs(runtime_env(args.node_worker_threads));
-        assert_eq!(command.get_envs().count(), 0);
+        // By default each node gets its share of this machine's cores.
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let share = u16::try_from((cores / 4).max(1)).expect("few cores");
+        assert_eq!(envs(&["--cluster", "3"]), threads(share));
+        // Control: `inherit` leaves the node's environment as it is.
+        let inherited = envs(&["--cluster", "3", "--node-worker-threads", "inherit"]);
+        assert_eq!(inherited, Vec::new());
     }
 
     #[test]
