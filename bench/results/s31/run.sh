@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Interleaves the NATS request/reply baseline with several `bench --cluster 3` configurations,
+# round by round (session 31; paths as on the machine it ran on). Spec: "NAME|BINARY|EXTRA ARGS|ENV=V ...".
 # usage: ROUNDS=n OUT=dir exp2.sh "NAME|BIN|EXTRA ARGS|ENV=V ..." ...
 set -uo pipefail
 BL=/work/reltarget/release/switchyard-baselines
