@@ -589,38 +589,109 @@ mod tests {
         wire::decode_answers(&message.payload).expect("an answer")
     }
 
+    /// A taker node `n1` on a real NATS server whose pool `p` is full and has left its offer
+    /// group, and an origin's inbox its answers reach.
+    struct FullAndLeaving {
+        taker: Arc<Taker>,
+        names: Names,
+        client: async_nats::Client,
+        inbox: String,
+        answers: async_nats::Subscriber,
+        /// One offer of forward 7 from origin `n9`.
+        body: bytes::Bytes,
+        group: PoolGroup,
+    }
+
+    impl FullAndLeaving {
+        const POOL: &str = "p";
+
+        async fn start(nats: &switchyard_test_support::NatsServer) -> Self {
+            use switchyard_core::{DispatchConfig, Registry};
+
+            use crate::wire::{OfferEntry, OfferHeader};
+
+            let names = Names::new("c");
+            let client = async_nats::connect(nats.url()).await.expect("connects");
+            let status = ClusterStatus::new("n1");
+            status.set(Standing::Joined);
+            let taker = Taker::new(
+                client.clone(),
+                names.clone(),
+                &ClusterConfig::new(nats.url(), "c", "n1"),
+                Dispatcher::new(Registry::default(), DispatchConfig::default()),
+                status,
+                Arc::new(Mutex::new(Members::default())),
+            );
+            let inbox = client.new_inbox();
+            let answers = client.subscribe(inbox.clone()).await.expect("subscribes");
+            client.flush().await.expect("flushes");
+            let body = wire::encode_offers(
+                &OfferHeader {
+                    origin: "n9".to_owned(),
+                    namespace: "ns".to_owned(),
+                    task_queue: "q".to_owned(),
+                    activity_type: "a".to_owned(),
+                    node: None,
+                },
+                &[OfferEntry {
+                    forward: 7,
+                    timeout_ms: 10_000,
+                    attempt_offset: 0,
+                    input: bytes::Bytes::new(),
+                }],
+            );
+            // Full since the last scan (no worker here at all), and already left.
+            let group = PoolGroup::default();
+            group.full.store(true, Ordering::Relaxed);
+            group.left.cancel();
+            Self {
+                taker,
+                names,
+                client,
+                inbox,
+                answers,
+                body,
+                group,
+            }
+        }
+
+        /// The node draws the offer, with `headers`, and deals with it.
+        async fn take(&self, headers: Option<async_nats::HeaderMap>) {
+            let offer = Message {
+                subject: self.names.offer(Self::POOL).into(),
+                reply: Some(self.inbox.clone().into()),
+                payload: self.body.clone(),
+                headers,
+                status: None,
+                description: None,
+                length: 0,
+            };
+            take(
+                Arc::clone(&self.taker),
+                Arc::from(Self::POOL),
+                offer,
+                self.group.clone(),
+            )
+            .await;
+        }
+    }
+
     /// A node whose pool is full and leaving the group passes an offer it draws on to the
     /// group, marked, and relays the answer of the member that took it; an offer already
     /// passed on it answers "busy" itself (a batch makes one extra hop at most). The first
     /// offer is the control: the same offer without the mark goes to the other member.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_leaving_node_passes_an_offer_on_once_and_relays_the_answer() {
-        use switchyard_core::{DispatchConfig, Registry};
-        use switchyard_test_support::NatsServer;
-
-        use crate::wire::{OfferEntry, OfferHeader};
-
-        let Some(nats) = NatsServer::start() else {
+        let Some(nats) = switchyard_test_support::NatsServer::start() else {
             return;
         };
-        let names = Names::new("c");
-        let pool = "p";
-        let client = async_nats::connect(nats.url()).await.expect("connects");
-        let status = ClusterStatus::new("n1");
-        status.set(Standing::Joined);
-        let taker = Taker::new(
-            client.clone(),
-            names.clone(),
-            &ClusterConfig::new(nats.url(), "c", "n1"),
-            Dispatcher::new(Registry::default(), DispatchConfig::default()),
-            status,
-            Arc::new(Mutex::new(Members::default())),
-        );
+        let mut node = FullAndLeaving::start(&nats).await;
+        let pool = FullAndLeaving::POOL;
         // Another member of the pool's group, with room: it takes every forward, and notes
         // who passed each offer on.
         let other = async_nats::connect(nats.url()).await.expect("connects");
         let mut drawn = other
-            .queue_subscribe(names.offer(pool), TAKERS.to_owned())
+            .queue_subscribe(node.names.offer(pool), TAKERS.to_owned())
             .await
             .expect("subscribes");
         other.flush().await.expect("flushes");
@@ -648,30 +719,12 @@ mod tests {
                     .expect("answers");
             }
         });
-        // The origin's inbox.
-        let inbox = client.new_inbox();
-        let mut answers = client.subscribe(inbox.clone()).await.expect("subscribes");
-        client.flush().await.expect("flushes");
-        let body = wire::encode_offers(
-            &OfferHeader {
-                origin: "n9".to_owned(),
-                namespace: "ns".to_owned(),
-                task_queue: "q".to_owned(),
-                activity_type: "a".to_owned(),
-                node: None,
-            },
-            &[OfferEntry {
-                forward: 7,
-                timeout_ms: 10_000,
-                attempt_offset: 0,
-                input: bytes::Bytes::new(),
-            }],
-        );
         // The other member's subscription has reached the server once it answers a probe
         // (a flush only writes it out).
         let mut probes = 0;
-        while client
-            .request(names.offer(pool), body.clone())
+        while node
+            .client
+            .request(node.names.offer(pool), node.body.clone())
             .await
             .is_err()
         {
@@ -679,27 +732,8 @@ mod tests {
             assert!(probes < 1_000, "the other member never subscribed");
         }
         assert_eq!(passed_by.recv().await, Some(None), "a probe is not marked");
-        let offer = |headers: Option<async_nats::HeaderMap>| Message {
-            subject: names.offer(pool).into(),
-            reply: Some(inbox.clone().into()),
-            payload: body.clone(),
-            headers,
-            status: None,
-            description: None,
-            length: 0,
-        };
-        // Full since the last scan (no worker here at all), and already left.
-        let group = PoolGroup::default();
-        group.full.store(true, Ordering::Relaxed);
-        group.left.cancel();
-        take(
-            Arc::clone(&taker),
-            Arc::from(pool),
-            offer(None),
-            group.clone(),
-        )
-        .await;
-        let relayed = next_answer(&mut answers).await;
+        node.take(None).await;
+        let relayed = next_answer(&mut node.answers).await;
         assert_eq!(
             relayed.taker, "n2",
             "passed on, and the taker's answer relayed"
@@ -713,19 +747,33 @@ mod tests {
 
         let mut marked = async_nats::HeaderMap::new();
         marked.insert(PASSED_ON, "n3");
-        take(
-            Arc::clone(&taker),
-            Arc::from(pool),
-            offer(Some(marked)),
-            group,
-        )
-        .await;
-        let own = next_answer(&mut answers).await;
+        node.take(Some(marked)).await;
+        let own = next_answer(&mut node.answers).await;
         assert_eq!(own.taker, "n1", "answered here, not passed on again");
         assert_eq!(own.entries, vec![(7, EntryAnswer::Busy)]);
         assert!(
             passed_by.try_recv().is_err(),
             "the other member was not asked"
+        );
+    }
+
+    /// A node whose pool is full and leaving, alone in the group, finds nobody to pass an offer
+    /// on to (NATS's no-responders) and answers "busy" for it itself, as it would have
+    /// without passing on: the origin is not left to its offer timeout. Without that answer
+    /// the origin's inbox hears nothing and `next_answer` fails.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_leaving_node_alone_in_the_group_answers_busy_itself() {
+        let Some(nats) = switchyard_test_support::NatsServer::start() else {
+            return;
+        };
+        let mut node = FullAndLeaving::start(&nats).await;
+        node.take(None).await;
+        let answer = next_answer(&mut node.answers).await;
+        assert_eq!(answer.taker, "n1");
+        assert_eq!(answer.entries, vec![(7, EntryAnswer::Busy)]);
+        assert!(
+            node.taker.take_busy().contains(FullAndLeaving::POOL),
+            "the busy answer is noted for the pool"
         );
     }
 
