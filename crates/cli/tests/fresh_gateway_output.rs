@@ -24,15 +24,17 @@ impl Drop for Serve {
 /// Starts the gateway with stderr written to `log` and returns it with the ops address from
 /// its banner.
 fn serve(data_dir: &Path, log: &Path) -> (Serve, String) {
-    serve_with(data_dir, log, &[], None)
+    serve_with(data_dir, log, &[], None, &[])
 }
 
-/// [`serve`] with `extra` arguments and `RUST_LOG` set to `rust_log` (unset when `None`).
+/// [`serve`] with `extra` arguments, `RUST_LOG` set to `rust_log` (unset when `None`) and
+/// the variables `env` set.
 fn serve_with(
     data_dir: &Path,
     log: &Path,
     extra: &[&str],
     rust_log: Option<&str>,
+    env: &[(&str, &str)],
 ) -> (Serve, String) {
     let log = std::fs::File::create(log).unwrap();
     let mut command = Command::new(PathBuf::from(env!("CARGO_BIN_EXE_switchyard")));
@@ -44,7 +46,9 @@ fn serve_with(
         .arg("--data-dir")
         .arg(data_dir)
         .env_remove("NO_COLOR")
-        .env_remove("RUST_LOG");
+        .env_remove("RUST_LOG")
+        .env_remove("TOKIO_WORKER_THREADS")
+        .envs(env.iter().copied());
     if let Some(filter) = rust_log {
         command.env("RUST_LOG", filter);
     }
@@ -130,7 +134,18 @@ fn a_fresh_gateway_exports_every_core_series_at_zero() {
 /// to `log` by the time it answered `/healthz` (by then it has logged its start) and was
 /// stopped.
 fn start_log(data_dir: &Path, log: &Path, extra: &[&str], rust_log: Option<&str>) -> String {
-    let (serve, ops) = serve_with(data_dir, log, extra, rust_log);
+    start_log_with(data_dir, log, extra, rust_log, &[])
+}
+
+/// [`start_log`] with the variables `env` set.
+fn start_log_with(
+    data_dir: &Path,
+    log: &Path,
+    extra: &[&str],
+    rust_log: Option<&str>,
+    env: &[(&str, &str)],
+) -> String {
+    let (serve, ops) = serve_with(data_dir, log, extra, rust_log, env);
     assert!(get(&ops, "/healthz").starts_with("HTTP/1.1 200"));
     drop(serve);
     std::fs::read_to_string(log).unwrap()
@@ -250,4 +265,30 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
+/// `docs/cluster.md`, "Several nodes on one machine": `serve` logs its async runtime's worker
+/// threads at start, one per core by default, and tokio's `TOKIO_WORKER_THREADS` sets them.
+#[test]
+fn the_runtime_s_worker_threads_are_logged_and_tokio_worker_threads_sets_them() {
+    let threads = |env: &[(&str, &str)]| {
+        let dir = tempfile::tempdir().unwrap();
+        let text = start_log_with(
+            &dir.path().join("data"),
+            &dir.path().join("log"),
+            &[],
+            None,
+            env,
+        );
+        let line = text
+            .lines()
+            .find(|line| line.contains("async runtime"))
+            .unwrap_or_else(|| panic!("no runtime line: {text}"));
+        field(line, "worker_threads=").parse::<usize>().unwrap()
+    };
+    assert_eq!(threads(&[("TOKIO_WORKER_THREADS", "1")]), 1);
+    assert_eq!(threads(&[("TOKIO_WORKER_THREADS", "3")]), 3);
+    // Control: unset, one per core.
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    assert_eq!(threads(&[]), cores);
 }

@@ -90,6 +90,10 @@ impl ServeArgs {
 pub(crate) async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let config = args.load()?;
     init_logging(&config.log).map_err(|error| Failure::usage(error.to_string()))?;
+    // One per core unless tokio's TOKIO_WORKER_THREADS says otherwise (several nodes on one
+    // machine each take their share, docs/cluster.md).
+    let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
+    tracing::info!(worker_threads, "async runtime");
     let gateway = Gateway::builder(config)
         .start()
         .await
