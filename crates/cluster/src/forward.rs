@@ -235,8 +235,13 @@ impl Forwarder {
             .queues()
             .push(pool, queued, Instant::now(), |key| self.offer_subject(key));
         if start {
-            tokio::spawn(Arc::clone(self).send_batches(pool.clone()));
+            self.start_sender(pool);
         }
+    }
+
+    /// Starts a sender for `pool`, which holds the batch slot its caller counted.
+    fn start_sender(self: &Arc<Self>, pool: &PoolRef) {
+        tokio::spawn(Arc::clone(self).send_batches(pool.clone()));
     }
 
     /// Offers the pool's queued dispatches, a batch at a time, until none is queued; each
@@ -249,10 +254,16 @@ impl Forwarder {
                 let mut queues = self.queues();
                 queues.get_mut(&pool).and_then(|queue| {
                     let batch = queue.next_batch(OFFER_BATCH, sent, answered_in)?;
-                    Some((batch, queue.subject.clone()))
+                    let widen = queue.widen_after_answer(answered_in, sent);
+                    Some((batch, queue.subject.clone(), widen))
                 })
             };
-            let Some((batch, subject)) = next else { return };
+            let Some((batch, subject, widen)) = next else {
+                return;
+            };
+            if widen {
+                self.start_sender(&pool);
+            }
             let (entries, listeners): (Vec<OfferEntry>, Vec<oneshot::Sender<Heard>>) = batch
                 .into_iter()
                 .map(|queued| (queued.entry, queued.heard))
@@ -281,7 +292,11 @@ impl Forwarder {
                     entries.iter().map(|_| Heard::Unanswered).collect()
                 }
             };
-            answered_in = Some(sent.elapsed());
+            // Only an answer that took something tells the pool's pace (see `next_batch`).
+            let progress = heard
+                .iter()
+                .any(|heard| matches!(heard, Heard::Answered { progress: true, .. }));
+            answered_in = progress.then(|| sent.elapsed());
             for (listener, heard) in listeners.into_iter().zip(heard) {
                 let _ = listener.send(heard);
             }

@@ -2,8 +2,8 @@
 //! one NATS request for up to [`MAX_BATCH`](crate::wire::MAX_BATCH) of them. Plain data behind a lock; the sending is
 //! [`crate::forward`]'s.
 //!
-//! A pool has [`OPEN_IN_FLIGHT`] batches out at once, and up to [`MAX_IN_FLIGHT`] while its
-//! answers are slow. The first dispatch to arrive at an idle pool is offered at once (a batch
+//! A pool has up to [`OPEN_IN_FLIGHT`] batches out at once, and up to [`MAX_IN_FLIGHT`] while
+//! its answers are slow. The first dispatch to arrive at an idle pool is offered at once (a batch
 //! of one: no added latency when the cluster is quiet); while batches are out, the dispatches
 //! arriving meanwhile queue and leave together when one comes back. So under load k
 //! dispatches share a request and its answer, and at low load nothing waits.
@@ -11,9 +11,14 @@
 //! The window: a taker holds its answer while the tasks it started may end within its linger
 //! (their ends then ride in the answer), so answers come back within a round trip when tasks
 //! are quick and after the linger when they are not. Quick answers keep two batches out (the
-//! fewer out, the larger each one and the fewer NATS messages); when no batch has gone out for
-//! [`WIDEN_AFTER`] another sender starts, up to [`MAX_IN_FLIGHT`], and a sender beyond the
-//! open two whose answer came back within [`WIDEN_AFTER`] gives its slot back.
+//! fewer out, the larger each one and the fewer NATS messages). Another sender starts, up to
+//! [`MAX_IN_FLIGHT`], when a dispatch arrives and no batch has gone out (nor a sender started)
+//! for [`WIDEN_AFTER`], and when a sender's answer took [`WIDEN_AFTER`] or more while
+//! dispatches still wait (so dispatches that all arrived at once widen it too). While more than
+//! [`OPEN_IN_FLIGHT`] are out, a sender whose answer took something and came back within
+//! [`WIDEN_AFTER`] gives its slot back. The time is the origin's, from taking a batch to
+//! reading its answer: where a round trip alone takes [`WIDEN_AFTER`], answers are never quick
+//! and a pool keeps up to [`MAX_IN_FLIGHT`] out.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -195,7 +200,8 @@ impl PoolQueue {
     }
 
     /// The next batch for a sender holding a batch slot at `now`, whose last batch was
-    /// answered in `answered_in` (`None` for a sender's first): up to `max` queued dispatches
+    /// answered in `answered_in` (`None` for a sender's first, and for an answer that took
+    /// nothing: a full taker's "busy" says nothing of the pool's pace): up to `max` queued dispatches
     /// whose caller still waits, with at most [`BATCH_BYTES`] of input unless the first alone
     /// has more. `None` gives the slot back: nothing is waiting, or the sender is beyond
     /// [`OPEN_IN_FLIGHT`] and was answered within [`WIDEN_AFTER`] (the others suffice).
@@ -235,6 +241,23 @@ impl PoolQueue {
         }
         self.last_sent = Some(now);
         Some(batch)
+    }
+
+    /// After a sender whose answer took `answered_in` took its next batch at `now`: true when
+    /// that answer was slow ([`WIDEN_AFTER`] or more), dispatches still wait and fewer than
+    /// [`MAX_IN_FLIGHT`] batches are out; the slot is counted and the caller starts a sender.
+    pub(crate) fn widen_after_answer(
+        &mut self,
+        answered_in: Option<Duration>,
+        now: Instant,
+    ) -> bool {
+        let slow = answered_in.is_some_and(|answered_in| answered_in >= WIDEN_AFTER);
+        if slow && !self.waiting.is_empty() && self.in_flight < MAX_IN_FLIGHT {
+            self.in_flight += 1;
+            self.last_sent = Some(now);
+            return true;
+        }
+        false
     }
 
     fn idle(&self) -> bool {
@@ -477,6 +500,84 @@ mod tests {
         // ... and the open ones go on sending.
         assert!(pool.next_batch(1, at(start, now + widen), quick).is_some());
         assert_eq!(pool.in_flight, OPEN_IN_FLIGHT);
+        // Control: a sender with no answer to judge by (an answer that took nothing) keeps
+        // its slot beyond the open window.
+        now += 3 * widen;
+        assert!(push(pool, 50, now), "widened again");
+        assert!(pool.next_batch(1, at(start, now), None).is_some());
+        assert_eq!(pool.in_flight, OPEN_IN_FLIGHT + 1);
+    }
+
+    #[test]
+    fn a_batch_going_out_restarts_the_silence_that_widens() {
+        let mut queues = OfferQueues::default();
+        let pool = pool(&mut queues);
+        let start = Instant::now();
+        let mut keep = Vec::new();
+        for forward in 0..OPEN_IN_FLIGHT as u64 {
+            let (q, r) = queued(forward);
+            keep.push(r);
+            assert!(pool.push(q, start));
+        }
+        assert!(pool.next_batch(1, start, None).is_some());
+        // The other sender's batch goes out 0.8 ms later ...
+        let (q, r) = queued(10);
+        keep.push(r);
+        assert!(!pool.push(q, at(start, 100)));
+        assert!(pool.next_batch(1, at(start, 800), None).is_some());
+        // ... so 1.2 ms after the start the pool has been silent only 0.4 ms: no widening.
+        let (q, r) = queued(11);
+        keep.push(r);
+        assert!(
+            !pool.push(q, at(start, 1_200)),
+            "a batch went out 0.4 ms ago"
+        );
+        // Control: 1 ms after that batch it widens.
+        let (q, r) = queued(12);
+        keep.push(r);
+        assert!(pool.push(q, at(start, 1_800)));
+    }
+
+    #[test]
+    fn a_slow_answer_with_dispatches_waiting_widens_without_a_new_arrival() {
+        let mut queues = OfferQueues::default();
+        let pool = pool(&mut queues);
+        let start = Instant::now();
+        let mut keep = Vec::new();
+        // Everything arrives at once: two senders start, the rest queue.
+        for forward in 0..10 {
+            let (q, r) = queued(forward);
+            keep.push(r);
+            pool.push(q, start);
+        }
+        assert_eq!(pool.in_flight, OPEN_IN_FLIGHT);
+        let slow = Some(WIDEN_AFTER * 5);
+        let later = at(start, 5_000);
+        assert!(pool.next_batch(1, later, slow).is_some());
+        assert!(
+            pool.widen_after_answer(slow, later),
+            "slow, and dispatches wait"
+        );
+        assert!(pool.widen_after_answer(slow, later));
+        assert_eq!(pool.in_flight, MAX_IN_FLIGHT);
+        assert!(
+            !pool.widen_after_answer(slow, later),
+            "never beyond MAX_IN_FLIGHT"
+        );
+        // Controls: a quick answer, an answer that took nothing, and an empty queue do not
+        // widen.
+        let mut queues = OfferQueues::default();
+        let pool = crate::offers::tests::pool(&mut queues);
+        let (q, r) = queued(20);
+        keep.push(r);
+        pool.push(q, start);
+        let (q, r) = queued(21);
+        keep.push(r);
+        pool.push(q, start);
+        assert!(!pool.widen_after_answer(Some(WIDEN_AFTER / 2), later));
+        assert!(!pool.widen_after_answer(None, later));
+        assert!(pool.next_batch(2, later, slow).is_some());
+        assert!(!pool.widen_after_answer(slow, later), "nothing waits");
     }
 
     #[test]

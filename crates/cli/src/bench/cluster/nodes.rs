@@ -397,7 +397,7 @@ mod tests {
         );
         // By default each node gets its share of this machine's cores.
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        let share = u16::try_from((cores / 4).max(1)).expect("few cores");
+        let share = u16::try_from((cores / 4).clamp(1, 64)).expect("at most 64");
         assert_eq!(envs(&["--cluster", "3"]), threads(share));
         // Control: `inherit` leaves the node's environment as it is.
         let inherited = envs(&["--cluster", "3", "--node-worker-threads", "inherit"]);
