@@ -13,8 +13,9 @@
 //! are quick and after the linger when they are not. Quick answers keep two batches out (the
 //! fewer out, the larger each one and the fewer NATS messages). Another sender starts, up to
 //! [`MAX_IN_FLIGHT`], when a dispatch arrives and no batch has gone out (nor a sender started)
-//! for [`WIDEN_AFTER`], and when a sender's answer took [`WIDEN_AFTER`] or more while
-//! dispatches still wait (so dispatches that all arrived at once widen it too). While more than
+//! for [`WIDEN_AFTER`], and when a sender's answer took [`SLOW_ANSWER`] or more (its taker held
+//! it for the linger) while dispatches still wait (so dispatches that all arrived at once widen
+//! it too). While more than
 //! [`OPEN_IN_FLIGHT`] are out, a sender whose answer took something and came back within
 //! [`WIDEN_AFTER`] gives its slot back. The time is the origin's, from taking a batch to
 //! reading its answer: where a round trip alone takes [`WIDEN_AFTER`], answers are never quick
@@ -44,6 +45,11 @@ pub(crate) const MAX_IN_FLIGHT: usize = 4;
 /// How long a pool goes without sending a batch before another sender starts, and the answer
 /// time under which a sender beyond [`OPEN_IN_FLIGHT`] gives its slot back.
 pub(crate) const WIDEN_AFTER: Duration = Duration::from_millis(1);
+
+/// An answer this late was held by its taker for most of its 5 ms linger (the tasks outlast
+/// it): with dispatches waiting, another sender starts. Shorter delays are the origin's and
+/// the network's (a busy machine's scheduling), which more batches out would not help.
+pub(crate) const SLOW_ANSWER: Duration = Duration::from_millis(4);
 
 /// Pools whose queues are tracked before idle ones are forgotten.
 const TRACKED_POOLS: usize = 1024;
@@ -244,14 +250,14 @@ impl PoolQueue {
     }
 
     /// After a sender whose answer took `answered_in` took its next batch at `now`: true when
-    /// that answer was slow ([`WIDEN_AFTER`] or more), dispatches still wait and fewer than
+    /// that answer was slow ([`SLOW_ANSWER`] or more), dispatches still wait and fewer than
     /// [`MAX_IN_FLIGHT`] batches are out; the slot is counted and the caller starts a sender.
     pub(crate) fn widen_after_answer(
         &mut self,
         answered_in: Option<Duration>,
         now: Instant,
     ) -> bool {
-        let slow = answered_in.is_some_and(|answered_in| answered_in >= WIDEN_AFTER);
+        let slow = answered_in.is_some_and(|answered_in| answered_in >= SLOW_ANSWER);
         if slow && !self.waiting.is_empty() && self.in_flight < MAX_IN_FLIGHT {
             self.in_flight += 1;
             self.last_sent = Some(now);
@@ -551,7 +557,7 @@ mod tests {
             pool.push(q, start);
         }
         assert_eq!(pool.in_flight, OPEN_IN_FLIGHT);
-        let slow = Some(WIDEN_AFTER * 5);
+        let slow = Some(SLOW_ANSWER);
         let later = at(start, 5_000);
         assert!(pool.next_batch(1, later, slow).is_some());
         assert!(
@@ -574,7 +580,7 @@ mod tests {
         let (q, r) = queued(21);
         keep.push(r);
         pool.push(q, start);
-        assert!(!pool.widen_after_answer(Some(WIDEN_AFTER / 2), later));
+        assert!(!pool.widen_after_answer(Some(SLOW_ANSWER / 2), later));
         assert!(!pool.widen_after_answer(None, later));
         assert!(pool.next_batch(2, later, slow).is_some());
         assert!(!pool.widen_after_answer(slow, later), "nothing waits");
@@ -756,6 +762,7 @@ mod tests {
         assert_eq!(OPEN_IN_FLIGHT, 2);
         assert_eq!(MAX_IN_FLIGHT, 4);
         assert_eq!(WIDEN_AFTER, Duration::from_millis(1));
+        assert_eq!(SLOW_ANSWER, Duration::from_millis(4));
         assert_eq!(BATCH_BYTES, 256 * 1024);
     }
 }
