@@ -514,6 +514,19 @@ mod tests {
         assert_eq!(pool.in_flight, OPEN_IN_FLIGHT + 1);
     }
 
+    /// Queues forward `forward` in `pool` at `now`, keeping its receiver in `keep`; true when a
+    /// sender must start.
+    fn arrive(
+        pool: &mut PoolQueue,
+        keep: &mut Vec<oneshot::Receiver<Heard>>,
+        forward: u64,
+        now: Instant,
+    ) -> bool {
+        let (q, r) = queued(forward);
+        keep.push(r);
+        pool.push(q, now)
+    }
+
     #[test]
     fn a_batch_going_out_restarts_the_silence_that_widens() {
         let mut queues = OfferQueues::default();
@@ -521,40 +534,30 @@ mod tests {
         let start = Instant::now();
         let mut keep = Vec::new();
         for forward in 0..OPEN_IN_FLIGHT as u64 {
-            let (q, r) = queued(forward);
-            keep.push(r);
-            assert!(pool.push(q, start));
+            assert!(arrive(pool, &mut keep, forward, start));
         }
         assert!(pool.next_batch(1, start, None).is_some());
         // The other sender's batch goes out 0.8 ms later ...
-        let (q, r) = queued(10);
-        keep.push(r);
-        assert!(!pool.push(q, at(start, 100)));
+        assert!(!arrive(pool, &mut keep, 10, at(start, 100)));
         assert!(pool.next_batch(1, at(start, 800), None).is_some());
         // ... so 1.2 ms after the start the pool has been silent only 0.4 ms: no widening.
-        let (q, r) = queued(11);
-        keep.push(r);
         assert!(
-            !pool.push(q, at(start, 1_200)),
+            !arrive(pool, &mut keep, 11, at(start, 1_200)),
             "a batch went out 0.4 ms ago"
         );
         // Control: 1 ms after that batch it widens.
-        let (q, r) = queued(12);
-        keep.push(r);
-        assert!(pool.push(q, at(start, 1_800)));
+        assert!(arrive(pool, &mut keep, 12, at(start, 1_800)));
     }
 
     #[test]
     fn a_slow_answer_with_dispatches_waiting_widens_without_a_new_arrival() {
-        let mut queues = OfferQueues::default();
-        let pool = pool(&mut queues);
         let start = Instant::now();
         let mut keep = Vec::new();
+        let mut queues = OfferQueues::default();
+        let pool = pool(&mut queues);
         // Everything arrives at once: two senders start, the rest queue.
         for forward in 0..10 {
-            let (q, r) = queued(forward);
-            keep.push(r);
-            pool.push(q, start);
+            arrive(pool, &mut keep, forward, start);
         }
         assert_eq!(pool.in_flight, OPEN_IN_FLIGHT);
         let slow = Some(SLOW_ANSWER);
@@ -573,13 +576,9 @@ mod tests {
         // Controls: a quick answer, an answer that took nothing, and an empty queue do not
         // widen.
         let mut queues = OfferQueues::default();
-        let pool = crate::offers::tests::pool(&mut queues);
-        let (q, r) = queued(20);
-        keep.push(r);
-        pool.push(q, start);
-        let (q, r) = queued(21);
-        keep.push(r);
-        pool.push(q, start);
+        let pool = self::pool(&mut queues);
+        arrive(pool, &mut keep, 20, start);
+        arrive(pool, &mut keep, 21, start);
         assert!(!pool.widen_after_answer(Some(SLOW_ANSWER / 2), later));
         assert!(!pool.widen_after_answer(None, later));
         assert!(pool.next_batch(2, later, slow).is_some());
