@@ -15,9 +15,8 @@
 //! [`MAX_IN_FLIGHT`], when a dispatch arrives and no batch has gone out (nor a sender started)
 //! for [`WIDEN_AFTER`], and when a sender's answer took [`SLOW_ANSWER`] or more (its taker held
 //! it for the linger) while dispatches still wait (so dispatches that all arrived at once widen
-//! it too). While more than
-//! [`OPEN_IN_FLIGHT`] are out, a sender whose answer took something and came back within
-//! [`WIDEN_AFTER`] gives its slot back. The time is the origin's, from taking a batch to
+//! it too). While more than [`OPEN_IN_FLIGHT`] are out, a sender whose answer took something
+//! and came back within [`WIDEN_AFTER`] gives its slot back. The time is the origin's, from taking a batch to
 //! reading its answer: where a round trip alone takes [`WIDEN_AFTER`], answers are never quick
 //! and a pool keeps up to [`MAX_IN_FLIGHT`] out.
 
@@ -207,8 +206,8 @@ impl PoolQueue {
 
     /// The next batch for a sender holding a batch slot at `now`, whose last batch was
     /// answered in `answered_in` (`None` for a sender's first, and for an answer that took
-    /// nothing: a full taker's "busy" says nothing of the pool's pace): up to `max` queued dispatches
-    /// whose caller still waits, with at most [`BATCH_BYTES`] of input unless the first alone
+    /// nothing: a full taker's "busy" says nothing of the pool's pace): up to `max` queued
+    /// dispatches whose caller still waits, with at most [`BATCH_BYTES`] of input unless the first alone
     /// has more. `None` gives the slot back: nothing is waiting, or the sender is beyond
     /// [`OPEN_IN_FLIGHT`] and was answered within [`WIDEN_AFTER`] (the others suffice).
     pub(crate) fn next_batch(
