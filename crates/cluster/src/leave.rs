@@ -381,6 +381,31 @@ mod tests {
         requester.send_request(SUBJECT, request).await
     }
 
+    /// Restarts `nats` and waits until each client counted by `clients` has connected again.
+    async fn restart(nats: &mut NatsServer, clients: [&mut tokio::sync::watch::Receiver<u32>; 3]) {
+        nats.restart();
+        for connections in clients {
+            connected(connections, 2).await;
+        }
+    }
+
+    /// How many of 40 requests to the group, one at a time, time out; none may find the group
+    /// empty (a steady member is in it).
+    async fn timed_out_of_40(requester: &async_nats::Client) -> usize {
+        let mut timed_out = 0;
+        for _ in 0..40 {
+            if let Err(error) = request(requester).await {
+                assert_ne!(
+                    error.kind(),
+                    RequestErrorKind::NoResponders,
+                    "the steady member is there"
+                );
+                timed_out += 1;
+            }
+        }
+        timed_out
+    }
+
     /// Sends requests, one at a time, until the leaving member's task `left` ends (bounded),
     /// as offers keep coming to a node; returns what the member drew.
     async fn requests_until_ended(
@@ -435,32 +460,20 @@ mod tests {
             }
             drawn
         });
-        nats.restart();
-        for connections in [
-            &mut leaving_connections,
-            &mut steady_connections,
-            &mut requester_connections,
-        ] {
-            connected(connections, 2).await;
-        }
+        restart(
+            &mut nats,
+            [
+                &mut leaving_connections,
+                &mut steady_connections,
+                &mut requester_connections,
+            ],
+        )
+        .await;
         // Requests flow until the leaving subscription has ended (bounded).
         let drawn = requests_until_ended(&requester, &mut left).await;
         assert!(drawn <= margin, "drew {drawn} of its margin {margin}");
         connected(&mut leaving_connections, connections).await;
-        let mut timed_out = 0;
-        for _ in 0..40 {
-            match request(&requester).await {
-                Ok(_) => {}
-                Err(error) => {
-                    assert_ne!(
-                        error.kind(),
-                        RequestErrorKind::NoResponders,
-                        "the steady member is there"
-                    );
-                    timed_out += 1;
-                }
-            }
-        }
+        let timed_out = timed_out_of_40(&requester).await;
         let connections = *leaving_connections.borrow();
         Some((timed_out, connections))
     }
@@ -509,14 +522,15 @@ mod tests {
         for _ in 0..40 {
             let _ = request(&requester).await;
         }
-        nats.restart();
-        for connections in [
-            &mut leaving_connections,
-            &mut steady_connections,
-            &mut requester_connections,
-        ] {
-            connected(connections, 2).await;
-        }
+        restart(
+            &mut nats,
+            [
+                &mut leaving_connections,
+                &mut steady_connections,
+                &mut requester_connections,
+            ],
+        )
+        .await;
         for _ in 0..10 {
             let _ = request(&requester).await;
         }
@@ -536,12 +550,7 @@ mod tests {
             .await
             .expect("round trip")
             .expect("inbox open");
-        let mut timed_out = 0;
-        for _ in 0..40 {
-            if request(&requester).await.is_err() {
-                timed_out += 1;
-            }
-        }
+        let timed_out = timed_out_of_40(&requester).await;
         assert_eq!(timed_out, 0, "requests timed out");
         assert_eq!(
             *leaving_connections.borrow(),
